@@ -1,0 +1,194 @@
+//! The fencing model, one for everything that has an owner (a partition, a client
+//! session, a task assignment).
+//!
+//! An owner holds a Meta key under its lease. Its **epoch** is that key's
+//! `mod_revision` when it was acquired, issued by the store, never by a clock. Every
+//! durable write made on behalf of the owner is one transaction that also compares the
+//! owner key's `mod_revision` with the epoch, so a stale owner's write fails with
+//! [`MetaError::Fenced`] and is never silently applied. A takeover rewrites the owner
+//! key, which gives it a higher `mod_revision`: every write of the previous holder
+//! fails from that revision on, wherever it is made.
+//!
+//! An owner must also stop acting on its own before the server can expire its lease:
+//! [`LeaseDeadline`] measures that with a monotonic clock from the *send* time of the
+//! last successful keep-alive, minus a safety margin. After `Fenced` or
+//! `Indeterminate` the owner drops the resource and re-acquires before acting again.
+
+use crate::error::MetaError;
+use crate::types::{Compare, LeaseId, Precondition, Txn, TxnResponse};
+use crate::Meta;
+use std::time::{Duration, Instant};
+
+/// Proof of ownership: the owner key and the epoch it was acquired at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    key: Vec<u8>,
+    epoch: i64,
+    lease: Option<LeaseId>,
+}
+
+impl Ownership {
+    /// Acquires `key` if nobody holds it. `Conflict { current }` names the holder.
+    pub async fn acquire(
+        meta: &dyn Meta,
+        key: &[u8],
+        holder: &[u8],
+        lease: Option<LeaseId>,
+    ) -> Result<Self, MetaError> {
+        let r = meta.put(key, holder, Precondition::Absent, lease).await?;
+        Ok(Self {
+            key: key.to_vec(),
+            epoch: r.revision,
+            lease,
+        })
+    }
+
+    /// Takes `key` over whoever holds it: the write gives the key a new, higher
+    /// `mod_revision`, which fences every earlier holder.
+    pub async fn take_over(
+        meta: &dyn Meta,
+        key: &[u8],
+        holder: &[u8],
+        lease: Option<LeaseId>,
+    ) -> Result<Self, MetaError> {
+        let r = meta.put(key, holder, Precondition::None, lease).await?;
+        Ok(Self {
+            key: key.to_vec(),
+            epoch: r.revision,
+            lease,
+        })
+    }
+
+    /// Rebuilds a known ownership (for example one recorded with a delivery), to
+    /// make fenced writes with it.
+    pub fn from_parts(key: Vec<u8>, epoch: i64, lease: Option<LeaseId>) -> Self {
+        Self { key, epoch, lease }
+    }
+
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    pub fn lease(&self) -> Option<LeaseId> {
+        self.lease
+    }
+
+    /// Adds the fence compare to `txn`.
+    pub fn fence(&self, txn: Txn) -> Txn {
+        txn.fence(Compare::ModRevision {
+            key: self.key.clone(),
+            revision: self.epoch,
+        })
+    }
+
+    /// Commits `txn` as this owner: applied only while the owner key still has this
+    /// epoch, otherwise `Fenced`.
+    pub async fn commit(&self, meta: &dyn Meta, txn: Txn) -> Result<TxnResponse, MetaError> {
+        meta.txn(self.fence(txn)).await
+    }
+
+    /// Checks that this ownership is still current, without writing anything.
+    pub async fn check(&self, meta: &dyn Meta) -> Result<(), MetaError> {
+        self.commit(meta, Txn::new()).await.map(|_| ())
+    }
+
+    /// Gives the key up, only if it still carries this epoch (`Fenced` otherwise).
+    pub async fn release(&self, meta: &dyn Meta) -> Result<(), MetaError> {
+        self.commit(meta, Txn::new().delete(&self.key))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// When an owner must stop acting: the lease's TTL, counted from the moment the last
+/// successful keep-alive (or the grant) was *sent*, minus a safety margin for clock
+/// drift between this process and the server. Monotonic: wall-clock jumps do not
+/// extend it.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseDeadline {
+    ttl: Duration,
+    margin: Duration,
+    deadline: Instant,
+}
+
+impl LeaseDeadline {
+    /// `sent_at` is when the grant request was sent.
+    pub fn new(ttl: Duration, margin: Duration, sent_at: Instant) -> Self {
+        Self {
+            ttl,
+            margin,
+            deadline: sent_at + ttl.saturating_sub(margin),
+        }
+    }
+
+    /// A default margin: a third of the TTL, at least 500 ms, never all of it.
+    pub fn default_margin(ttl: Duration) -> Duration {
+        (ttl / 3).max(Duration::from_millis(500)).min(ttl / 2)
+    }
+
+    /// Records a successful keep-alive that was sent at `sent_at` and granted `ttl`.
+    pub fn renewed(&mut self, sent_at: Instant, ttl: Duration) {
+        self.ttl = ttl;
+        let candidate = sent_at + ttl.saturating_sub(self.margin);
+        if candidate > self.deadline {
+            self.deadline = candidate;
+        }
+    }
+
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Whether the owner may still act at `now`.
+    pub fn is_live(&self, now: Instant) -> bool {
+        now < self.deadline
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_is_measured_from_the_send_time_minus_margin() {
+        let t0 = Instant::now();
+        let mut d = LeaseDeadline::new(Duration::from_secs(3), Duration::from_secs(1), t0);
+        assert!(d.is_live(t0 + Duration::from_millis(1999)));
+        assert!(!d.is_live(t0 + Duration::from_secs(2)));
+        d.renewed(t0 + Duration::from_secs(1), Duration::from_secs(3));
+        assert!(d.is_live(t0 + Duration::from_millis(2999)));
+        assert!(!d.is_live(t0 + Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn an_older_keep_alive_never_shortens_or_extends_wrongly() {
+        let t0 = Instant::now();
+        let mut d = LeaseDeadline::new(Duration::from_secs(3), Duration::from_secs(1), t0);
+        d.renewed(t0 + Duration::from_secs(2), Duration::from_secs(3));
+        let after = d.deadline();
+        // A keep-alive answer that arrives late for an earlier send must not move the
+        // deadline back.
+        d.renewed(t0 + Duration::from_secs(1), Duration::from_secs(3));
+        assert_eq!(d.deadline(), after);
+    }
+
+    #[test]
+    fn default_margin_is_bounded() {
+        assert_eq!(
+            LeaseDeadline::default_margin(Duration::from_secs(10)),
+            Duration::from_nanos(3_333_333_333)
+        );
+        assert_eq!(
+            LeaseDeadline::default_margin(Duration::from_millis(800)),
+            Duration::from_millis(400)
+        );
+    }
+}
