@@ -1,0 +1,1 @@
+//! The Meta conformance suite (being written).

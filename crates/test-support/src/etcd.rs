@@ -1,0 +1,1 @@
+//! Throwaway etcd processes (being written).
