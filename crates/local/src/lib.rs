@@ -1,1 +1,134 @@
-//! placeholder
+//! # The Local backend: one embedded RocksDB per instance
+//!
+//! Every Local store (and the embedded Meta) lives in one RocksDB under the instance's
+//! data dir, one column family per store. This crate is the only one that links
+//! RocksDB. It exposes a small engine trait, [`KvEngine`], so the stores above it can
+//! be tested against a fault-injecting wrapper ([`testing::PowerCutEngine`], feature
+//! `testing`) that models what survives a power cut.
+//!
+//! The directory is locked exclusively (an OS file lock on `meshd.lock`, plus RocksDB's
+//! own `LOCK`): a second process, or a second open in the same process, fails with
+//! [`LocalError::Locked`], which names the directory.
+
+mod rocks;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use rocks::RocksEngine;
+
+use std::path::PathBuf;
+
+/// Whether a write must be on stable storage before `write` returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync the write-ahead log (with every earlier write) before returning.
+    Sync,
+    /// Buffered: durable only after a later `Sync` write or [`KvEngine::sync`].
+    Buffered,
+}
+
+/// One operation of an atomic batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BatchOp {
+    Put {
+        cf: &'static str,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        cf: &'static str,
+        key: Vec<u8>,
+    },
+}
+
+/// Operations applied atomically: all or none, visible to readers all at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub ops: Vec<BatchOp>,
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn put(&mut self, cf: &'static str, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) {
+        self.ops.push(BatchOp::Put {
+            cf,
+            key: key.into(),
+            value: value.into(),
+        });
+    }
+
+    pub fn delete(&mut self, cf: &'static str, key: impl Into<Vec<u8>>) {
+        self.ops.push(BatchOp::Delete {
+            cf,
+            key: key.into(),
+        });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+}
+
+/// Errors of the Local engine.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// Another process (or another open in this process) holds the data dir.
+    #[error("data dir {dir} is locked by another meshd process (or opened twice): {reason}")]
+    Locked { dir: PathBuf, reason: String },
+    /// A column family the caller asked for was not declared at open.
+    #[error("unknown column family {0}")]
+    UnknownColumnFamily(String),
+    /// A write or fsync failed. The engine has fail-stopped: it refuses every later
+    /// write, since what reached disk is unknown.
+    #[error("local write failed (engine fail-stopped): {0}")]
+    WriteFailed(String),
+    /// The engine fail-stopped earlier and refuses writes.
+    #[error("local engine is fail-stopped after an earlier write failure: {0}")]
+    Poisoned(String),
+    /// A read failed.
+    #[error("local read failed: {0}")]
+    ReadFailed(String),
+    /// The data dir could not be opened.
+    #[error("cannot open data dir {dir}: {reason}")]
+    Open { dir: PathBuf, reason: String },
+}
+
+/// The engine the Local stores are written against.
+///
+/// # Contract
+///
+/// * `write` applies a batch atomically. With [`Durability::Sync`] it returns only after
+///   the batch and every earlier write are on stable storage.
+/// * After a failed write the engine is fail-stopped: it returns
+///   [`LocalError::Poisoned`] for every later write (reads still work).
+/// * Reads see every write that returned before they started.
+/// * All methods may be called from any thread; they block (call them from a blocking
+///   context, not directly on an async executor thread).
+pub trait KvEngine: Send + Sync + 'static {
+    fn get(&self, cf: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, LocalError>;
+
+    /// Keys in `[start, end)` (`end == None`: to the end of the column family), in key
+    /// order, at most `limit` of them (0 = no limit).
+    fn scan(
+        &self,
+        cf: &'static str,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalError>;
+
+    fn write(&self, batch: Batch, durability: Durability) -> Result<(), LocalError>;
+
+    /// Makes every earlier write durable.
+    fn sync(&self) -> Result<(), LocalError>;
+
+    /// Approximate size on disk of the whole engine, in bytes.
+    fn size_bytes(&self) -> u64;
+}

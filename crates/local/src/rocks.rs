@@ -1,0 +1,242 @@
+//! [`KvEngine`] on RocksDB.
+
+use crate::{Batch, BatchOp, Durability, KvEngine, LocalError};
+use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+const LOCK_FILE: &str = "meshd.lock";
+
+pub struct RocksEngine {
+    db: DB,
+    dir: PathBuf,
+    /// Set after the first failed write; every later write is refused with it
+    /// (fail-stop: what reached disk is unknown).
+    poisoned: Mutex<Option<String>>,
+    /// Held for the engine's lifetime: the OS releases it when the process dies.
+    _lock: File,
+}
+
+impl RocksEngine {
+    /// Opens (creating if needed) the engine in `dir` with the given column families.
+    /// Fails with [`LocalError::Locked`] when another process or another open in this
+    /// process holds the directory.
+    pub fn open(dir: &Path, column_families: &[&'static str]) -> Result<Self, LocalError> {
+        std::fs::create_dir_all(dir).map_err(|e| LocalError::Open {
+            dir: dir.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let lock = lock_dir(dir)?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        // Writes are synced explicitly by the callers that promise durability; the
+        // manifest is fsynced by RocksDB itself.
+        opts.set_use_fsync(false);
+        let cfs = column_families
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
+        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| {
+            let reason = e.to_string();
+            if reason.contains("lock") {
+                LocalError::Locked {
+                    dir: dir.to_path_buf(),
+                    reason,
+                }
+            } else {
+                LocalError::Open {
+                    dir: dir.to_path_buf(),
+                    reason,
+                }
+            }
+        })?;
+        tracing::info!(store = "local", backend = "rocksdb", dir = %dir.display(), "opened local engine");
+        Ok(Self {
+            db,
+            dir: dir.to_path_buf(),
+            poisoned: Mutex::new(None),
+            _lock: lock,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily, LocalError> {
+        self.db
+            .cf_handle(name)
+            .ok_or_else(|| LocalError::UnknownColumnFamily(name.to_string()))
+    }
+
+    fn check_poisoned(&self) -> Result<(), LocalError> {
+        match self.poisoned.lock() {
+            Ok(p) => match p.as_ref() {
+                Some(reason) => Err(LocalError::Poisoned(reason.clone())),
+                None => Ok(()),
+            },
+            Err(_) => Err(LocalError::Poisoned("poison lock".into())),
+        }
+    }
+
+    fn poison(&self, reason: &str) {
+        tracing::error!(store = "local", backend = "rocksdb", dir = %self.dir.display(), reason, "local write failed; engine fail-stopped");
+        if let Ok(mut p) = self.poisoned.lock() {
+            p.get_or_insert_with(|| reason.to_string());
+        }
+    }
+}
+
+fn lock_dir(dir: &Path) -> Result<File, LocalError> {
+    let path = dir.join(LOCK_FILE);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| LocalError::Open {
+            dir: dir.to_path_buf(),
+            reason: format!("{}: {e}", path.display()),
+        })?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            return Err(LocalError::Locked {
+                dir: dir.to_path_buf(),
+                reason: format!("{} is held", path.display()),
+            })
+        }
+        Err(TryLockError::Error(e)) => {
+            return Err(LocalError::Open {
+                dir: dir.to_path_buf(),
+                reason: format!("locking {}: {e}", path.display()),
+            })
+        }
+    }
+    // Record who holds it, for the operator (best effort: the lock is what matters).
+    let _ = file.set_len(0);
+    let _ = writeln!(file, "pid {}", std::process::id());
+    Ok(file)
+}
+
+impl KvEngine for RocksEngine {
+    fn get(&self, cf: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, LocalError> {
+        let handle = self.cf(cf)?;
+        self.db
+            .get_cf(handle, key)
+            .map_err(|e| LocalError::ReadFailed(e.to_string()))
+    }
+
+    fn scan(
+        &self,
+        cf: &'static str,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalError> {
+        let handle = self.cf(cf)?;
+        let iter = self.db.iterator_cf(
+            handle,
+            IteratorMode::From(start, rocksdb::Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter {
+            let (k, v) = item.map_err(|e| LocalError::ReadFailed(e.to_string()))?;
+            if let Some(end) = end {
+                if k.as_ref() >= end {
+                    break;
+                }
+            }
+            out.push((k.to_vec(), v.to_vec()));
+            if limit != 0 && out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn write(&self, batch: Batch, durability: Durability) -> Result<(), LocalError> {
+        self.check_poisoned()?;
+        let mut wb = WriteBatch::default();
+        for op in &batch.ops {
+            match op {
+                BatchOp::Put { cf, key, value } => wb.put_cf(self.cf(cf)?, key, value),
+                BatchOp::Delete { cf, key } => wb.delete_cf(self.cf(cf)?, key),
+            }
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(durability == Durability::Sync);
+        self.db.write_opt(wb, &wo).map_err(|e| {
+            let reason = e.to_string();
+            self.poison(&reason);
+            LocalError::WriteFailed(reason)
+        })
+    }
+
+    fn sync(&self) -> Result<(), LocalError> {
+        self.check_poisoned()?;
+        self.db.flush_wal(true).map_err(|e| {
+            let reason = e.to_string();
+            self.poison(&reason);
+            LocalError::WriteFailed(reason)
+        })
+    }
+
+    fn size_bytes(&self) -> u64 {
+        dir_size(&self.dir)
+    }
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_open_of_the_same_dir_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = RocksEngine::open(dir.path(), &["a"]).unwrap();
+        let err = RocksEngine::open(dir.path(), &["a"]).err().unwrap();
+        assert!(matches!(err, LocalError::Locked { .. }), "{err}");
+        assert!(err.to_string().contains("locked by another meshd process"));
+        drop(first);
+        RocksEngine::open(dir.path(), &["a"]).unwrap();
+    }
+
+    #[test]
+    fn batches_apply_atomically_and_scan_respects_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = RocksEngine::open(dir.path(), &["a"]).unwrap();
+        let mut b = Batch::new();
+        for k in ["k1", "k2", "k3", "l1"] {
+            b.put("a", k, k.to_uppercase());
+        }
+        e.write(b, Durability::Sync).unwrap();
+        let got = e.scan("a", b"k", Some(b"l"), 0).unwrap();
+        assert_eq!(got.len(), 3);
+        assert_eq!(e.scan("a", b"k", None, 2).unwrap().len(), 2);
+        let mut b = Batch::new();
+        b.delete("a", "k2");
+        e.write(b, Durability::Buffered).unwrap();
+        assert_eq!(e.get("a", b"k2").unwrap(), None);
+        assert_eq!(e.get("a", b"k1").unwrap(), Some(b"K1".to_vec()));
+        assert!(matches!(
+            e.get("nope", b"k1"),
+            Err(LocalError::UnknownColumnFamily(_))
+        ));
+    }
+}

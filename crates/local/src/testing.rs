@@ -1,0 +1,206 @@
+//! A fault-injecting engine for tests: SIGKILL is not power loss.
+//!
+//! A killed process leaves its writes in the OS page cache, so a kill test cannot show
+//! that a store fsyncs before it acknowledges. [`PowerCutEngine`] wraps a real engine
+//! and keeps a model of what is on stable storage: a write becomes durable only when
+//! it is written with [`Durability::Sync`] or a later sync covers it (a synced WAL
+//! write persists every earlier write). [`PowerCut::cut`] stops the world and returns
+//! the durable image, which a test restores into a fresh directory and reopens: every
+//! write the store acknowledged before the cut must be there.
+
+use crate::{Batch, BatchOp, Durability, KvEngine, LocalError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+type Image = BTreeMap<(&'static str, Vec<u8>), Vec<u8>>;
+
+#[derive(Default)]
+struct State {
+    /// What a power cut now would leave on disk.
+    durable: Image,
+    /// Written but not yet covered by a sync, in write order.
+    pending: Vec<Batch>,
+    /// After the cut every write fails: the machine is off.
+    cut: bool,
+}
+
+pub struct PowerCutEngine<E> {
+    inner: E,
+    state: Arc<Mutex<State>>,
+}
+
+/// The switch of a [`PowerCutEngine`].
+#[derive(Clone)]
+pub struct PowerCut {
+    state: Arc<Mutex<State>>,
+}
+
+/// What survived a power cut.
+#[derive(Clone, Debug, Default)]
+pub struct DurableImage {
+    entries: Image,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic while holding the lock poisons it; the model is still consistent
+    // (every mutation is a single step), so keep using it.
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn apply(image: &mut Image, batch: &Batch) {
+    for op in &batch.ops {
+        match op {
+            BatchOp::Put { cf, key, value } => {
+                image.insert((*cf, key.clone()), value.clone());
+            }
+            BatchOp::Delete { cf, key } => {
+                image.remove(&(*cf, key.clone()));
+            }
+        }
+    }
+}
+
+impl<E: KvEngine> PowerCutEngine<E> {
+    /// Wraps `inner`; its current contents (of `column_families`) count as durable.
+    pub fn wrap(inner: E, column_families: &[&'static str]) -> Result<(Self, PowerCut), LocalError> {
+        let mut durable = Image::new();
+        for cf in column_families {
+            for (k, v) in inner.scan(cf, b"", None, 0)? {
+                durable.insert((*cf, k), v);
+            }
+        }
+        let state = Arc::new(Mutex::new(State {
+            durable,
+            ..State::default()
+        }));
+        Ok((
+            Self {
+                inner,
+                state: state.clone(),
+            },
+            PowerCut { state },
+        ))
+    }
+}
+
+impl PowerCut {
+    /// Cuts the power: every later write fails, and the returned image is exactly what
+    /// was covered by a successful sync.
+    pub fn cut(&self) -> DurableImage {
+        let mut s = lock(&self.state);
+        s.cut = true;
+        DurableImage {
+            entries: s.durable.clone(),
+        }
+    }
+
+    /// How many batches were written but are not durable yet.
+    pub fn pending_batches(&self) -> usize {
+        lock(&self.state).pending.len()
+    }
+}
+
+impl DurableImage {
+    /// Writes the image into `engine` (a fresh one), synced.
+    pub fn restore_into(&self, engine: &dyn KvEngine) -> Result<(), LocalError> {
+        let mut batch = Batch::new();
+        for ((cf, k), v) in &self.entries {
+            batch.put(cf, k.clone(), v.clone());
+        }
+        engine.write(batch, Durability::Sync)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+impl<E: KvEngine> KvEngine for PowerCutEngine<E> {
+    fn get(&self, cf: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, LocalError> {
+        self.inner.get(cf, key)
+    }
+
+    fn scan(
+        &self,
+        cf: &'static str,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalError> {
+        self.inner.scan(cf, start, end, limit)
+    }
+
+    fn write(&self, batch: Batch, durability: Durability) -> Result<(), LocalError> {
+        // The model lock is held across the inner write so the model's order is the
+        // WAL's order.
+        let mut s = lock(&self.state);
+        if s.cut {
+            return Err(LocalError::WriteFailed("power cut".into()));
+        }
+        self.inner.write(batch.clone(), durability)?;
+        match durability {
+            Durability::Sync => {
+                let pending = std::mem::take(&mut s.pending);
+                for b in &pending {
+                    apply(&mut s.durable, b);
+                }
+                apply(&mut s.durable, &batch);
+            }
+            Durability::Buffered => s.pending.push(batch),
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), LocalError> {
+        let mut s = lock(&self.state);
+        if s.cut {
+            return Err(LocalError::WriteFailed("power cut".into()));
+        }
+        self.inner.sync()?;
+        let pending = std::mem::take(&mut s.pending);
+        for b in &pending {
+            apply(&mut s.durable, b);
+        }
+        Ok(())
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RocksEngine;
+
+    #[test]
+    fn only_synced_writes_survive_a_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = RocksEngine::open(dir.path(), &["a"]).unwrap();
+        let (e, power) = PowerCutEngine::wrap(inner, &["a"]).unwrap();
+        let mut b = Batch::new();
+        b.put("a", "buffered-then-synced", "1");
+        e.write(b, Durability::Buffered).unwrap();
+        let mut b = Batch::new();
+        b.put("a", "synced", "2");
+        e.write(b, Durability::Sync).unwrap();
+        let mut b = Batch::new();
+        b.put("a", "lost", "3");
+        e.write(b, Durability::Buffered).unwrap();
+        assert_eq!(power.pending_batches(), 1);
+        let image = power.cut();
+        assert!(e.write(Batch::new(), Durability::Sync).is_err());
+
+        let dir2 = tempfile::tempdir().unwrap();
+        let fresh = RocksEngine::open(dir2.path(), &["a"]).unwrap();
+        image.restore_into(&fresh).unwrap();
+        assert!(fresh.get("a", b"buffered-then-synced").unwrap().is_some());
+        assert!(fresh.get("a", b"synced").unwrap().is_some());
+        assert!(fresh.get("a", b"lost").unwrap().is_none());
+    }
+}
