@@ -1,0 +1,256 @@
+//! `meshd serve` configuration: flags, then `MESHD_*` environment variables, then an
+//! optional TOML file (`--config`), then defaults. A plain struct with `validate()`
+//! (house style 14); the error names the bad value.
+
+use clap::Args;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Flags and environment variables. Everything is optional here so that a value given
+/// neither as a flag nor in the environment can come from the TOML file.
+#[derive(Args, Debug, Default, Clone)]
+pub struct ServeArgs {
+    /// TOML file with the same settings (names as the flags, with `_` for `-`).
+    #[arg(long, env = "MESHD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// HTTP address; port 0 picks a free port and prints it.
+    #[arg(long, env = "MESHD_LISTEN")]
+    pub listen: Option<String>,
+    /// Local RocksDB directory.
+    #[arg(long, env = "MESHD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// `embedded`, or `etcd://host:port[,host:port...]`.
+    #[arg(long, env = "MESHD_META")]
+    pub meta: Option<String>,
+    /// The event log backend (`embedded`).
+    #[arg(long, env = "MESHD_LOG")]
+    pub log: Option<String>,
+    /// This instance's name in the cluster (default: a stable id stored in the data dir).
+    #[arg(long, env = "MESHD_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+    /// Membership and partition-ownership lease TTL in milliseconds.
+    #[arg(long, env = "MESHD_LEASE_TTL_MS")]
+    pub lease_ttl_ms: Option<u64>,
+    /// Listen on a non-loopback address without access tokens.
+    #[arg(long, env = "MESHD_INSECURE_LISTEN")]
+    pub insecure_listen: bool,
+}
+
+/// The same settings as read from `--config`.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    meta: Option<String>,
+    log: Option<String>,
+    instance_id: Option<String>,
+    lease_ttl_ms: Option<u64>,
+    insecure_listen: Option<bool>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetaBackend {
+    Embedded,
+    Etcd(String),
+}
+
+/// The effective configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub meta: MetaBackend,
+    pub instance_id: Option<String>,
+    pub lease_ttl_ms: u64,
+    pub insecure_listen: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+    #[error("invalid value {value:?} for {name}: {reason}")]
+    Invalid {
+        name: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+fn invalid(name: &'static str, value: impl ToString, reason: impl ToString) -> ConfigError {
+    ConfigError::Invalid {
+        name,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+pub const DEFAULT_DATA_DIR: &str = "./meshd-data";
+pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
+
+impl Config {
+    pub fn resolve(args: ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let listen = args
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen: SocketAddr = listen
+            .parse()
+            .map_err(|e| invalid("--listen", &listen, e))?;
+        let meta = args.meta.or(file.meta).unwrap_or_else(|| "embedded".into());
+        let meta = if meta == "embedded" {
+            MetaBackend::Embedded
+        } else if meta.starts_with("etcd://") {
+            meshd_meta_etcd::EtcdConfig::parse(&meta)
+                .map_err(|e| invalid("--meta", &meta, e))?;
+            MetaBackend::Etcd(meta)
+        } else {
+            return Err(invalid(
+                "--meta",
+                &meta,
+                "expected `embedded` or `etcd://host:port[,host:port...]`",
+            ));
+        };
+        let log = args.log.or(file.log).unwrap_or_else(|| "embedded".into());
+        if log != "embedded" {
+            return Err(invalid(
+                "--log",
+                &log,
+                "only the `embedded` log is available in this version",
+            ));
+        }
+        let config = Config {
+            listen,
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            meta,
+            instance_id: args.instance_id.or(file.instance_id),
+            lease_ttl_ms: args
+                .lease_ttl_ms
+                .or(file.lease_ttl_ms)
+                .unwrap_or(DEFAULT_LEASE_TTL_MS),
+            insecure_listen: args.insecure_listen || file.insecure_listen.unwrap_or(false),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.listen.ip().is_loopback() && !self.insecure_listen {
+            return Err(invalid(
+                "--listen",
+                self.listen,
+                "without access tokens meshd listens on loopback only; pass --insecure-listen to override",
+            ));
+        }
+        if !(1000..=600_000).contains(&self.lease_ttl_ms) {
+            return Err(invalid(
+                "--lease-ttl-ms",
+                self.lease_ttl_ms,
+                "must be between 1000 and 600000",
+            ));
+        }
+        if let Some(id) = &self.instance_id {
+            if !valid_name(id) {
+                return Err(invalid(
+                    "--instance-id",
+                    id,
+                    "1-249 characters of [A-Za-z0-9._-]",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Names (topics, subscriptions, client ids, instances): 1–249 of `[A-Za-z0-9._-]`.
+pub fn valid_name(s: &str) -> bool {
+    (1..=249).contains(&s.len())
+        && s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::File {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = Config::resolve(ServeArgs::default()).unwrap();
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(c.meta, MetaBackend::Embedded);
+        assert_eq!(c.lease_ttl_ms, 10_000);
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meshd.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:9999\"\nlease_ttl_ms = 5000\n").unwrap();
+        let c = Config::resolve(ServeArgs {
+            config: Some(path),
+            listen: Some("127.0.0.1:1234".into()),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert_eq!(c.listen.port(), 1234);
+        assert_eq!(c.lease_ttl_ms, 5000);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = Config::resolve(ServeArgs {
+            meta: Some("zookeeper://x".into()),
+            ..ServeArgs::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--meta"), "{err}");
+        let err = Config::resolve(ServeArgs {
+            listen: Some("0.0.0.0:7070".into()),
+            ..ServeArgs::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--insecure-listen"), "{err}");
+        let err = Config::resolve(ServeArgs {
+            lease_ttl_ms: Some(5),
+            ..ServeArgs::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--lease-ttl-ms"), "{err}");
+    }
+
+    #[test]
+    fn unknown_file_keys_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meshd.toml");
+        std::fs::write(&path, "lisen = \"x\"\n").unwrap();
+        let err = Config::resolve(ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("lisen"), "{err}");
+    }
+}

@@ -1,0 +1,207 @@
+//! Opening the stores and serving HTTP.
+//!
+//! This version opens the Local RocksDB (exclusively), opens Meta (embedded on that
+//! RocksDB, or etcd), prints the effective backends and serves `/healthz`, `/readyz`
+//! and `/metrics`. The event API arrives with the runtime.
+
+use crate::config::{Config, MetaBackend};
+use crate::metered::MeteredMeta;
+use anyhow::Context;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use meshd_local::RocksEngine;
+use meshd_meta::Meta;
+use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
+use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
+use serde_json::json;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a readiness probe waits for Meta before calling it unavailable.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+struct AppState {
+    instance_id: String,
+    meta: Arc<MeteredMeta>,
+    meta_backend: &'static str,
+}
+
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Open stores.
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    let column_families = [meshd_meta_embedded::COLUMN_FAMILY];
+    let engine = Arc::new(RocksEngine::open(&config.data_dir, &column_families)?);
+    let instance_id = match &config.instance_id {
+        Some(id) => id.clone(),
+        None => stable_instance_id(&config.data_dir)?,
+    };
+    let mut embedded = None;
+    let meta: Arc<dyn Meta> = match &config.meta {
+        MetaBackend::Embedded => {
+            // Recovery (state record, lease deadlines) runs inside open, before serving.
+            let m = Arc::new(EmbeddedMeta::open(engine.clone(), EmbeddedConfig::default())?);
+            embedded = Some(m.clone());
+            m
+        }
+        MetaBackend::Etcd(url) => {
+            let cfg = EtcdConfig::parse(url)?;
+            // Connecting is lazy: meshd starts while etcd is down and reports not ready.
+            Arc::new(EtcdMeta::connect(cfg).await?)
+        }
+    };
+    let meta = Arc::new(MeteredMeta::new(meta));
+    let meta_backend = meta.backend();
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    // The one start-up line: address, instance, effective backend of every store.
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "meshd listening on http://{addr} instance={instance_id} meta={meta_backend} log=embedded local=rocksdb:{}",
+            config.data_dir.display()
+        )?;
+        out.flush()?;
+    }
+    tracing::info!(%addr, instance = %instance_id, meta = meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
+
+    let state = Arc::new(AppState {
+        instance_id,
+        meta: meta.clone(),
+        meta_backend,
+    });
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("meshd shutting down");
+    if let Some(m) = embedded {
+        m.close();
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// The instance id stored in the data dir, created on first start.
+fn stable_instance_id(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join("instance-id");
+    match std::fs::read_to_string(&path) {
+        Ok(s) if crate::config::valid_name(s.trim()) => return Ok(s.trim().to_string()),
+        Ok(s) => anyhow::bail!("{} holds an invalid instance id {:?}", path.display(), s.trim()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+    let id = format!("meshd-{:016x}", rand::random::<u64>());
+    // Written to a temp file, fsynced and renamed, so a crash never leaves half an id.
+    let tmp = data_dir.join("instance-id.tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.write_all(id.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    std::fs::File::open(data_dir)?.sync_all()?;
+    Ok(id)
+}
+
+async fn healthz() -> impl IntoResponse {
+    Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let meta = match tokio::time::timeout(READY_TIMEOUT, state.meta.status()).await {
+        Ok(Ok(_)) => "ok".to_string(),
+        Ok(Err(e)) => e.kind().to_string(),
+        Err(_) => "timeout".to_string(),
+    };
+    let ready = meta == "ok";
+    let body = json!({
+        "status": if ready { "ready" } else { "unavailable" },
+        "instance": state.instance_id,
+        "checks": { format!("meta:{}", state.meta_backend): meta },
+    });
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut out = String::new();
+    out.push_str("# HELP meshd_build_info meshd version.\n# TYPE meshd_build_info gauge\n");
+    out.push_str(&format!(
+        "meshd_build_info{{version=\"{}\",instance=\"{}\"}} 1\n",
+        env!("CARGO_PKG_VERSION"),
+        state.instance_id
+    ));
+    let status = tokio::time::timeout(READY_TIMEOUT, state.meta.status()).await;
+    let backend = state.meta_backend;
+    out.push_str("# HELP meshd_meta_healthy Whether Meta answered a status call.\n# TYPE meshd_meta_healthy gauge\n");
+    match status {
+        Ok(Ok(s)) => {
+            out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 1\n"));
+            out.push_str("# HELP meshd_meta_revision The Meta store revision.\n# TYPE meshd_meta_revision gauge\n");
+            out.push_str(&format!("meshd_meta_revision{{backend=\"{backend}\"}} {}\n", s.revision));
+            out.push_str("# HELP meshd_meta_db_size_bytes The Meta database size.\n# TYPE meshd_meta_db_size_bytes gauge\n");
+            out.push_str(&format!(
+                "meshd_meta_db_size_bytes{{backend=\"{backend}\"}} {}\n",
+                s.db_size_bytes
+            ));
+        }
+        _ => out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 0\n")),
+    }
+    state.meta.render(&mut out);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        out,
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        Json(json!({
+            "type": "https://meshd.dev/problems/not-found",
+            "title": "Not Found",
+            "status": 404,
+            "detail": "no such route",
+        })),
+    )
+        .into_response()
+}
