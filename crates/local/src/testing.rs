@@ -62,7 +62,10 @@ fn apply(image: &mut Image, batch: &Batch) {
 
 impl<E: KvEngine> PowerCutEngine<E> {
     /// Wraps `inner`; its current contents (of `column_families`) count as durable.
-    pub fn wrap(inner: E, column_families: &[&'static str]) -> Result<(Self, PowerCut), LocalError> {
+    pub fn wrap(
+        inner: E,
+        column_families: &[&'static str],
+    ) -> Result<(Self, PowerCut), LocalError> {
         let mut durable = Image::new();
         for cf in column_families {
             for (k, v) in inner.scan(cf, b"", None, 0)? {

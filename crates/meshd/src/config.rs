@@ -108,8 +108,7 @@ impl Config {
         let meta = if meta == "embedded" {
             MetaBackend::Embedded
         } else if meta.starts_with("etcd://") {
-            meshd_meta_etcd::EtcdConfig::parse(&meta)
-                .map_err(|e| invalid("--meta", &meta, e))?;
+            meshd_meta_etcd::EtcdConfig::parse(&meta).map_err(|e| invalid("--meta", &meta, e))?;
             MetaBackend::Etcd(meta)
         } else {
             return Err(invalid(
@@ -175,8 +174,7 @@ impl Config {
 /// Names (topics, subscriptions, client ids, instances): 1–249 of `[A-Za-z0-9._-]`.
 pub fn valid_name(s: &str) -> bool {
     (1..=249).contains(&s.len())
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 

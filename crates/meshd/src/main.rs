@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "meshd", version, about = "meshd: an event mesh with a state plane that does not lie")]
+#[command(
+    name = "meshd",
+    version,
+    about = "meshd: an event mesh with a state plane that does not lie"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

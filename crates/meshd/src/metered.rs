@@ -32,7 +32,10 @@ impl MeteredMeta {
         self.calls.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = &r {
             // Conflicts and fences are answers, not failures of the backend.
-            if !matches!(e, MetaError::Conflict { .. } | MetaError::Fenced | MetaError::LeaseNotFound(_)) {
+            if !matches!(
+                e,
+                MetaError::Conflict { .. } | MetaError::Fenced | MetaError::LeaseNotFound(_)
+            ) {
                 tracing::warn!(store = "meta", backend = self.inner.backend(), op, error = %e, "meta call failed");
             }
             let mut m = self.errors.lock().unwrap_or_else(|p| p.into_inner());
@@ -69,7 +72,11 @@ impl Meta for MeteredMeta {
     async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
         self.record("get", self.inner.get(key).await)
     }
-    async fn range(&self, prefix: &[u8], options: RangeOptions) -> Result<RangeResponse, MetaError> {
+    async fn range(
+        &self,
+        prefix: &[u8],
+        options: RangeOptions,
+    ) -> Result<RangeResponse, MetaError> {
         self.record("range", self.inner.range(prefix, options).await)
     }
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, MetaError> {

@@ -45,7 +45,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let meta: Arc<dyn Meta> = match &config.meta {
         MetaBackend::Embedded => {
             // Recovery (state record, lease deadlines) runs inside open, before serving.
-            let m = Arc::new(EmbeddedMeta::open(engine.clone(), EmbeddedConfig::default())?);
+            let m = Arc::new(EmbeddedMeta::open(
+                engine.clone(),
+                EmbeddedConfig::default(),
+            )?);
             embedded = Some(m.clone());
             m
         }
@@ -118,7 +121,11 @@ fn stable_instance_id(data_dir: &Path) -> anyhow::Result<String> {
     let path = data_dir.join("instance-id");
     match std::fs::read_to_string(&path) {
         Ok(s) if crate::config::valid_name(s.trim()) => return Ok(s.trim().to_string()),
-        Ok(s) => anyhow::bail!("{} holds an invalid instance id {:?}", path.display(), s.trim()),
+        Ok(s) => anyhow::bail!(
+            "{} holds an invalid instance id {:?}",
+            path.display(),
+            s.trim()
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
@@ -175,7 +182,10 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         Ok(Ok(s)) => {
             out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 1\n"));
             out.push_str("# HELP meshd_meta_revision The Meta store revision.\n# TYPE meshd_meta_revision gauge\n");
-            out.push_str(&format!("meshd_meta_revision{{backend=\"{backend}\"}} {}\n", s.revision));
+            out.push_str(&format!(
+                "meshd_meta_revision{{backend=\"{backend}\"}} {}\n",
+                s.revision
+            ));
             out.push_str("# HELP meshd_meta_db_size_bytes The Meta database size.\n# TYPE meshd_meta_db_size_bytes gauge\n");
             out.push_str(&format!(
                 "meshd_meta_db_size_bytes{{backend=\"{backend}\"}} {}\n",
@@ -185,11 +195,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         _ => out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 0\n")),
     }
     state.meta.render(&mut out);
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        out,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
 async fn not_found() -> Response {

@@ -30,8 +30,8 @@ pub use records::CF as COLUMN_FAMILY;
 use async_trait::async_trait;
 use meshd_local::{KvEngine, LocalError, RocksEngine};
 use meshd_meta::{
-    GetResponse, Lease, LeaseId, Meta, MetaError, MetaStatus, RangeOptions,
-    RangeResponse, Txn, TxnResponse, WatchStream,
+    GetResponse, Lease, LeaseId, Meta, MetaError, MetaStatus, RangeOptions, RangeResponse, Txn,
+    TxnResponse, WatchStream,
 };
 use records::key_record::KeyRecord;
 use records::state::StateRecord;
@@ -152,7 +152,10 @@ pub(crate) fn corrupt(key: &[u8], e: records::DecodeError) -> MetaError {
     }
 }
 
-pub(crate) fn read_key(engine: &dyn KvEngine, user_key: &[u8]) -> Result<Option<KeyRecord>, MetaError> {
+pub(crate) fn read_key(
+    engine: &dyn KvEngine,
+    user_key: &[u8],
+) -> Result<Option<KeyRecord>, MetaError> {
     let k = records::key_key(user_key);
     match engine.get(records::CF, &k).map_err(read_error)? {
         None => Ok(None),
@@ -337,13 +340,20 @@ impl Meta for EmbeddedMeta {
                 } else {
                     records::key_key(&end_user)
                 };
-                let fetch = if options.limit == 0 { 0 } else { options.limit + 1 };
+                let fetch = if options.limit == 0 {
+                    0
+                } else {
+                    options.limit + 1
+                };
                 let rows = engine
                     .scan(records::CF, &start, Some(&end), fetch)
                     .map_err(read_error)?;
                 let more = options.limit != 0 && rows.len() > options.limit;
                 let mut kvs = Vec::with_capacity(rows.len());
-                for (k, v) in rows.into_iter().take(if more { options.limit } else { usize::MAX }) {
+                for (k, v) in rows
+                    .into_iter()
+                    .take(if more { options.limit } else { usize::MAX })
+                {
                     let user_key = &k[1..];
                     let rec = KeyRecord::decode(&v).map_err(|e| corrupt(user_key, e))?;
                     kvs.push(rec.to_kv(user_key));
@@ -374,14 +384,18 @@ impl Meta for EmbeddedMeta {
                 self.shared.config.max_request_bytes
             )));
         }
-        self.submit(|reply| writer::Request::Txn { txn, reply }).await
+        self.submit(|reply| writer::Request::Txn { txn, reply })
+            .await
     }
 
     async fn grant(&self, ttl: Duration) -> Result<Lease, MetaError> {
         if ttl.is_zero() {
-            return Err(MetaError::InvalidRequest("lease TTL must be positive".into()));
+            return Err(MetaError::InvalidRequest(
+                "lease TTL must be positive".into(),
+            ));
         }
-        self.submit(|reply| writer::Request::Grant { ttl, reply }).await
+        self.submit(|reply| writer::Request::Grant { ttl, reply })
+            .await
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, MetaError> {

@@ -92,13 +92,19 @@ fn read_step(
                 });
             }
             expected = rec.revision + 1;
-            events.extend(rec.events.into_iter().filter(|e| e.key().starts_with(prefix)));
+            events.extend(
+                rec.events
+                    .into_iter()
+                    .filter(|e| e.key().starts_with(prefix)),
+            );
         }
         Ok(Ok(events))
     });
     match r {
         Ok(inner) => inner,
-        Err(MetaError::Corrupt { key, reason }) => Err(WatchError::Corrupt(format!("{key}: {reason}"))),
+        Err(MetaError::Corrupt { key, reason }) => {
+            Err(WatchError::Corrupt(format!("{key}: {reason}")))
+        }
         Err(e) => Err(WatchError::Unavailable(e.to_string())),
     }
 }

@@ -1,8 +1,8 @@
 //! The single writer: applies requests in order, commits them in groups with one fsync,
 //! and expires leases.
 
-use crate::records::{self, history::HistoryRecord, key_record::KeyRecord, lease::LeaseRecord};
 use crate::records::state::StateRecord;
+use crate::records::{self, history::HistoryRecord, key_record::KeyRecord, lease::LeaseRecord};
 use crate::{read_error, read_key, LeaseEntry, Shared};
 use meshd_local::{Batch, Durability, KvEngine};
 use meshd_meta::{Lease, LeaseId, MetaError, Txn, TxnOp, TxnResponse, WatchEvent};
@@ -228,7 +228,13 @@ impl Writer {
     }
 
     /// Writes one request's batch (buffered; the group's fsync makes it durable).
-    fn write(&mut self, engine: &dyn KvEngine, mut batch: Batch, next: StateRecord, effects: &mut GroupEffects) -> Result<(), MetaError> {
+    fn write(
+        &mut self,
+        engine: &dyn KvEngine,
+        mut batch: Batch,
+        next: StateRecord,
+        effects: &mut GroupEffects,
+    ) -> Result<(), MetaError> {
         batch.put(records::CF, records::STATE_KEY.to_vec(), next.encode());
         match engine.write(batch, Durability::Buffered) {
             Ok(()) => {
@@ -313,7 +319,10 @@ impl Writer {
                     }
                     let rec = KeyRecord {
                         value: value.clone(),
-                        create_revision: existing.as_ref().map(|o| o.create_revision).unwrap_or(revision),
+                        create_revision: existing
+                            .as_ref()
+                            .map(|o| o.create_revision)
+                            .unwrap_or(revision),
                         mod_revision: revision,
                         version: existing.as_ref().map(|o| o.version + 1).unwrap_or(1),
                         lease: lease_id,
@@ -350,22 +359,39 @@ impl Writer {
         Ok(TxnResponse { revision, deleted })
     }
 
-    fn grant(&mut self, engine: &dyn KvEngine, ttl: Duration, effects: &mut GroupEffects) -> Result<Lease, MetaError> {
+    fn grant(
+        &mut self,
+        engine: &dyn KvEngine,
+        ttl: Duration,
+        effects: &mut GroupEffects,
+    ) -> Result<Lease, MetaError> {
         let mut next = self.state;
         let id = next.next_lease;
         next.next_lease += 1;
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let mut batch = Batch::new();
-        batch.put(records::CF, records::lease_key(id), LeaseRecord { ttl_ms }.encode());
+        batch.put(
+            records::CF,
+            records::lease_key(id),
+            LeaseRecord { ttl_ms }.encode(),
+        );
         self.write(engine, batch, next, effects)?;
         let ttl = Duration::from_millis(ttl_ms);
         effects.granted.insert(id, ttl);
-        Ok(Lease { id: LeaseId(id), ttl })
+        Ok(Lease {
+            id: LeaseId(id),
+            ttl,
+        })
     }
 
     /// Deletes the lease record and every key still attached to it, at one revision.
     /// The caller has already removed the lease from the live map.
-    fn revoke(&mut self, engine: &dyn KvEngine, lease: i64, effects: &mut GroupEffects) -> Result<(), MetaError> {
+    fn revoke(
+        &mut self,
+        engine: &dyn KvEngine,
+        lease: i64,
+        effects: &mut GroupEffects,
+    ) -> Result<(), MetaError> {
         let prefix = records::attach_prefix(lease);
         let end = meshd_meta::prefix_end(&prefix);
         let attached = engine
@@ -397,7 +423,12 @@ impl Writer {
         self.write(engine, batch, next, effects)
     }
 
-    fn compact(&mut self, engine: &dyn KvEngine, revision: i64, effects: &mut GroupEffects) -> Result<(), MetaError> {
+    fn compact(
+        &mut self,
+        engine: &dyn KvEngine,
+        revision: i64,
+        effects: &mut GroupEffects,
+    ) -> Result<(), MetaError> {
         if revision > self.state.revision {
             return Err(MetaError::InvalidRequest(format!(
                 "cannot compact at {revision}: the store is at revision {}",

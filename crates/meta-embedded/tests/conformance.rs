@@ -30,7 +30,10 @@ impl MetaHarness for Embedded {
 
     async fn restart(&mut self) -> anyhow::Result<()> {
         self.meta.close();
-        self.meta = Arc::new(EmbeddedMeta::open_dir(self.dir.path(), EmbeddedConfig::default())?);
+        self.meta = Arc::new(EmbeddedMeta::open_dir(
+            self.dir.path(),
+            EmbeddedConfig::default(),
+        )?);
         Ok(())
     }
 }

@@ -43,7 +43,9 @@ async fn given_concurrent_writers_when_power_is_cut_then_every_acknowledged_writ
                             r.revision
                         })
                 } else {
-                    meta.put(&key, &value, Precondition::None, None).await.map(|r| r.revision)
+                    meta.put(&key, &value, Precondition::None, None)
+                        .await
+                        .map(|r| r.revision)
                 };
                 if let Ok(revision) = res {
                     acked.insert(key, (value, revision));
@@ -68,7 +70,11 @@ async fn given_concurrent_writers_when_power_is_cut_then_every_acknowledged_writ
         acked.extend(a);
         leases.extend(l);
     }
-    assert!(acked.len() > 50, "the writers made progress: {} keys", acked.len());
+    assert!(
+        acked.len() > 50,
+        "the writers made progress: {} keys",
+        acked.len()
+    );
     meta.close();
 
     // Boot a fresh store from what was on stable storage at the cut.
@@ -88,20 +94,36 @@ async fn given_concurrent_writers_when_power_is_cut_then_every_acknowledged_writ
         .collect();
     let max_acked = acked.values().map(|(_, r)| *r).max().unwrap();
     for (key, (value, revision)) in &acked {
-        let kv = stored
-            .get(key)
-            .unwrap_or_else(|| panic!("acknowledged {} lost in the power cut", String::from_utf8_lossy(key)));
-        assert!(kv.mod_revision >= *revision, "{} went back in time", String::from_utf8_lossy(key));
+        let kv = stored.get(key).unwrap_or_else(|| {
+            panic!(
+                "acknowledged {} lost in the power cut",
+                String::from_utf8_lossy(key)
+            )
+        });
+        assert!(
+            kv.mod_revision >= *revision,
+            "{} went back in time",
+            String::from_utf8_lossy(key)
+        );
         if kv.mod_revision == *revision {
             assert_eq!(&kv.value, value);
         }
     }
     let status = meta.status().await.unwrap();
-    assert!(status.revision >= max_acked, "revision {} < acknowledged {max_acked}", status.revision);
+    assert!(
+        status.revision >= max_acked,
+        "revision {} < acknowledged {max_acked}",
+        status.revision
+    );
     for lease in leases {
-        meta.keep_alive(lease).await.expect("an acknowledged grant survives the power cut");
+        meta.keep_alive(lease)
+            .await
+            .expect("an acknowledged grant survives the power cut");
     }
-    let next = meta.put(b"pc/after", b"x", Precondition::None, None).await.unwrap();
+    let next = meta
+        .put(b"pc/after", b"x", Precondition::None, None)
+        .await
+        .unwrap();
     assert!(next.revision > max_acked);
 }
 
@@ -110,14 +132,21 @@ async fn given_a_damaged_key_record_when_read_then_it_is_reported_as_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     {
         let meta = EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).unwrap();
-        meta.put(b"victim", b"precious", Precondition::None, None).await.unwrap();
-        meta.put(b"victim-neighbour", b"fine", Precondition::None, None).await.unwrap();
+        meta.put(b"victim", b"precious", Precondition::None, None)
+            .await
+            .unwrap();
+        meta.put(b"victim-neighbour", b"fine", Precondition::None, None)
+            .await
+            .unwrap();
         meta.close();
     }
     {
         // The on-disk layout: key records live at b"k" + the user key.
         let engine = RocksEngine::open(dir.path(), &[COLUMN_FAMILY]).unwrap();
-        let mut record = engine.get(COLUMN_FAMILY, b"kvictim").unwrap().expect("record present");
+        let mut record = engine
+            .get(COLUMN_FAMILY, b"kvictim")
+            .unwrap()
+            .expect("record present");
         let last_value_byte = record.len() - 5;
         record[last_value_byte] ^= 0x20;
         let mut b = Batch::new();
@@ -137,7 +166,12 @@ async fn given_a_damaged_key_record_when_read_then_it_is_reported_as_corrupt() {
         Err(MetaError::Corrupt { .. })
     ));
     assert_eq!(
-        meta.get(b"victim-neighbour").await.unwrap().kv.unwrap().value,
+        meta.get(b"victim-neighbour")
+            .await
+            .unwrap()
+            .kv
+            .unwrap()
+            .value,
         b"fine"
     );
 }
@@ -152,17 +186,28 @@ async fn given_a_small_history_bound_when_watching_from_before_it_then_compacted
     let meta = EmbeddedMeta::open_dir(dir.path(), config).unwrap();
     let mut revs = Vec::new();
     for i in 0..10 {
-        revs.push(meta.put(format!("h/{i}").as_bytes(), b"v", Precondition::None, None).await.unwrap().revision);
+        revs.push(
+            meta.put(format!("h/{i}").as_bytes(), b"v", Precondition::None, None)
+                .await
+                .unwrap()
+                .revision,
+        );
     }
     let mut w = meta.watch(b"h/", revs[0]).await.unwrap();
     match w.next().await {
-        Some(Err(WatchError::Compacted { compact_revision })) => assert_eq!(compact_revision, revs[5]),
+        Some(Err(WatchError::Compacted { compact_revision })) => {
+            assert_eq!(compact_revision, revs[5])
+        }
         other => panic!("expected compacted, got {other:?}"),
     }
     let mut w = meta.watch(b"h/", revs[5]).await.unwrap();
     let mut got = Vec::new();
     while got.len() < 5 {
-        let batch = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap().unwrap();
+        let batch = tokio::time::timeout(Duration::from_secs(5), w.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         got.extend(batch.events.iter().map(|e| e.revision()));
     }
     assert_eq!(got, revs[5..].to_vec());
@@ -178,7 +223,13 @@ impl KvEngine for FailingSync {
     fn get(&self, cf: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, LocalError> {
         self.inner.get(cf, key)
     }
-    fn scan(&self, cf: &'static str, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalError> {
+    fn scan(
+        &self,
+        cf: &'static str,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalError> {
         self.inner.scan(cf, start, end, limit)
     }
     fn write(&self, batch: Batch, durability: Durability) -> Result<(), LocalError> {
@@ -207,15 +258,29 @@ async fn given_a_failed_fsync_when_writing_then_outcome_unknown_and_the_store_fa
         fail: fail.clone(),
     };
     let meta = EmbeddedMeta::open(Arc::new(engine), EmbeddedConfig::default()).unwrap();
-    meta.put(b"before", b"ok", Precondition::None, None).await.unwrap();
+    meta.put(b"before", b"ok", Precondition::None, None)
+        .await
+        .unwrap();
     fail.store(true, Ordering::SeqCst);
-    let err = meta.put(b"during", b"?", Precondition::None, None).await.unwrap_err();
+    let err = meta
+        .put(b"during", b"?", Precondition::None, None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, MetaError::Indeterminate(_)), "{err:?}");
     // The disk is "fine" again, but what reached it is unknown: the store stays down.
     fail.store(false, Ordering::SeqCst);
-    assert!(matches!(meta.put(b"after", b"x", Precondition::None, None).await, Err(MetaError::Failed(_))));
-    assert!(matches!(meta.get(b"before").await, Err(MetaError::Failed(_))), "no reads of possibly non-durable data");
-    assert!(matches!(meta.grant(Duration::from_secs(5)).await, Err(MetaError::Failed(_))));
+    assert!(matches!(
+        meta.put(b"after", b"x", Precondition::None, None).await,
+        Err(MetaError::Failed(_))
+    ));
+    assert!(
+        matches!(meta.get(b"before").await, Err(MetaError::Failed(_))),
+        "no reads of possibly non-durable data"
+    );
+    assert!(matches!(
+        meta.grant(Duration::from_secs(5)).await,
+        Err(MetaError::Failed(_))
+    ));
     meta.close();
     // A restart recovers from what is on disk.
     let meta = EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).unwrap();
@@ -226,8 +291,13 @@ async fn given_a_failed_fsync_when_writing_then_outcome_unknown_and_the_store_fa
 async fn given_an_open_store_when_the_directory_is_opened_again_then_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let first = EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).unwrap();
-    let err = EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).err().expect("second open must fail");
-    assert!(err.to_string().contains("locked by another meshd process"), "{err}");
+    let err = EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default())
+        .err()
+        .expect("second open must fail");
+    assert!(
+        err.to_string().contains("locked by another meshd process"),
+        "{err}"
+    );
     first.close();
     EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).expect("open after close");
 }

@@ -155,9 +155,15 @@ pub async fn get_put_report_store_issued_revisions(h: &mut dyn MetaHarness) {
     let r2 = m.put(&a, b"2", Precondition::None, None).await.unwrap();
     assert!(r2.revision > r1.revision);
     let kv = must_get(m.as_ref(), &a).await.unwrap();
-    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (r1.revision, r2.revision, 2));
+    assert_eq!(
+        (kv.create_revision, kv.mod_revision, kv.version),
+        (r1.revision, r2.revision, 2)
+    );
     let g = m.get(&a).await.unwrap();
-    assert!(g.revision >= r2.revision, "a read sees at least the revision of the last write");
+    assert!(
+        g.revision >= r2.revision,
+        "a read sees at least the revision of the last write"
+    );
     let status = m.status().await.unwrap();
     assert!(status.revision >= r2.revision);
 }
@@ -165,8 +171,14 @@ pub async fn get_put_report_store_issued_revisions(h: &mut dyn MetaHarness) {
 pub async fn absent_precondition_admits_one_creator(h: &mut dyn MetaHarness) {
     let m = h.meta();
     let key = k(&ns("absent"), "only-once");
-    let first = m.put(&key, b"first", Precondition::Absent, None).await.unwrap();
-    let err = m.put(&key, b"second", Precondition::Absent, None).await.unwrap_err();
+    let first = m
+        .put(&key, b"first", Precondition::Absent, None)
+        .await
+        .unwrap();
+    let err = m
+        .put(&key, b"second", Precondition::Absent, None)
+        .await
+        .unwrap_err();
     match err {
         MetaError::Conflict { current: Some(kv) } => {
             assert_eq!(kv.value, b"first");
@@ -181,7 +193,10 @@ pub async fn mod_revision_precondition_rejects_stale_writers(h: &mut dyn MetaHar
     let m = h.meta();
     let key = k(&ns("modrev"), "x");
     // ModRevision(0) means "absent".
-    let r1 = m.put(&key, b"v1", Precondition::ModRevision(0), None).await.unwrap();
+    let r1 = m
+        .put(&key, b"v1", Precondition::ModRevision(0), None)
+        .await
+        .unwrap();
     let r2 = m
         .put(&key, b"v2", Precondition::ModRevision(r1.revision), None)
         .await
@@ -214,7 +229,10 @@ pub async fn delete_honours_preconditions_and_absent_keys_do_not_move_the_revisi
         .delete(&key, Precondition::ModRevision(r1.revision - 1))
         .await
         .unwrap_err();
-    assert!(matches!(err, MetaError::Conflict { current: Some(_) }), "{err:?}");
+    assert!(
+        matches!(err, MetaError::Conflict { current: Some(_) }),
+        "{err:?}"
+    );
     let d = m
         .delete(&key, Precondition::ModRevision(r1.revision))
         .await
@@ -242,7 +260,10 @@ pub async fn recreated_key_gets_a_new_create_revision(h: &mut dyn MetaHarness) {
     let r2 = m.put(&key, b"b", Precondition::Absent, None).await.unwrap();
     let kv = must_get(m.as_ref(), &key).await.unwrap();
     assert!(r2.revision > r1.revision);
-    assert_eq!(kv.create_revision, r2.revision, "a re-created key is a new incarnation");
+    assert_eq!(
+        kv.create_revision, r2.revision,
+        "a re-created key is a new incarnation"
+    );
     assert_eq!(kv.version, 1);
 }
 
@@ -251,14 +272,26 @@ pub async fn range_lists_a_prefix_in_pages(h: &mut dyn MetaHarness) {
     let ns = ns("range");
     let dir = format!("{ns}dir/");
     for i in 0..7 {
-        m.put(&k(&dir, &format!("{i:02}")), format!("{i}").as_bytes(), Precondition::None, None)
-            .await
-            .unwrap();
+        m.put(
+            &k(&dir, &format!("{i:02}")),
+            format!("{i}").as_bytes(),
+            Precondition::None,
+            None,
+        )
+        .await
+        .unwrap();
     }
     // Neighbours that share a textual prefix but are not below the directory.
-    m.put(&k(&ns, "dir0"), b"x", Precondition::None, None).await.unwrap();
-    m.put(&k(&ns, "dia"), b"x", Precondition::None, None).await.unwrap();
-    let all = m.range(dir.as_bytes(), RangeOptions::default()).await.unwrap();
+    m.put(&k(&ns, "dir0"), b"x", Precondition::None, None)
+        .await
+        .unwrap();
+    m.put(&k(&ns, "dia"), b"x", Precondition::None, None)
+        .await
+        .unwrap();
+    let all = m
+        .range(dir.as_bytes(), RangeOptions::default())
+        .await
+        .unwrap();
     assert_eq!(all.kvs.len(), 7);
     assert!(!all.more);
     let keys: Vec<_> = all.kvs.iter().map(|kv| kv.key.clone()).collect();
@@ -271,7 +304,13 @@ pub async fn range_lists_a_prefix_in_pages(h: &mut dyn MetaHarness) {
     let mut start = None;
     loop {
         let page = m
-            .range(dir.as_bytes(), RangeOptions { start: start.clone(), limit: 3 })
+            .range(
+                dir.as_bytes(),
+                RangeOptions {
+                    start: start.clone(),
+                    limit: 3,
+                },
+            )
             .await
             .unwrap();
         assert!(page.kvs.len() <= 3);
@@ -296,7 +335,10 @@ pub async fn txn_applies_all_or_nothing(h: &mut dyn MetaHarness) {
     let err = m
         .txn(
             Txn::new()
-                .when(Compare::ModRevision { key: a.clone(), revision: r0.revision })
+                .when(Compare::ModRevision {
+                    key: a.clone(),
+                    revision: r0.revision,
+                })
                 .when(Compare::Absent { key: c.clone() })
                 .put(&a, b"a1")
                 .put(&b, b"b1")
@@ -312,9 +354,15 @@ pub async fn txn_applies_all_or_nothing(h: &mut dyn MetaHarness) {
     let ok = m
         .txn(
             Txn::new()
-                .when(Compare::ModRevision { key: a.clone(), revision: r0.revision })
+                .when(Compare::ModRevision {
+                    key: a.clone(),
+                    revision: r0.revision,
+                })
                 .when(Compare::Absent { key: b.clone() })
-                .when(Compare::Value { key: c.clone(), value: b"c0".to_vec() })
+                .when(Compare::Value {
+                    key: c.clone(),
+                    value: b"c0".to_vec(),
+                })
                 .put(&a, b"a1")
                 .put(&b, b"b1")
                 .delete(&c),
@@ -324,7 +372,10 @@ pub async fn txn_applies_all_or_nothing(h: &mut dyn MetaHarness) {
     assert_eq!(ok.deleted, 1);
     let ka = must_get(m.as_ref(), &a).await.unwrap();
     let kb = must_get(m.as_ref(), &b).await.unwrap();
-    assert_eq!((ka.value.as_slice(), kb.value.as_slice()), (&b"a1"[..], &b"b1"[..]));
+    assert_eq!(
+        (ka.value.as_slice(), kb.value.as_slice()),
+        (&b"a1"[..], &b"b1"[..])
+    );
     assert_eq!(ka.mod_revision, ok.revision);
     assert_eq!(kb.mod_revision, ok.revision);
     assert_eq!(must_get(m.as_ref(), &c).await, None);
@@ -340,7 +391,10 @@ pub async fn txn_conflict_names_the_failed_key(h: &mut dyn MetaHarness) {
         .txn(
             Txn::new()
                 .when(Compare::Present { key: a.clone() })
-                .when(Compare::ModRevision { key: b.clone(), revision: rb.revision + 100 })
+                .when(Compare::ModRevision {
+                    key: b.clone(),
+                    revision: rb.revision + 100,
+                })
                 .put(&a, b"x"),
         )
         .await
@@ -357,7 +411,10 @@ pub async fn txn_conflict_names_the_failed_key(h: &mut dyn MetaHarness) {
 pub async fn txn_rejects_two_operations_on_one_key(h: &mut dyn MetaHarness) {
     let m = h.meta();
     let a = k(&ns("txn_dup"), "a");
-    let err = m.txn(Txn::new().put(&a, b"1").delete(&a)).await.unwrap_err();
+    let err = m
+        .txn(Txn::new().put(&a, b"1").delete(&a))
+        .await
+        .unwrap_err();
     assert!(matches!(err, MetaError::InvalidRequest(_)), "{err:?}");
     assert_eq!(must_get(m.as_ref(), &a).await, None);
 }
@@ -411,7 +468,12 @@ pub async fn cas_counter_under_contention_loses_no_update(h: &mut dyn MetaHarnes
                     let kv = m.get(&key).await.unwrap().kv.unwrap();
                     let n: u64 = String::from_utf8(kv.value).unwrap().parse().unwrap();
                     match m
-                        .put(&key, (n + 1).to_string().as_bytes(), Precondition::ModRevision(kv.mod_revision), None)
+                        .put(
+                            &key,
+                            (n + 1).to_string().as_bytes(),
+                            Precondition::ModRevision(kv.mod_revision),
+                            None,
+                        )
                         .await
                     {
                         Ok(_) => break,
@@ -437,10 +499,17 @@ pub async fn lease_expiry_removes_attached_keys(h: &mut dyn MetaHarness) {
     let lease = m.grant(Duration::from_secs(1)).await.unwrap();
     assert!(lease.ttl >= Duration::from_secs(1));
     let (a, b, keep) = (k(&ns, "a"), k(&ns, "b"), k(&ns, "keep"));
-    m.put(&a, b"1", Precondition::None, Some(lease.id)).await.unwrap();
-    m.put(&b, b"1", Precondition::None, Some(lease.id)).await.unwrap();
+    m.put(&a, b"1", Precondition::None, Some(lease.id))
+        .await
+        .unwrap();
+    m.put(&b, b"1", Precondition::None, Some(lease.id))
+        .await
+        .unwrap();
     m.put(&keep, b"1", Precondition::None, None).await.unwrap();
-    assert_eq!(must_get(m.as_ref(), &a).await.unwrap().lease, Some(lease.id));
+    assert_eq!(
+        must_get(m.as_ref(), &a).await.unwrap().lease,
+        Some(lease.id)
+    );
     let start = m.get(&a).await.unwrap().revision + 1;
     let mut w = m.watch(ns.as_bytes(), start).await.unwrap();
     let limit = lease.ttl + Duration::from_secs(5);
@@ -448,12 +517,22 @@ pub async fn lease_expiry_removes_attached_keys(h: &mut dyn MetaHarness) {
         let m = m.clone();
         let (a, b) = (a.clone(), b.clone());
         async move {
-            let (ga, gb) = (m.get(&a).await.map_err(|e| e.to_string())?, m.get(&b).await.map_err(|e| e.to_string())?);
-            if ga.kv.is_none() && gb.kv.is_none() { Ok(()) } else { Err(format!("a {:?} b {:?}", ga.kv.is_some(), gb.kv.is_some())) }
+            let (ga, gb) = (
+                m.get(&a).await.map_err(|e| e.to_string())?,
+                m.get(&b).await.map_err(|e| e.to_string())?,
+            );
+            if ga.kv.is_none() && gb.kv.is_none() {
+                Ok(())
+            } else {
+                Err(format!("a {:?} b {:?}", ga.kv.is_some(), gb.kv.is_some()))
+            }
         }
     })
     .await;
-    assert!(must_get(m.as_ref(), &keep).await.is_some(), "unleased keys stay");
+    assert!(
+        must_get(m.as_ref(), &keep).await.is_some(),
+        "unleased keys stay"
+    );
     // Both deletions are watch events (one revision for the whole expiry).
     let mut events = Vec::new();
     while events.len() < 2 {
@@ -462,7 +541,12 @@ pub async fn lease_expiry_removes_attached_keys(h: &mut dyn MetaHarness) {
             other => panic!("watch after expiry: {other:?}"),
         }
     }
-    assert!(events.iter().all(|e| matches!(e, WatchEvent::Delete { .. })), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| matches!(e, WatchEvent::Delete { .. })),
+        "{events:?}"
+    );
     assert_eq!(events[0].revision(), events[1].revision());
     let err = m.keep_alive(lease.id).await.unwrap_err();
     assert_eq!(err, MetaError::LeaseNotFound(lease.id));
@@ -477,13 +561,18 @@ pub async fn keep_alive_keeps_attached_keys(h: &mut dyn MetaHarness) {
     let m = h.meta();
     let key = k(&ns("keep_alive"), "held");
     let lease = m.grant(Duration::from_secs(2)).await.unwrap();
-    m.put(&key, b"1", Precondition::None, Some(lease.id)).await.unwrap();
+    m.put(&key, b"1", Precondition::None, Some(lease.id))
+        .await
+        .unwrap();
     // Hold it for twice its TTL.
     let until = Instant::now() + lease.ttl * 2;
     while Instant::now() < until {
         let ttl = m.keep_alive(lease.id).await.unwrap();
         assert!(ttl >= Duration::from_secs(1));
-        assert!(must_get(m.as_ref(), &key).await.is_some(), "key lost while kept alive");
+        assert!(
+            must_get(m.as_ref(), &key).await.is_some(),
+            "key lost while kept alive"
+        );
         tokio::time::sleep(lease.ttl / 4).await;
     }
     assert!(must_get(m.as_ref(), &key).await.is_some());
@@ -496,15 +585,25 @@ pub async fn revoke_removes_attached_keys_and_ends_the_lease(h: &mut dyn MetaHar
     let ns = ns("revoke");
     let lease = m.grant(Duration::from_secs(30)).await.unwrap();
     let (a, moved) = (k(&ns, "a"), k(&ns, "moved"));
-    m.put(&a, b"1", Precondition::None, Some(lease.id)).await.unwrap();
-    m.put(&moved, b"1", Precondition::None, Some(lease.id)).await.unwrap();
+    m.put(&a, b"1", Precondition::None, Some(lease.id))
+        .await
+        .unwrap();
+    m.put(&moved, b"1", Precondition::None, Some(lease.id))
+        .await
+        .unwrap();
     // Re-putting without the lease detaches the key.
     m.put(&moved, b"2", Precondition::None, None).await.unwrap();
     m.revoke(lease.id).await.unwrap();
     assert_eq!(must_get(m.as_ref(), &a).await, None);
     assert_eq!(must_get(m.as_ref(), &moved).await.unwrap().value, b"2");
-    assert_eq!(m.keep_alive(lease.id).await.unwrap_err(), MetaError::LeaseNotFound(lease.id));
-    assert_eq!(m.revoke(lease.id).await.unwrap_err(), MetaError::LeaseNotFound(lease.id));
+    assert_eq!(
+        m.keep_alive(lease.id).await.unwrap_err(),
+        MetaError::LeaseNotFound(lease.id)
+    );
+    assert_eq!(
+        m.revoke(lease.id).await.unwrap_err(),
+        MetaError::LeaseNotFound(lease.id)
+    );
 }
 
 pub async fn watch_delivers_every_change_in_order(h: &mut dyn MetaHarness) {
@@ -532,7 +631,14 @@ pub async fn watch_delivers_every_change_in_order(h: &mut dyn MetaHarness) {
                     done.push((r.revision, key, Some(v)));
                 }
                 // A change outside the prefix must not be seen.
-                m.put(format!("other/{t}").as_bytes(), b"x", Precondition::None, None).await.unwrap();
+                m.put(
+                    format!("other/{t}").as_bytes(),
+                    b"x",
+                    Precondition::None,
+                    None,
+                )
+                .await
+                .unwrap();
             }
             done
         }));
@@ -546,7 +652,10 @@ pub async fn watch_delivers_every_change_in_order(h: &mut dyn MetaHarness) {
     let last = *expected.keys().last().unwrap();
     let events = collect_until(&mut w, last, Duration::from_secs(10)).await;
     let revisions: Vec<i64> = events.iter().map(WatchEvent::revision).collect();
-    assert!(revisions.windows(2).all(|p| p[0] < p[1]), "in revision order: {revisions:?}");
+    assert!(
+        revisions.windows(2).all(|p| p[0] < p[1]),
+        "in revision order: {revisions:?}"
+    );
     let got: BTreeMap<i64, (Vec<u8>, Option<Vec<u8>>)> = events
         .into_iter()
         .map(|e| match e {
@@ -575,32 +684,55 @@ pub async fn watch_resumes_from_a_past_revision(h: &mut dyn MetaHarness) {
     let got: Vec<i64> = events.iter().map(WatchEvent::revision).collect();
     assert_eq!(got, revs[3..].to_vec());
     // And live changes keep coming on the same stream.
-    let r = m.put(&k(&ns, "live"), b"v", Precondition::None, None).await.unwrap();
+    let r = m
+        .put(&k(&ns, "live"), b"v", Precondition::None, None)
+        .await
+        .unwrap();
     let more = collect_until(&mut w, r.revision, Duration::from_secs(10)).await;
-    assert_eq!(more.iter().map(WatchEvent::revision).collect::<Vec<_>>(), vec![r.revision]);
+    assert_eq!(
+        more.iter().map(WatchEvent::revision).collect::<Vec<_>>(),
+        vec![r.revision]
+    );
 }
 
 pub async fn watch_reports_a_compacted_start(h: &mut dyn MetaHarness) {
     let m = h.meta();
     let ns = ns("watch_compacted");
-    let first = m.put(&k(&ns, "a"), b"1", Precondition::None, None).await.unwrap();
+    let first = m
+        .put(&k(&ns, "a"), b"1", Precondition::None, None)
+        .await
+        .unwrap();
     for i in 0..5 {
-        m.put(&k(&ns, "a"), format!("{i}").as_bytes(), Precondition::None, None)
-            .await
-            .unwrap();
+        m.put(
+            &k(&ns, "a"),
+            format!("{i}").as_bytes(),
+            Precondition::None,
+            None,
+        )
+        .await
+        .unwrap();
     }
-    let last = m.put(&k(&ns, "b"), b"1", Precondition::None, None).await.unwrap();
+    let last = m
+        .put(&k(&ns, "b"), b"1", Precondition::None, None)
+        .await
+        .unwrap();
     m.compact(last.revision).await.unwrap();
     let mut w = m.watch(ns.as_bytes(), first.revision).await.unwrap();
     match tokio::time::timeout(Duration::from_secs(5), w.next()).await {
         Ok(Some(Err(WatchError::Compacted { compact_revision }))) => {
-            assert!(compact_revision > first.revision, "compacted at {compact_revision}");
+            assert!(
+                compact_revision > first.revision,
+                "compacted at {compact_revision}"
+            );
         }
         other => panic!("expected a compacted watch, got {other:?}"),
     }
     // From after the compaction point the watch works.
     let mut w = m.watch(ns.as_bytes(), last.revision + 1).await.unwrap();
-    let r = m.put(&k(&ns, "c"), b"1", Precondition::None, None).await.unwrap();
+    let r = m
+        .put(&k(&ns, "c"), b"1", Precondition::None, None)
+        .await
+        .unwrap();
     let events = collect_until(&mut w, r.revision, Duration::from_secs(10)).await;
     assert_eq!(events.len(), 1);
 }
@@ -611,22 +743,30 @@ pub async fn fencing_rejects_a_stale_owner_after_takeover(h: &mut dyn MetaHarnes
     let owner_key = k(&ns, "owner");
     let data = k(&ns, "data");
     let lease_a = m.grant(Duration::from_secs(30)).await.unwrap();
-    let a = Ownership::acquire(m.as_ref(), &owner_key, b"A", Some(lease_a.id)).await.unwrap();
+    let a = Ownership::acquire(m.as_ref(), &owner_key, b"A", Some(lease_a.id))
+        .await
+        .unwrap();
     // A second acquire while A holds it is a conflict naming A.
     match Ownership::acquire(m.as_ref(), &owner_key, b"B", None).await {
         Err(MetaError::Conflict { current: Some(kv) }) => assert_eq!(kv.value, b"A"),
         other => panic!("expected a conflict, got {other:?}"),
     }
-    a.commit(m.as_ref(), Txn::new().put(&data, b"from A")).await.unwrap();
+    a.commit(m.as_ref(), Txn::new().put(&data, b"from A"))
+        .await
+        .unwrap();
     let lease_b = m.grant(Duration::from_secs(30)).await.unwrap();
-    let b = Ownership::take_over(m.as_ref(), &owner_key, b"B", Some(lease_b.id)).await.unwrap();
+    let b = Ownership::take_over(m.as_ref(), &owner_key, b"B", Some(lease_b.id))
+        .await
+        .unwrap();
     assert!(b.epoch() > a.epoch(), "a takeover has a higher epoch");
     // Every write of the stale owner is fenced and not applied, even when its own
     // compares hold.
     let err = a
         .commit(
             m.as_ref(),
-            Txn::new().when(Compare::Present { key: data.clone() }).put(&data, b"stale A"),
+            Txn::new()
+                .when(Compare::Present { key: data.clone() })
+                .put(&data, b"stale A"),
         )
         .await
         .unwrap_err();
@@ -635,12 +775,22 @@ pub async fn fencing_rejects_a_stale_owner_after_takeover(h: &mut dyn MetaHarnes
     assert_eq!(a.release(m.as_ref()).await.unwrap_err(), MetaError::Fenced);
     assert_eq!(must_get(m.as_ref(), &data).await.unwrap().value, b"from A");
     // The current owner writes.
-    b.commit(m.as_ref(), Txn::new().put(&data, b"from B")).await.unwrap();
+    b.commit(m.as_ref(), Txn::new().put(&data, b"from B"))
+        .await
+        .unwrap();
     let owner = must_get(m.as_ref(), &owner_key).await.unwrap();
-    assert_eq!((owner.value.as_slice(), owner.mod_revision), (&b"B"[..], b.epoch()));
+    assert_eq!(
+        (owner.value.as_slice(), owner.mod_revision),
+        (&b"B"[..], b.epoch())
+    );
     // A fence failure wins over the caller's own conflict.
     let err = a
-        .commit(m.as_ref(), Txn::new().when(Compare::Absent { key: data.clone() }).put(&data, b"x"))
+        .commit(
+            m.as_ref(),
+            Txn::new()
+                .when(Compare::Absent { key: data.clone() })
+                .put(&data, b"x"),
+        )
         .await
         .unwrap_err();
     assert_eq!(err, MetaError::Fenced);
@@ -651,7 +801,10 @@ pub async fn fencing_rejects_a_stale_owner_after_takeover(h: &mut dyn MetaHarnes
 pub async fn restart_preserves_every_acknowledged_write(h: &mut dyn MetaHarness) {
     let ns = ns("restart");
     let m = h.meta();
-    let before = m.put(&k(&ns, "marker"), b"m", Precondition::None, None).await.unwrap();
+    let before = m
+        .put(&k(&ns, "marker"), b"m", Precondition::None, None)
+        .await
+        .unwrap();
     // Writers run while the backend is restarted under them; every write that was
     // acknowledged must survive, whatever happened to the others.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -692,16 +845,27 @@ pub async fn restart_preserves_every_acknowledged_write(h: &mut dyn MetaHarness)
     let m = h.meta();
     let max_acked = acked.values().map(|(_, r)| *r).max().unwrap();
     // The backend may need a moment to elect a leader after restart.
-    let marker = eventually(Duration::from_secs(15), "backend answers after restart", || {
-        let m = m.clone();
-        let key = k(&ns, "marker");
-        async move { m.get(&key).await.map_err(|e| e.to_string()) }
-    })
+    let marker = eventually(
+        Duration::from_secs(15),
+        "backend answers after restart",
+        || {
+            let m = m.clone();
+            let key = k(&ns, "marker");
+            async move { m.get(&key).await.map_err(|e| e.to_string()) }
+        },
+    )
     .await;
     assert_eq!(marker.kv.unwrap().mod_revision, before.revision);
-    assert!(marker.revision >= max_acked, "the revision never goes backwards");
-    let all = m.range(ns.as_bytes(), RangeOptions::default()).await.unwrap();
-    let stored: HashMap<Vec<u8>, KeyValue> = all.kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+    assert!(
+        marker.revision >= max_acked,
+        "the revision never goes backwards"
+    );
+    let all = m
+        .range(ns.as_bytes(), RangeOptions::default())
+        .await
+        .unwrap();
+    let stored: HashMap<Vec<u8>, KeyValue> =
+        all.kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
     for (key, (value, revision)) in &acked {
         let kv = stored
             .get(key)
@@ -719,8 +883,14 @@ pub async fn restart_preserves_every_acknowledged_write(h: &mut dyn MetaHarness)
             assert_eq!(&kv.value, value);
         }
     }
-    let after = m.put(&k(&ns, "after"), b"a", Precondition::None, None).await.unwrap();
-    assert!(after.revision > max_acked, "new revisions continue above every acknowledged one");
+    let after = m
+        .put(&k(&ns, "after"), b"a", Precondition::None, None)
+        .await
+        .unwrap();
+    assert!(
+        after.revision > max_acked,
+        "new revisions continue above every acknowledged one"
+    );
 }
 
 pub async fn leases_survive_a_restart(h: &mut dyn MetaHarness) {
@@ -728,27 +898,43 @@ pub async fn leases_survive_a_restart(h: &mut dyn MetaHarness) {
     let key = k(&ns, "held");
     let m = h.meta();
     let lease = m.grant(Duration::from_secs(4)).await.unwrap();
-    m.put(&key, b"1", Precondition::None, Some(lease.id)).await.unwrap();
+    m.put(&key, b"1", Precondition::None, Some(lease.id))
+        .await
+        .unwrap();
     h.restart().await.expect("restart");
     let m = h.meta();
-    let kv = eventually(Duration::from_secs(15), "backend answers after restart", || {
-        let m = m.clone();
-        let key = key.clone();
-        async move { m.get(&key).await.map_err(|e| e.to_string()) }
-    })
+    let kv = eventually(
+        Duration::from_secs(15),
+        "backend answers after restart",
+        || {
+            let m = m.clone();
+            let key = key.clone();
+            async move { m.get(&key).await.map_err(|e| e.to_string()) }
+        },
+    )
     .await;
-    assert_eq!(kv.kv.map(|kv| kv.lease), Some(Some(lease.id)), "leased key kept over restart");
-    m.keep_alive(lease.id).await.expect("the lease is still live after restart");
+    assert_eq!(
+        kv.kv.map(|kv| kv.lease),
+        Some(Some(lease.id)),
+        "leased key kept over restart"
+    );
+    m.keep_alive(lease.id)
+        .await
+        .expect("the lease is still live after restart");
     // Not kept alive any more: it expires.
-    eventually(lease.ttl + Duration::from_secs(8), "lease expires after restart", || {
-        let m = m.clone();
-        let key = key.clone();
-        async move {
-            match m.get(&key).await {
-                Ok(g) if g.kv.is_none() => Ok(()),
-                other => Err(format!("{other:?}")),
+    eventually(
+        lease.ttl + Duration::from_secs(8),
+        "lease expires after restart",
+        || {
+            let m = m.clone();
+            let key = key.clone();
+            async move {
+                match m.get(&key).await {
+                    Ok(g) if g.kv.is_none() => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
             }
-        }
-    })
+        },
+    )
     .await;
 }

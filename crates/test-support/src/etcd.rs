@@ -1,1 +1,414 @@
-//! Throwaway etcd processes (being written).
+//! Throwaway etcd processes for tests that need a real etcd: each [`EtcdProcess`] is
+//! one single-member etcd on free loopback ports with its own temporary data
+//! directory, which a test can kill (`SIGKILL`), restart on the same data, pause
+//! (`SIGSTOP`) and resume (`SIGCONT`).
+//!
+//! etcd must be installed (`/usr/bin/etcd` from Debian's `etcd-server`); when it is not
+//! on `PATH`, [`EtcdProcess::start`] fails with instructions. Tests never skip.
+
+use anyhow::{anyhow, bail, Context};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, OnceLock};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The error [`EtcdProcess::start`] reports when etcd is not installed.
+pub const ETCD_NOT_FOUND: &str = "etcd not found on PATH: install Debian's etcd-server \
+     (apt-get install etcd-server) or run scripts/test";
+
+/// How long [`EtcdProcess::start`] and [`EtcdProcess::restart`] wait for etcd to serve.
+const READY_DEADLINE: Duration = Duration::from_secs(10);
+/// How often `start` tries again with fresh ports when etcd fails to come up.
+const START_ATTEMPTS: usize = 3;
+/// Lines of the etcd log printed when a test panics.
+const LOG_TAIL_LINES: usize = 200;
+
+/// A free TCP port on 127.0.0.1: binds port 0 and releases it. Another process may
+/// take it before the caller binds it; callers that spawn servers retry on failure.
+pub fn free_port() -> u16 {
+    // Binding an ephemeral port on loopback only fails when the machine is out of
+    // ports, which no test can recover from.
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binding 127.0.0.1:0 for a free port");
+    listener
+        .local_addr()
+        .expect("local address of a bound listener")
+        .port()
+}
+
+/// One etcd server process, owned by a test. Dropping it kills the process and
+/// removes its data directory; the process also dies with the test process.
+pub struct EtcdProcess {
+    child: Option<Child>,
+    client_port: u16,
+    peer_port: u16,
+    log_path: PathBuf,
+    data_dir: PathBuf,
+    // Declared last: removed after `drop` has killed the process.
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdProcess {
+    /// Starts etcd on free loopback ports (client and peer) with a fresh data
+    /// directory and waits (at most ~10 s) until it answers `/health` with
+    /// `"health":"true"`. Retries with new ports a few times when etcd fails to come
+    /// up (for example because a port was taken in between).
+    pub async fn start() -> anyhow::Result<Self> {
+        let binary = etcd_binary()?;
+        let mut last_error = None;
+        for attempt in 1..=START_ATTEMPTS {
+            let dir = tempfile::Builder::new()
+                .prefix("meshd-etcd-")
+                .tempdir()
+                .context("creating the etcd temp dir")?;
+            let mut etcd = EtcdProcess {
+                child: None,
+                client_port: free_port(),
+                peer_port: free_port(),
+                log_path: dir.path().join("etcd.log"),
+                data_dir: dir.path().join("data"),
+                _dir: dir,
+            };
+            if etcd.client_port == etcd.peer_port {
+                etcd.peer_port = free_port();
+            }
+            match etcd.spawn_and_wait(&binary).await {
+                Ok(()) => return Ok(etcd),
+                Err(e) => {
+                    let e = e.context(format!(
+                        "etcd start attempt {attempt}/{START_ATTEMPTS} failed; log tail:\n{}",
+                        etcd.log_tail(40)
+                    ));
+                    last_error = Some(e);
+                    etcd.kill();
+                }
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow!("etcd did not start")))
+    }
+
+    /// The client address, `127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// The client port.
+    pub fn client_port(&self) -> u16 {
+        self.client_port
+    }
+
+    /// The process id while the process runs (`None` after [`kill`](Self::kill)).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The etcd log file (its stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Kills etcd with `SIGKILL` and reaps it. Does nothing when it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id(), libc::SIGCONT);
+            // Errors mean the process is already gone; `wait` reaps it either way.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills etcd if it runs, starts it again on the same data directory and the
+    /// same ports, and waits until it serves.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        let binary = etcd_binary()?;
+        self.spawn_and_wait(&binary).await.with_context(|| {
+            format!(
+                "restarting etcd on {}; log tail:\n{}",
+                self.endpoint(),
+                self.log_tail(40)
+            )
+        })
+    }
+
+    /// Stops the process with `SIGSTOP`: its sockets stay open but it answers nothing.
+    pub fn pause(&self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGSTOP);
+        }
+    }
+
+    /// Continues a paused process with `SIGCONT`.
+    pub fn resume(&self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGCONT);
+        }
+    }
+
+    /// The last `lines` lines of the etcd log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let mut bytes = Vec::new();
+        if let Err(e) = File::open(&self.log_path).and_then(|mut f| f.read_to_end(&mut bytes)) {
+            return format!("(reading {}: {e})", self.log_path.display());
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    async fn spawn_and_wait(&mut self, binary: &Path) -> anyhow::Result<()> {
+        self.spawn(binary)?;
+        self.wait_ready().await
+    }
+
+    fn spawn(&mut self, binary: &Path) -> anyhow::Result<()> {
+        let client_url = format!("http://127.0.0.1:{}", self.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let name = "meshd-test";
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .with_context(|| format!("opening {}", self.log_path.display()))?;
+        writeln!(
+            log,
+            "=== meshd test harness: starting etcd on {client_url} (peer {peer_url}) ==="
+        )
+        .context("writing the etcd log")?;
+        let stderr = log.try_clone().context("cloning the etcd log handle")?;
+
+        let mut cmd = Command::new(binary);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("ETCD") {
+                cmd.env_remove(key);
+            }
+        }
+        cmd.arg("--name")
+            .arg(name)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen-client-urls")
+            .arg(&client_url)
+            .arg("--advertise-client-urls")
+            .arg(&client_url)
+            .arg("--listen-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-cluster")
+            .arg(format!("{name}={peer_url}"))
+            .arg("--initial-cluster-state")
+            .arg("new")
+            .arg("--initial-cluster-token")
+            .arg("meshd-test")
+            .arg("--heartbeat-interval")
+            .arg("10")
+            .arg("--election-timeout")
+            .arg("100")
+            .arg("--auto-compaction-mode")
+            .arg("revision")
+            .arg("--auto-compaction-retention")
+            .arg("1000")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(stderr));
+        let parent = std::process::id();
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe calls (prctl, getppid, _exit).
+        unsafe {
+            cmd.pre_exec(move || {
+                // Die with the test process. The signal fires when the *thread* that
+                // forked exits, hence `spawn_from_spawner_thread`.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before prctl took effect.
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = spawn_from_spawner_thread(cmd).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                anyhow!(ETCD_NOT_FOUND)
+            } else {
+                anyhow!(e).context(format!("spawning {}", binary.display()))
+            }
+        })?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.client_port));
+        let deadline = Instant::now() + READY_DEADLINE;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait().context("polling the etcd process")? {
+                    self.child = None;
+                    bail!("etcd exited during startup with {status}");
+                }
+            } else {
+                bail!("etcd is not running");
+            }
+            let last = match tokio::task::spawn_blocking(move || health(addr)).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => format!("{e:#}"),
+                Err(e) => format!("health check task: {e}"),
+            };
+            if Instant::now() >= deadline {
+                bail!(
+                    "etcd on {addr} did not become healthy within {READY_DEADLINE:?}; last: {last}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for EtcdProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "===== etcd log ({}, last {LOG_TAIL_LINES} lines) =====\n{}\n===== end of etcd log =====",
+                self.endpoint(),
+                self.log_tail(LOG_TAIL_LINES)
+            );
+        }
+        self.kill();
+        // `dir` (the TempDir) is removed when the fields drop, after the kill.
+    }
+}
+
+/// Spawns `cmd` from one thread that lives as long as the test process, so that
+/// `PR_SET_PDEATHSIG` (which follows the forking thread, not the process) fires only
+/// when the test process dies, never when a runtime thread that happened to start
+/// etcd exits.
+fn spawn_from_spawner_thread(cmd: Command) -> std::io::Result<Child> {
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("etcd-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in queue {
+                    // The caller may have given up; nothing to do then.
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("starting the etcd spawner thread");
+        jobs
+    });
+    let gone = || std::io::Error::other("the etcd spawner thread is gone");
+    let (reply, answer) = mpsc::channel();
+    spawner.send((cmd, reply)).map_err(|_| gone())?;
+    answer.recv().map_err(|_| gone())?
+}
+
+/// A blocking `GET /health` with short timeouts: `Ok` when etcd says it is healthy.
+fn health(addr: SocketAddr) -> anyhow::Result<()> {
+    let timeout = Duration::from_millis(500);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .context("sending GET /health")?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .context("reading the /health response")?;
+    let response = String::from_utf8_lossy(&response);
+    let healthy = response.starts_with("HTTP/1.1 200") && response.contains(r#""health":"true""#);
+    if !healthy {
+        bail!("/health answered: {}", response.trim());
+    }
+    Ok(())
+}
+
+/// The etcd binary on `PATH`, or the install instructions.
+fn etcd_binary() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("etcd"))
+        .find(|candidate| is_executable(candidate))
+        .ok_or_else(|| anyhow!(ETCD_NOT_FOUND))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) has no memory-safety preconditions. The pid is our own
+    // unreaped child, so it cannot have been recycled for another process.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn starts_pauses_resumes_kills_and_restarts() {
+        let mut etcd = EtcdProcess::start().await.expect("etcd starts");
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, etcd.client_port()));
+        let first_pid = etcd.pid().expect("running");
+        health(addr).expect("healthy after start");
+
+        etcd.pause();
+        assert!(
+            tokio::task::spawn_blocking(move || health(addr))
+                .await
+                .expect("join")
+                .is_err(),
+            "a paused etcd answers nothing"
+        );
+        etcd.resume();
+        crate::wait::wait_until(
+            Duration::from_secs(5),
+            "etcd healthy after resume",
+            || async { tokio::task::spawn_blocking(move || health(addr)).await? },
+        )
+        .await
+        .expect("healthy after resume");
+
+        etcd.kill();
+        etcd.kill();
+        assert_eq!(etcd.pid(), None);
+        assert!(TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err());
+
+        etcd.restart().await.expect("restarts on the same port");
+        assert_ne!(etcd.pid(), Some(first_pid));
+        assert_eq!(etcd.endpoint(), format!("127.0.0.1:{}", addr.port()));
+        health(addr).expect("healthy after restart");
+    }
+
+    #[tokio::test]
+    async fn drop_kills_the_process_and_removes_the_data_dir() {
+        let etcd = EtcdProcess::start().await.expect("etcd starts");
+        let pid = etcd.pid().expect("running") as libc::pid_t;
+        let dir = etcd.log_path().parent().expect("log dir").to_path_buf();
+        drop(etcd);
+        assert!(!dir.exists(), "the temp dir is removed");
+        // SAFETY: signal 0 only checks whether the pid exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "etcd {pid} is gone");
+    }
+}

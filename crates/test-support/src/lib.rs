@@ -1,6 +1,10 @@
-//! Test infrastructure for meshd: throwaway etcd processes ([`etcd`]) and the Meta
-//! conformance suite ([`conformance`]) that every Meta backend runs. Never a
-//! dependency of production code.
+//! Test infrastructure for meshd: throwaway etcd processes ([`etcd`]), real meshd
+//! processes ([`meshd`]) with a small HTTP client ([`http`]), deadline-bounded waits
+//! ([`wait`]) and the Meta conformance suite ([`conformance`]) that every Meta backend
+//! runs. Never a dependency of production code.
 
 pub mod conformance;
 pub mod etcd;
+pub mod http;
+pub mod meshd;
+pub mod wait;

@@ -89,7 +89,10 @@ impl<'a> Decoder<'a> {
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self.pos.checked_add(n).ok_or(DecodeError::Truncated)?;
-        let s = self.payload.get(self.pos..end).ok_or(DecodeError::Truncated)?;
+        let s = self
+            .payload
+            .get(self.pos..end)
+            .ok_or(DecodeError::Truncated)?;
         self.pos = end;
         Ok(s)
     }
@@ -141,7 +144,10 @@ pub(crate) mod tests {
         decode: impl Fn(&[u8]) -> Result<T, DecodeError>,
     ) {
         for len in 0..record.len() {
-            assert!(decode(&record[..len]).is_err(), "truncated to {len} decoded");
+            assert!(
+                decode(&record[..len]).is_err(),
+                "truncated to {len} decoded"
+            );
         }
         for i in 0..record.len() {
             for bit in 0..8 {

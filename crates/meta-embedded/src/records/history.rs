@@ -79,15 +79,22 @@ mod tests {
 
     fn event(revision: i64) -> impl Strategy<Value = WatchEvent> {
         prop_oneof![
-            (proptest::collection::vec(any::<u8>(), 1..16), proptest::collection::vec(any::<u8>(), 0..16), 1i64..100, any::<i64>())
-                .prop_map(move |(key, value, version, lease)| WatchEvent::Put(KeyValue {
-                    key,
-                    value,
-                    create_revision: revision,
-                    mod_revision: revision,
-                    version,
-                    lease: (lease != 0).then_some(LeaseId(lease)),
-                })),
+            (
+                proptest::collection::vec(any::<u8>(), 1..16),
+                proptest::collection::vec(any::<u8>(), 0..16),
+                1i64..100,
+                any::<i64>()
+            )
+                .prop_map(move |(key, value, version, lease)| WatchEvent::Put(
+                    KeyValue {
+                        key,
+                        value,
+                        create_revision: revision,
+                        mod_revision: revision,
+                        version,
+                        lease: (lease != 0).then_some(LeaseId(lease)),
+                    }
+                )),
             proptest::collection::vec(any::<u8>(), 1..16)
                 .prop_map(move |key| WatchEvent::Delete { key, revision }),
         ]
@@ -106,8 +113,18 @@ mod tests {
         let r = HistoryRecord {
             revision: 9,
             events: vec![
-                WatchEvent::Delete { key: b"a".to_vec(), revision: 9 },
-                WatchEvent::Put(KeyValue { key: b"b".to_vec(), value: b"c".to_vec(), create_revision: 9, mod_revision: 9, version: 1, lease: None }),
+                WatchEvent::Delete {
+                    key: b"a".to_vec(),
+                    revision: 9,
+                },
+                WatchEvent::Put(KeyValue {
+                    key: b"b".to_vec(),
+                    value: b"c".to_vec(),
+                    create_revision: 9,
+                    mod_revision: 9,
+                    version: 1,
+                    lease: None,
+                }),
             ],
         };
         assert_damage_is_detected(&r.encode(), HistoryRecord::decode);

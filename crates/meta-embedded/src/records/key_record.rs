@@ -76,7 +76,13 @@ mod tests {
 
     #[test]
     fn damage_is_detected() {
-        let r = KeyRecord { value: b"v".to_vec(), create_revision: 2, mod_revision: 5, version: 3, lease: 0 };
+        let r = KeyRecord {
+            value: b"v".to_vec(),
+            create_revision: 2,
+            mod_revision: 5,
+            version: 3,
+            lease: 0,
+        };
         assert_damage_is_detected(&r.encode(), KeyRecord::decode);
     }
 }

@@ -63,7 +63,11 @@ mod tests {
 
     #[test]
     fn damage_is_detected() {
-        let r = StateRecord { revision: 7, history_start: 3, next_lease: 9 };
+        let r = StateRecord {
+            revision: 7,
+            history_start: 3,
+            next_lease: 9,
+        };
         assert_damage_is_detected(&r.encode(), StateRecord::decode);
     }
 }

@@ -1,0 +1,106 @@
+//! A minimal HTTP/1.1 client for tests (one request per connection), so tests need no
+//! heavy client stack and see exactly what went over the wire.
+
+use anyhow::{anyhow, Context};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_str(&self.body).with_context(|| format!("not JSON: {:?}", self.body))
+    }
+}
+
+/// Sends one request to `addr` (`host:port`), bounded by `timeout`.
+pub async fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<Response> {
+    tokio::time::timeout(timeout, request_inner(addr, method, path, body))
+        .await
+        .map_err(|_| anyhow!("{method} {path} on {addr}: no answer within {timeout:?}"))?
+}
+
+pub async fn get(addr: &str, path: &str) -> anyhow::Result<Response> {
+    request(addr, "GET", path, None, Duration::from_secs(10)).await
+}
+
+async fn request_inner(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> anyhow::Result<Response> {
+    let mut s = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("malformed response {text:?}"))?;
+    let mut lines = head.lines();
+    let status_line = lines.next().unwrap_or_default();
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("malformed status line {status_line:?}"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)?
+    } else {
+        rest.to_string()
+    };
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut s: &str) -> anyhow::Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = s
+            .split_once("\r\n")
+            .ok_or_else(|| anyhow!("bad chunk framing"))?;
+        let n = usize::from_str_radix(size.trim(), 16)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..n).ok_or_else(|| anyhow!("short chunk"))?);
+        s = rest.get(n + 2..).ok_or_else(|| anyhow!("short chunk"))?;
+    }
+}

@@ -1,0 +1,217 @@
+//! Real `meshd` processes for end-to-end tests: each [`MeshdProcess`] runs the built
+//! binary on `--listen 127.0.0.1:0` with its own data dir, learns its address from the
+//! start-up line, and can be SIGKILLed, restarted on the same data dir, paused and
+//! resumed. Its stderr goes to a log file that is printed when the test panics.
+
+use anyhow::{anyhow, Context};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// How long a start may take before the test fails (a debug build on 2 cores).
+const START_DEADLINE: Duration = Duration::from_secs(30);
+
+pub struct MeshdProcess {
+    binary: PathBuf,
+    data_dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+    addr: String,
+    first_line: String,
+    log_path: PathBuf,
+    _logs: tempfile::TempDir,
+}
+
+/// What a `meshd serve` that exited on its own said.
+#[derive(Debug)]
+pub struct Exited {
+    pub code: Option<i32>,
+    pub stderr: String,
+}
+
+impl MeshdProcess {
+    /// Starts `binary serve --listen 127.0.0.1:0 --data-dir data_dir args...` and
+    /// waits for its start-up line.
+    pub async fn start(binary: &Path, data_dir: &Path, args: &[&str]) -> anyhow::Result<Self> {
+        let logs = tempfile::tempdir()?;
+        let mut p = Self {
+            binary: binary.to_path_buf(),
+            data_dir: data_dir.to_path_buf(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            child: None,
+            addr: String::new(),
+            first_line: String::new(),
+            log_path: logs.path().join("meshd.log"),
+            _logs: logs,
+        };
+        p.spawn().await?;
+        Ok(p)
+    }
+
+    /// Runs `meshd serve` expecting it to fail to start; returns its exit and stderr.
+    pub async fn start_expecting_exit(
+        binary: &Path,
+        data_dir: &Path,
+        args: &[&str],
+    ) -> anyhow::Result<Exited> {
+        let binary = binary.to_path_buf();
+        let data_dir = data_dir.to_path_buf();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let run = tokio::task::spawn_blocking(move || {
+            Command::new(&binary)
+                .arg("serve")
+                .args(["--listen", "127.0.0.1:0", "--data-dir"])
+                .arg(&data_dir)
+                .args(&args)
+                .stdin(Stdio::null())
+                .output()
+        });
+        let out = tokio::time::timeout(START_DEADLINE, run)
+            .await
+            .map_err(|_| anyhow!("meshd did not exit within {START_DEADLINE:?}"))???;
+        Ok(Exited {
+            code: out.status.code(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let parent = std::process::id();
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&self.data_dir)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log));
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Die with the test process.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", self.binary.display()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no stdout pipe"))?;
+        self.child = Some(child);
+        let read = tokio::task::spawn_blocking(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            reader.read_line(&mut line).map(|_| (line, reader))
+        });
+        let (line, reader) = match tokio::time::timeout(START_DEADLINE, read).await {
+            Ok(Ok(Ok(v))) => v,
+            other => {
+                let log = self.log_tail(50);
+                self.kill();
+                return Err(anyhow!(
+                    "meshd did not print its start-up line within {START_DEADLINE:?} ({other:?}); log:\n{log}"
+                ));
+            }
+        };
+        // Keep draining stdout so the process never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let mut r = reader;
+            let _ = r.read_to_end(&mut sink);
+        });
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http://"))
+            .ok_or_else(|| {
+                anyhow!(
+                    "unexpected start-up line {line:?}; log:\n{}",
+                    self.log_tail(50)
+                )
+            })?
+            .to_string();
+        self.addr = addr;
+        self.first_line = line.trim().to_string();
+        Ok(())
+    }
+
+    /// `host:port` of the HTTP listener.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The start-up line meshd printed.
+    pub fn first_line(&self) -> &str {
+        &self.first_line
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL and reap. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the process (if running) and starts it again on the same data dir
+    /// (it gets a new port).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn().await
+    }
+
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: sending a signal to our own child.
+            unsafe {
+                libc::kill(pid as libc::pid_t, sig);
+            }
+        }
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for MeshdProcess {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- meshd log ({}) ----\n{}\n---- end of meshd log ----",
+                self.data_dir.display(),
+                self.log_tail(200)
+            );
+        }
+    }
+}
