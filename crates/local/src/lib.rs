@@ -18,6 +18,9 @@ pub use rocks::RocksEngine;
 
 use std::path::PathBuf;
 
+/// Key-value pairs in key order, as `scan` returns them.
+pub type Rows = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Whether a write must be on stable storage before `write` returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
@@ -122,7 +125,7 @@ pub trait KvEngine: Send + Sync + 'static {
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalError>;
+    ) -> Result<Rows, LocalError>;
 
     fn write(&self, batch: Batch, durability: Durability) -> Result<(), LocalError>;
 

@@ -135,7 +135,7 @@ impl KvEngine for RocksEngine {
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalError> {
+    ) -> Result<crate::Rows, LocalError> {
         let handle = self.cf(cf)?;
         let iter = self.db.iterator_cf(
             handle,

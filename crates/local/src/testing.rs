@@ -133,7 +133,7 @@ impl<E: KvEngine> KvEngine for PowerCutEngine<E> {
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalError> {
+    ) -> Result<crate::Rows, LocalError> {
         self.inner.scan(cf, start, end, limit)
     }
 

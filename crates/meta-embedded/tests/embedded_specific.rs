@@ -33,7 +33,7 @@ async fn given_concurrent_writers_when_power_is_cut_then_every_acknowledged_writ
             while !cut.load(Ordering::SeqCst) {
                 let key = format!("pc/{t}/{}", i % 8).into_bytes();
                 let value = format!("{t}-{i}").into_bytes();
-                let res = if i % 3 == 0 {
+                let res = if i.is_multiple_of(3) {
                     // Multi-key transactions too: both keys or neither.
                     let twin = format!("pc/{t}/twin-{}", i % 8).into_bytes();
                     meta.txn(Txn::new().put(&key, &value).put(&twin, &value))
@@ -50,7 +50,7 @@ async fn given_concurrent_writers_when_power_is_cut_then_every_acknowledged_writ
                 if let Ok(revision) = res {
                     acked.insert(key, (value, revision));
                 }
-                if i % 10 == 0 {
+                if i.is_multiple_of(10) {
                     if let Ok(lease) = meta.grant(Duration::from_secs(600)).await {
                         leases.push(lease.id);
                     }
@@ -229,7 +229,7 @@ impl KvEngine for FailingSync {
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalError> {
+    ) -> Result<meshd_local::Rows, LocalError> {
         self.inner.scan(cf, start, end, limit)
     }
     fn write(&self, batch: Batch, durability: Durability) -> Result<(), LocalError> {
