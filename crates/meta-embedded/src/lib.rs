@@ -304,6 +304,9 @@ impl Meta for EmbeddedMeta {
     }
 
     async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
+        if key.is_empty() {
+            return Err(MetaError::InvalidRequest("empty key".into()));
+        }
         let key = key.to_vec();
         self.blocking(move |s| {
             s.read(|engine| {

@@ -1,9 +1,10 @@
 //! # The Meta conformance suite
 //!
 //! One async function per case; every Meta backend runs all of them through
-//! [`meta_conformance_tests!`], which stamps out one named `#[tokio::test]` per case, so
-//! `embedded_cas_race_…` and `etcd_cas_race_…` are reported (and filterable) on their
-//! own. A backend provides a [`MetaHarness`]: the client under test and a way to
+//! [`meta_conformance_tests!`](crate::meta_conformance_tests), which stamps out one
+//! named `#[tokio::test]` per case in a module named after the backend, so
+//! `embedded::cas_race_…` and `etcd::cas_race_…` are reported (and filterable) on
+//! their own. A backend provides a [`MetaHarness`]: the client under test and a way to
 //! restart the backend for real (a SIGKILLed and restarted etcd process; a closed and
 //! reopened RocksDB for the embedded backend).
 
@@ -50,6 +51,7 @@ macro_rules! meta_conformance_tests {
             txn_applies_all_or_nothing,
             txn_conflict_names_the_failed_key,
             txn_rejects_two_operations_on_one_key,
+            empty_keys_are_invalid_requests,
             cas_race_has_exactly_one_winner_per_round,
             cas_counter_under_contention_loses_no_update,
             lease_expiry_removes_attached_keys,
@@ -417,6 +419,22 @@ pub async fn txn_rejects_two_operations_on_one_key(h: &mut dyn MetaHarness) {
         .unwrap_err();
     assert!(matches!(err, MetaError::InvalidRequest(_)), "{err:?}");
     assert_eq!(must_get(m.as_ref(), &a).await, None);
+}
+
+pub async fn empty_keys_are_invalid_requests(h: &mut dyn MetaHarness) {
+    let m = h.meta();
+    assert!(matches!(
+        m.get(b"").await,
+        Err(MetaError::InvalidRequest(_))
+    ));
+    assert!(matches!(
+        m.put(b"", b"v", Precondition::None, None).await,
+        Err(MetaError::InvalidRequest(_))
+    ));
+    assert!(matches!(
+        m.watch(b"x", 0).await.err(),
+        Some(MetaError::InvalidRequest(_))
+    ));
 }
 
 pub async fn cas_race_has_exactly_one_winner_per_round(h: &mut dyn MetaHarness) {

@@ -10,10 +10,8 @@ use anyhow::{anyhow, bail, Context};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -217,24 +215,7 @@ impl EtcdProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr));
-        let parent = std::process::id();
-        // SAFETY: the closure runs in the forked child before exec and only makes
-        // async-signal-safe calls (prctl, getppid, _exit).
-        unsafe {
-            cmd.pre_exec(move || {
-                // Die with the test process. The signal fires when the *thread* that
-                // forked exits, hence `spawn_from_spawner_thread`.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent may have died before prctl took effect.
-                if libc::getppid() as u32 != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let child = spawn_from_spawner_thread(cmd).map_err(|e| {
+        let child = crate::process::spawn_tied_to_test(cmd).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 anyhow!(ETCD_NOT_FOUND)
             } else {
@@ -284,32 +265,6 @@ impl Drop for EtcdProcess {
         self.kill();
         // `dir` (the TempDir) is removed when the fields drop, after the kill.
     }
-}
-
-/// Spawns `cmd` from one thread that lives as long as the test process, so that
-/// `PR_SET_PDEATHSIG` (which follows the forking thread, not the process) fires only
-/// when the test process dies, never when a runtime thread that happened to start
-/// etcd exits.
-fn spawn_from_spawner_thread(cmd: Command) -> std::io::Result<Child> {
-    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
-    static SPAWNER: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
-    let spawner = SPAWNER.get_or_init(|| {
-        let (jobs, queue) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("etcd-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in queue {
-                    // The caller may have given up; nothing to do then.
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .expect("starting the etcd spawner thread");
-        jobs
-    });
-    let gone = || std::io::Error::other("the etcd spawner thread is gone");
-    let (reply, answer) = mpsc::channel();
-    spawner.send((cmd, reply)).map_err(|_| gone())?;
-    answer.recv().map_err(|_| gone())?
 }
 
 /// A blocking `GET /health` with short timeouts: `Ok` when etcd says it is healthy.

@@ -7,4 +7,5 @@ pub mod conformance;
 pub mod etcd;
 pub mod http;
 pub mod meshd;
+pub mod process;
 pub mod wait;

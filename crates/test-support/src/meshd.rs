@@ -6,7 +6,6 @@
 use anyhow::{anyhow, Context};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -83,7 +82,6 @@ impl MeshdProcess {
             .create(true)
             .append(true)
             .open(&self.log_path)?;
-        let parent = std::process::id();
         let mut cmd = Command::new(&self.binary);
         cmd.arg("serve")
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
@@ -92,21 +90,7 @@ impl MeshdProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                // Die with the test process.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::getppid() as u32 != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd
-            .spawn()
+        let mut child = crate::process::spawn_tied_to_test(cmd)
             .with_context(|| format!("spawning {}", self.binary.display()))?;
         let stdout = child
             .stdout

@@ -64,3 +64,85 @@ pub fn lease_id_of(key: &[u8]) -> Option<i64> {
     let b: [u8; 8] = key.get(1..9)?.try_into().ok()?;
     Some(u64::from_be_bytes(b) as i64)
 }
+
+/// The on-disk format is pinned: these bytes were written by format version 1 and
+/// must decode to the same values in every later version (house style 19).
+#[cfg(test)]
+mod pinned_format {
+    use super::history::HistoryRecord;
+    use super::key_record::KeyRecord;
+    use super::lease::LeaseRecord;
+    use super::state::StateRecord;
+    use meshd_meta::{KeyValue, LeaseId, WatchEvent};
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    const STATE_V1: &str = include_str!("../../tests/fixtures/state_v1.hex");
+    const KEY_V1: &str = include_str!("../../tests/fixtures/key_record_v1.hex");
+    const LEASE_V1: &str = include_str!("../../tests/fixtures/lease_v1.hex");
+    const HISTORY_V1: &str = include_str!("../../tests/fixtures/history_v1.hex");
+
+    fn state() -> StateRecord {
+        StateRecord {
+            revision: 42,
+            history_start: 7,
+            next_lease: 3,
+        }
+    }
+    fn key() -> KeyRecord {
+        KeyRecord {
+            value: b"hello".to_vec(),
+            create_revision: 5,
+            mod_revision: 9,
+            version: 2,
+            lease: 3,
+        }
+    }
+    fn history() -> HistoryRecord {
+        HistoryRecord {
+            revision: 9,
+            events: vec![
+                WatchEvent::Put(KeyValue {
+                    key: b"a".to_vec(),
+                    value: b"b".to_vec(),
+                    create_revision: 5,
+                    mod_revision: 9,
+                    version: 2,
+                    lease: Some(LeaseId(3)),
+                }),
+                WatchEvent::Delete {
+                    key: b"c".to_vec(),
+                    revision: 9,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn version_1_records_still_decode() {
+        assert_eq!(StateRecord::decode(&hex(STATE_V1.trim())), Ok(state()));
+        assert_eq!(KeyRecord::decode(&hex(KEY_V1.trim())), Ok(key()));
+        assert_eq!(
+            LeaseRecord::decode(&hex(LEASE_V1.trim())),
+            Ok(LeaseRecord { ttl_ms: 1500 })
+        );
+        assert_eq!(
+            HistoryRecord::decode(&hex(HISTORY_V1.trim())),
+            Ok(history())
+        );
+    }
+
+    #[test]
+    fn version_1_is_still_what_we_write() {
+        let enc = |b: Vec<u8>| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        assert_eq!(enc(state().encode()), STATE_V1.trim());
+        assert_eq!(enc(key().encode()), KEY_V1.trim());
+        assert_eq!(enc(LeaseRecord { ttl_ms: 1500 }.encode()), LEASE_V1.trim());
+        assert_eq!(enc(history().encode()), HISTORY_V1.trim());
+    }
+}
