@@ -10,6 +10,8 @@
 //! own `LOCK`): a second process, or a second open in the same process, fails with
 //! [`LocalError::Locked`], which names the directory.
 
+pub mod codec;
+pub mod group;
 mod rocks;
 #[cfg(feature = "testing")]
 pub mod testing;

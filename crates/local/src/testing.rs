@@ -22,6 +22,9 @@ struct State {
     pending: Vec<Batch>,
     /// After the cut every write fails: the machine is off.
     cut: bool,
+    /// Injected faults: every write / every fsync fails while set.
+    fail_writes: bool,
+    fail_syncs: bool,
 }
 
 pub struct PowerCutEngine<E> {
@@ -97,6 +100,17 @@ impl PowerCut {
         }
     }
 
+    /// While set, every write fails (a failing disk). Nothing reaches the inner engine.
+    pub fn fail_writes(&self, on: bool) {
+        lock(&self.state).fail_writes = on;
+    }
+
+    /// While set, every fsync fails (a synced write or `sync`); buffered writes still
+    /// go through but stay non-durable.
+    pub fn fail_syncs(&self, on: bool) {
+        lock(&self.state).fail_syncs = on;
+    }
+
     /// How many batches were written but are not durable yet.
     pub fn pending_batches(&self) -> usize {
         lock(&self.state).pending.len()
@@ -144,6 +158,15 @@ impl<E: KvEngine> KvEngine for PowerCutEngine<E> {
         if s.cut {
             return Err(LocalError::WriteFailed("power cut".into()));
         }
+        if s.fail_writes {
+            return Err(LocalError::WriteFailed("injected write failure".into()));
+        }
+        if s.fail_syncs && durability == Durability::Sync {
+            // The write reached the WAL but its fsync failed: not durable.
+            self.inner.write(batch.clone(), Durability::Buffered)?;
+            s.pending.push(batch);
+            return Err(LocalError::WriteFailed("injected fsync failure".into()));
+        }
         self.inner.write(batch.clone(), durability)?;
         match durability {
             Durability::Sync => {
@@ -163,6 +186,9 @@ impl<E: KvEngine> KvEngine for PowerCutEngine<E> {
         if s.cut {
             return Err(LocalError::WriteFailed("power cut".into()));
         }
+        if s.fail_syncs {
+            return Err(LocalError::WriteFailed("injected fsync failure".into()));
+        }
         self.inner.sync()?;
         let pending = std::mem::take(&mut s.pending);
         for b in &pending {
@@ -173,6 +199,27 @@ impl<E: KvEngine> KvEngine for PowerCutEngine<E> {
 
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
+    }
+}
+
+/// Every strict prefix and every single-bit flip of `record` must fail to decode with
+/// an error (never decode into some value). For codec tests of every Local record.
+pub fn assert_damage_is_detected<T: std::fmt::Debug>(
+    record: &[u8],
+    decode: impl Fn(&[u8]) -> Result<T, crate::codec::DecodeError>,
+) {
+    for len in 0..record.len() {
+        assert!(decode(&record[..len]).is_err(), "truncated to {len} decoded");
+    }
+    for i in 0..record.len() {
+        for bit in 0..8 {
+            let mut damaged = record.to_vec();
+            damaged[i] ^= 1 << bit;
+            assert!(
+                decode(&damaged).is_err(),
+                "flip of bit {bit} in byte {i} decoded"
+            );
+        }
     }
 }
 

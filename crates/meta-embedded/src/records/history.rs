@@ -1,6 +1,6 @@
 //! `h` + revision: every change made at one revision, for watches.
 
-use super::codec::{DecodeError, Decoder, Encoder};
+use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_meta::{KeyValue, LeaseId, WatchEvent};
 
 const VERSION: u8 = 1;
@@ -74,7 +74,7 @@ impl HistoryRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::codec::tests::assert_damage_is_detected;
+    use meshd_local::testing::assert_damage_is_detected;
     use proptest::prelude::*;
 
     fn event(revision: i64) -> impl Strategy<Value = WatchEvent> {

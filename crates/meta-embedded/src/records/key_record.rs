@@ -1,6 +1,6 @@
 //! `k` + user key: the current state of one key.
 
-use super::codec::{DecodeError, Decoder, Encoder};
+use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_meta::{KeyValue, LeaseId};
 
 const VERSION: u8 = 1;
@@ -57,7 +57,7 @@ impl KeyRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::codec::tests::assert_damage_is_detected;
+    use meshd_local::testing::assert_damage_is_detected;
     use proptest::prelude::*;
 
     proptest! {

@@ -2,7 +2,7 @@
 //! gets its full TTL again (as etcd does after a leader change), so a restart can
 //! delay an expiry by at most one TTL and never expires a lease early.
 
-use super::codec::{DecodeError, Decoder, Encoder};
+use meshd_local::codec::{DecodeError, Decoder, Encoder};
 
 const VERSION: u8 = 1;
 
@@ -30,7 +30,7 @@ impl LeaseRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::codec::tests::assert_damage_is_detected;
+    use meshd_local::testing::assert_damage_is_detected;
     use proptest::prelude::*;
 
     proptest! {

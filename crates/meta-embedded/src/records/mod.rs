@@ -11,13 +11,12 @@
 //!
 //! Prefixes are single bytes and are never reused for another meaning.
 
-pub mod codec;
 pub mod history;
 pub mod key_record;
 pub mod lease;
 pub mod state;
 
-pub use codec::DecodeError;
+pub use meshd_local::codec::DecodeError;
 
 /// The column family of the embedded Meta in the Local RocksDB.
 pub const CF: &str = "meta";

@@ -1,6 +1,6 @@
 //! `s`: the store's global state, rewritten atomically with every change.
 
-use super::codec::{DecodeError, Decoder, Encoder};
+use meshd_local::codec::{DecodeError, Decoder, Encoder};
 
 const VERSION: u8 = 1;
 
@@ -50,7 +50,7 @@ impl StateRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::codec::tests::assert_damage_is_detected;
+    use meshd_local::testing::assert_damage_is_detected;
     use proptest::prelude::*;
 
     proptest! {

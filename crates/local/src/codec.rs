@@ -1,4 +1,4 @@
-//! The framing every embedded-Meta record shares:
+//! The framing every Local record shares (embedded Meta, log, offsets, deliveries):
 //! `[format version: u8][payload][crc32 of version and payload: u32 LE]`.
 //!
 //! Decoding checks the checksum first, then the version, then that the payload is
@@ -19,7 +19,7 @@ pub enum DecodeError {
     InvalidField(&'static str),
 }
 
-pub(crate) struct Encoder {
+pub struct Encoder {
     buf: Vec<u8>,
 }
 
@@ -49,10 +49,14 @@ impl Encoder {
     }
 
     pub fn bytes(self, v: &[u8]) -> Self {
-        // Meta values are capped far below 4 GiB (see `max_request_bytes`).
+        // Records are capped far below 4 GiB by their stores (Meta requests, events).
         let mut s = self.u32(v.len() as u32);
         s.buf.extend_from_slice(v);
         s
+    }
+
+    pub fn str(self, v: &str) -> Self {
+        self.bytes(v.as_bytes())
     }
 
     pub fn finish(mut self) -> Vec<u8> {
@@ -62,7 +66,7 @@ impl Encoder {
     }
 }
 
-pub(crate) struct Decoder<'a> {
+pub struct Decoder<'a> {
     payload: &'a [u8],
     pos: usize,
 }
@@ -125,39 +129,14 @@ impl<'a> Decoder<'a> {
         Ok(self.take(n)?.to_vec())
     }
 
+    pub fn string(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?).map_err(|_| DecodeError::InvalidField("utf-8 string"))
+    }
+
     pub fn finish(self) -> Result<(), DecodeError> {
         match self.payload.len() - self.pos {
             0 => Ok(()),
             n => Err(DecodeError::Trailing(n)),
-        }
-    }
-}
-
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::DecodeError;
-
-    /// Every strict prefix and every single-bit flip of `record` must fail to decode
-    /// with an error (never decode into some value).
-    pub fn assert_damage_is_detected<T: std::fmt::Debug>(
-        record: &[u8],
-        decode: impl Fn(&[u8]) -> Result<T, DecodeError>,
-    ) {
-        for len in 0..record.len() {
-            assert!(
-                decode(&record[..len]).is_err(),
-                "truncated to {len} decoded"
-            );
-        }
-        for i in 0..record.len() {
-            for bit in 0..8 {
-                let mut damaged = record.to_vec();
-                damaged[i] ^= 1 << bit;
-                assert!(
-                    decode(&damaged).is_err(),
-                    "flip of bit {bit} in byte {i} decoded"
-                );
-            }
         }
     }
 }

@@ -1,0 +1,99 @@
+//! The DeliveryStateStore: one record per in-flight delivery.
+
+use crate::offsets::OffsetKey;
+use async_trait::async_trait;
+
+/// Where a delivery stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryState {
+    /// Handed out; due again at `deadline_ms` unless acked.
+    InFlight,
+    /// Failed; to be handed out again at `deadline_ms`.
+    WaitingRetry,
+    /// Acked above a gap: kept until the committed offset passes it, so a crash cannot
+    /// redeliver it.
+    AckedAwaitingCommit,
+    /// Failed `max_attempts` times; its dead-letter entry could not be written yet
+    /// (Meta unavailable): held, neither lost nor redelivered.
+    DeadLettering,
+}
+
+/// The session a pull bound a delivery to.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionBinding {
+    pub session_id: String,
+    pub epoch: i64,
+}
+
+/// One in-flight delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryRecord {
+    pub key: OffsetKey,
+    pub offset: u64,
+    /// 1 on the first hand-out; grows only on a real hand-out.
+    pub attempt: u32,
+    /// Names the current attempt; an ack for an older attempt is "unknown".
+    pub delivery_id: String,
+    /// Unix milliseconds when it is due (ack timeout or retry time).
+    pub deadline_ms: u64,
+    pub last_reason: Option<String>,
+    pub first_delivered_at_ms: u64,
+    pub state: DeliveryState,
+    /// The owner epoch it was written under (0 for a standalone instance).
+    pub owner_epoch: i64,
+    pub session: Option<SessionBinding>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    /// The store fail-stopped after a failed write or fsync: no new deliveries until a
+    /// restart.
+    #[error("delivery state store failed (fail-stopped): {0}")]
+    Poisoned(String),
+    #[error("corrupt delivery record at {key}: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error("invalid delivery store request: {0}")]
+    Invalid(String),
+    #[error("offset: {0}")]
+    Offset(#[from] crate::offsets::OffsetError),
+}
+
+/// What one `resolve` does to the committed offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffsetAdvance {
+    pub key: OffsetKey,
+    pub to: u64,
+}
+
+/// # Contract
+///
+/// * `record_attempt` is durable (fsynced, group commit) before it returns: hand an
+///   event out only after it, so a crash never resets an attempt count.
+/// * `update` (ack, nack, reschedule, dead-lettering) is applied at once and made
+///   durable within the flush interval (a background flusher; `flush` forces it).
+/// * `resolve` removes records and advances the committed offset in one atomic, durable
+///   batch (the OffsetStore shares the RocksDB).
+/// * After a failed write or fsync the store is poisoned: every later write fails with
+///   [`DeliveryError::Poisoned`], and `health` says so.
+/// * `load_all` reads every record in one pass (recovery); `due` serves "what is due by
+///   `now`" from a deadline index without scanning all records.
+#[async_trait]
+pub trait DeliveryStateStore: Send + Sync + 'static {
+    async fn record_attempt(&self, record: DeliveryRecord) -> Result<(), DeliveryError>;
+    async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError>;
+    async fn resolve(
+        &self,
+        remove: Vec<(OffsetKey, u64)>,
+        advance: Option<OffsetAdvance>,
+    ) -> Result<(), DeliveryError>;
+    async fn flush(&self) -> Result<(), DeliveryError>;
+    async fn get(&self, key: &OffsetKey, offset: u64) -> Result<Option<DeliveryRecord>, DeliveryError>;
+    async fn load_all(&self) -> Result<Vec<DeliveryRecord>, DeliveryError>;
+    async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<DeliveryRecord>, DeliveryError>;
+    /// Drops every record of a subscription incarnation.
+    async fn drop_subscription(&self, subscription: &str, incarnation: i64)
+        -> Result<(), DeliveryError>;
+    /// `Err` with the reason once poisoned.
+    fn health(&self) -> Result<(), String>;
+}

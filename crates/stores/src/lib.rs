@@ -1,0 +1,25 @@
+//! # The state plane's stores
+//!
+//! Every store is a trait whose doc comment is its contract, with one durable
+//! implementation; there is no in-memory implementation in production code.
+//!
+//! | store | tier | backend | crate |
+//! |---|---|---|---|
+//! | partition log ([`log`]) | L1 | Local RocksDB | `meshd-stores-local` |
+//! | OffsetStore ([`offsets`]) | L1 local | Local RocksDB + cache; fenced checkpoints to Meta | `meshd-stores-local` |
+//! | DeliveryStateStore ([`delivery`]) | L1, sub-second flush | Local RocksDB | `meshd-stores-local` |
+//! | SubscriptionStore ([`subscriptions`]) | L2 cluster-shared | Meta + prefix watch + cache | here |
+//! | SessionStore ([`sessions`]) | L2 cluster-shared | Meta + lease + cache | here |
+//! | DeadLetterStore ([`deadletters`]) | L3 durable | Meta (ledger) + the log's dead-letter stream (bodies) | here |
+//! | TaskStore ([`tasks`]) | L3 durable | Meta | here |
+//!
+//! The stores on Meta depend only on the [`meshd_meta::Meta`] contract, so they run on
+//! etcd and on the embedded Meta alike, and their conformance suites run on both.
+
+pub mod deadletters;
+pub mod delivery;
+pub mod log;
+pub mod offsets;
+pub mod sessions;
+pub mod subscriptions;
+pub mod tasks;
