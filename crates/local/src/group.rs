@@ -65,8 +65,6 @@ impl GroupCommit {
     }
 
     /// Writes `batch` and returns once it is durable. Blocking.
-    /// `before_write` runs under the write lock, just before the batch is written:
-    /// callers use it to assign sequence numbers in write order.
     pub fn commit(&self, batch: Batch) -> Result<(), LocalError> {
         let ticket = self.write(batch)?;
         self.wait_durable(ticket)
@@ -88,25 +86,38 @@ impl GroupCommit {
 
     /// Runs `f` under the write lock (so it sees every earlier write and no concurrent
     /// one), writes the batch it returns and makes it durable. For writers that must
-    /// read-modify-write (assign the next offset).
-    pub fn commit_with<T>(
+    /// read-modify-write (assign the next offset, check a committed value). An empty
+    /// batch writes nothing and waits for nothing.
+    pub fn commit_with<T, E: From<LocalError>>(
         &self,
-        f: impl FnOnce(&dyn KvEngine) -> Result<(Batch, T), LocalError>,
-    ) -> Result<T, LocalError> {
-        let (ticket, out) = {
-            let mut s = self.lock();
-            if let Some(reason) = &s.poisoned {
-                return Err(LocalError::Poisoned(reason.clone()));
-            }
-            let (batch, out) = f(self.engine.as_ref())?;
-            if let Err(e) = self.engine.write(batch, Durability::Buffered) {
-                return Err(self.poison(&mut s, e.to_string()));
-            }
-            s.written += 1;
-            (s.written, out)
-        };
-        self.wait_durable(ticket)?;
+        f: impl FnOnce(&dyn KvEngine) -> Result<(Batch, T), E>,
+    ) -> Result<T, E> {
+        let (ticket, out) = self.write_with(f)?;
+        if let Some(ticket) = ticket {
+            self.wait_durable(ticket)?;
+        }
         Ok(out)
+    }
+
+    /// Like [`commit_with`](Self::commit_with) but returns once written (buffered),
+    /// with the ticket to wait on (`None` when the batch was empty).
+    pub fn write_with<T, E: From<LocalError>>(
+        &self,
+        f: impl FnOnce(&dyn KvEngine) -> Result<(Batch, T), E>,
+    ) -> Result<(Option<u64>, T), E> {
+        let mut s = self.lock();
+        if let Some(reason) = &s.poisoned {
+            return Err(LocalError::Poisoned(reason.clone()).into());
+        }
+        let (batch, out) = f(self.engine.as_ref())?;
+        if batch.is_empty() {
+            return Ok((None, out));
+        }
+        if let Err(e) = self.engine.write(batch, Durability::Buffered) {
+            return Err(self.poison(&mut s, e.to_string()).into());
+        }
+        s.written += 1;
+        Ok((Some(s.written), out))
     }
 
     /// Makes everything written so far durable.
@@ -125,10 +136,7 @@ impl GroupCommit {
                 return Ok(());
             }
             if s.syncing {
-                s = self
-                    .synced_cv
-                    .wait(s)
-                    .unwrap_or_else(|e| e.into_inner());
+                s = self.synced_cv.wait(s).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
             // Lead: fsync everything written so far.

@@ -209,7 +209,10 @@ pub fn assert_damage_is_detected<T: std::fmt::Debug>(
     decode: impl Fn(&[u8]) -> Result<T, crate::codec::DecodeError>,
 ) {
     for len in 0..record.len() {
-        assert!(decode(&record[..len]).is_err(), "truncated to {len} decoded");
+        assert!(
+            decode(&record[..len]).is_err(),
+            "truncated to {len} decoded"
+        );
     }
     for i in 0..record.len() {
         for bit in 0..8 {

@@ -48,7 +48,10 @@ pub fn push_name(k: &mut Vec<u8>, name: &str) {
 
 pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME {
-        return Err(format!("{what} name must be 1-{MAX_NAME} bytes, got {}", name.len()));
+        return Err(format!(
+            "{what} name must be 1-{MAX_NAME} bytes, got {}",
+            name.len()
+        ));
     }
     Ok(())
 }
@@ -82,7 +85,10 @@ pub fn parse_head_key(k: &[u8]) -> Option<(String, u32)> {
     let (&len, rest) = rest.split_first()?;
     let topic = rest.get(..len as usize)?;
     let p: [u8; 4] = rest.get(len as usize..)?.try_into().ok()?;
-    Some((String::from_utf8(topic.to_vec()).ok()?, u32::from_be_bytes(p)))
+    Some((
+        String::from_utf8(topic.to_vec()).ok()?,
+        u32::from_be_bytes(p),
+    ))
 }
 
 pub fn body_key(seq: u64) -> Vec<u8> {
@@ -187,7 +193,10 @@ mod tests {
 
     #[test]
     fn head_keys_round_trip() {
-        assert_eq!(parse_head_key(&head_key("orders", 7)), Some(("orders".into(), 7)));
+        assert_eq!(
+            parse_head_key(&head_key("orders", 7)),
+            Some(("orders".into(), 7))
+        );
     }
 
     #[test]

@@ -170,7 +170,13 @@ impl RocksLog {
             None => 0,
             Some(b) => decode_seq(&b).map_err(|e| corrupt(keys::BODY_SEQ, e))?,
         };
-        tracing::info!(store = "log", backend = "rocksdb", partitions = heads.len(), log_id, "log opened");
+        tracing::info!(
+            store = "log",
+            backend = "rocksdb",
+            partitions = heads.len(),
+            log_id,
+            "log opened"
+        );
         let (appends, _) = watch::channel(0);
         Ok(Self {
             inner: Arc::new(Inner {
@@ -204,7 +210,11 @@ impl Inner {
         self.group.engine()
     }
 
-    fn append(&self, topic: &str, events: Vec<(u32, Vec<u8>)>) -> Result<Vec<(u32, u64)>, LogError> {
+    fn append(
+        &self,
+        topic: &str,
+        events: Vec<(u32, Vec<u8>)>,
+    ) -> Result<Vec<(u32, u64)>, LogError> {
         keys::check_name("topic", topic).map_err(LogError::Invalid)?;
         if events.is_empty() {
             return Ok(Vec::new());
@@ -312,8 +322,7 @@ impl Inner {
         };
         let mut out = Vec::with_capacity(rows.len());
         let mut bytes = 0usize;
-        let mut expected = from;
-        for (k, v) in rows {
+        for (expected, (k, v)) in (from..).zip(rows) {
             let offset = k
                 .len()
                 .checked_sub(8)
@@ -343,7 +352,6 @@ impl Inner {
                 appended_at_ms: rec.appended_at_ms,
                 payload: rec.payload,
             });
-            expected += 1;
         }
         if out.is_empty() {
             let now = self.bounds(topic, partition);
@@ -360,7 +368,11 @@ impl Inner {
 }
 
 impl Inner {
-    fn enforce_retention(&self, retention: Retention, now_ms: u64) -> Result<RetentionReport, LogError> {
+    fn enforce_retention(
+        &self,
+        retention: Retention,
+        now_ms: u64,
+    ) -> Result<RetentionReport, LogError> {
         let partitions: Vec<(String, u32)> = self.heads().keys().cloned().collect();
         let mut report = RetentionReport::default();
         for (topic, partition) in partitions {
@@ -390,9 +402,7 @@ impl Inner {
                         let too_old = retention
                             .max_age_ms
                             .is_some_and(|age| rec.appended_at_ms.saturating_add(age) < now_ms);
-                        let too_big = retention
-                            .max_bytes
-                            .is_some_and(|max| record.bytes > max);
+                        let too_big = retention.max_bytes.is_some_and(|max| record.bytes > max);
                         if !too_old && !too_big {
                             break;
                         }
@@ -410,7 +420,15 @@ impl Inner {
                 })
                 .map_err(write_err)?;
             if events > 0 {
-                tracing::info!(store = "log", backend = "rocksdb", topic, partition, events, bytes, "retention removed events");
+                tracing::info!(
+                    store = "log",
+                    backend = "rocksdb",
+                    topic,
+                    partition,
+                    events,
+                    bytes,
+                    "retention removed events"
+                );
             }
             report.events_removed += events;
             report.bytes_removed += bytes;
@@ -582,12 +600,19 @@ impl DeadLetterBodies for RocksLog {
             .await
     }
 
-    async fn list_bodies(&self, after: Option<u64>, limit: usize) -> Result<Vec<BodyRef>, LogError> {
+    async fn list_bodies(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<BodyRef>, LogError> {
         let start = keys::body_key(after.map(|a| a.saturating_add(1)).unwrap_or(0));
         let end = keys::end_of(&[keys::BODY]);
         let log_id = self.inner.log_id.clone();
         self.blocking(move |l| {
-            let rows = l.engine().scan(CF_DLQ, &start, Some(&end), limit).map_err(read_err)?;
+            let rows = l
+                .engine()
+                .scan(CF_DLQ, &start, Some(&end), limit)
+                .map_err(read_err)?;
             rows.into_iter()
                 .map(|(k, _)| {
                     let seq = k
@@ -595,7 +620,10 @@ impl DeadLetterBodies for RocksLog {
                         .and_then(|b| <[u8; 8]>::try_from(b).ok())
                         .map(u64::from_be_bytes)
                         .ok_or_else(|| corrupt(&k, DecodeError::Truncated))?;
-                    Ok(BodyRef { log_id: log_id.clone(), seq })
+                    Ok(BodyRef {
+                        log_id: log_id.clone(),
+                        seq,
+                    })
                 })
                 .collect()
         })
@@ -625,7 +653,22 @@ mod tests {
 
     #[test]
     fn damaged_records_are_detected() {
-        assert_damage_is_detected(&EventRecord { appended_at_ms: 5, payload: b"ev".to_vec() }.encode(), EventRecord::decode);
-        assert_damage_is_detected(&HeadRecord { start: 1, end: 4, bytes: 9 }.encode(), HeadRecord::decode);
+        assert_damage_is_detected(
+            &EventRecord {
+                appended_at_ms: 5,
+                payload: b"ev".to_vec(),
+            }
+            .encode(),
+            EventRecord::decode,
+        );
+        assert_damage_is_detected(
+            &HeadRecord {
+                start: 1,
+                end: 4,
+                bytes: 9,
+            }
+            .encode(),
+            HeadRecord::decode,
+        );
     }
 }

@@ -1,0 +1,486 @@
+//! The DeliveryStateStore on the Local RocksDB (column family `deliveries`).
+//!
+//! `record_attempt` is a durable group commit (the hand-out waits for it). `update`
+//! writes at once, buffered, and a flusher thread fsyncs every flush interval when
+//! something is dirty, so acks and nacks reach disk within the interval. `resolve`
+//! deletes records and stages the offset advance in the same batch and waits for the
+//! fsync. All three go through the one group committer of the Local RocksDB, so a
+//! failed write or fsync anywhere poisons every Local store (the same disk).
+
+use crate::keys::{self, CF_DELIVERIES};
+use crate::offsets::{OffsetErrorOrLocal, RocksOffsetStore};
+use async_trait::async_trait;
+use meshd_local::codec::{DecodeError, Decoder, Encoder};
+use meshd_local::group::GroupCommit;
+use meshd_local::{Batch, KvEngine, LocalError};
+use meshd_stores::delivery::{
+    DeliveryError, DeliveryRecord, DeliveryState, DeliveryStateStore, OffsetAdvance, SessionBinding,
+};
+use meshd_stores::offsets::{OffsetError, OffsetKey};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+const DELIVERY_V1: u8 = 1;
+
+/// The flush interval's allowed range (milliseconds).
+pub const FLUSH_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=1000;
+
+/// The stored value of a delivery record (its subscription, partition and offset are
+/// in the key).
+pub fn encode(r: &DeliveryRecord) -> Vec<u8> {
+    let state = match r.state {
+        DeliveryState::InFlight => 1,
+        DeliveryState::WaitingRetry => 2,
+        DeliveryState::AckedAwaitingCommit => 3,
+        DeliveryState::DeadLettering => 4,
+    };
+    let mut e = Encoder::new(DELIVERY_V1)
+        .u32(r.attempt)
+        .str(&r.delivery_id)
+        .u64(r.deadline_ms)
+        .u64(r.first_delivered_at_ms)
+        .u8(state)
+        .i64(r.owner_epoch);
+    e = match &r.last_reason {
+        Some(reason) => e.u8(1).str(reason),
+        None => e.u8(0),
+    };
+    e = match &r.session {
+        Some(s) => e.u8(1).str(&s.session_id).i64(s.epoch),
+        None => e.u8(0),
+    };
+    e.finish()
+}
+
+pub fn decode(key: OffsetKey, offset: u64, b: &[u8]) -> Result<DeliveryRecord, DecodeError> {
+    let mut d = Decoder::new(b, DELIVERY_V1)?;
+    let attempt = d.u32()?;
+    let delivery_id = d.string()?;
+    let deadline_ms = d.u64()?;
+    let first_delivered_at_ms = d.u64()?;
+    let state = match d.u8()? {
+        1 => DeliveryState::InFlight,
+        2 => DeliveryState::WaitingRetry,
+        3 => DeliveryState::AckedAwaitingCommit,
+        4 => DeliveryState::DeadLettering,
+        _ => return Err(DecodeError::InvalidField("state")),
+    };
+    let owner_epoch = d.i64()?;
+    let last_reason = match d.u8()? {
+        0 => None,
+        1 => Some(d.string()?),
+        _ => return Err(DecodeError::InvalidField("reason flag")),
+    };
+    let session = match d.u8()? {
+        0 => None,
+        1 => Some(SessionBinding {
+            session_id: d.string()?,
+            epoch: d.i64()?,
+        }),
+        _ => return Err(DecodeError::InvalidField("session flag")),
+    };
+    d.finish()?;
+    if attempt == 0 {
+        return Err(DecodeError::InvalidField("attempt"));
+    }
+    Ok(DeliveryRecord {
+        key,
+        offset,
+        attempt,
+        delivery_id,
+        deadline_ms,
+        last_reason,
+        first_delivered_at_ms,
+        state,
+        owner_epoch,
+        session,
+    })
+}
+
+#[derive(Clone)]
+pub struct RocksDeliveryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    group: Arc<GroupCommit>,
+    offsets: RocksOffsetStore,
+    /// Set by a buffered write; the flusher fsyncs and clears it.
+    dirty: AtomicBool,
+}
+
+fn local(e: LocalError) -> DeliveryError {
+    DeliveryError::Poisoned(e.to_string())
+}
+
+impl From<OffsetErrorOrLocal> for DeliveryError {
+    fn from(e: OffsetErrorOrLocal) -> Self {
+        match e {
+            OffsetErrorOrLocal::Local(e) => local(e),
+            OffsetErrorOrLocal::Offset(e) => DeliveryError::Offset(e),
+        }
+    }
+}
+
+/// Errors of group-commit closures in this store.
+enum Closure {
+    Local(LocalError),
+    Delivery(DeliveryError),
+}
+
+impl From<LocalError> for Closure {
+    fn from(e: LocalError) -> Self {
+        Closure::Local(e)
+    }
+}
+
+impl From<Closure> for DeliveryError {
+    fn from(e: Closure) -> Self {
+        match e {
+            Closure::Local(e) => local(e),
+            Closure::Delivery(e) => e,
+        }
+    }
+}
+
+impl From<OffsetError> for Closure {
+    fn from(e: OffsetError) -> Self {
+        Closure::Delivery(DeliveryError::Offset(e))
+    }
+}
+
+fn parse_key(k: &[u8]) -> Result<(OffsetKey, u64), DeliveryError> {
+    let corrupt = |reason: &str| DeliveryError::Corrupt {
+        key: format!("{k:?}"),
+        reason: reason.to_string(),
+    };
+    let rest = k.get(1..).ok_or_else(|| corrupt("empty key"))?;
+    let (key, rest) = keys::parse_partition_part(rest).ok_or_else(|| corrupt("malformed key"))?;
+    let offset: [u8; 8] = rest.try_into().map_err(|_| corrupt("malformed offset"))?;
+    Ok((key, u64::from_be_bytes(offset)))
+}
+
+fn read_record(
+    engine: &dyn KvEngine,
+    dkey: &[u8],
+) -> Result<Option<DeliveryRecord>, DeliveryError> {
+    let Some(v) = engine
+        .get(CF_DELIVERIES, dkey)
+        .map_err(|e| DeliveryError::Poisoned(format!("local read failed: {e}")))?
+    else {
+        return Ok(None);
+    };
+    let (key, offset) = parse_key(dkey)?;
+    decode(key, offset, &v)
+        .map(Some)
+        .map_err(|e| DeliveryError::Corrupt {
+            key: format!("{dkey:?}"),
+            reason: e.to_string(),
+        })
+}
+
+impl RocksDeliveryStore {
+    /// Opens the store and starts its flusher (stopped when the last clone is dropped).
+    pub fn open(
+        group: Arc<GroupCommit>,
+        offsets: RocksOffsetStore,
+        flush_interval: Duration,
+    ) -> Result<Self, DeliveryError> {
+        let ms = flush_interval.as_millis() as u64;
+        if !FLUSH_MS_RANGE.contains(&ms) {
+            return Err(DeliveryError::Invalid(format!(
+                "flush interval must be 10-1000 ms, got {ms}"
+            )));
+        }
+        let inner = Arc::new(Inner {
+            group,
+            offsets,
+            dirty: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("delivery-flusher".into())
+            .spawn(move || flusher(weak, flush_interval))
+            .map_err(|e| DeliveryError::Poisoned(format!("cannot start the flusher: {e}")))?;
+        Ok(Self { inner })
+    }
+
+    /// Writes `record` (and its deadline index entry, replacing the old one).
+    fn stage(
+        engine: &dyn KvEngine,
+        record: &DeliveryRecord,
+        batch: &mut Batch,
+    ) -> Result<(), DeliveryError> {
+        keys::check_name("subscription", &record.key.subscription)
+            .and_then(|_| keys::check_name("topic", &record.key.topic))
+            .map_err(DeliveryError::Invalid)?;
+        if record.attempt == 0 {
+            return Err(DeliveryError::Invalid("attempt must be at least 1".into()));
+        }
+        let dkey = keys::delivery_key(&record.key, record.offset);
+        if let Some(old) = read_record(engine, &dkey)? {
+            batch.delete(CF_DELIVERIES, keys::deadline_key(old.deadline_ms, &dkey));
+        }
+        batch.put(
+            CF_DELIVERIES,
+            keys::deadline_key(record.deadline_ms, &dkey),
+            Vec::new(),
+        );
+        batch.put(CF_DELIVERIES, dkey, encode(record));
+        Ok(())
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T, DeliveryError> + Send + 'static,
+    ) -> Result<T, DeliveryError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| DeliveryError::Poisoned(format!("delivery task failed: {e}")))?
+    }
+}
+
+/// Fsyncs buffered updates every `interval` while the store lives.
+fn flusher(store: Weak<Inner>, interval: Duration) {
+    loop {
+        std::thread::sleep(interval);
+        let Some(inner) = store.upgrade() else {
+            return;
+        };
+        if inner.dirty.swap(false, Ordering::SeqCst) {
+            if let Err(e) = inner.group.sync_all() {
+                // The committer is poisoned now; health() reports it.
+                tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "delivery flush failed");
+            }
+        }
+    }
+}
+
+fn reject_if_poisoned(group: &GroupCommit) -> Result<(), DeliveryError> {
+    match group.poisoned() {
+        Some(reason) => Err(DeliveryError::Poisoned(reason)),
+        None => Ok(()),
+    }
+}
+
+#[async_trait]
+impl DeliveryStateStore for RocksDeliveryStore {
+    async fn record_attempt(&self, record: DeliveryRecord) -> Result<(), DeliveryError> {
+        self.blocking(move |s| {
+            s.group.commit_with::<_, Closure>(|engine| {
+                let mut batch = Batch::new();
+                RocksDeliveryStore::stage(engine, &record, &mut batch)
+                    .map_err(Closure::Delivery)?;
+                Ok((batch, ()))
+            })?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError> {
+        self.blocking(move |s| {
+            s.group.write_with::<_, Closure>(|engine| {
+                let mut batch = Batch::new();
+                RocksDeliveryStore::stage(engine, &record, &mut batch)
+                    .map_err(Closure::Delivery)?;
+                Ok((batch, ()))
+            })?;
+            s.dirty.store(true, Ordering::SeqCst);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn resolve(
+        &self,
+        remove: Vec<(OffsetKey, u64)>,
+        advance: Option<OffsetAdvance>,
+    ) -> Result<(), DeliveryError> {
+        self.blocking(move |s| {
+            let staged = s.group.commit_with::<_, Closure>(|engine| {
+                let mut batch = Batch::new();
+                for (key, offset) in &remove {
+                    let dkey = keys::delivery_key(key, *offset);
+                    if let Some(old) = read_record(engine, &dkey).map_err(Closure::Delivery)? {
+                        batch.delete(CF_DELIVERIES, keys::deadline_key(old.deadline_ms, &dkey));
+                        batch.delete(CF_DELIVERIES, dkey);
+                    }
+                }
+                let staged = match &advance {
+                    Some(a) => Some(s.offsets.stage(&a.key, a.to, false, &mut batch)?),
+                    None => None,
+                };
+                Ok((batch, staged))
+            })?;
+            if let Some(st) = &staged {
+                s.offsets.publish(st);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn flush(&self) -> Result<(), DeliveryError> {
+        self.blocking(|s| {
+            s.dirty.store(false, Ordering::SeqCst);
+            s.group.sync_all().map_err(local)
+        })
+        .await
+    }
+
+    async fn get(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+    ) -> Result<Option<DeliveryRecord>, DeliveryError> {
+        let dkey = keys::delivery_key(key, offset);
+        self.blocking(move |s| {
+            reject_if_poisoned(&s.group)?;
+            read_record(s.group.engine().as_ref(), &dkey)
+        })
+        .await
+    }
+
+    async fn load_all(&self) -> Result<Vec<DeliveryRecord>, DeliveryError> {
+        self.blocking(|s| {
+            let prefix = [keys::DELIVERY];
+            let rows = s
+                .group
+                .engine()
+                .scan(CF_DELIVERIES, &prefix, Some(&keys::end_of(&prefix)), 0)
+                .map_err(local)?;
+            rows.into_iter()
+                .map(|(k, v)| {
+                    let (key, offset) = parse_key(&k)?;
+                    decode(key, offset, &v).map_err(|e| DeliveryError::Corrupt {
+                        key: format!("{k:?}"),
+                        reason: e.to_string(),
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<DeliveryRecord>, DeliveryError> {
+        self.blocking(move |s| {
+            reject_if_poisoned(&s.group)?;
+            let engine = s.group.engine();
+            let start = [keys::DEADLINE];
+            let end = keys::deadline_key(now_ms.saturating_add(1), &[]);
+            let index = engine
+                .scan(CF_DELIVERIES, &start, Some(&end), limit)
+                .map_err(local)?;
+            let mut out = Vec::with_capacity(index.len());
+            for (k, _) in index {
+                let dkey = k.get(9..).unwrap_or_default();
+                match read_record(engine.as_ref(), dkey)? {
+                    Some(r) => out.push(r),
+                    None => {
+                        return Err(DeliveryError::Corrupt {
+                            key: format!("{k:?}"),
+                            reason: "deadline index entry without its record".into(),
+                        })
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), DeliveryError> {
+        let prefix = keys::deliveries_of_subscription(subscription, incarnation);
+        self.blocking(move |s| loop {
+            let done = s.group.commit_with::<_, Closure>(|engine| {
+                let rows =
+                    engine.scan(CF_DELIVERIES, &prefix, Some(&keys::end_of(&prefix)), 1000)?;
+                let mut batch = Batch::new();
+                for (k, v) in &rows {
+                    let (key, offset) = parse_key(k).map_err(Closure::Delivery)?;
+                    if let Ok(r) = decode(key, offset, v) {
+                        batch.delete(CF_DELIVERIES, keys::deadline_key(r.deadline_ms, k));
+                    }
+                    batch.delete(CF_DELIVERIES, k.clone());
+                }
+                Ok((batch, rows.is_empty()))
+            })?;
+            if done {
+                return Ok(());
+            }
+        })
+        .await
+    }
+
+    fn health(&self) -> Result<(), String> {
+        match self.inner.group.poisoned() {
+            Some(reason) => Err(reason),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshd_local::testing::assert_damage_is_detected;
+    use proptest::prelude::*;
+
+    fn key() -> OffsetKey {
+        OffsetKey {
+            subscription: "s".into(),
+            incarnation: 3,
+            topic: "t".into(),
+            partition: 1,
+        }
+    }
+
+    fn state() -> impl Strategy<Value = DeliveryState> {
+        prop_oneof![
+            Just(DeliveryState::InFlight),
+            Just(DeliveryState::WaitingRetry),
+            Just(DeliveryState::AckedAwaitingCommit),
+            Just(DeliveryState::DeadLettering),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn delivery_records_round_trip(
+            offset in any::<u64>(), attempt in 1u32.., id in "[a-f0-9]{0,32}", deadline in any::<u64>(),
+            reason in proptest::option::of(".{0,20}"), first in any::<u64>(), state in state(),
+            epoch in any::<i64>(), session in proptest::option::of(("[a-z0-9]{1,8}", any::<i64>())),
+        ) {
+            let r = DeliveryRecord {
+                key: key(), offset, attempt, delivery_id: id, deadline_ms: deadline, last_reason: reason,
+                first_delivered_at_ms: first, state, owner_epoch: epoch,
+                session: session.map(|(session_id, epoch)| SessionBinding { session_id, epoch }),
+            };
+            prop_assert_eq!(decode(key(), offset, &encode(&r)), Ok(r));
+        }
+    }
+
+    #[test]
+    fn damaged_delivery_records_are_detected() {
+        let r = DeliveryRecord {
+            key: key(),
+            offset: 4,
+            attempt: 2,
+            delivery_id: "d1".into(),
+            deadline_ms: 99,
+            last_reason: Some("nack".into()),
+            first_delivered_at_ms: 7,
+            state: DeliveryState::WaitingRetry,
+            owner_epoch: 0,
+            session: None,
+        };
+        assert_damage_is_detected(&encode(&r), |b| decode(key(), 4, b));
+    }
+}

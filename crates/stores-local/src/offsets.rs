@@ -1,0 +1,396 @@
+//! The OffsetStore on the Local RocksDB (column family `offsets`), with an in-memory
+//! cache of durable values and fenced checkpoints to Meta.
+//!
+//! Two maps: `staged` is the latest value written (possibly not yet fsynced) and is
+//! what a new commit is checked against, under the group-commit lock, so two racing
+//! commits are ordered like their writes. `durable` is what reads see: a value moves
+//! there only after its fsync, so `committed` never shows a value a crash could take
+//! back.
+
+use crate::keys::{self, CF_OFFSETS};
+use async_trait::async_trait;
+use meshd_local::codec::{DecodeError, Decoder, Encoder};
+use meshd_local::group::GroupCommit;
+use meshd_local::{Batch, LocalError};
+use meshd_meta::fence::Ownership;
+use meshd_meta::keys::{key as meta_key, KeyKind};
+use meshd_meta::{Meta, MetaError, Txn};
+use meshd_stores::offsets::{Committed, OffsetError, OffsetKey, OffsetStore};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const OFFSET_V1: u8 = 1;
+
+pub fn encode(c: &Committed) -> Vec<u8> {
+    Encoder::new(OFFSET_V1)
+        .u64(c.offset)
+        .u64(c.epoch)
+        .u64(c.at_ms)
+        .finish()
+}
+
+pub fn decode(b: &[u8]) -> Result<Committed, DecodeError> {
+    let mut d = Decoder::new(b, OFFSET_V1)?;
+    let c = Committed {
+        offset: d.u64()?,
+        epoch: d.u64()?,
+        at_ms: d.u64()?,
+    };
+    d.finish()?;
+    Ok(c)
+}
+
+#[derive(Clone)]
+pub struct RocksOffsetStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    group: Arc<GroupCommit>,
+    /// Latest written per key; changed only under the group-commit lock.
+    staged: Mutex<BTreeMap<OffsetKey, Committed>>,
+    /// Latest durable per key; what reads see.
+    durable: Mutex<BTreeMap<OffsetKey, Committed>>,
+    backwards: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Map updates are single inserts/removes: consistent after a panic elsewhere.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn local(e: LocalError) -> OffsetError {
+    OffsetError::Failed(e.to_string())
+}
+
+/// The result of staging a commit inside a group-commit closure.
+pub(crate) enum Staged {
+    /// Nothing to write (the same offset again).
+    Unchanged(Committed),
+    Write(OffsetKey, Committed),
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether `new` supersedes `old` (a reset's higher epoch wins; within an epoch the
+/// higher offset).
+fn newer(new: &Committed, old: Option<&Committed>) -> bool {
+    match old {
+        None => true,
+        Some(old) => (new.epoch, new.offset) > (old.epoch, old.offset),
+    }
+}
+
+impl RocksOffsetStore {
+    /// Loads every committed offset (recovery).
+    pub fn open(group: Arc<GroupCommit>) -> Result<Self, OffsetError> {
+        let prefix = [keys::OFFSET];
+        let rows = group
+            .engine()
+            .scan(CF_OFFSETS, &prefix, Some(&keys::end_of(&prefix)), 0)
+            .map_err(local)?;
+        let mut map = BTreeMap::new();
+        for (k, v) in rows {
+            let corrupt = |reason: String| OffsetError::Corrupt {
+                key: format!("{k:?}"),
+                reason,
+            };
+            let (key, rest) = keys::parse_partition_part(&k[1..])
+                .ok_or_else(|| corrupt("malformed offset key".into()))?;
+            if !rest.is_empty() {
+                return Err(corrupt("trailing bytes in offset key".into()));
+            }
+            let c = decode(&v).map_err(|e| corrupt(e.to_string()))?;
+            map.insert(key, c);
+        }
+        tracing::info!(
+            store = "offsets",
+            backend = "rocksdb",
+            partitions = map.len(),
+            "offset store opened"
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                group,
+                staged: Mutex::new(map.clone()),
+                durable: Mutex::new(map),
+                backwards: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Checks and stages a commit (or reset) into `batch`. Must run inside a
+    /// group-commit closure (under the write lock).
+    pub(crate) fn stage(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        reset: bool,
+        batch: &mut Batch,
+    ) -> Result<Staged, OffsetError> {
+        keys::check_name("subscription", &key.subscription)
+            .and_then(|_| keys::check_name("topic", &key.topic))
+            .map_err(|e| OffsetError::Failed(format!("invalid offset key: {e}")))?;
+        let mut staged = lock(&self.inner.staged);
+        let current = staged.get(key).copied();
+        let next = if reset {
+            Committed {
+                offset,
+                epoch: current.map(|c| c.epoch + 1).unwrap_or(1),
+                at_ms: now_ms(),
+            }
+        } else {
+            match current {
+                Some(c) if offset < c.offset => {
+                    self.inner.backwards.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(store = "offsets", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, current = c.offset, requested = offset, "backwards commit rejected");
+                    return Err(OffsetError::Backwards {
+                        current: c.offset,
+                        requested: offset,
+                    });
+                }
+                Some(c) if offset == c.offset => return Ok(Staged::Unchanged(c)),
+                _ => Committed {
+                    offset,
+                    epoch: current.map(|c| c.epoch).unwrap_or(0),
+                    at_ms: now_ms(),
+                },
+            }
+        };
+        batch.put(CF_OFFSETS, keys::offset_key(key), encode(&next));
+        staged.insert(key.clone(), next);
+        Ok(Staged::Write(key.clone(), next))
+    }
+
+    /// Publishes a staged value once its batch is durable.
+    pub(crate) fn publish(&self, staged: &Staged) -> Committed {
+        match staged {
+            Staged::Unchanged(c) => *c,
+            Staged::Write(key, c) => {
+                let mut durable = lock(&self.inner.durable);
+                if newer(c, durable.get(key)) {
+                    durable.insert(key.clone(), *c);
+                }
+                *c
+            }
+        }
+    }
+
+    fn write(&self, key: &OffsetKey, offset: u64, reset: bool) -> Result<Committed, OffsetError> {
+        let staged = self
+            .inner
+            .group
+            .commit_with::<_, OffsetErrorOrLocal>(|_| {
+                let mut batch = Batch::new();
+                let s = self.stage(key, offset, reset, &mut batch)?;
+                Ok((batch, s))
+            })
+            .map_err(OffsetError::from)?;
+        Ok(self.publish(&staged))
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&RocksOffsetStore) -> Result<T, OffsetError> + Send + 'static,
+    ) -> Result<T, OffsetError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || f(&this))
+            .await
+            .map_err(|e| OffsetError::Failed(format!("offset task failed: {e}")))?
+    }
+
+    /// The Meta key of a partition's checkpoint.
+    fn checkpoint_key(key: &OffsetKey) -> Vec<u8> {
+        meta_key(
+            KeyKind::Checkpoints,
+            &[
+                &key.subscription,
+                &key.incarnation.to_string(),
+                &key.topic,
+                &key.partition.to_string(),
+            ],
+        )
+    }
+}
+
+/// The error of a group-commit closure that stages offsets: a domain error or a
+/// Local engine failure.
+pub(crate) enum OffsetErrorOrLocal {
+    Offset(OffsetError),
+    Local(LocalError),
+}
+
+impl From<LocalError> for OffsetErrorOrLocal {
+    fn from(e: LocalError) -> Self {
+        OffsetErrorOrLocal::Local(e)
+    }
+}
+
+impl From<OffsetError> for OffsetErrorOrLocal {
+    fn from(e: OffsetError) -> Self {
+        OffsetErrorOrLocal::Offset(e)
+    }
+}
+
+impl From<OffsetErrorOrLocal> for OffsetError {
+    fn from(e: OffsetErrorOrLocal) -> Self {
+        match e {
+            OffsetErrorOrLocal::Offset(e) => e,
+            OffsetErrorOrLocal::Local(e) => local(e),
+        }
+    }
+}
+
+#[async_trait]
+impl OffsetStore for RocksOffsetStore {
+    async fn get(&self, key: &OffsetKey) -> Result<Option<Committed>, OffsetError> {
+        if let Some(reason) = self.inner.group.poisoned() {
+            return Err(OffsetError::Failed(reason));
+        }
+        Ok(lock(&self.inner.durable).get(key).copied())
+    }
+
+    async fn list(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<Vec<(OffsetKey, Committed)>, OffsetError> {
+        if let Some(reason) = self.inner.group.poisoned() {
+            return Err(OffsetError::Failed(reason));
+        }
+        Ok(lock(&self.inner.durable)
+            .iter()
+            .filter(|(k, _)| k.subscription == subscription && k.incarnation == incarnation)
+            .map(|(k, c)| (k.clone(), *c))
+            .collect())
+    }
+
+    async fn commit(&self, key: &OffsetKey, offset: u64) -> Result<Committed, OffsetError> {
+        let key = key.clone();
+        self.blocking(move |s| s.write(&key, offset, false)).await
+    }
+
+    async fn reset(&self, key: &OffsetKey, offset: u64) -> Result<Committed, OffsetError> {
+        let key = key.clone();
+        self.blocking(move |s| s.write(&key, offset, true)).await
+    }
+
+    async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), OffsetError> {
+        let subscription = subscription.to_string();
+        self.blocking(move |s| {
+            s.inner
+                .group
+                .commit_with::<_, OffsetErrorOrLocal>(|_| {
+                    let mut batch = Batch::new();
+                    let mut staged = lock(&s.inner.staged);
+                    staged.retain(|k, _| {
+                        let gone = k.subscription == subscription && k.incarnation == incarnation;
+                        if gone {
+                            batch.delete(CF_OFFSETS, keys::offset_key(k));
+                        }
+                        !gone
+                    });
+                    Ok((batch, ()))
+                })
+                .map_err(OffsetError::from)?;
+            lock(&s.inner.durable)
+                .retain(|k, _| !(k.subscription == subscription && k.incarnation == incarnation));
+            Ok(())
+        })
+        .await
+    }
+
+    fn backwards_rejections(&self) -> u64 {
+        self.inner.backwards.load(Ordering::Relaxed)
+    }
+
+    async fn checkpoint(
+        &self,
+        meta: &dyn Meta,
+        owner: &Ownership,
+        key: &OffsetKey,
+    ) -> Result<(), OffsetError> {
+        let Some(c) = self.get(key).await? else {
+            return Ok(());
+        };
+        let value = serde_json::to_vec(&CheckpointRecord { v: 1, committed: c })
+            .map_err(|e| OffsetError::Failed(format!("encoding checkpoint: {e}")))?;
+        owner
+            .commit(meta, Txn::new().put(&Self::checkpoint_key(key), &value))
+            .await?;
+        Ok(())
+    }
+
+    async fn load_checkpoint(
+        &self,
+        meta: &dyn Meta,
+        key: &OffsetKey,
+    ) -> Result<Option<Committed>, OffsetError> {
+        let k = Self::checkpoint_key(key);
+        let Some(kv) = meta.get(&k).await?.kv else {
+            return Ok(None);
+        };
+        let rec: CheckpointRecord =
+            serde_json::from_slice(&kv.value).map_err(|e| OffsetError::Corrupt {
+                key: String::from_utf8_lossy(&k).into_owned(),
+                reason: e.to_string(),
+            })?;
+        if rec.v != 1 {
+            return Err(OffsetError::Corrupt {
+                key: String::from_utf8_lossy(&k).into_owned(),
+                reason: format!("unknown checkpoint version {}", rec.v),
+            });
+        }
+        Ok(Some(rec.committed))
+    }
+}
+
+/// A partition's committed offset in Meta (cluster mode).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CheckpointRecord {
+    v: u32,
+    committed: Committed,
+}
+
+impl From<MetaError> for OffsetErrorOrLocal {
+    fn from(e: MetaError) -> Self {
+        OffsetErrorOrLocal::Offset(OffsetError::Meta(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshd_local::testing::assert_damage_is_detected;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn offset_records_round_trip(offset in any::<u64>(), epoch in any::<u64>(), at_ms in any::<u64>()) {
+            let c = Committed { offset, epoch, at_ms };
+            prop_assert_eq!(decode(&encode(&c)), Ok(c));
+        }
+    }
+
+    #[test]
+    fn damaged_offset_records_are_detected() {
+        assert_damage_is_detected(
+            &encode(&Committed {
+                offset: 9,
+                epoch: 1,
+                at_ms: 5,
+            }),
+            decode,
+        );
+    }
+}

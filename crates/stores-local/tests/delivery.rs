@@ -1,0 +1,267 @@
+//! The DeliveryStateStore: attempts durable before the hand-out, acks within the flush
+//! interval, resolve atomic with the offset, a deadline index, and fail-stop.
+
+mod common;
+
+use meshd_stores::delivery::{
+    DeliveryError, DeliveryRecord, DeliveryState, DeliveryStateStore, OffsetAdvance,
+};
+use meshd_stores::offsets::{OffsetKey, OffsetStore};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn pkey(p: u32) -> OffsetKey {
+    OffsetKey {
+        subscription: "sub".into(),
+        incarnation: 1,
+        topic: "orders".into(),
+        partition: p,
+    }
+}
+
+fn record(p: u32, offset: u64, attempt: u32, deadline_ms: u64) -> DeliveryRecord {
+    DeliveryRecord {
+        key: pkey(p),
+        offset,
+        attempt,
+        delivery_id: format!("{p}-{offset}-{attempt}"),
+        deadline_ms,
+        last_reason: None,
+        first_delivered_at_ms: 1,
+        state: DeliveryState::InFlight,
+        owner_epoch: 0,
+        session: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_attempts_recorded_when_power_is_cut_then_no_attempt_count_goes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let d = Arc::new(stores.deliveries.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for p in 0..4u32 {
+        let d = d.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut attempt = 1;
+            while !stop.load(Ordering::SeqCst) {
+                for offset in 0..5 {
+                    if d.record_attempt(record(p, offset, attempt, 1000 + attempt as u64))
+                        .await
+                        .is_ok()
+                    {
+                        acked.push((p, offset, attempt));
+                    }
+                }
+                attempt += 1;
+            }
+            acked
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let image = power.cut();
+    stop.store(true, Ordering::SeqCst);
+    let mut acked = Vec::new();
+    for t in tasks {
+        acked.extend(t.await.unwrap());
+    }
+    drop(stores);
+    let rebooted = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, rebooted.path());
+    let all = stores.deliveries.load_all().await.unwrap();
+    for (p, offset, attempt) in acked {
+        let r = all
+            .iter()
+            .find(|r| r.key.partition == p && r.offset == offset)
+            .expect("recorded delivery lost");
+        assert!(
+            r.attempt >= attempt,
+            "attempt count of {p}/{offset} went back from {attempt} to {}",
+            r.attempt
+        );
+    }
+}
+
+#[tokio::test]
+async fn updates_reach_disk_within_the_flush_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let d = &stores.deliveries;
+    d.record_attempt(record(0, 1, 1, 500)).await.unwrap();
+    let mut acked = record(0, 1, 1, 500);
+    acked.state = DeliveryState::AckedAwaitingCommit;
+    d.update(acked.clone()).await.unwrap();
+    assert_eq!(
+        d.get(&pkey(0), 1).await.unwrap(),
+        Some(acked.clone()),
+        "visible at once"
+    );
+    // Liveness bound from the configured flush interval (plus slack for a busy machine).
+    let deadline = std::time::Instant::now() + common::FLUSH * 20;
+    while power.pending_batches() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the update was not flushed within {:?}",
+            common::FLUSH * 20
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let image = power.cut();
+    drop(stores);
+    let rebooted = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, rebooted.path());
+    assert_eq!(
+        stores.deliveries.get(&pkey(0), 1).await.unwrap(),
+        Some(acked)
+    );
+}
+
+#[tokio::test]
+async fn resolve_removes_records_and_advances_the_offset_in_one_durable_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let d = &stores.deliveries;
+    for offset in 0..3 {
+        d.record_attempt(record(0, offset, 1, 100 + offset))
+            .await
+            .unwrap();
+    }
+    d.resolve(
+        vec![(pkey(0), 0), (pkey(0), 1)],
+        Some(OffsetAdvance {
+            key: pkey(0),
+            to: 2,
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        stores.offsets.get(&pkey(0)).await.unwrap().unwrap().offset,
+        2
+    );
+    let image = power.cut();
+    drop(stores);
+    let rebooted = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, rebooted.path());
+    let left: Vec<u64> = stores
+        .deliveries
+        .load_all()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.offset)
+        .collect();
+    assert_eq!(left, vec![2]);
+    assert_eq!(
+        stores.offsets.get(&pkey(0)).await.unwrap().unwrap().offset,
+        2
+    );
+    // The index went with the records: only offset 2 is ever due.
+    let due: Vec<u64> = stores
+        .deliveries
+        .due(u64::MAX - 1, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.offset)
+        .collect();
+    assert_eq!(due, vec![2]);
+    // A backwards advance is refused and changes nothing.
+    let err = stores
+        .deliveries
+        .resolve(
+            vec![(pkey(0), 2)],
+            Some(OffsetAdvance {
+                key: pkey(0),
+                to: 1,
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DeliveryError::Offset(_)), "{err:?}");
+    assert_eq!(stores.deliveries.load_all().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn due_serves_deadlines_in_order_from_the_index_and_follows_reschedules() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let d = &stores.deliveries;
+    d.record_attempt(record(0, 0, 1, 300)).await.unwrap();
+    d.record_attempt(record(0, 1, 1, 100)).await.unwrap();
+    d.record_attempt(record(1, 0, 1, 200)).await.unwrap();
+    let due = |now| async move {
+        d.due(now, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.key.partition, r.offset))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(due(99).await, vec![]);
+    assert_eq!(due(200).await, vec![(0, 1), (1, 0)]);
+    // Rescheduling moves the index entry: no stale entry stays behind.
+    let mut later = record(0, 1, 2, 1_000);
+    later.state = DeliveryState::WaitingRetry;
+    later.last_reason = Some("nack: busy".into());
+    d.update(later.clone()).await.unwrap();
+    assert_eq!(due(500).await, vec![(1, 0), (0, 0)]);
+    assert_eq!(due(1_000).await.len(), 3);
+    drop(stores);
+    let stores = common::open(dir.path());
+    assert_eq!(
+        stores.deliveries.get(&pkey(0), 1).await.unwrap(),
+        Some(later)
+    );
+    assert_eq!(stores.deliveries.load_all().await.unwrap().len(), 3);
+    stores.deliveries.drop_subscription("sub", 1).await.unwrap();
+    assert!(stores.deliveries.load_all().await.unwrap().is_empty());
+    assert!(stores
+        .deliveries
+        .due(u64::MAX - 1, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn given_a_failed_write_then_the_store_is_poisoned_and_health_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let d = &stores.deliveries;
+    d.record_attempt(record(0, 0, 1, 10)).await.unwrap();
+    assert!(d.health().is_ok());
+    power.fail_writes(true);
+    assert!(matches!(
+        d.record_attempt(record(0, 1, 1, 10)).await,
+        Err(DeliveryError::Poisoned(_))
+    ));
+    power.fail_writes(false);
+    let reason = d.health().unwrap_err();
+    assert!(reason.contains("injected"), "{reason}");
+    assert!(matches!(
+        d.update(record(0, 0, 2, 10)).await,
+        Err(DeliveryError::Poisoned(_))
+    ));
+    assert!(matches!(
+        d.record_attempt(record(0, 2, 1, 10)).await,
+        Err(DeliveryError::Poisoned(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_flush_interval_outside_its_range_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine =
+        meshd_local::RocksEngine::open(dir.path(), meshd_stores_local::keys::COLUMN_FAMILIES)
+            .unwrap();
+    let err =
+        meshd_stores_local::LocalStores::open(Arc::new(engine), "i", Duration::from_millis(5))
+            .err()
+            .unwrap();
+    assert!(err.to_string().contains("10-1000"), "{err}");
+}

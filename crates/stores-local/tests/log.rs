@@ -1,0 +1,332 @@
+//! The partition log: contiguous durable appends, reads that never run ahead of the
+//! disk, retention that reports instead of skipping, dead-letter bodies exempt from
+//! it, and a power cut that loses nothing acknowledged.
+
+mod common;
+
+use meshd_stores::log::{DeadLetterBodies, LogError, PartitionLog, Retention};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_get_contiguous_offsets_and_read_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let log = Arc::new(stores.log.clone());
+    let mut tasks = Vec::new();
+    for t in 0..8u32 {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            for i in 0..25u32 {
+                let payload = format!("{t}-{i}").into_bytes();
+                let got = log
+                    .append("orders", vec![(i % 3, payload.clone())])
+                    .await
+                    .unwrap();
+                mine.push((got[0], payload));
+            }
+            mine
+        }));
+    }
+    let mut by_offset: BTreeMap<(u32, u64), Vec<u8>> = BTreeMap::new();
+    for t in tasks {
+        for (pos, payload) in t.await.unwrap() {
+            assert!(
+                by_offset.insert(pos, payload).is_none(),
+                "offset {pos:?} given twice"
+            );
+        }
+    }
+    for p in 0..3u32 {
+        let offsets: Vec<u64> = by_offset
+            .keys()
+            .filter(|(q, _)| *q == p)
+            .map(|(_, o)| *o)
+            .collect();
+        assert_eq!(
+            offsets,
+            (0..offsets.len() as u64).collect::<Vec<_>>(),
+            "partition {p} contiguous from 0"
+        );
+        let b = log.bounds("orders", p).await.unwrap();
+        assert_eq!((b.start, b.end), (0, offsets.len() as u64));
+        let events = log.read("orders", p, 0, 1000, usize::MAX).await.unwrap();
+        assert_eq!(events.len(), offsets.len());
+        for e in events {
+            assert_eq!(Some(&e.payload), by_offset.get(&(p, e.offset)));
+        }
+    }
+    // Paging and the byte cap (always at least one event).
+    let page = log.read("orders", 0, 3, 2, usize::MAX).await.unwrap();
+    assert_eq!(
+        page.iter().map(|e| e.offset).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    assert_eq!(log.read("orders", 0, 0, 100, 1).await.unwrap().len(), 1);
+    assert!(log
+        .read("orders", 0, 10_000, 10, usize::MAX)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_batch_across_partitions_is_one_durable_write_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let stores = common::open(dir.path());
+        let got = stores
+            .log
+            .append(
+                "t",
+                vec![(0, b"a".to_vec()), (1, b"b".to_vec()), (0, b"c".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert_eq!(got, vec![(0, 0), (1, 0), (0, 1)]);
+    }
+    let stores = common::open(dir.path());
+    assert_eq!(stores.log.bounds("t", 0).await.unwrap().end, 2);
+    let got = stores
+        .log
+        .append("t", vec![(0, b"d".to_vec())])
+        .await
+        .unwrap();
+    assert_eq!(got, vec![(0, 2)], "offsets continue after a restart");
+    let events = stores.log.read("t", 0, 0, 10, usize::MAX).await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.payload.clone()).collect::<Vec<_>>(),
+        vec![b"a".to_vec(), b"c".to_vec(), b"d".to_vec()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_concurrent_appenders_when_power_is_cut_then_every_acknowledged_event_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let log = Arc::new(stores.log.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..6u32 {
+        let log = log.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut i = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                let payload = format!("{t}-{i}").into_bytes();
+                if let Ok(got) = log.append("pc", vec![(t % 2, payload.clone())]).await {
+                    acked.push((got[0], payload));
+                }
+                i += 1;
+            }
+            acked
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let image = power.cut();
+    stop.store(true, Ordering::SeqCst);
+    let mut acked = Vec::new();
+    for t in tasks {
+        acked.extend(t.await.unwrap());
+    }
+    assert!(
+        acked.len() > 20,
+        "appenders made progress ({})",
+        acked.len()
+    );
+    drop(stores);
+    let rebooted = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, rebooted.path());
+    let mut stored: HashMap<(u32, u64), Vec<u8>> = HashMap::new();
+    for p in 0..2 {
+        for e in stores
+            .log
+            .read("pc", p, 0, 100_000, usize::MAX)
+            .await
+            .unwrap()
+        {
+            stored.insert((p, e.offset), e.payload);
+        }
+    }
+    for (pos, payload) in &acked {
+        assert_eq!(
+            stored.get(pos),
+            Some(payload),
+            "acknowledged event {pos:?} lost or changed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn given_a_failing_fsync_when_appending_then_nothing_is_acknowledged_or_readable_and_the_log_fail_stops(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    stores
+        .log
+        .append("f", vec![(0, b"ok".to_vec())])
+        .await
+        .unwrap();
+    power.fail_syncs(true);
+    let err = stores
+        .log
+        .append("f", vec![(0, b"lost".to_vec())])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LogError::Failed(_)), "{err:?}");
+    assert_eq!(
+        stores.log.bounds("f", 0).await.unwrap().end,
+        1,
+        "a non-durable event is not readable"
+    );
+    power.fail_syncs(false);
+    assert!(
+        matches!(
+            stores.log.append("f", vec![(0, b"x".to_vec())]).await,
+            Err(LogError::Failed(_))
+        ),
+        "fail-stop"
+    );
+    assert!(stores.group.poisoned().is_some());
+    assert!(stores.log.append_body(b"b").await.is_err());
+}
+
+#[tokio::test]
+async fn retention_by_size_and_age_is_reported_never_skipped_and_spares_dead_letter_bodies() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let log = &stores.log;
+    for i in 0..10 {
+        log.append("r", vec![(0, vec![b'x'; 10 + i])])
+            .await
+            .unwrap();
+    }
+    let body = log.append_body(b"dead event").await.unwrap();
+    // By size: keep at most 40 bytes (the newest events).
+    let report = log
+        .enforce_retention(
+            Retention {
+                max_age_ms: None,
+                max_bytes: Some(40),
+            },
+            0,
+        )
+        .await
+        .unwrap();
+    let b = log.bounds("r", 0).await.unwrap();
+    assert_eq!(report.events_removed, b.start);
+    assert!(b.start > 0 && b.end == 10);
+    match log.read("r", 0, 0, 10, usize::MAX).await {
+        Err(LogError::BelowRetention {
+            requested: 0,
+            start,
+            ..
+        }) => assert_eq!(start, b.start),
+        other => panic!("a read below the retained start must be reported, got {other:?}"),
+    }
+    assert_eq!(
+        log.read("r", 0, b.start, 100, usize::MAX)
+            .await
+            .unwrap()
+            .len() as u64,
+        10 - b.start
+    );
+    // By age: everything older than 1 ms at "now + 1 h".
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 3_600_000;
+    log.enforce_retention(
+        Retention {
+            max_age_ms: Some(1),
+            max_bytes: None,
+        },
+        later,
+    )
+    .await
+    .unwrap();
+    let b = log.bounds("r", 0).await.unwrap();
+    assert_eq!((b.start, b.end), (10, 10));
+    assert_eq!(
+        log.read_body(&body).await.unwrap(),
+        Some(b"dead event".to_vec()),
+        "bodies are exempt"
+    );
+    // Appends continue after the retained start; a restart keeps the bounds.
+    log.append("r", vec![(0, b"new".to_vec())]).await.unwrap();
+    drop(stores);
+    let stores = common::open(dir.path());
+    let b = stores.log.bounds("r", 0).await.unwrap();
+    assert_eq!((b.start, b.end), (10, 11));
+}
+
+#[tokio::test]
+async fn dead_letter_bodies_are_listed_read_and_deleted_per_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let log = &stores.log;
+    let a = log.append_body(b"a").await.unwrap();
+    let b = log.append_body(b"b").await.unwrap();
+    assert_eq!(a.log_id, "test-instance");
+    assert!(b.seq > a.seq);
+    assert_eq!(
+        log.list_bodies(None, 10).await.unwrap(),
+        vec![a.clone(), b.clone()]
+    );
+    assert_eq!(
+        log.list_bodies(Some(a.seq), 10).await.unwrap(),
+        vec![b.clone()]
+    );
+    let foreign = meshd_stores::log::BodyRef {
+        log_id: "other".into(),
+        seq: a.seq,
+    };
+    assert_eq!(
+        log.read_body(&foreign).await.unwrap(),
+        None,
+        "another log's reference is not ours"
+    );
+    log.delete_body(&a).await.unwrap();
+    log.delete_body(&a).await.unwrap();
+    assert_eq!(log.read_body(&a).await.unwrap(), None);
+    drop(stores);
+    let stores = common::open(dir.path());
+    let c = stores.log.append_body(b"c").await.unwrap();
+    assert!(c.seq > b.seq, "sequences are never reused after a restart");
+    assert_eq!(stores.log.read_body(&b).await.unwrap(), Some(b"b".to_vec()));
+}
+
+#[tokio::test]
+async fn deleting_a_topic_removes_its_events_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    stores
+        .log
+        .append("gone", vec![(0, b"1".to_vec()), (1, b"2".to_vec())])
+        .await
+        .unwrap();
+    stores
+        .log
+        .append("gone2", vec![(0, b"3".to_vec())])
+        .await
+        .unwrap();
+    stores.log.delete_topic("gone").await.unwrap();
+    assert_eq!(stores.log.bounds("gone", 0).await.unwrap().end, 0);
+    assert_eq!(
+        stores
+            .log
+            .read("gone2", 0, 0, 10, usize::MAX)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    drop(stores);
+    let stores = common::open(dir.path());
+    assert_eq!(stores.log.bounds("gone", 1).await.unwrap().end, 0);
+    assert_eq!(stores.log.bounds("gone2", 0).await.unwrap().end, 1);
+}
