@@ -32,6 +32,9 @@ pub struct ServeArgs {
     /// Membership and partition-ownership lease TTL in milliseconds.
     #[arg(long, env = "MESHD_LEASE_TTL_MS")]
     pub lease_ttl_ms: Option<u64>,
+    /// DeliveryStateStore flush interval in milliseconds (10-1000).
+    #[arg(long, env = "MESHD_DELIVERY_FLUSH_MS")]
+    pub delivery_flush_ms: Option<u64>,
     /// Listen on a non-loopback address without access tokens.
     #[arg(long, env = "MESHD_INSECURE_LISTEN")]
     pub insecure_listen: bool,
@@ -47,6 +50,7 @@ struct FileConfig {
     log: Option<String>,
     instance_id: Option<String>,
     lease_ttl_ms: Option<u64>,
+    delivery_flush_ms: Option<u64>,
     insecure_listen: Option<bool>,
 }
 
@@ -64,6 +68,7 @@ pub struct Config {
     pub meta: MetaBackend,
     pub instance_id: Option<String>,
     pub lease_ttl_ms: u64,
+    pub delivery_flush_ms: u64,
     pub insecure_listen: bool,
 }
 
@@ -90,6 +95,7 @@ fn invalid(name: &'static str, value: impl ToString, reason: impl ToString) -> C
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 pub const DEFAULT_DATA_DIR: &str = "./meshd-data";
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
+pub const DEFAULT_DELIVERY_FLUSH_MS: u64 = 100;
 
 impl Config {
     pub fn resolve(args: ServeArgs) -> Result<Config, ConfigError> {
@@ -137,6 +143,10 @@ impl Config {
                 .lease_ttl_ms
                 .or(file.lease_ttl_ms)
                 .unwrap_or(DEFAULT_LEASE_TTL_MS),
+            delivery_flush_ms: args
+                .delivery_flush_ms
+                .or(file.delivery_flush_ms)
+                .unwrap_or(DEFAULT_DELIVERY_FLUSH_MS),
             insecure_listen: args.insecure_listen || file.insecure_listen.unwrap_or(false),
         };
         config.validate()?;
@@ -156,6 +166,13 @@ impl Config {
                 "--lease-ttl-ms",
                 self.lease_ttl_ms,
                 "must be between 1000 and 600000",
+            ));
+        }
+        if !(10..=1000).contains(&self.delivery_flush_ms) {
+            return Err(invalid(
+                "--delivery-flush-ms",
+                self.delivery_flush_ms,
+                "must be between 10 and 1000",
             ));
         }
         if let Some(id) = &self.instance_id {

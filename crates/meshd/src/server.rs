@@ -1,8 +1,9 @@
 //! Opening the stores and serving HTTP.
 //!
-//! This version opens the Local RocksDB (exclusively), opens Meta (embedded on that
-//! RocksDB, or etcd), prints the effective backends and serves `/healthz`, `/readyz`
-//! and `/metrics`. The event API arrives with the runtime.
+//! This version opens the Local RocksDB (exclusively) and recovers the Local stores
+//! (log, offsets, deliveries), opens Meta (embedded on that RocksDB, or etcd), prints
+//! the effective backends and serves `/healthz`, `/readyz` and `/metrics`. The event
+//! API arrives with the runtime.
 
 use crate::config::{Config, MetaBackend};
 use crate::metered::MeteredMeta;
@@ -16,6 +17,9 @@ use meshd_local::RocksEngine;
 use meshd_meta::Meta;
 use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
 use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
+use meshd_stores::delivery::DeliveryStateStore;
+use meshd_stores::offsets::OffsetStore;
+use meshd_stores_local::LocalStores;
 use serde_json::json;
 use std::io::Write;
 use std::path::Path;
@@ -29,18 +33,28 @@ struct AppState {
     instance_id: String,
     meta: Arc<MeteredMeta>,
     meta_backend: &'static str,
+    local: Arc<LocalStores>,
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // Open stores.
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-    let column_families = [meshd_meta_embedded::COLUMN_FAMILY];
-    let engine = Arc::new(RocksEngine::open(&config.data_dir, &column_families)?);
+    let engine = Arc::new(RocksEngine::open(
+        &config.data_dir,
+        meshd_stores_local::keys::COLUMN_FAMILIES,
+    )?);
     let instance_id = match &config.instance_id {
         Some(id) => id.clone(),
         None => stable_instance_id(&config.data_dir)?,
     };
+    // Recovery of the Local stores (partition heads, committed offsets) runs here,
+    // before anything is served. The embedded log's id is the instance id.
+    let local = LocalStores::open(
+        engine.clone(),
+        &instance_id,
+        Duration::from_millis(config.delivery_flush_ms),
+    )?;
     let mut embedded = None;
     let meta: Arc<dyn Meta> = match &config.meta {
         MetaBackend::Embedded => {
@@ -81,6 +95,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         instance_id,
         meta: meta.clone(),
         meta_backend,
+        local: Arc::new(local),
     });
     let app = Router::new()
         .route("/healthz", get(healthz))
@@ -153,11 +168,18 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         Ok(Err(e)) => e.kind().to_string(),
         Err(_) => "timeout".to_string(),
     };
-    let ready = meta == "ok";
+    let local = match state.local.deliveries.health() {
+        Ok(()) => "ok",
+        Err(_) => "failed",
+    };
+    let ready = meta == "ok" && local == "ok";
     let body = json!({
         "status": if ready { "ready" } else { "unavailable" },
         "instance": state.instance_id,
-        "checks": { format!("meta:{}", state.meta_backend): meta },
+        "checks": {
+            format!("meta:{}", state.meta_backend): meta,
+            "local:rocksdb": local,
+        },
     });
     let code = if ready {
         StatusCode::OK
@@ -195,6 +217,16 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         _ => out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 0\n")),
     }
     state.meta.render(&mut out);
+    out.push_str("# HELP meshd_local_healthy Whether the Local RocksDB stores accept writes (0 after a failed write or fsync).\n# TYPE meshd_local_healthy gauge\n");
+    out.push_str(&format!(
+        "meshd_local_healthy{{backend=\"rocksdb\"}} {}\n",
+        u8::from(state.local.deliveries.health().is_ok())
+    ));
+    out.push_str("# HELP meshd_offset_backwards_rejections_total Offset commits rejected for moving backwards.\n# TYPE meshd_offset_backwards_rejections_total counter\n");
+    out.push_str(&format!(
+        "meshd_offset_backwards_rejections_total{{backend=\"rocksdb\"}} {}\n",
+        state.local.offsets.backwards_rejections()
+    ));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

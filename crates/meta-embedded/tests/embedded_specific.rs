@@ -4,7 +4,7 @@
 //! exclusive.
 
 use meshd_local::testing::PowerCutEngine;
-use meshd_local::{Batch, Durability, KvEngine, LocalError, RocksEngine};
+use meshd_local::{Batch, Durability, KvEngine, RocksEngine};
 use meshd_meta::{Meta, MetaError, Precondition, RangeOptions, Txn, WatchError};
 use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta, COLUMN_FAMILY};
 use std::collections::HashMap;
@@ -213,62 +213,23 @@ async fn given_a_small_history_bound_when_watching_from_before_it_then_compacted
     assert_eq!(got, revs[5..].to_vec());
 }
 
-/// An engine whose fsync fails on demand (a dying disk).
-struct FailingSync {
-    inner: RocksEngine,
-    fail: Arc<AtomicBool>,
-}
-
-impl KvEngine for FailingSync {
-    fn get(&self, cf: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, LocalError> {
-        self.inner.get(cf, key)
-    }
-    fn scan(
-        &self,
-        cf: &'static str,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<meshd_local::Rows, LocalError> {
-        self.inner.scan(cf, start, end, limit)
-    }
-    fn write(&self, batch: Batch, durability: Durability) -> Result<(), LocalError> {
-        if durability == Durability::Sync && self.fail.load(Ordering::SeqCst) {
-            return Err(LocalError::WriteFailed("injected fsync failure".into()));
-        }
-        self.inner.write(batch, durability)
-    }
-    fn sync(&self) -> Result<(), LocalError> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(LocalError::WriteFailed("injected fsync failure".into()));
-        }
-        self.inner.sync()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-}
-
 #[tokio::test]
 async fn given_a_failed_fsync_when_writing_then_outcome_unknown_and_the_store_fail_stops() {
     let dir = tempfile::tempdir().unwrap();
-    let fail = Arc::new(AtomicBool::new(false));
-    let engine = FailingSync {
-        inner: RocksEngine::open(dir.path(), &[COLUMN_FAMILY]).unwrap(),
-        fail: fail.clone(),
-    };
+    let engine = RocksEngine::open(dir.path(), &[COLUMN_FAMILY]).unwrap();
+    let (engine, disk) = PowerCutEngine::wrap(engine, &[COLUMN_FAMILY]).unwrap();
     let meta = EmbeddedMeta::open(Arc::new(engine), EmbeddedConfig::default()).unwrap();
     meta.put(b"before", b"ok", Precondition::None, None)
         .await
         .unwrap();
-    fail.store(true, Ordering::SeqCst);
+    disk.fail_syncs(true);
     let err = meta
         .put(b"during", b"?", Precondition::None, None)
         .await
         .unwrap_err();
     assert!(matches!(err, MetaError::Indeterminate(_)), "{err:?}");
     // The disk is "fine" again, but what reached it is unknown: the store stays down.
-    fail.store(false, Ordering::SeqCst);
+    disk.fail_syncs(false);
     assert!(matches!(
         meta.put(b"after", b"x", Precondition::None, None).await,
         Err(MetaError::Failed(_))

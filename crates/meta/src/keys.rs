@@ -11,13 +11,15 @@
 //! | `meshd/v1/owners/` | `owners/{resource kind}/{resource...}` | holder id | the holder's lease; epoch = `mod_revision` |
 //! | `meshd/v1/topics/` | `topics/{topic}` | topic record | until deleted |
 //! | `meshd/v1/subscriptions/` | `subscriptions/{name}` | subscription record | until deleted |
-//! | `meshd/v1/sessions/` | `sessions/{client id}` | session record | the session's lease |
-//! | `meshd/v1/deadletters/` | `deadletters/{subscription}/{id}` | dead-letter ledger record | until deleted or retention |
-//! | `meshd/v1/tasks/` | `tasks/{id}` | task record | until retention after a terminal state |
+//! | `meshd/v1/sessions/` | `sessions/client/{client id}` | the session's owner key (session record); its `mod_revision` is the epoch | the session's lease |
+//! | `meshd/v1/sessions/` | `sessions/id/{session id}` | `{client_id}`: find a session by id | the lease of the session that wrote it |
+//! | `meshd/v1/deadletters/` | `deadletters/entries/{subscription}/{id}` | dead-letter ledger record (references the body in the log) | until deleted or retention |
+//! | `meshd/v1/deadletters/` | `deadletters/ids/{id}` | `{subscription}`: find an entry by id | with its entry |
+//! | `meshd/v1/tasks/` | `tasks/{id}` | task record; `version` = `mod_revision` | until retention after a terminal state |
 //! | `meshd/v1/checkpoints/` | `checkpoints/{subscription incarnation}/{partition}` | offset checkpoint | with the subscription |
 //!
-//! Only the first two are used by the foundation; the rest are reserved here so the
-//! stores built on top take their keys from one place. Retired prefixes stay listed as
+//! A fixed first component (`client`/`id`, `entries`/`ids`) keeps two key families
+//! under one kind apart whatever the names are. Retired prefixes stay listed as
 //! reserved and are never reused.
 
 /// The root of every meshd key (the `v1` is the key layout version).

@@ -88,12 +88,19 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
         advance: Option<OffsetAdvance>,
     ) -> Result<(), DeliveryError>;
     async fn flush(&self) -> Result<(), DeliveryError>;
-    async fn get(&self, key: &OffsetKey, offset: u64) -> Result<Option<DeliveryRecord>, DeliveryError>;
+    async fn get(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+    ) -> Result<Option<DeliveryRecord>, DeliveryError>;
     async fn load_all(&self) -> Result<Vec<DeliveryRecord>, DeliveryError>;
     async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<DeliveryRecord>, DeliveryError>;
     /// Drops every record of a subscription incarnation.
-    async fn drop_subscription(&self, subscription: &str, incarnation: i64)
-        -> Result<(), DeliveryError>;
+    async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), DeliveryError>;
     /// `Err` with the reason once poisoned.
     fn health(&self) -> Result<(), String>;
 }

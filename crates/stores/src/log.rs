@@ -66,7 +66,8 @@ pub trait DeadLetterBodies: Send + Sync + 'static {
     /// Deleting an absent body is not an error.
     async fn delete_body(&self, body: &BodyRef) -> Result<(), LogError>;
     /// Every body of this log, in sequence order, from `after` (exclusive), at most `limit`.
-    async fn list_bodies(&self, after: Option<u64>, limit: usize) -> Result<Vec<BodyRef>, LogError>;
+    async fn list_bodies(&self, after: Option<u64>, limit: usize)
+        -> Result<Vec<BodyRef>, LogError>;
 }
 
 /// Bounds of one partition: `start` is the first retained offset, `end` the next offset
@@ -126,8 +127,11 @@ pub trait PartitionLog: Send + Sync + 'static {
 
     /// Appends `events` (partition, payload) of one topic; returns their offsets in the
     /// same order.
-    async fn append(&self, topic: &str, events: Vec<(u32, Vec<u8>)>)
-        -> Result<Vec<(u32, u64)>, LogError>;
+    async fn append(
+        &self,
+        topic: &str,
+        events: Vec<(u32, Vec<u8>)>,
+    ) -> Result<Vec<(u32, u64)>, LogError>;
 
     /// Up to `max_events` events from `from` on (and at most `max_bytes` of payload,
     /// but always at least one event when one is available).
@@ -147,8 +151,11 @@ pub trait PartitionLog: Send + Sync + 'static {
     async fn delete_topic(&self, topic: &str) -> Result<(), LogError>;
 
     /// Applies retention to every partition.
-    async fn enforce_retention(&self, retention: Retention, now_ms: u64)
-        -> Result<RetentionReport, LogError>;
+    async fn enforce_retention(
+        &self,
+        retention: Retention,
+        now_ms: u64,
+    ) -> Result<RetentionReport, LogError>;
 
     /// A counter that grows with every durable append, for long polls: wait for it to
     /// change, then read.

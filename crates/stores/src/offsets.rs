@@ -61,8 +61,11 @@ pub trait OffsetStore: Send + Sync + 'static {
     async fn commit(&self, key: &OffsetKey, offset: u64) -> Result<Committed, OffsetError>;
     async fn reset(&self, key: &OffsetKey, offset: u64) -> Result<Committed, OffsetError>;
     /// Drops every offset of a subscription incarnation (the subscription was deleted).
-    async fn drop_subscription(&self, subscription: &str, incarnation: i64)
-        -> Result<(), OffsetError>;
+    async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), OffsetError>;
     /// How many backwards commits were rejected.
     fn backwards_rejections(&self) -> u64;
 

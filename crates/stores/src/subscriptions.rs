@@ -1,0 +1,858 @@
+//! # SubscriptionStore: subscriptions in Meta, mirrored in a local cache
+//!
+//! A subscription is one Meta key (`meshd/v1/subscriptions/{name}`, see [`record`])
+//! holding a versioned JSON record. Its `revision` (the HTTP `ETag`) is the key's
+//! `mod_revision`; its `incarnation` is the key's `create_revision`, so a deleted and
+//! re-created subscription is a new incarnation whose offsets and deliveries start
+//! afresh.
+//!
+//! Every write is a Meta transaction conditional on the key's revision, so concurrent
+//! writers on any number of instances never overwrite each other blindly: a write
+//! without a caller precondition re-reads and retries its own compare-and-set.
+//!
+//! Reads are served from a local cache that follows Meta (list, then watch; see
+//! [`cache`]). Each instance's cache converges to Meta's state; an instance's own
+//! writes are visible to its own reads as soon as the write returns.
+//!
+//! The failures the tests in `tests/subscriptions.rs` pin: a stale `If-Match` that
+//! overwrote a newer update; an unconditional PUT that answered 409 to a concurrent
+//! writer; a cache that missed a delete made while its watch was down or compacted; an
+//! instance that did not see its own write; a write reported failed that had landed
+//! (or the other way round) while etcd was down.
+
+pub(crate) mod cache;
+pub mod record;
+
+pub use cache::{CacheConfig, CacheHealth};
+
+use async_trait::async_trait;
+use cache::{Codec, CorruptRecord, Lookup, WatchedCache};
+use meshd_meta::{KeyValue, Meta, MetaError, Txn};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `max_attempts` when the request does not say (HTTP API).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// `ack_timeout_ms` when the request does not say.
+pub const DEFAULT_ACK_TIMEOUT_MS: u64 = 30_000;
+/// `backoff.initial_ms` when the request does not say.
+pub const DEFAULT_BACKOFF_INITIAL_MS: u64 = 1_000;
+/// `backoff.max_ms` when the request does not say.
+pub const DEFAULT_BACKOFF_MAX_MS: u64 = 60_000;
+
+/// Documented ranges (HTTP API "Conventions").
+pub const MAX_ATTEMPTS_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
+pub const ACK_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 100..=600_000;
+pub const BACKOFF_MAX_MS: u64 = 3_600_000;
+/// Names are 1–249 characters of `[A-Za-z0-9._-]`.
+pub const MAX_NAME_LEN: usize = 249;
+/// Bounds on free-text settings, so a record stays small in Meta.
+pub const MAX_FILTER_LEN: usize = 1024;
+pub const MAX_PUSH_URL_LEN: usize = 2048;
+
+const STORE: &str = "subscriptions";
+
+/// Checks a name (topic, subscription, client id, agent): 1–249 characters of
+/// `[A-Za-z0-9._-]`. The error says what is wrong.
+pub fn validate_name(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if value.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "is {} characters long; at most {MAX_NAME_LEN} are allowed",
+            value.len()
+        ));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "contains {c:?}; only A-Z, a-z, 0-9, '.', '_' and '-' are allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Retry backoff of a subscription's deliveries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub initial_ms: u64,
+    pub max_ms: u64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial_ms: DEFAULT_BACKOFF_INITIAL_MS,
+            max_ms: DEFAULT_BACKOFF_MAX_MS,
+        }
+    }
+}
+
+/// Which events a subscription receives: those whose CloudEvents `type` and/or
+/// `source` equal these (an unset field matches everything).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Filter {
+    /// The CloudEvents `type` (`"type"` on the wire and in the record).
+    pub event_type: Option<String>,
+    pub source: Option<String>,
+}
+
+/// Push delivery to a webhook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Push {
+    pub url: String,
+}
+
+/// Where a new subscription (incarnation) starts reading each partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StartPosition {
+    /// At the end of each partition (the default).
+    #[default]
+    Latest,
+    /// At the beginning of each partition.
+    Earliest,
+}
+
+/// What a client asks for: the settings of one subscription.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriptionSpec {
+    pub name: String,
+    /// The topic; cannot change once the subscription exists.
+    pub topic: String,
+    /// Deliveries before an event is dead-lettered (1–1000).
+    pub max_attempts: u32,
+    /// How long a handed-out event waits for its ack (100–600000 ms).
+    pub ack_timeout_ms: u64,
+    /// Retry backoff (1 ≤ initial_ms ≤ max_ms ≤ 3600000).
+    pub backoff: Backoff,
+    pub filter: Option<Filter>,
+    pub push: Option<Push>,
+    /// Applies when an incarnation's offsets are first created; stored as given.
+    pub start: StartPosition,
+}
+
+impl SubscriptionSpec {
+    /// A spec with the documented defaults.
+    pub fn new(name: impl Into<String>, topic: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            topic: topic.into(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            ack_timeout_ms: DEFAULT_ACK_TIMEOUT_MS,
+            backoff: Backoff::default(),
+            filter: None,
+            push: None,
+            start: StartPosition::Latest,
+        }
+    }
+
+    /// Checks every value against its documented range; the error names the field.
+    pub fn validate(&self) -> Result<(), SubscriptionError> {
+        let invalid =
+            |field: &'static str, reason: String| Err(SubscriptionError::Invalid { field, reason });
+        if let Err(e) = validate_name(&self.name) {
+            return invalid("name", e);
+        }
+        if let Err(e) = validate_name(&self.topic) {
+            return invalid("topic", e);
+        }
+        if !MAX_ATTEMPTS_RANGE.contains(&self.max_attempts) {
+            return invalid(
+                "max_attempts",
+                format!("{} is outside 1–1000", self.max_attempts),
+            );
+        }
+        if !ACK_TIMEOUT_MS_RANGE.contains(&self.ack_timeout_ms) {
+            return invalid(
+                "ack_timeout_ms",
+                format!("{} is outside 100–600000", self.ack_timeout_ms),
+            );
+        }
+        let b = self.backoff;
+        if b.initial_ms < 1 {
+            return invalid("backoff.initial_ms", "must be at least 1".into());
+        }
+        if b.initial_ms > b.max_ms {
+            return invalid(
+                "backoff.initial_ms",
+                format!("{} is above backoff.max_ms {}", b.initial_ms, b.max_ms),
+            );
+        }
+        if b.max_ms > BACKOFF_MAX_MS {
+            return invalid(
+                "backoff.max_ms",
+                format!("{} is above {BACKOFF_MAX_MS}", b.max_ms),
+            );
+        }
+        if let Some(f) = &self.filter {
+            if f.event_type.is_none() && f.source.is_none() {
+                return invalid("filter", "names neither type nor source".into());
+            }
+            for (field, value) in [("filter.type", &f.event_type), ("filter.source", &f.source)] {
+                if let Some(v) = value {
+                    if v.is_empty() || v.len() > MAX_FILTER_LEN {
+                        return invalid(
+                            field,
+                            format!("must be 1–{MAX_FILTER_LEN} bytes, is {}", v.len()),
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(p) = &self.push {
+            let scheme_ok = p.url.starts_with("http://") || p.url.starts_with("https://");
+            if !scheme_ok
+                || p.url.len() > MAX_PUSH_URL_LEN
+                || p.url.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return invalid(
+                    "push.url",
+                    format!(
+                        "must be an http:// or https:// URL of at most {MAX_PUSH_URL_LEN} bytes \
+                         without spaces"
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A stored subscription.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subscription {
+    pub spec: SubscriptionSpec,
+    /// The key's `mod_revision`: the `ETag`, store-issued, never reused.
+    pub revision: i64,
+    /// The key's `create_revision`: offsets and deliveries are keyed by it, so a
+    /// re-created subscription starts afresh.
+    pub incarnation: i64,
+}
+
+impl Subscription {
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+}
+
+/// A write's condition on the subscription's current revision (HTTP `If-Match` /
+/// `If-None-Match: *`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precondition {
+    /// Unconditional from the caller's view (the store still writes by
+    /// compare-and-set and retries it internally).
+    None,
+    /// The subscription must not exist (`If-None-Match: *`).
+    Absent,
+    /// The subscription's revision must be this (`If-Match: "r"`).
+    Revision(i64),
+}
+
+/// What a delete removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deleted {
+    pub name: String,
+    /// The revision of the delete.
+    pub revision: i64,
+    /// The incarnation that was deleted (whose offsets and deliveries to drop).
+    pub incarnation: i64,
+}
+
+/// The SubscriptionStore's errors. Meta's classification stays visible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubscriptionError {
+    /// A value outside its documented range (HTTP 400). Nothing was written.
+    #[error("invalid subscription: {field} {reason}")]
+    Invalid { field: &'static str, reason: String },
+    /// No such subscription (HTTP 404).
+    #[error("subscription {name:?} not found")]
+    NotFound { name: String },
+    /// `If-Match` / `If-None-Match` did not hold (HTTP 412). Nothing was written.
+    /// `current_revision` is the subscription's revision now (`None`: absent).
+    #[error(
+        "precondition failed for subscription {name:?} (current revision: {current_revision:?})"
+    )]
+    PreconditionFailed {
+        name: String,
+        current_revision: Option<i64>,
+    },
+    /// An update tried to change the topic (HTTP 409). Nothing was written.
+    #[error(
+        "subscription {name:?} is on topic {current:?}; its topic cannot change to {requested:?}"
+    )]
+    TopicChange {
+        name: String,
+        current: String,
+        requested: String,
+    },
+    /// Meta could not be reached; nothing was applied. Retry later (HTTP 503).
+    #[error("subscription store unavailable: {0}")]
+    Unavailable(String),
+    /// The write was sent but its outcome is unknown (HTTP 504): re-read before
+    /// acting; retrying the same write is safe when it carries a precondition.
+    #[error("subscription write outcome unknown: {0}")]
+    Indeterminate(String),
+    /// The stored record is unreadable; it is reported, never decoded into a default.
+    #[error("corrupt subscription record at {key}: {reason}")]
+    Corrupt { key: String, reason: String },
+    /// The backend fail-stopped or answered something this store never asks for.
+    /// Not retryable; alert.
+    #[error("subscription store failed: {0}")]
+    Failed(String),
+}
+
+impl SubscriptionError {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Invalid { .. } => "invalid",
+            Self::NotFound { .. } => "not_found",
+            Self::PreconditionFailed { .. } => "precondition_failed",
+            Self::TopicChange { .. } => "topic_change",
+            Self::Unavailable(_) => "unavailable",
+            Self::Indeterminate(_) => "indeterminate",
+            Self::Corrupt { .. } => "corrupt",
+            Self::Failed(_) => "failed",
+        }
+    }
+
+    /// Known not applied and retryable as is.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+
+    /// Maps a Meta error that is not a precondition failure.
+    fn from_meta(e: MetaError) -> Self {
+        match e {
+            MetaError::Unavailable(m) => Self::Unavailable(m),
+            MetaError::Indeterminate(m) => Self::Indeterminate(m),
+            MetaError::Corrupt { key, reason } => Self::Corrupt { key, reason },
+            other => Self::Failed(other.to_string()),
+        }
+    }
+}
+
+impl From<CorruptRecord> for SubscriptionError {
+    fn from(c: CorruptRecord) -> Self {
+        Self::Corrupt {
+            key: c.key,
+            reason: c.reason,
+        }
+    }
+}
+
+/// # The SubscriptionStore contract
+///
+/// **Durability.** A write (`create`, `put`, `delete`) that returns `Ok` is durable in
+/// Meta (etcd: committed by a quorum; embedded: fsynced) at the returned revision.
+///
+/// **Conditional writes.** Every write is one Meta transaction conditional on the
+/// subscription's revision, so no write is applied over a state its caller did not
+/// see. With [`Precondition::Revision`] or [`Precondition::Absent`] a mismatch is
+/// `PreconditionFailed` with the current revision. With [`Precondition::None`] the
+/// store re-reads and retries its compare-and-set until it wins, so a concurrent
+/// writer never causes a conflict error; the final state is one of the written ones
+/// (the last to commit).
+///
+/// **Reads** (`get`, `list`) are served from this instance's cache, which follows
+/// Meta and converges to its state. After a write of this instance returned revision
+/// `r`, this instance's reads show that subscription at `r` or later
+/// (read-your-writes); other instances see it once their watch delivers it. A read
+/// answers `Unavailable` (never "absent") while the cache has never loaded; after
+/// that it serves the last known state even while Meta is down ([`health`] says
+/// whether the cache is live).
+///
+/// **Concurrency.** Every method may be called concurrently from any number of tasks
+/// and instances.
+///
+/// **Errors: what the caller must do.**
+/// * `Invalid`, `TopicChange`: fix the request; nothing was written.
+/// * `NotFound`, `PreconditionFailed`: re-read and decide; nothing was written.
+/// * `Unavailable`: nothing was written; retry later.
+/// * `Indeterminate`: the write may or may not have landed; re-read before acting.
+/// * `Corrupt`: the stored record is unreadable; an operator deletes or rewrites it.
+/// * `Failed`: the backend cannot be trusted; alert.
+///
+/// [`health`]: SubscriptionStore::health
+#[async_trait]
+pub trait SubscriptionStore: Send + Sync + 'static {
+    /// Creates a subscription that must not exist yet (`If-None-Match: *`).
+    async fn create(&self, spec: SubscriptionSpec) -> Result<Subscription, SubscriptionError>;
+
+    /// Creates or updates a subscription; `true` when it was created. An update
+    /// cannot change the topic (`TopicChange`).
+    async fn put(
+        &self,
+        spec: SubscriptionSpec,
+        precondition: Precondition,
+    ) -> Result<(Subscription, bool), SubscriptionError>;
+
+    /// Deletes a subscription: `NotFound` when it does not exist (unconditional),
+    /// `PreconditionFailed` when `If-Match` does not hold; `Absent` is not a delete
+    /// condition (`Invalid`). A corrupt record can be deleted. The answer names the
+    /// deleted incarnation, whose offsets and deliveries the caller drops.
+    async fn delete(
+        &self,
+        name: &str,
+        precondition: Precondition,
+    ) -> Result<Deleted, SubscriptionError>;
+
+    /// One subscription from the cache.
+    async fn get(&self, name: &str) -> Result<Option<Subscription>, SubscriptionError>;
+
+    /// Every subscription from the cache, in name order. A corrupt record is left
+    /// out of the list (and logged and counted in [`CacheHealth::corrupt_records`]);
+    /// `get` of its name answers `Corrupt`.
+    async fn list(&self) -> Result<Vec<Subscription>, SubscriptionError>;
+
+    /// The Meta revision the cache has applied every change up to.
+    fn cache_revision(&self) -> i64;
+
+    /// The cache's state, for readiness (`is_ready`: loaded and watching).
+    fn health(&self) -> CacheHealth;
+}
+
+/// Settings of [`MetaSubscriptionStore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriptionStoreConfig {
+    pub cache: CacheConfig,
+    /// How long an unconditional write keeps retrying its compare-and-set under
+    /// contention before it gives up with `Unavailable` (nothing applied).
+    pub cas_retry_limit: Duration,
+}
+
+impl Default for SubscriptionStoreConfig {
+    fn default() -> Self {
+        Self {
+            cache: CacheConfig::default(),
+            cas_retry_limit: Duration::from_secs(10),
+        }
+    }
+}
+
+impl SubscriptionStoreConfig {
+    pub fn validate(&self) -> Result<(), SubscriptionError> {
+        self.cache
+            .validate()
+            .map_err(|(field, reason)| SubscriptionError::Invalid { field, reason })?;
+        if self.cas_retry_limit.is_zero() {
+            return Err(SubscriptionError::Invalid {
+                field: "cas_retry_limit",
+                reason: "must be greater than zero".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+struct SubscriptionCodec;
+
+impl Codec<Subscription> for SubscriptionCodec {
+    fn name(&self, key: &[u8]) -> Result<String, CorruptRecord> {
+        record::name_of(key)
+    }
+
+    fn decode(&self, name: &str, kv: &KeyValue) -> Result<Subscription, CorruptRecord> {
+        record::decode(name, kv)
+    }
+}
+
+/// The SubscriptionStore on Meta (etcd or embedded) with a watched local cache.
+/// Dropping it stops the cache's background task.
+pub struct MetaSubscriptionStore {
+    meta: Arc<dyn Meta>,
+    cache: WatchedCache<Subscription>,
+    config: SubscriptionStoreConfig,
+}
+
+impl MetaSubscriptionStore {
+    /// Starts the store and its cache follower. Must be called inside a Tokio
+    /// runtime. Does not wait for Meta: the store starts while Meta is down (see
+    /// [`wait_ready`](Self::wait_ready) and [`SubscriptionStore::health`]).
+    pub fn start(
+        meta: Arc<dyn Meta>,
+        config: SubscriptionStoreConfig,
+    ) -> Result<Self, SubscriptionError> {
+        config.validate()?;
+        let cache = WatchedCache::start(
+            STORE,
+            meta.clone(),
+            record::prefix(),
+            Box::new(SubscriptionCodec),
+            &config.cache,
+        )
+        .map_err(SubscriptionError::Failed)?;
+        Ok(Self {
+            meta,
+            cache,
+            config,
+        })
+    }
+
+    /// Waits at most `limit` for the cache to load and its watch to be live.
+    pub async fn wait_ready(&self, limit: Duration) -> bool {
+        let mut rx = self.cache.subscribe();
+        let wait = async {
+            loop {
+                if self.cache.health().is_ready() {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
+    }
+
+    /// A receiver that changes whenever the cached subscriptions do (for the
+    /// dispatcher to pick up new, changed and deleted subscriptions).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.cache.subscribe()
+    }
+
+    fn backend(&self) -> &'static str {
+        self.meta.backend()
+    }
+
+    async fn read_current(&self, key: &[u8]) -> Result<Option<KeyValue>, SubscriptionError> {
+        self.meta
+            .get(key)
+            .await
+            .map(|r| r.kv)
+            .map_err(SubscriptionError::from_meta)
+    }
+
+    fn precondition_failed(name: &str, current: Option<Box<KeyValue>>) -> SubscriptionError {
+        SubscriptionError::PreconditionFailed {
+            name: name.to_string(),
+            current_revision: current.map(|kv| kv.mod_revision),
+        }
+    }
+
+    /// Checks that an update keeps the topic of the stored record.
+    fn check_update(
+        name: &str,
+        spec: &SubscriptionSpec,
+        kv: &KeyValue,
+    ) -> Result<Subscription, SubscriptionError> {
+        let current = record::decode(name, kv)?;
+        if current.spec.topic != spec.topic {
+            return Err(SubscriptionError::TopicChange {
+                name: name.to_string(),
+                current: current.spec.topic,
+                requested: spec.topic.clone(),
+            });
+        }
+        Ok(current)
+    }
+
+    /// One compare-and-set: writes `value` if the key's mod_revision is `expected`
+    /// (0 = absent). `Ok(None)` when the compare failed (with the current value).
+    async fn cas_put(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        expected: i64,
+    ) -> Result<Result<i64, Option<Box<KeyValue>>>, SubscriptionError> {
+        let pre = if expected == 0 {
+            meshd_meta::Precondition::Absent
+        } else {
+            meshd_meta::Precondition::ModRevision(expected)
+        };
+        let txn = Txn::new().when_precondition(key, pre).put(key, value);
+        match self.meta.txn(txn).await {
+            Ok(r) => Ok(Ok(r.revision)),
+            Err(MetaError::Conflict { current }) => Ok(Err(current)),
+            Err(e) => Err(SubscriptionError::from_meta(e)),
+        }
+    }
+
+    async fn cas_delete(
+        &self,
+        key: &[u8],
+        expected: i64,
+    ) -> Result<Result<i64, Option<Box<KeyValue>>>, SubscriptionError> {
+        let txn = Txn::new()
+            .when_precondition(key, meshd_meta::Precondition::ModRevision(expected))
+            .delete(key);
+        match self.meta.txn(txn).await {
+            Ok(r) => Ok(Ok(r.revision)),
+            Err(MetaError::Conflict { current }) => Ok(Err(current)),
+            Err(e) => Err(SubscriptionError::from_meta(e)),
+        }
+    }
+
+    /// A short, growing, jittered pause between compare-and-set attempts, so
+    /// contending writers spread out.
+    async fn contention_pause(attempt: u32) {
+        let cap_ms = 1u64 << attempt.min(6); // 2..64 ms
+        let ms = rand::random::<u64>() % cap_ms;
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    async fn put_inner(
+        &self,
+        spec: &SubscriptionSpec,
+        precondition: Precondition,
+    ) -> Result<(Subscription, bool), SubscriptionError> {
+        spec.validate()?;
+        let name = spec.name.as_str();
+        let key = record::key(name);
+        let value = record::encode(spec).map_err(SubscriptionError::Failed)?;
+        let done = |revision: i64, incarnation: Option<i64>| {
+            let created = incarnation.is_none();
+            let s = Subscription {
+                spec: spec.clone(),
+                revision,
+                incarnation: incarnation.unwrap_or(revision),
+            };
+            (s, created)
+        };
+        match precondition {
+            Precondition::Absent => match self.cas_put(&key, &value, 0).await? {
+                Ok(revision) => Ok(done(revision, None)),
+                Err(current) => Err(Self::precondition_failed(name, current)),
+            },
+            Precondition::Revision(expected) => {
+                // Read first: the topic check needs the current record, and an
+                // `If-Match` of a revision that cannot exist must not turn into a
+                // create (`mod_revision == 0` means absent in Meta).
+                let current = self.read_current(&key).await?;
+                let kv = match current {
+                    Some(kv) if expected >= 1 && kv.mod_revision == expected => kv,
+                    other => return Err(Self::precondition_failed(name, other.map(Box::new))),
+                };
+                let existing = Self::check_update(name, spec, &kv)?;
+                match self.cas_put(&key, &value, expected).await? {
+                    Ok(revision) => Ok(done(revision, Some(existing.incarnation))),
+                    Err(current) => Err(Self::precondition_failed(name, current)),
+                }
+            }
+            Precondition::None => {
+                let started = Instant::now();
+                let mut attempt = 0u32;
+                loop {
+                    let current = self.read_current(&key).await?;
+                    let (expected, incarnation) = match &current {
+                        None => (0, None),
+                        Some(kv) => {
+                            let existing = Self::check_update(name, spec, kv)?;
+                            (kv.mod_revision, Some(existing.incarnation))
+                        }
+                    };
+                    if let Ok(revision) = self.cas_put(&key, &value, expected).await? {
+                        return Ok(done(revision, incarnation));
+                    }
+                    attempt += 1;
+                    if started.elapsed() >= self.config.cas_retry_limit {
+                        return Err(SubscriptionError::Unavailable(format!(
+                            "gave up after {attempt} compare-and-set attempts on subscription \
+                             {name:?} under contention; nothing was written by this request"
+                        )));
+                    }
+                    tracing::debug!(
+                        store = STORE,
+                        backend = self.backend(),
+                        name,
+                        attempt,
+                        "unconditional put lost a compare-and-set; retrying"
+                    );
+                    Self::contention_pause(attempt).await;
+                }
+            }
+        }
+    }
+
+    async fn delete_inner(
+        &self,
+        name: &str,
+        precondition: Precondition,
+    ) -> Result<Deleted, SubscriptionError> {
+        if let Err(reason) = validate_name(name) {
+            return Err(SubscriptionError::Invalid {
+                field: "name",
+                reason,
+            });
+        }
+        let key = record::key(name);
+        let deleted = |revision: i64, kv: &KeyValue| Deleted {
+            name: name.to_string(),
+            revision,
+            incarnation: kv.create_revision,
+        };
+        match precondition {
+            Precondition::Absent => Err(SubscriptionError::Invalid {
+                field: "precondition",
+                reason: "a delete cannot require the subscription to be absent".into(),
+            }),
+            Precondition::Revision(expected) => {
+                let kv = match self.read_current(&key).await? {
+                    Some(kv) if expected >= 1 && kv.mod_revision == expected => kv,
+                    other => return Err(Self::precondition_failed(name, other.map(Box::new))),
+                };
+                match self.cas_delete(&key, expected).await? {
+                    Ok(revision) => Ok(deleted(revision, &kv)),
+                    Err(current) => Err(Self::precondition_failed(name, current)),
+                }
+            }
+            Precondition::None => {
+                let started = Instant::now();
+                let mut attempt = 0u32;
+                loop {
+                    // No decode needed: a corrupt record can still be deleted.
+                    let Some(kv) = self.read_current(&key).await? else {
+                        return Err(SubscriptionError::NotFound {
+                            name: name.to_string(),
+                        });
+                    };
+                    if let Ok(revision) = self.cas_delete(&key, kv.mod_revision).await? {
+                        return Ok(deleted(revision, &kv));
+                    }
+                    attempt += 1;
+                    if started.elapsed() >= self.config.cas_retry_limit {
+                        return Err(SubscriptionError::Unavailable(format!(
+                            "gave up after {attempt} compare-and-set attempts deleting \
+                             subscription {name:?} under contention; nothing was deleted"
+                        )));
+                    }
+                    Self::contention_pause(attempt).await;
+                }
+            }
+        }
+    }
+
+    fn log_failure(&self, op: &'static str, name: &str, e: &SubscriptionError) {
+        match e {
+            SubscriptionError::Unavailable(_)
+            | SubscriptionError::Indeterminate(_)
+            | SubscriptionError::Corrupt { .. }
+            | SubscriptionError::Failed(_) => tracing::warn!(
+                store = STORE,
+                backend = self.backend(),
+                op,
+                name,
+                kind = e.kind(),
+                error = %e,
+                "subscription write failed"
+            ),
+            _ => tracing::debug!(
+                store = STORE,
+                backend = self.backend(),
+                op,
+                name,
+                kind = e.kind(),
+                error = %e,
+                "subscription write rejected"
+            ),
+        }
+    }
+
+    async fn loaded(&self) -> Result<(), SubscriptionError> {
+        if self.cache.wait_loaded().await {
+            return Ok(());
+        }
+        Err(SubscriptionError::Unavailable(format!(
+            "the subscription cache has not loaded from meta yet (last error: {})",
+            self.cache
+                .last_error()
+                .unwrap_or_else(|| "none".to_string())
+        )))
+    }
+}
+
+#[async_trait]
+impl SubscriptionStore for MetaSubscriptionStore {
+    async fn create(&self, spec: SubscriptionSpec) -> Result<Subscription, SubscriptionError> {
+        self.put(spec, Precondition::Absent).await.map(|(s, _)| s)
+    }
+
+    async fn put(
+        &self,
+        spec: SubscriptionSpec,
+        precondition: Precondition,
+    ) -> Result<(Subscription, bool), SubscriptionError> {
+        match self.put_inner(&spec, precondition).await {
+            Ok((s, created)) => {
+                self.cache
+                    .apply_local(&s.spec.name, s.revision, Some(s.clone()));
+                tracing::info!(
+                    store = STORE,
+                    backend = self.backend(),
+                    name = %s.spec.name,
+                    topic = %s.spec.topic,
+                    revision = s.revision,
+                    incarnation = s.incarnation,
+                    created,
+                    "subscription written"
+                );
+                Ok((s, created))
+            }
+            Err(e) => {
+                self.log_failure("put", &spec.name, &e);
+                Err(e)
+            }
+        }
+    }
+
+    async fn delete(
+        &self,
+        name: &str,
+        precondition: Precondition,
+    ) -> Result<Deleted, SubscriptionError> {
+        match self.delete_inner(name, precondition).await {
+            Ok(d) => {
+                self.cache.apply_local(name, d.revision, None);
+                tracing::info!(
+                    store = STORE,
+                    backend = self.backend(),
+                    name,
+                    revision = d.revision,
+                    incarnation = d.incarnation,
+                    "subscription deleted"
+                );
+                Ok(d)
+            }
+            Err(e) => {
+                self.log_failure("delete", name, &e);
+                Err(e)
+            }
+        }
+    }
+
+    async fn get(&self, name: &str) -> Result<Option<Subscription>, SubscriptionError> {
+        if let Err(reason) = validate_name(name) {
+            return Err(SubscriptionError::Invalid {
+                field: "name",
+                reason,
+            });
+        }
+        loop {
+            match self.cache.lookup(name) {
+                Lookup::Present(v) => return v.map(Some).map_err(Into::into),
+                Lookup::Absent => return Ok(None),
+                Lookup::NotLoaded => self.loaded().await?,
+            }
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<Subscription>, SubscriptionError> {
+        loop {
+            if let Some(values) = self.cache.values() {
+                return Ok(values.into_iter().filter_map(|(_, v)| v.ok()).collect());
+            }
+            self.loaded().await?;
+        }
+    }
+
+    fn cache_revision(&self) -> i64 {
+        self.cache.revision()
+    }
+
+    fn health(&self) -> CacheHealth {
+        self.cache.health()
+    }
+}

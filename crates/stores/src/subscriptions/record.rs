@@ -1,0 +1,362 @@
+//! # The subscription record: key and value codec
+//!
+//! Key: `meshd/v1/subscriptions/{name}` (one escaped component, from the key catalog).
+//!
+//! Value: versioned JSON, `"v": 1`:
+//!
+//! ```json
+//! {"v":1,"name":"orders-audit","topic":"orders","max_attempts":5,"ack_timeout_ms":30000,
+//!  "backoff":{"initial_ms":1000,"max_ms":60000},
+//!  "filter":{"type":"order.created","source":"/shop"},"push":{"url":"http://..."},
+//!  "start":"latest"}
+//! ```
+//!
+//! `filter` and `push` are omitted when unset; inside `filter`, `type` and `source` are
+//! omitted when unset. The revision (ETag) and incarnation are not stored: they are the
+//! key's `mod_revision` and `create_revision`, issued by Meta.
+//!
+//! Decoding never guesses: a missing or unknown version, an unknown or missing field,
+//! a wrong type, a value outside its documented range, or a name that does not match
+//! the key is reported as corrupt, never turned into a default.
+
+use super::cache::CorruptRecord;
+use super::{Backoff, Filter, Push, StartPosition, Subscription, SubscriptionSpec};
+use meshd_meta::keys::{self, KeyKind};
+use meshd_meta::KeyValue;
+use serde::{Deserialize, Serialize};
+
+/// The only record version this code writes and reads.
+pub const VERSION: u32 = 1;
+
+/// The Meta key of subscription `name`.
+pub fn key(name: &str) -> Vec<u8> {
+    keys::key(KeyKind::Subscriptions, &[name])
+}
+
+/// The prefix of every subscription key.
+pub fn prefix() -> Vec<u8> {
+    keys::key(KeyKind::Subscriptions, &[])
+}
+
+/// The subscription name of a key under [`prefix`].
+pub(crate) fn name_of(key: &[u8]) -> Result<String, CorruptRecord> {
+    match keys::components(KeyKind::Subscriptions, key) {
+        Some(mut parts) if parts.len() == 1 => Ok(parts.remove(0)),
+        _ => Err(CorruptRecord {
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason: "not a subscription key (expected subscriptions/{name})".into(),
+        }),
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Probe {
+    v: Option<serde_json::Value>,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct RecordV1 {
+    v: u32,
+    name: String,
+    topic: String,
+    max_attempts: u32,
+    ack_timeout_ms: u64,
+    backoff: BackoffV1,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    filter: Option<FilterV1>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    push: Option<PushV1>,
+    start: StartV1,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct BackoffV1 {
+    initial_ms: u64,
+    max_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct FilterV1 {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    event_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct PushV1 {
+    url: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum StartV1 {
+    Latest,
+    Earliest,
+}
+
+/// Encodes a (validated) spec.
+pub fn encode(spec: &SubscriptionSpec) -> Result<Vec<u8>, String> {
+    let record = RecordV1 {
+        v: VERSION,
+        name: spec.name.clone(),
+        topic: spec.topic.clone(),
+        max_attempts: spec.max_attempts,
+        ack_timeout_ms: spec.ack_timeout_ms,
+        backoff: BackoffV1 {
+            initial_ms: spec.backoff.initial_ms,
+            max_ms: spec.backoff.max_ms,
+        },
+        filter: spec.filter.as_ref().map(|f| FilterV1 {
+            event_type: f.event_type.clone(),
+            source: f.source.clone(),
+        }),
+        push: spec.push.as_ref().map(|p| PushV1 { url: p.url.clone() }),
+        start: match spec.start {
+            StartPosition::Latest => StartV1::Latest,
+            StartPosition::Earliest => StartV1::Earliest,
+        },
+    };
+    serde_json::to_vec(&record).map_err(|e| format!("encoding subscription record: {e}"))
+}
+
+/// Decodes the value stored under `key` for subscription `name`.
+pub fn decode_value(name: &str, value: &[u8]) -> Result<SubscriptionSpec, String> {
+    let probe: Probe =
+        serde_json::from_slice(value).map_err(|e| format!("not a JSON record: {e}"))?;
+    match probe.v {
+        None => return Err("the record has no version field \"v\"".into()),
+        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
+        Some(other) => return Err(format!("unknown record version {other}")),
+    }
+    let r: RecordV1 =
+        serde_json::from_slice(value).map_err(|e| format!("malformed version 1 record: {e}"))?;
+    let spec = SubscriptionSpec {
+        name: r.name,
+        topic: r.topic,
+        max_attempts: r.max_attempts,
+        ack_timeout_ms: r.ack_timeout_ms,
+        backoff: Backoff {
+            initial_ms: r.backoff.initial_ms,
+            max_ms: r.backoff.max_ms,
+        },
+        filter: r.filter.map(|f| Filter {
+            event_type: f.event_type,
+            source: f.source,
+        }),
+        push: r.push.map(|p| Push { url: p.url }),
+        start: match r.start {
+            StartV1::Latest => StartPosition::Latest,
+            StartV1::Earliest => StartPosition::Earliest,
+        },
+    };
+    if spec.name != name {
+        return Err(format!(
+            "the record names subscription {:?} but is stored under {:?}",
+            spec.name, name
+        ));
+    }
+    spec.validate()
+        .map_err(|e| format!("the record holds an invalid value: {e}"))?;
+    Ok(spec)
+}
+
+/// Decodes a stored key-value into a subscription (revision = `mod_revision`,
+/// incarnation = `create_revision`).
+pub(crate) fn decode(name: &str, kv: &KeyValue) -> Result<Subscription, CorruptRecord> {
+    let corrupt = |reason: String| CorruptRecord {
+        key: String::from_utf8_lossy(&kv.key).into_owned(),
+        reason,
+    };
+    let spec = decode_value(name, &kv.value).map_err(corrupt)?;
+    Ok(Subscription {
+        spec,
+        revision: kv.mod_revision,
+        incarnation: kv.create_revision,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn kv(name: &str, value: &[u8]) -> KeyValue {
+        KeyValue {
+            key: key(name),
+            value: value.to_vec(),
+            create_revision: 3,
+            mod_revision: 7,
+            version: 2,
+            lease: None,
+        }
+    }
+
+    fn name_strategy() -> impl Strategy<Value = String> {
+        "[A-Za-z0-9._-]{1,40}"
+    }
+
+    prop_compose! {
+        fn spec_strategy()(
+            name in name_strategy(),
+            topic in name_strategy(),
+            max_attempts in 1u32..=1000,
+            ack_timeout_ms in 100u64..=600_000,
+            (initial_ms, max_ms) in (1u64..=3_600_000).prop_flat_map(|i| (Just(i), i..=3_600_000u64)),
+            filter in proptest::option::of((proptest::option::of("[a-z.]{1,20}"), proptest::option::of("/[a-z/]{0,20}"))
+                .prop_filter("a filter names something", |(t, s)| t.is_some() || s.is_some())),
+            push in proptest::option::of("https?://[a-z]{1,10}(:[0-9]{2,5})?/[a-z/]{0,20}"),
+            earliest in any::<bool>(),
+        ) -> SubscriptionSpec {
+            SubscriptionSpec {
+                name,
+                topic,
+                max_attempts,
+                ack_timeout_ms,
+                backoff: Backoff { initial_ms, max_ms },
+                filter: filter.map(|(event_type, source)| Filter { event_type, source }),
+                push: push.map(|url| Push { url }),
+                start: if earliest { StartPosition::Earliest } else { StartPosition::Latest },
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips(spec in spec_strategy()) {
+            let bytes = encode(&spec).unwrap();
+            let got = decode(&spec.name, &kv(&spec.name, &bytes)).unwrap();
+            prop_assert_eq!(&got.spec, &spec);
+            prop_assert_eq!(got.revision, 7);
+            prop_assert_eq!(got.incarnation, 3);
+        }
+
+        #[test]
+        fn every_truncation_is_corrupt(spec in spec_strategy(), cut in 0usize..1000) {
+            let bytes = encode(&spec).unwrap();
+            let cut = cut % bytes.len();
+            let r = decode(&spec.name, &kv(&spec.name, &bytes[..cut]));
+            prop_assert!(r.is_err(), "a record truncated at {} decoded: {:?}", cut, r);
+        }
+
+        #[test]
+        fn garbage_never_decodes_into_a_value(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            // Random bytes are not a valid record (and must not panic).
+            prop_assert!(decode("n", &kv("n", &bytes)).is_err());
+        }
+
+        #[test]
+        fn key_names_round_trip(name in ".{1,30}") {
+            prop_assert_eq!(name_of(&key(&name)).unwrap(), name);
+        }
+    }
+
+    /// Pins the version 1 format: this exact text must keep decoding to this value.
+    #[test]
+    fn pinned_version_1_record() {
+        let text = br#"{"v":1,"name":"audit","topic":"orders","max_attempts":3,"ack_timeout_ms":1500,"backoff":{"initial_ms":10,"max_ms":20},"filter":{"type":"order.created"},"push":{"url":"http://hook/x"},"start":"earliest"}"#;
+        let s = decode("audit", &kv("audit", text)).unwrap();
+        assert_eq!(
+            s.spec,
+            SubscriptionSpec {
+                name: "audit".into(),
+                topic: "orders".into(),
+                max_attempts: 3,
+                ack_timeout_ms: 1500,
+                backoff: Backoff {
+                    initial_ms: 10,
+                    max_ms: 20
+                },
+                filter: Some(Filter {
+                    event_type: Some("order.created".into()),
+                    source: None
+                }),
+                push: Some(Push {
+                    url: "http://hook/x".into()
+                }),
+                start: StartPosition::Earliest,
+            }
+        );
+        // And a spec with the defaults encodes to the documented shape.
+        let spec = SubscriptionSpec::new("a", "t");
+        assert_eq!(
+            String::from_utf8(encode(&spec).unwrap()).unwrap(),
+            r#"{"v":1,"name":"a","topic":"t","max_attempts":5,"ack_timeout_ms":30000,"backoff":{"initial_ms":1000,"max_ms":60000},"start":"latest"}"#
+        );
+    }
+
+    #[test]
+    fn corrupt_records_are_reported_with_a_reason() {
+        let good = encode(&SubscriptionSpec::new("a", "t")).unwrap();
+        let good = String::from_utf8(good).unwrap();
+        let cases: Vec<(String, &str)> = vec![
+            (String::new(), "not a JSON record"),
+            ("{".into(), "not a JSON record"),
+            ("[]".into(), "not a JSON record"),
+            ("null".into(), "not a JSON record"),
+            (good.replace(r#""v":1,"#, ""), "no version"),
+            (
+                good.replace(r#""v":1"#, r#""v":2"#),
+                "unknown record version 2",
+            ),
+            (
+                good.replace(r#""v":1"#, r#""v":"1""#),
+                "unknown record version",
+            ),
+            (
+                good.replace(r#""v":1"#, r#""v":1.0"#),
+                "unknown record version",
+            ),
+            (good.replace(r#""topic":"t","#, ""), "malformed"),
+            (
+                good.replace(r#""start":"latest""#, r#""start":"middle""#),
+                "malformed",
+            ),
+            (
+                good.replace(r#""max_attempts":5"#, r#""max_attempts":-5"#),
+                "malformed",
+            ),
+            (
+                good.replace(r#""max_attempts":5"#, r#""max_attempts":"5""#),
+                "malformed",
+            ),
+            (
+                good.replace(r#""start""#, r#""extra":1,"start""#),
+                "malformed",
+            ),
+            (
+                good.replace(r#""max_attempts":5"#, r#""max_attempts":0"#),
+                "invalid value",
+            ),
+            (
+                good.replace(r#""initial_ms":1000"#, r#""initial_ms":70000"#),
+                "invalid value",
+            ),
+            (
+                good.replace(r#""name":"a""#, r#""name":"b""#),
+                "stored under",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = decode("a", &kv("a", text.as_bytes())).unwrap_err();
+            assert!(
+                err.reason.contains(expected),
+                "{text:?}: expected {expected:?} in {:?}",
+                err.reason
+            );
+            assert_eq!(err.key, "meshd/v1/subscriptions/a");
+        }
+    }
+
+    #[test]
+    fn keys_that_are_not_one_component_are_rejected() {
+        assert!(name_of(b"meshd/v1/subscriptions/a/b").is_err());
+        assert!(name_of(b"meshd/v1/subscriptions/a%zz").is_err());
+        assert!(name_of(b"meshd/v1/sessions/a").is_err());
+        assert_eq!(name_of(&key("a/b")).unwrap(), "a/b");
+    }
+}

@@ -1,0 +1,1032 @@
+//! # The SubscriptionStore conformance suite, on both Meta backends
+//!
+//! Every case is one async function in [`suite`]; the `cases!` macro stamps out
+//! `embedded::<case>` (EmbeddedMeta on a temp dir) and `etcd::<case>` (one real etcd
+//! process per test). "Two instances" are two stores on two Meta clients: two
+//! `EtcdMeta` clients of one etcd, or two clients of one `EmbeddedMeta`. A backend
+//! "restart" SIGKILLs and restarts etcd, or closes and reopens the embedded RocksDB;
+//! the stores keep their clients, which must recover on their own.
+//!
+//! Stories pinned here: a stale `If-Match` never overwrites a newer update; an
+//! unconditional PUT never answers a conflict to a concurrent writer; two instances
+//! writing the same names converge to Meta's state; an instance reads its own write at
+//! once; a cache whose watch position was compacted re-lists (and drops what was
+//! deleted meanwhile); every acknowledged subscription survives a backend crash; while
+//! Meta is down writes fail typed and nothing is half-written, and the same store
+//! works again when Meta is back.
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use meshd_meta::{
+    GetResponse, Lease, LeaseId, Meta, MetaError, MetaStatus, Precondition as MetaPrecondition,
+    RangeOptions, RangeResponse, Txn, TxnResponse, WatchError, WatchStream,
+};
+use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
+use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
+use meshd_stores::subscriptions::{
+    record, Backoff, Filter, MetaSubscriptionStore, Precondition, Push, StartPosition,
+    SubscriptionError, SubscriptionSpec, SubscriptionStore, SubscriptionStoreConfig,
+};
+use meshd_test_support::etcd::EtcdProcess;
+use meshd_test_support::wait::wait_until;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+// ---------------------------------------------------------------------------------
+// Harness: the backend under test, its clients, stop/start/restart.
+// ---------------------------------------------------------------------------------
+
+/// A Meta client for the stores under test. It delegates to the backend's client and
+/// lets a test (a) cut and block this client's watches (to force a watch restart
+/// from an old revision) and (b) swap the embedded backend after a close and reopen,
+/// so a store keeps its client across a backend restart, as it does with etcd.
+struct TestMeta {
+    backend: &'static str,
+    inner: RwLock<Arc<dyn Meta>>,
+    watches_blocked: AtomicBool,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl TestMeta {
+    fn new(backend: &'static str, inner: Arc<dyn Meta>) -> Arc<Self> {
+        Arc::new(Self {
+            backend,
+            inner: RwLock::new(inner),
+            watches_blocked: AtomicBool::new(false),
+            cut: tokio::sync::watch::channel(0).0,
+        })
+    }
+
+    fn current(&self) -> Arc<dyn Meta> {
+        self.inner.read().expect("test meta lock").clone()
+    }
+
+    fn swap(&self, inner: Arc<dyn Meta>) {
+        *self.inner.write().expect("test meta lock") = inner;
+    }
+
+    /// Ends this client's open watches (as a broken connection would) and refuses
+    /// new ones until [`unblock_watches`](Self::unblock_watches).
+    fn block_watches(&self) {
+        self.watches_blocked.store(true, Ordering::SeqCst);
+        self.cut.send_modify(|g| *g += 1);
+    }
+
+    fn unblock_watches(&self) {
+        self.watches_blocked.store(false, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Meta for TestMeta {
+    fn backend(&self) -> &'static str {
+        self.backend
+    }
+    async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
+        self.current().get(key).await
+    }
+    async fn range(
+        &self,
+        prefix: &[u8],
+        options: RangeOptions,
+    ) -> Result<RangeResponse, MetaError> {
+        self.current().range(prefix, options).await
+    }
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, MetaError> {
+        self.current().txn(txn).await
+    }
+    async fn grant(&self, ttl: Duration) -> Result<Lease, MetaError> {
+        self.current().grant(ttl).await
+    }
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, MetaError> {
+        self.current().keep_alive(lease).await
+    }
+    async fn revoke(&self, lease: LeaseId) -> Result<(), MetaError> {
+        self.current().revoke(lease).await
+    }
+    async fn watch(&self, prefix: &[u8], start_revision: i64) -> Result<WatchStream, MetaError> {
+        if self.watches_blocked.load(Ordering::SeqCst) {
+            return Err(MetaError::Unavailable("watches blocked by the test".into()));
+        }
+        let mut cut = self.cut.subscribe();
+        cut.borrow_and_update();
+        let inner = self.current().watch(prefix, start_revision).await?;
+        Ok(futures::stream::unfold(
+            (inner, cut, false),
+            |(mut inner, mut cut, done)| async move {
+                if done {
+                    return None;
+                }
+                tokio::select! {
+                    item = inner.next() => item.map(|i| (i, (inner, cut, false))),
+                    _ = cut.changed() => Some((
+                        Err(WatchError::Unavailable("watch cut by the test".into())),
+                        (inner, cut, true),
+                    )),
+                }
+            },
+        )
+        .boxed())
+    }
+    async fn compact(&self, revision: i64) -> Result<(), MetaError> {
+        self.current().compact(revision).await
+    }
+    async fn status(&self) -> Result<MetaStatus, MetaError> {
+        self.current().status().await
+    }
+}
+
+enum Backend {
+    Embedded {
+        dir: tempfile::TempDir,
+        db: Option<Arc<EmbeddedMeta>>,
+    },
+    Etcd {
+        process: EtcdProcess,
+    },
+}
+
+pub struct Harness {
+    backend: Backend,
+    /// Every client handed out (embedded: re-pointed after a reopen).
+    clients: Vec<Arc<TestMeta>>,
+    /// A client for the test's own reads and writes.
+    meta: Arc<TestMeta>,
+}
+
+impl Harness {
+    async fn embedded() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = Arc::new(
+            EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).expect("open embedded"),
+        );
+        let meta = TestMeta::new("embedded", db.clone());
+        Self {
+            backend: Backend::Embedded { dir, db: Some(db) },
+            clients: vec![meta.clone()],
+            meta,
+        }
+    }
+
+    async fn etcd() -> Self {
+        let process = EtcdProcess::start().await.expect("start etcd");
+        let client = EtcdMeta::connect(EtcdConfig::new([process.endpoint()]))
+            .await
+            .expect("connect");
+        let meta = TestMeta::new("etcd", Arc::new(client));
+        Self {
+            backend: Backend::Etcd { process },
+            clients: vec![meta.clone()],
+            meta,
+        }
+    }
+
+    fn meta(&self) -> Arc<dyn Meta> {
+        self.meta.clone()
+    }
+
+    /// A new, independent client (etcd: its own connections; embedded: a client of
+    /// the same store).
+    async fn client(&mut self) -> Arc<TestMeta> {
+        let c = match &self.backend {
+            Backend::Embedded { db, .. } => {
+                let db = db.clone().expect("the embedded store is running");
+                TestMeta::new("embedded", db)
+            }
+            Backend::Etcd { process } => {
+                let client = EtcdMeta::connect(EtcdConfig::new([process.endpoint()]))
+                    .await
+                    .expect("connect");
+                TestMeta::new("etcd", Arc::new(client))
+            }
+        };
+        self.clients.push(c.clone());
+        c
+    }
+
+    /// Stops the backend: SIGKILL of etcd, or close of the embedded store.
+    async fn stop(&mut self) {
+        match &mut self.backend {
+            Backend::Embedded { db, .. } => {
+                if let Some(db) = db.take() {
+                    db.close();
+                }
+            }
+            Backend::Etcd { process } => process.kill(),
+        }
+    }
+
+    /// Starts it again on the same data.
+    async fn start(&mut self) {
+        match &mut self.backend {
+            Backend::Embedded { dir, db } => {
+                let path = dir.path().to_path_buf();
+                let reopened = wait_until(Duration::from_secs(10), "embedded reopen", || {
+                    let path = path.clone();
+                    async move { Ok(EmbeddedMeta::open_dir(&path, EmbeddedConfig::default())?) }
+                })
+                .await
+                .expect("reopen embedded");
+                let reopened = Arc::new(reopened);
+                for c in &self.clients {
+                    c.swap(reopened.clone());
+                }
+                *db = Some(reopened);
+            }
+            Backend::Etcd { process } => process.restart().await.expect("restart etcd"),
+        }
+    }
+
+    async fn restart(&mut self) {
+        self.stop().await;
+        self.start().await;
+    }
+}
+
+/// Stamps out `embedded::<case>` and `etcd::<case>` for every case of [`suite`].
+macro_rules! cases {
+    ($($case:ident),+ $(,)?) => {
+        mod embedded {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let mut h = Harness::embedded().await;
+                    suite::$case(&mut h).await;
+                }
+            )+
+        }
+        mod etcd {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let mut h = Harness::etcd().await;
+                    suite::$case(&mut h).await;
+                }
+            )+
+        }
+    };
+}
+
+cases!(
+    create_get_list_update_delete_round_trip_with_revisions,
+    if_match_semantics_reject_stale_and_absent_preconditions,
+    unconditional_put_under_contention_never_conflicts,
+    topic_cannot_change_on_update,
+    invalid_values_are_rejected_naming_the_field,
+    delete_and_recreate_is_a_new_incarnation,
+    two_instances_writing_the_same_names_converge_to_meta,
+    an_instance_reads_its_own_writes_at_once,
+    given_a_compacted_watch_position_when_the_watch_resumes_then_the_cache_relists,
+    given_a_backend_crash_when_it_restarts_then_every_acknowledged_subscription_survives,
+    given_meta_down_when_writing_then_errors_are_typed_and_the_same_store_recovers,
+    corrupt_records_are_reported_never_decoded,
+);
+
+// ---------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------
+
+const READY: Duration = Duration::from_secs(15);
+const CONVERGE: Duration = Duration::from_secs(20);
+
+async fn store(meta: Arc<dyn Meta>) -> MetaSubscriptionStore {
+    let s = MetaSubscriptionStore::start(meta, SubscriptionStoreConfig::default())
+        .expect("start the store");
+    assert!(s.wait_ready(READY).await, "store ready: {:?}", s.health());
+    s
+}
+
+fn spec(name: &str) -> SubscriptionSpec {
+    SubscriptionSpec::new(name, "orders")
+}
+
+/// What Meta holds: name -> (revision, incarnation, spec).
+type State = BTreeMap<String, (i64, i64, SubscriptionSpec)>;
+
+async fn meta_state(meta: &dyn Meta) -> anyhow::Result<State> {
+    let r = meta
+        .range(&record::prefix(), RangeOptions::default())
+        .await?;
+    let mut out = State::new();
+    for kv in r.kvs {
+        let name = meshd_meta::keys::components(meshd_meta::keys::KeyKind::Subscriptions, &kv.key)
+            .and_then(|mut c| c.pop())
+            .ok_or_else(|| anyhow::anyhow!("bad key {:?}", kv.key))?;
+        let spec = record::decode_value(&name, &kv.value).map_err(anyhow::Error::msg)?;
+        out.insert(name, (kv.mod_revision, kv.create_revision, spec));
+    }
+    Ok(out)
+}
+
+async fn cache_state(s: &MetaSubscriptionStore) -> anyhow::Result<State> {
+    Ok(s.list()
+        .await?
+        .into_iter()
+        .map(|x| (x.spec.name.clone(), (x.revision, x.incarnation, x.spec)))
+        .collect())
+}
+
+/// Waits until every store's cache equals Meta's state.
+async fn converged(meta: &dyn Meta, stores: &[&MetaSubscriptionStore]) {
+    wait_until(CONVERGE, "caches equal meta", || async {
+        let m = meta_state(meta).await?;
+        for (i, s) in stores.iter().enumerate() {
+            let c = cache_state(s).await?;
+            if c != m {
+                anyhow::bail!(
+                    "store {i} at revision {}: cache {:?} != meta {:?}",
+                    s.cache_revision(),
+                    summary(&c),
+                    summary(&m)
+                );
+            }
+        }
+        Ok(())
+    })
+    .await
+    .expect("converged");
+}
+
+fn summary(s: &State) -> Vec<(String, i64, u32)> {
+    s.iter()
+        .map(|(n, (r, _, spec))| (n.clone(), *r, spec.max_attempts))
+        .collect()
+}
+
+fn is_outage(e: &SubscriptionError) -> bool {
+    matches!(
+        e,
+        SubscriptionError::Unavailable(_) | SubscriptionError::Indeterminate(_)
+    )
+}
+
+// ---------------------------------------------------------------------------------
+// The cases
+// ---------------------------------------------------------------------------------
+
+mod suite {
+    use super::*;
+
+    pub async fn create_get_list_update_delete_round_trip_with_revisions(h: &mut Harness) {
+        let s = store(h.meta()).await;
+        let mut full = spec("audit");
+        full.max_attempts = 3;
+        full.ack_timeout_ms = 1500;
+        full.backoff = Backoff {
+            initial_ms: 10,
+            max_ms: 20,
+        };
+        full.filter = Some(Filter {
+            event_type: Some("order.created".into()),
+            source: None,
+        });
+        full.push = Some(Push {
+            url: "http://127.0.0.1:9/hook".into(),
+        });
+        full.start = StartPosition::Earliest;
+        let created = s.create(full.clone()).await.expect("create");
+        assert_eq!(created.spec, full);
+        assert_eq!(
+            created.incarnation, created.revision,
+            "a create starts an incarnation"
+        );
+        assert_eq!(s.get("audit").await.unwrap(), Some(created.clone()));
+        s.create(spec("billing")).await.expect("create billing");
+        let names: Vec<String> = s
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|x| x.spec.name)
+            .collect();
+        assert_eq!(names, vec!["audit", "billing"], "listed in name order");
+
+        let mut changed = full.clone();
+        changed.max_attempts = 7;
+        let (updated, was_created) = s
+            .put(changed.clone(), Precondition::Revision(created.revision))
+            .await
+            .expect("update");
+        assert!(!was_created);
+        assert!(
+            updated.revision > created.revision,
+            "an update gets a new revision"
+        );
+        assert_eq!(updated.incarnation, created.incarnation);
+        assert_eq!(s.get("audit").await.unwrap(), Some(updated.clone()));
+        // Meta agrees.
+        let m = meta_state(h.meta().as_ref()).await.unwrap();
+        assert_eq!(m["audit"], (updated.revision, updated.incarnation, changed));
+
+        let (again, was_created) = s.put(spec("billing"), Precondition::None).await.unwrap();
+        assert!(
+            !was_created,
+            "an unconditional put of an existing one updates it"
+        );
+        let (fresh, was_created) = s.put(spec("new"), Precondition::None).await.unwrap();
+        assert!(
+            was_created,
+            "an unconditional put of a missing one creates it"
+        );
+        assert!(fresh.revision > again.revision);
+
+        let d = s
+            .delete("audit", Precondition::Revision(updated.revision))
+            .await
+            .expect("delete");
+        assert!(d.revision > fresh.revision);
+        assert_eq!(d.incarnation, created.incarnation);
+        assert_eq!(s.get("audit").await.unwrap(), None);
+        let err = s.delete("audit", Precondition::None).await.unwrap_err();
+        assert_eq!(
+            err,
+            SubscriptionError::NotFound {
+                name: "audit".into()
+            }
+        );
+        s.delete("new", Precondition::None)
+            .await
+            .expect("delete new");
+        converged(h.meta().as_ref(), &[&s]).await;
+        assert_eq!(cache_state(&s).await.unwrap().len(), 1);
+    }
+
+    pub async fn if_match_semantics_reject_stale_and_absent_preconditions(h: &mut Harness) {
+        let s = store(h.meta()).await;
+        let v1 = s.create(spec("a")).await.unwrap();
+        // If-None-Match: * when it exists.
+        let err = s.create(spec("a")).await.unwrap_err();
+        assert_eq!(
+            err,
+            SubscriptionError::PreconditionFailed {
+                name: "a".into(),
+                current_revision: Some(v1.revision)
+            }
+        );
+        let mut next = spec("a");
+        next.max_attempts = 9;
+        let (v2, _) = s
+            .put(next.clone(), Precondition::Revision(v1.revision))
+            .await
+            .unwrap();
+        // A stale If-Match: rejected with the current revision, nothing written.
+        let mut stale = spec("a");
+        stale.max_attempts = 1;
+        let err = s
+            .put(stale.clone(), Precondition::Revision(v1.revision))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            SubscriptionError::PreconditionFailed {
+                name: "a".into(),
+                current_revision: Some(v2.revision)
+            }
+        );
+        // Revisions that can never match (0 would mean "absent" in Meta) do not create.
+        for r in [0, -1, v2.revision + 1000] {
+            let err = s
+                .put(spec("nope"), Precondition::Revision(r))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                err,
+                SubscriptionError::PreconditionFailed {
+                    name: "nope".into(),
+                    current_revision: None
+                },
+                "If-Match {r} on a missing subscription"
+            );
+        }
+        let err = s
+            .delete("a", Precondition::Revision(v1.revision))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            SubscriptionError::PreconditionFailed {
+                name: "a".into(),
+                current_revision: Some(v2.revision)
+            }
+        );
+        assert!(matches!(
+            s.delete("a", Precondition::Absent).await,
+            Err(SubscriptionError::Invalid {
+                field: "precondition",
+                ..
+            })
+        ));
+        let m = meta_state(h.meta().as_ref()).await.unwrap();
+        assert_eq!(m.len(), 1, "nothing else was written: {m:?}");
+        assert_eq!(m["a"], (v2.revision, v1.incarnation, next));
+        assert_eq!(s.get("a").await.unwrap().unwrap().revision, v2.revision);
+    }
+
+    pub async fn unconditional_put_under_contention_never_conflicts(h: &mut Harness) {
+        let a = Arc::new(store(h.client().await).await);
+        let b = Arc::new(store(h.client().await).await);
+        const TASKS: u32 = 8;
+        const PUTS: u32 = 8;
+        let mut tasks = Vec::new();
+        for t in 0..TASKS {
+            let s = if t % 2 == 0 { a.clone() } else { b.clone() };
+            tasks.push(tokio::spawn(async move {
+                let mut done = Vec::new();
+                for i in 0..PUTS {
+                    let mut x = spec("hot");
+                    x.max_attempts = t * PUTS + i + 1;
+                    match s.put(x, Precondition::None).await {
+                        Ok((sub, created)) => {
+                            done.push((sub.revision, sub.spec.max_attempts, created))
+                        }
+                        Err(e) => panic!("task {t} put {i}: {e:?}"),
+                    }
+                }
+                done
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        assert_eq!(all.len() as u32, TASKS * PUTS);
+        assert_eq!(
+            all.iter().filter(|(_, _, created)| *created).count(),
+            1,
+            "exactly one put created it"
+        );
+        let mut revisions: Vec<i64> = all.iter().map(|(r, _, _)| *r).collect();
+        revisions.sort();
+        revisions.dedup();
+        assert_eq!(revisions.len(), all.len(), "every put is its own revision");
+        let last = all.iter().max_by_key(|(r, _, _)| *r).unwrap();
+        let m = meta_state(h.meta().as_ref()).await.unwrap();
+        assert_eq!(
+            (m["hot"].0, m["hot"].2.max_attempts),
+            (last.0, last.1),
+            "the final state is the last acknowledged write"
+        );
+        converged(h.meta().as_ref(), &[&a, &b]).await;
+    }
+
+    pub async fn topic_cannot_change_on_update(h: &mut Harness) {
+        let s = store(h.meta()).await;
+        let v1 = s.create(spec("a")).await.unwrap();
+        let moved = SubscriptionSpec::new("a", "payments");
+        let expected = SubscriptionError::TopicChange {
+            name: "a".into(),
+            current: "orders".into(),
+            requested: "payments".into(),
+        };
+        assert_eq!(
+            s.put(moved.clone(), Precondition::None).await.unwrap_err(),
+            expected
+        );
+        assert_eq!(
+            s.put(moved, Precondition::Revision(v1.revision))
+                .await
+                .unwrap_err(),
+            expected
+        );
+        let m = meta_state(h.meta().as_ref()).await.unwrap();
+        assert_eq!(m["a"].0, v1.revision, "nothing was written");
+        assert_eq!(m["a"].2.topic, "orders");
+    }
+
+    pub async fn invalid_values_are_rejected_naming_the_field(h: &mut Harness) {
+        let s = store(h.meta()).await;
+        let d = spec("d");
+        assert_eq!(
+            (
+                d.max_attempts,
+                d.ack_timeout_ms,
+                d.backoff.initial_ms,
+                d.backoff.max_ms
+            ),
+            (5, 30_000, 1_000, 60_000),
+            "the documented defaults"
+        );
+        assert_eq!(d.start, StartPosition::Latest);
+        type Edit = fn(&mut SubscriptionSpec);
+        let cases: Vec<(&str, Edit)> = vec![
+            ("name", |x| x.name = String::new()),
+            ("name", |x| x.name = "a/b".into()),
+            ("name", |x| x.name = "x".repeat(250)),
+            ("topic", |x| x.topic = "with space".into()),
+            ("max_attempts", |x| x.max_attempts = 0),
+            ("max_attempts", |x| x.max_attempts = 1001),
+            ("ack_timeout_ms", |x| x.ack_timeout_ms = 99),
+            ("ack_timeout_ms", |x| x.ack_timeout_ms = 600_001),
+            ("backoff.initial_ms", |x| x.backoff.initial_ms = 0),
+            ("backoff.initial_ms", |x| {
+                x.backoff = Backoff {
+                    initial_ms: 10,
+                    max_ms: 9,
+                }
+            }),
+            ("backoff.max_ms", |x| {
+                x.backoff = Backoff {
+                    initial_ms: 10,
+                    max_ms: 3_600_001,
+                }
+            }),
+            ("filter", |x| {
+                x.filter = Some(Filter {
+                    event_type: None,
+                    source: None,
+                })
+            }),
+            ("filter.type", |x| {
+                x.filter = Some(Filter {
+                    event_type: Some(String::new()),
+                    source: None,
+                })
+            }),
+            ("push.url", |x| {
+                x.push = Some(Push {
+                    url: "ftp://x".into(),
+                })
+            }),
+        ];
+        for (field, edit) in cases {
+            let mut x = spec("v");
+            edit(&mut x);
+            for pre in [Precondition::None, Precondition::Absent] {
+                match s.put(x.clone(), pre).await {
+                    Err(SubscriptionError::Invalid { field: f, reason }) => {
+                        assert_eq!(f, field, "{reason}");
+                        let msg = SubscriptionError::Invalid { field: f, reason }.to_string();
+                        assert!(msg.contains(field), "{msg}");
+                    }
+                    other => panic!("{field}: expected Invalid, got {other:?}"),
+                }
+            }
+        }
+        // The range edges are accepted.
+        let mut edge = spec("edge");
+        edge.max_attempts = 1000;
+        edge.ack_timeout_ms = 100;
+        edge.backoff = Backoff {
+            initial_ms: 3_600_000,
+            max_ms: 3_600_000,
+        };
+        edge.name = "A-z.0_9".repeat(35) + "abcd";
+        assert_eq!(edge.name.len(), 249);
+        s.create(edge).await.expect("edges are valid");
+        assert_eq!(meta_state(h.meta().as_ref()).await.unwrap().len(), 1);
+    }
+
+    pub async fn delete_and_recreate_is_a_new_incarnation(h: &mut Harness) {
+        let s = store(h.meta()).await;
+        let first = s.create(spec("a")).await.unwrap();
+        let (upd, _) = s.put(spec("a"), Precondition::None).await.unwrap();
+        assert_eq!(upd.incarnation, first.incarnation);
+        let d = s.delete("a", Precondition::None).await.unwrap();
+        assert_eq!(d.incarnation, first.incarnation);
+        let second = s.create(spec("a")).await.unwrap();
+        assert!(second.incarnation > d.revision, "{second:?} after {d:?}");
+        assert_ne!(second.incarnation, first.incarnation);
+        assert_eq!(
+            s.get("a").await.unwrap().unwrap().incarnation,
+            second.incarnation
+        );
+        // The old ETag never matches the new incarnation.
+        assert!(matches!(
+            s.put(spec("a"), Precondition::Revision(upd.revision)).await,
+            Err(SubscriptionError::PreconditionFailed { .. })
+        ));
+        let other = store(h.client().await).await;
+        converged(h.meta().as_ref(), &[&s, &other]).await;
+        assert_eq!(
+            other.get("a").await.unwrap().unwrap().incarnation,
+            second.incarnation
+        );
+    }
+
+    pub async fn two_instances_writing_the_same_names_converge_to_meta(h: &mut Harness) {
+        let a = Arc::new(store(h.client().await).await);
+        let b = Arc::new(store(h.client().await).await);
+        let mut tasks = Vec::new();
+        for t in 0..6u64 {
+            let s = if t % 2 == 0 { a.clone() } else { b.clone() };
+            tasks.push(tokio::spawn(async move {
+                use rand::{Rng, SeedableRng};
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                for i in 0..30u32 {
+                    let name = format!("n{}", rng.gen_range(0..5));
+                    let mut x = spec(&name);
+                    x.max_attempts = 1 + (t as u32 * 100 + i) % 1000;
+                    let r = match rng.gen_range(0..6) {
+                        0 => s.create(x).await.map(|_| ()),
+                        1 | 2 => s.put(x, Precondition::None).await.map(|_| ()),
+                        3 => match s.get(&name).await.unwrap() {
+                            Some(cur) => s
+                                .put(x, Precondition::Revision(cur.revision))
+                                .await
+                                .map(|_| ()),
+                            None => Ok(()),
+                        },
+                        4 => s.delete(&name, Precondition::None).await.map(|_| ()),
+                        _ => match s.get(&name).await.unwrap() {
+                            Some(cur) => s
+                                .delete(&name, Precondition::Revision(cur.revision))
+                                .await
+                                .map(|_| ()),
+                            None => Ok(()),
+                        },
+                    };
+                    match r {
+                        Ok(())
+                        | Err(SubscriptionError::PreconditionFailed { .. })
+                        | Err(SubscriptionError::NotFound { .. }) => {}
+                        Err(e) => panic!("task {t} op {i}: unexpected {e:?}"),
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        converged(h.meta().as_ref(), &[&a, &b]).await;
+        // And a store started afterwards agrees too.
+        let c = store(h.client().await).await;
+        converged(h.meta().as_ref(), &[&a, &b, &c]).await;
+    }
+
+    pub async fn an_instance_reads_its_own_writes_at_once(h: &mut Harness) {
+        let client = h.client().await;
+        let s = store(client.clone()).await;
+        let other = store(h.client().await).await;
+        // With a live watch: every write is visible to the next read.
+        for i in 0..20u32 {
+            let mut x = spec("live");
+            x.max_attempts = i + 1;
+            let (w, _) = s.put(x, Precondition::None).await.unwrap();
+            let r = s.get("live").await.unwrap().unwrap();
+            assert!(
+                r.revision >= w.revision,
+                "read {} after write {}",
+                r.revision,
+                w.revision
+            );
+        }
+        // With this instance's watch down, its own writes are still visible at once
+        // (and another instance's are not, until the watch is back).
+        client.block_watches();
+        wait_until(Duration::from_secs(10), "the watch is down", || async {
+            anyhow::ensure!(!s.health().live, "still live");
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let created = s.create(spec("own")).await.unwrap();
+        assert_eq!(s.get("own").await.unwrap(), Some(created.clone()));
+        let (updated, _) = s.put(spec("own"), Precondition::None).await.unwrap();
+        assert_eq!(
+            s.get("own").await.unwrap().unwrap().revision,
+            updated.revision
+        );
+        assert!(
+            s.cache_revision() < updated.revision,
+            "served by the local apply"
+        );
+        s.delete("live", Precondition::None).await.unwrap();
+        assert_eq!(s.get("live").await.unwrap(), None);
+        assert!(s
+            .list()
+            .await
+            .unwrap()
+            .iter()
+            .any(|x| x.spec.name == "own" && x.revision == updated.revision));
+        other.create(spec("theirs")).await.unwrap();
+        assert_eq!(s.get("theirs").await.unwrap(), None, "the watch is blocked");
+        client.unblock_watches();
+        converged(h.meta().as_ref(), &[&s, &other]).await;
+        assert!(s.get("theirs").await.unwrap().is_some());
+    }
+
+    pub async fn given_a_compacted_watch_position_when_the_watch_resumes_then_the_cache_relists(
+        h: &mut Harness,
+    ) {
+        let client = h.client().await;
+        let s = store(client.clone()).await;
+        let writer = store(h.client().await).await;
+        writer.create(spec("kept")).await.unwrap();
+        writer.create(spec("updated")).await.unwrap();
+        writer.create(spec("deleted")).await.unwrap();
+        converged(h.meta().as_ref(), &[&s, &writer]).await;
+        assert_eq!(s.health().relists, 0);
+
+        client.block_watches();
+        wait_until(Duration::from_secs(10), "the watch is down", || async {
+            anyhow::ensure!(!s.health().live, "still live");
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let seen = s.cache_revision();
+        let mut x = spec("updated");
+        x.max_attempts = 42;
+        writer.put(x, Precondition::None).await.unwrap();
+        writer.delete("deleted", Precondition::None).await.unwrap();
+        writer.create(spec("added")).await.unwrap();
+        writer.create(spec("transient")).await.unwrap();
+        let last = writer
+            .delete("transient", Precondition::None)
+            .await
+            .unwrap();
+        h.meta().compact(last.revision).await.expect("compact");
+        assert!(
+            seen + 1 < last.revision,
+            "the watch position is compacted away"
+        );
+
+        client.unblock_watches();
+        converged(h.meta().as_ref(), &[&s, &writer]).await;
+        let health = s.health();
+        assert!(
+            health.relists >= 1,
+            "re-listed after compaction: {health:?}"
+        );
+        assert!(s.wait_ready(READY).await, "{:?}", s.health());
+        assert_eq!(s.get("deleted").await.unwrap(), None);
+        assert_eq!(
+            s.get("updated").await.unwrap().unwrap().spec.max_attempts,
+            42
+        );
+        // And it keeps following after the re-list.
+        writer.create(spec("later")).await.unwrap();
+        converged(h.meta().as_ref(), &[&s, &writer]).await;
+    }
+
+    pub async fn given_a_backend_crash_when_it_restarts_then_every_acknowledged_subscription_survives(
+        h: &mut Harness,
+    ) {
+        let s = Arc::new(store(h.client().await).await);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for t in 0..3u32 {
+            let s = s.clone();
+            let stop = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut acked: BTreeMap<String, (i64, u32)> = BTreeMap::new();
+                let mut i = 0u32;
+                while !stop.load(Ordering::SeqCst) {
+                    let name = format!("w{t}-{}", i % 8);
+                    let mut x = spec(&name);
+                    x.max_attempts = 1 + i % 1000;
+                    match s.put(x, Precondition::None).await {
+                        Ok((sub, _)) => {
+                            acked.insert(name, (sub.revision, sub.spec.max_attempts));
+                        }
+                        Err(e) => {
+                            assert!(is_outage(&e), "only outage errors: {e:?}");
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                    i += 1;
+                }
+                acked
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        h.restart().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, Ordering::SeqCst);
+        let mut acked = BTreeMap::new();
+        for t in tasks {
+            acked.extend(t.await.unwrap());
+        }
+        assert!(!acked.is_empty());
+        // A store started after the crash, on a fresh client, sees every
+        // acknowledged write (or a later, unacknowledged one of the same name).
+        let fresh = store(h.client().await).await;
+        for (name, (revision, max_attempts)) in &acked {
+            let got = fresh
+                .get(name)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("acknowledged {name} lost"));
+            assert!(
+                got.revision >= *revision,
+                "{name}: {got:?} older than {revision}"
+            );
+            if got.revision == *revision {
+                assert_eq!(got.spec.max_attempts, *max_attempts);
+            }
+        }
+        converged(h.meta().as_ref(), &[&s, &fresh]).await;
+    }
+
+    pub async fn given_meta_down_when_writing_then_errors_are_typed_and_the_same_store_recovers(
+        h: &mut Harness,
+    ) {
+        let s = store(h.client().await).await;
+        let before = s.create(spec("before")).await.unwrap();
+        h.stop().await;
+        let e = s.create(spec("during")).await.unwrap_err();
+        assert!(is_outage(&e), "create while down: {e:?}");
+        let e = s.put(spec("before"), Precondition::None).await.unwrap_err();
+        assert!(is_outage(&e), "put while down: {e:?}");
+        let e = s
+            .put(spec("before"), Precondition::Revision(before.revision))
+            .await
+            .unwrap_err();
+        assert!(is_outage(&e), "conditional put while down: {e:?}");
+        let e = s.delete("before", Precondition::None).await.unwrap_err();
+        assert!(is_outage(&e), "delete while down: {e:?}");
+        assert!(e.to_string().contains("unavailable") || e.to_string().contains("unknown"));
+        // Reads are served from the cache (the last known state).
+        assert_eq!(s.get("before").await.unwrap(), Some(before.clone()));
+        wait_until(
+            Duration::from_secs(10),
+            "the cache reports not live",
+            || async {
+                anyhow::ensure!(!s.health().live, "{:?}", s.health());
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+        assert!(!s.health().is_ready());
+
+        h.start().await;
+        let after = wait_until(Duration::from_secs(20), "writes work again", || async {
+            Ok(s.create(spec("after")).await?)
+        })
+        .await
+        .unwrap();
+        assert!(after.revision > before.revision);
+        assert!(s.wait_ready(READY).await, "{:?}", s.health());
+        // Nothing half-written: "during" is absent or a complete, valid record;
+        // "before" is unchanged.
+        let m = meta_state(h.meta().as_ref())
+            .await
+            .expect("every record decodes");
+        assert_eq!(
+            m["before"],
+            (before.revision, before.incarnation, spec("before"))
+        );
+        if let Some((_, _, x)) = m.get("during") {
+            assert_eq!(x, &spec("during"));
+        }
+        converged(h.meta().as_ref(), &[&s]).await;
+    }
+
+    pub async fn corrupt_records_are_reported_never_decoded(h: &mut Harness) {
+        let m = h.meta();
+        let good = record::encode(&spec("torn")).unwrap();
+        m.put(
+            &record::key("torn"),
+            &good[..good.len() / 2],
+            MetaPrecondition::None,
+            None,
+        )
+        .await
+        .unwrap();
+        m.put(
+            &record::key("future"),
+            br#"{"v":2,"name":"future"}"#,
+            MetaPrecondition::None,
+            None,
+        )
+        .await
+        .unwrap();
+        let s = store(m.clone()).await;
+        s.create(spec("fine")).await.unwrap();
+        for name in ["torn", "future"] {
+            match s.get(name).await {
+                Err(SubscriptionError::Corrupt { key, reason }) => {
+                    assert!(key.ends_with(name), "{key}: {reason}");
+                }
+                other => panic!("{name}: expected Corrupt, got {other:?}"),
+            }
+            // An update cannot check the topic of an unreadable record.
+            assert!(matches!(
+                s.put(spec(name), Precondition::None).await,
+                Err(SubscriptionError::Corrupt { .. })
+            ));
+        }
+        let names: Vec<String> = s
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|x| x.spec.name)
+            .collect();
+        assert_eq!(names, vec!["fine"]);
+        assert_eq!(s.health().corrupt_records, 2);
+        // An operator can delete them.
+        s.delete("torn", Precondition::None).await.unwrap();
+        let cur = m.get(&record::key("future")).await.unwrap().kv.unwrap();
+        s.delete("future", Precondition::Revision(cur.mod_revision))
+            .await
+            .unwrap();
+        assert_eq!(s.get("torn").await.unwrap(), None);
+        assert_eq!(s.health().corrupt_records, 0);
+    }
+}
