@@ -17,6 +17,7 @@ use meshd_local::RocksEngine;
 use meshd_meta::Meta;
 use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
 use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
+use meshd_stores::deadletters::{DeadLetterStore, MetaDeadLetterStore};
 use meshd_stores::delivery::DeliveryStateStore;
 use meshd_stores::offsets::OffsetStore;
 use meshd_stores_local::LocalStores;
@@ -74,6 +75,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let meta = Arc::new(MeteredMeta::new(meta));
     let meta_backend = meta.backend();
+    collect_orphan_bodies(meta.clone(), &local).await;
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -111,6 +113,34 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         m.close();
     }
     Ok(())
+}
+
+/// Boot step: a crash between appending a dead-letter body and creating its entry
+/// leaves an unreferenced body; collect those before anything can dead-letter. With
+/// Meta unreachable this is skipped (and retried at the next boot): an orphan costs
+/// disk, never correctness.
+async fn collect_orphan_bodies(meta: Arc<MeteredMeta>, local: &LocalStores) {
+    let store = MetaDeadLetterStore::new(meta, Arc::new(local.log.clone()));
+    match tokio::time::timeout(Duration::from_secs(10), store.collect_orphan_bodies()).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => {
+            tracing::info!(
+                store = "deadletters",
+                backend = "rocksdb",
+                bodies = n,
+                "collected orphan dead-letter bodies"
+            )
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(store = "deadletters", error = %e, "orphan dead-letter bodies not collected; retried at the next boot")
+        }
+        Err(_) => {
+            tracing::warn!(
+                store = "deadletters",
+                "orphan dead-letter body collection timed out; retried at the next boot"
+            )
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -156,3 +156,43 @@ async fn given_etcd_meta_when_etcd_stops_then_readiness_and_metrics_show_it_and_
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_orphan_dead_letter_body_when_meshd_boots_then_it_is_collected() {
+    use meshd_stores::log::DeadLetterBodies;
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = MeshdProcess::start(bin(), dir.path(), &[]).await.unwrap();
+    m.kill();
+    let instance_id = std::fs::read_to_string(dir.path().join("instance-id")).unwrap();
+    let open = || {
+        let engine =
+            meshd_local::RocksEngine::open(dir.path(), meshd_stores_local::keys::COLUMN_FAMILIES)
+                .unwrap();
+        meshd_stores_local::LocalStores::open(
+            std::sync::Arc::new(engine),
+            instance_id.trim(),
+            Duration::from_millis(100),
+        )
+        .unwrap()
+    };
+    // A crash between the body append and the entry create leaves this behind.
+    let orphan = {
+        let local = open();
+        local.log.append_body(b"orphaned event").await.unwrap()
+    };
+    m.restart().await.unwrap();
+    wait_until(Duration::from_secs(10), "ready after boot", || async {
+        let r = http::get(m.addr(), "/readyz").await?;
+        anyhow::ensure!(r.status == 200, "readyz {}", r.status);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    m.kill();
+    let local = open();
+    assert_eq!(
+        local.log.read_body(&orphan).await.unwrap(),
+        None,
+        "the orphan body was collected at boot"
+    );
+}

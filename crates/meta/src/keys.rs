@@ -39,6 +39,18 @@ pub enum KeyKind {
 }
 
 impl KeyKind {
+    /// Every kind (the key catalog test checks each is documented).
+    pub const ALL: [KeyKind; 8] = [
+        KeyKind::Members,
+        KeyKind::Owners,
+        KeyKind::Topics,
+        KeyKind::Subscriptions,
+        KeyKind::Sessions,
+        KeyKind::DeadLetters,
+        KeyKind::Tasks,
+        KeyKind::Checkpoints,
+    ];
+
     pub fn segment(self) -> &'static str {
         match self {
             KeyKind::Members => "members",

@@ -41,8 +41,13 @@ mod index;
 
 pub use id::entry_id;
 
+use crate::codec::key_text;
 use crate::log::{BodyRef, DeadLetterBodies, LogError};
-use crate::tasks::{is_valid_name, Timestamp};
+use crate::meta_util::{
+    after, commit_at_version, meta_classes, FromMeta, PrefixPages, MAX_CAS_ATTEMPTS,
+};
+use crate::tasks::{check_name_reason, is_valid_name};
+use crate::time::Timestamp;
 use async_trait::async_trait;
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{self, KeyKind};
@@ -61,10 +66,6 @@ pub const MAX_REASON_BYTES: usize = 4096;
 
 /// The largest `limit` of a list.
 pub const MAX_LIST_LIMIT: usize = 1000;
-
-/// As in the task store: a lost race means another
-/// writer made progress; after this many in a row the call reports `Unavailable`.
-const MAX_CAS_ATTEMPTS: usize = 64;
 
 /// Keys per Meta range request when scanning the whole ledger.
 const SCAN_PAGE: usize = 256;
@@ -249,6 +250,16 @@ impl DeadLetterError {
     }
 }
 
+impl FromMeta for DeadLetterError {
+    meta_classes!(DeadLetterError);
+    fn special(e: MetaError) -> Result<Self, MetaError> {
+        match e {
+            MetaError::Fenced => Ok(DeadLetterError::Fenced),
+            e => Err(e),
+        }
+    }
+}
+
 /// The dead-letter store.
 ///
 /// # Durability
@@ -367,16 +378,7 @@ impl MetaDeadLetterStore {
     }
 
     fn meta_error(&self, op: &'static str, id: &str, e: MetaError) -> DeadLetterError {
-        let err = match e {
-            MetaError::Unavailable(m) => DeadLetterError::Unavailable(m),
-            MetaError::Indeterminate(m) => DeadLetterError::Indeterminate(m),
-            MetaError::Fenced => DeadLetterError::Fenced,
-            MetaError::Corrupt { key, reason } => DeadLetterError::Corrupt { key, reason },
-            e @ (MetaError::Conflict { .. }
-            | MetaError::LeaseNotFound(_)
-            | MetaError::InvalidRequest(_)
-            | MetaError::Failed(_)) => DeadLetterError::Failed(e.to_string()),
-        };
+        let err = DeadLetterError::from_meta(e);
         self.log_error(op, id, &err);
         err
     }
@@ -412,7 +414,7 @@ impl MetaDeadLetterStore {
 
     fn corrupt(&self, key: &[u8], id: &str, reason: String) -> DeadLetterError {
         let err = DeadLetterError::Corrupt {
-            key: String::from_utf8_lossy(key).into_owned(),
+            key: key_text(key),
             reason,
         };
         self.log_error("decode", id, &err);
@@ -511,15 +513,10 @@ impl MetaDeadLetterStore {
     ) -> Result<Option<DeadLetterEntry>, DeadLetterError> {
         let key = entry_key(&current.subscription, &current.id);
         let value = self.encode_entry(&next)?;
-        let txn = Txn::new()
-            .when(Compare::ModRevision {
-                key: key.clone(),
-                revision: current.version,
-            })
-            .put(&key, &value);
-        match self.meta.txn(txn).await {
-            Ok(r) => {
-                next.version = r.revision;
+        let txn = Txn::new().put(&key, &value);
+        match commit_at_version(self.meta.as_ref(), &key, current.version, txn, None).await {
+            Ok(Some(revision)) => {
+                next.version = revision;
                 tracing::info!(
                     store = STORE,
                     backend = self.backend(),
@@ -532,7 +529,7 @@ impl MetaDeadLetterStore {
                 );
                 Ok(Some(next))
             }
-            Err(MetaError::Conflict { .. }) => Ok(None),
+            Ok(None) => Ok(None),
             Err(e) => Err(self.meta_error(op, &current.id, e)),
         }
     }
@@ -545,15 +542,9 @@ impl MetaDeadLetterStore {
         current: &DeadLetterEntry,
     ) -> Result<bool, DeadLetterError> {
         let key = entry_key(&current.subscription, &current.id);
-        let txn = Txn::new()
-            .when(Compare::ModRevision {
-                key: key.clone(),
-                revision: current.version,
-            })
-            .delete(&key)
-            .delete(&index_key(&current.id));
-        match self.meta.txn(txn).await {
-            Ok(_) => {
+        let txn = Txn::new().delete(&key).delete(&index_key(&current.id));
+        match commit_at_version(self.meta.as_ref(), &key, current.version, txn, None).await {
+            Ok(Some(_)) => {
                 tracing::info!(
                     store = STORE,
                     backend = self.backend(),
@@ -564,7 +555,7 @@ impl MetaDeadLetterStore {
                 );
                 Ok(true)
             }
-            Err(MetaError::Conflict { .. }) => Ok(false),
+            Ok(None) => Ok(false),
             Err(e) => Err(self.meta_error(op, &current.id, e)),
         }
     }
@@ -611,27 +602,17 @@ impl MetaDeadLetterStore {
         mut each: impl FnMut(DeadLetterEntry),
     ) -> Result<(), DeadLetterError> {
         let prefix = keys::prefix(KeyKind::DeadLetters, &[ENTRIES]);
-        let mut start = None;
-        loop {
-            let page = self
-                .meta
-                .range(
-                    &prefix,
-                    RangeOptions {
-                        start: start.clone(),
-                        limit: SCAN_PAGE,
-                    },
-                )
-                .await
-                .map_err(|e| self.meta_error(op, "", e))?;
+        let mut pages = PrefixPages::new(prefix, None, SCAN_PAGE);
+        while let Some(page) = pages
+            .next(self.meta.as_ref())
+            .await
+            .map_err(|e| self.meta_error(op, "", e))?
+        {
             for kv in &page.kvs {
                 each(self.decode_entry(kv)?);
             }
-            match page.kvs.last() {
-                Some(last) if page.more => start = Some(after(last.key.clone())),
-                _ => return Ok(()),
-            }
         }
+        Ok(())
     }
 }
 
@@ -641,12 +622,6 @@ fn entry_key(subscription: &str, id: &str) -> Vec<u8> {
 
 fn index_key(id: &str) -> Vec<u8> {
     keys::key(KeyKind::DeadLetters, &[IDS, id])
-}
-
-/// The smallest key after `key`.
-fn after(mut key: Vec<u8>) -> Vec<u8> {
-    key.push(0);
-    key
 }
 
 fn truncate_reason(reason: &str) -> String {
@@ -661,13 +636,7 @@ fn truncate_reason(reason: &str) -> String {
 }
 
 fn check_name(what: &str, name: &str) -> Result<(), DeadLetterError> {
-    if is_valid_name(name) {
-        Ok(())
-    } else {
-        Err(DeadLetterError::Invalid(format!(
-            "{what} {name:?} is not 1-249 characters of [A-Za-z0-9._-]"
-        )))
-    }
+    check_name_reason(what, name).map_err(DeadLetterError::Invalid)
 }
 
 #[async_trait]

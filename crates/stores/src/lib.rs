@@ -23,3 +23,7 @@ pub mod offsets;
 pub mod sessions;
 pub mod subscriptions;
 pub mod tasks;
+
+mod codec;
+mod meta_util;
+mod time;

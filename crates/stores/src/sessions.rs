@@ -30,6 +30,7 @@ pub mod record;
 
 pub use crate::subscriptions::{CacheConfig, CacheHealth};
 
+use crate::meta_util::{meta_classes, FromMeta};
 use crate::subscriptions::cache::{Codec, CorruptRecord, Lookup, WatchedCache};
 use crate::subscriptions::validate_name;
 use async_trait::async_trait;
@@ -163,14 +164,14 @@ impl SessionError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_))
     }
+}
 
-    fn from_meta(e: MetaError) -> Self {
+impl FromMeta for SessionError {
+    meta_classes!(SessionError);
+    fn special(e: MetaError) -> Result<Self, MetaError> {
         match e {
-            MetaError::Unavailable(m) => Self::Unavailable(m),
-            MetaError::Indeterminate(m) => Self::Indeterminate(m),
-            MetaError::Corrupt { key, reason } => Self::Corrupt { key, reason },
-            MetaError::Conflict { current } => Self::Conflict { current },
-            other => Self::Failed(other.to_string()),
+            MetaError::Conflict { current } => Ok(Self::Conflict { current }),
+            e => Err(e),
         }
     }
 }
@@ -385,18 +386,7 @@ impl MetaSessionStore {
 
     /// Waits at most `limit` for the cache to load and its watch to be live.
     pub async fn wait_ready(&self, limit: Duration) -> bool {
-        let mut rx = self.cache.subscribe();
-        let wait = async {
-            loop {
-                if self.cache.health().is_ready() {
-                    return;
-                }
-                if rx.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::time::timeout(limit, wait).await.is_ok()
+        self.cache.wait_ready(limit).await
     }
 
     /// A receiver that changes whenever the cached sessions do.
@@ -776,18 +766,6 @@ impl MetaSessionStore {
         r
     }
 
-    async fn loaded(&self) -> Result<(), SessionError> {
-        if self.cache.wait_loaded().await {
-            return Ok(());
-        }
-        Err(SessionError::Unavailable(format!(
-            "the session cache has not loaded from meta yet (last error: {})",
-            self.cache
-                .last_error()
-                .unwrap_or_else(|| "none".to_string())
-        )))
-    }
-
     async fn fence_for_inner(&self, session_id: &str) -> Result<Ownership, SessionError> {
         let local = self
             .locals()
@@ -857,22 +835,18 @@ impl SessionStore for MetaSessionStore {
         if !record::is_session_id(session_id) {
             return Ok(None);
         }
-        loop {
-            match self.cache.lookup_secondary(session_id) {
-                Lookup::Present(v) => return v.map(Some).map_err(Into::into),
-                Lookup::Absent => return Ok(None),
-                Lookup::NotLoaded => self.loaded().await?,
-            }
-        }
+        self.cache
+            .get("session", |c| c.lookup_secondary(session_id))
+            .await
+            .map_err(SessionError::Unavailable)?
+            .map_err(Into::into)
     }
 
     async fn list(&self) -> Result<Vec<Session>, SessionError> {
-        loop {
-            if let Some(values) = self.cache.values() {
-                return Ok(values.into_iter().filter_map(|(_, v)| v.ok()).collect());
-            }
-            self.loaded().await?;
-        }
+        self.cache
+            .list("session")
+            .await
+            .map_err(SessionError::Unavailable)
     }
 
     async fn fence_for(&self, session_id: &str) -> Result<Ownership, SessionError> {

@@ -25,9 +25,10 @@ pub mod record;
 
 pub use cache::{CacheConfig, CacheHealth};
 
+use crate::meta_util::{meta_classes, won, FromMeta};
 use async_trait::async_trait;
-use cache::{Codec, CorruptRecord, Lookup, WatchedCache};
-use meshd_meta::{KeyValue, Meta, MetaError, Txn};
+use cache::{Codec, CorruptRecord, WatchedCache};
+use meshd_meta::{KeyValue, Meta, Txn};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -323,16 +324,11 @@ impl SubscriptionError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_))
     }
+}
 
-    /// Maps a Meta error that is not a precondition failure.
-    fn from_meta(e: MetaError) -> Self {
-        match e {
-            MetaError::Unavailable(m) => Self::Unavailable(m),
-            MetaError::Indeterminate(m) => Self::Indeterminate(m),
-            MetaError::Corrupt { key, reason } => Self::Corrupt { key, reason },
-            other => Self::Failed(other.to_string()),
-        }
-    }
+/// Maps a Meta error that is not a precondition failure.
+impl FromMeta for SubscriptionError {
+    meta_classes!(SubscriptionError);
 }
 
 impl From<CorruptRecord> for SubscriptionError {
@@ -494,18 +490,7 @@ impl MetaSubscriptionStore {
 
     /// Waits at most `limit` for the cache to load and its watch to be live.
     pub async fn wait_ready(&self, limit: Duration) -> bool {
-        let mut rx = self.cache.subscribe();
-        let wait = async {
-            loop {
-                if self.cache.health().is_ready() {
-                    return;
-                }
-                if rx.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::time::timeout(limit, wait).await.is_ok()
+        self.cache.wait_ready(limit).await
     }
 
     /// A receiver that changes whenever the cached subscriptions do (for the
@@ -564,11 +549,8 @@ impl MetaSubscriptionStore {
             meshd_meta::Precondition::ModRevision(expected)
         };
         let txn = Txn::new().when_precondition(key, pre).put(key, value);
-        match self.meta.txn(txn).await {
-            Ok(r) => Ok(Ok(r.revision)),
-            Err(MetaError::Conflict { current }) => Ok(Err(current)),
-            Err(e) => Err(SubscriptionError::from_meta(e)),
-        }
+        let r = won(self.meta.txn(txn).await).map_err(SubscriptionError::from_meta)?;
+        Ok(r.map(|r| r.revision))
     }
 
     async fn cas_delete(
@@ -579,11 +561,8 @@ impl MetaSubscriptionStore {
         let txn = Txn::new()
             .when_precondition(key, meshd_meta::Precondition::ModRevision(expected))
             .delete(key);
-        match self.meta.txn(txn).await {
-            Ok(r) => Ok(Ok(r.revision)),
-            Err(MetaError::Conflict { current }) => Ok(Err(current)),
-            Err(e) => Err(SubscriptionError::from_meta(e)),
-        }
+        let r = won(self.meta.txn(txn).await).map_err(SubscriptionError::from_meta)?;
+        Ok(r.map(|r| r.revision))
     }
 
     /// A short, growing, jittered pause between compare-and-set attempts, so
@@ -750,18 +729,6 @@ impl MetaSubscriptionStore {
             ),
         }
     }
-
-    async fn loaded(&self) -> Result<(), SubscriptionError> {
-        if self.cache.wait_loaded().await {
-            return Ok(());
-        }
-        Err(SubscriptionError::Unavailable(format!(
-            "the subscription cache has not loaded from meta yet (last error: {})",
-            self.cache
-                .last_error()
-                .unwrap_or_else(|| "none".to_string())
-        )))
-    }
 }
 
 #[async_trait]
@@ -830,22 +797,18 @@ impl SubscriptionStore for MetaSubscriptionStore {
                 reason,
             });
         }
-        loop {
-            match self.cache.lookup(name) {
-                Lookup::Present(v) => return v.map(Some).map_err(Into::into),
-                Lookup::Absent => return Ok(None),
-                Lookup::NotLoaded => self.loaded().await?,
-            }
-        }
+        self.cache
+            .get("subscription", |c| c.lookup(name))
+            .await
+            .map_err(SubscriptionError::Unavailable)?
+            .map_err(Into::into)
     }
 
     async fn list(&self) -> Result<Vec<Subscription>, SubscriptionError> {
-        loop {
-            if let Some(values) = self.cache.values() {
-                return Ok(values.into_iter().filter_map(|(_, v)| v.ok()).collect());
-            }
-            self.loaded().await?;
-        }
+        self.cache
+            .list("subscription")
+            .await
+            .map_err(SubscriptionError::Unavailable)
     }
 
     fn cache_revision(&self) -> i64 {

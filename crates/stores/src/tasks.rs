@@ -21,14 +21,17 @@
 
 mod record;
 pub mod table;
-mod timestamp;
 
-pub use timestamp::Timestamp;
+pub use crate::time::Timestamp;
 
+use crate::codec::key_text;
+use crate::meta_util::{
+    after, commit_at_version, meta_classes, FromMeta, PrefixPages, MAX_CAS_ATTEMPTS,
+};
 use async_trait::async_trait;
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{self, KeyKind};
-use meshd_meta::{Compare, KeyValue, Meta, MetaError, Precondition, RangeOptions, Txn};
+use meshd_meta::{KeyValue, Meta, MetaError, Precondition, Txn};
 use serde_json::Value;
 use std::fmt;
 use std::str::FromStr;
@@ -38,11 +41,6 @@ use table::{Refusal, Via};
 
 /// The store's name in logs and metrics.
 const STORE: &str = "tasks";
-
-/// How often a call that makes its own compare-and-set retries after losing a race
-/// before it reports `Unavailable` (not applied; retry later). Every lost race means
-/// another writer made progress, so this is only reached under pathological contention.
-const MAX_CAS_ATTEMPTS: usize = 64;
 
 /// Keys read per Meta range request while listing (task records can be large).
 const SCAN_PAGE: usize = 64;
@@ -400,6 +398,19 @@ impl TaskError {
     }
 }
 
+impl FromMeta for TaskError {
+    meta_classes!(TaskError);
+    fn special(e: MetaError) -> Result<Self, MetaError> {
+        match e {
+            MetaError::Fenced => Ok(TaskError::Fenced),
+            MetaError::Conflict { current } => Ok(TaskError::VersionMismatch {
+                current: current.map(|kv| kv.mod_revision).unwrap_or(0),
+            }),
+            e => Err(e),
+        }
+    }
+}
+
 /// The task store.
 ///
 /// # Durability
@@ -517,18 +528,7 @@ impl MetaTaskStore {
 
     /// Maps a Meta error that the caller did not handle itself, and logs it.
     fn meta_error(&self, op: &'static str, id: &str, e: MetaError) -> TaskError {
-        let err = match e {
-            MetaError::Unavailable(m) => TaskError::Unavailable(m),
-            MetaError::Indeterminate(m) => TaskError::Indeterminate(m),
-            MetaError::Fenced => TaskError::Fenced,
-            MetaError::Conflict { current } => TaskError::VersionMismatch {
-                current: current.map(|kv| kv.mod_revision).unwrap_or(0),
-            },
-            MetaError::Corrupt { key, reason } => TaskError::Corrupt { key, reason },
-            e @ (MetaError::LeaseNotFound(_)
-            | MetaError::InvalidRequest(_)
-            | MetaError::Failed(_)) => TaskError::Failed(e.to_string()),
-        };
+        let err = TaskError::from_meta(e);
         self.log_error(op, id, &err);
         err
     }
@@ -562,7 +562,7 @@ impl MetaTaskStore {
     fn decode(&self, id: &str, kv: &KeyValue) -> Result<Task, TaskError> {
         record::decode(id, &kv.value, kv.mod_revision).map_err(|reason| {
             let err = TaskError::Corrupt {
-                key: String::from_utf8_lossy(&kv.key).into_owned(),
+                key: key_text(&kv.key),
                 reason,
             };
             self.log_error("decode", id, &err);
@@ -598,19 +598,19 @@ impl MetaTaskStore {
     ) -> Result<Option<Task>, TaskError> {
         let key = task_key(&current.id);
         let value = self.encode(&next)?;
-        let txn = Txn::new()
-            .when(Compare::ModRevision {
-                key: key.clone(),
-                revision: current.version,
-            })
-            .put(&key, &value);
-        let result = match session {
-            Some(s) => s.ownership().commit(self.meta.as_ref(), txn).await,
-            None => self.meta.txn(txn).await,
-        };
+        let fence = session.map(AssigneeRef::ownership);
+        let txn = Txn::new().put(&key, &value);
+        let result = commit_at_version(
+            self.meta.as_ref(),
+            &key,
+            current.version,
+            txn,
+            fence.as_ref(),
+        )
+        .await;
         match result {
-            Ok(r) => {
-                next.version = r.revision;
+            Ok(Some(revision)) => {
+                next.version = revision;
                 tracing::info!(
                     store = STORE,
                     backend = self.backend(),
@@ -623,7 +623,7 @@ impl MetaTaskStore {
                 );
                 Ok(Some(next))
             }
-            Err(MetaError::Conflict { .. }) => Ok(None),
+            Ok(None) => Ok(None),
             Err(e) => Err(self.meta_error(op, &current.id, e)),
         }
     }
@@ -677,14 +677,19 @@ pub fn is_valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-fn check_name(what: &str, name: &str) -> Result<(), TaskError> {
+/// `Err` (the reason) unless `name`, a `what`, [is a valid name](is_valid_name).
+pub(crate) fn check_name_reason(what: &str, name: &str) -> Result<(), String> {
     if is_valid_name(name) {
         Ok(())
     } else {
-        Err(TaskError::Invalid(format!(
+        Err(format!(
             "{what} {name:?} is not 1-249 characters of [A-Za-z0-9._-]"
-        )))
+        ))
     }
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), TaskError> {
+    check_name_reason(what, name).map_err(TaskError::Invalid)
 }
 
 fn check_session(session: &AssigneeRef) -> Result<(), TaskError> {
@@ -818,23 +823,16 @@ impl TaskStore for MetaTaskStore {
                 return Err(TaskError::Invalid(format!("malformed cursor {c:?}")));
             }
         }
-        let prefix = keys::prefix(KeyKind::Tasks, &[]);
-        let mut start = cursor.map(|c| after(task_key(c)));
+        let start = cursor.map(|c| after(task_key(c)));
+        let mut pages = PrefixPages::new(keys::prefix(KeyKind::Tasks, &[]), start, SCAN_PAGE);
         let mut tasks = Vec::new();
         let mut examined = 0usize;
         let budget = SCAN_BUDGET.max(limit);
-        loop {
-            let page = self
-                .meta
-                .range(
-                    &prefix,
-                    RangeOptions {
-                        start: start.clone(),
-                        limit: SCAN_PAGE,
-                    },
-                )
-                .await
-                .map_err(|e| self.meta_error("list", "", e))?;
+        while let Some(page) = pages
+            .next(self.meta.as_ref())
+            .await
+            .map_err(|e| self.meta_error("list", "", e))?
+        {
             let n = page.kvs.len();
             for (i, kv) in page.kvs.iter().enumerate() {
                 let id = task_id_of(kv)?;
@@ -853,16 +851,11 @@ impl TaskStore for MetaTaskStore {
                     });
                 }
             }
-            match page.kvs.last() {
-                Some(last) if page.more => start = Some(after(last.key.clone())),
-                _ => {
-                    return Ok(TaskPage {
-                        tasks,
-                        next_cursor: None,
-                    })
-                }
-            }
         }
+        Ok(TaskPage {
+            tasks,
+            next_cursor: None,
+        })
     }
 
     async fn claim(&self, id: &str, session: &AssigneeRef) -> Result<Task, TaskError> {
@@ -1034,21 +1027,13 @@ impl TaskStore for MetaTaskStore {
 
     async fn expire_terminal(&self, older_than: Duration) -> Result<usize, TaskError> {
         let cutoff = Timestamp::now().saturating_sub(older_than);
-        let prefix = keys::prefix(KeyKind::Tasks, &[]);
-        let mut start = None;
+        let mut pages = PrefixPages::new(keys::prefix(KeyKind::Tasks, &[]), None, SCAN_PAGE);
         let mut deleted = 0;
-        loop {
-            let page = self
-                .meta
-                .range(
-                    &prefix,
-                    RangeOptions {
-                        start: start.clone(),
-                        limit: SCAN_PAGE,
-                    },
-                )
-                .await
-                .map_err(|e| self.meta_error("expire", "", e))?;
+        while let Some(page) = pages
+            .next(self.meta.as_ref())
+            .await
+            .map_err(|e| self.meta_error("expire", "", e))?
+        {
             for kv in &page.kvs {
                 let id = task_id_of(kv)?;
                 let task = self.decode(&id, kv)?;
@@ -1075,25 +1060,16 @@ impl TaskStore for MetaTaskStore {
                     Err(e) => return Err(self.meta_error("expire", &id, e)),
                 }
             }
-            match page.kvs.last() {
-                Some(last) if page.more => start = Some(after(last.key.clone())),
-                _ => return Ok(deleted),
-            }
         }
+        Ok(deleted)
     }
-}
-
-/// The smallest key after `key`.
-fn after(mut key: Vec<u8>) -> Vec<u8> {
-    key.push(0);
-    key
 }
 
 fn task_id_of(kv: &KeyValue) -> Result<String, TaskError> {
     match keys::components(KeyKind::Tasks, &kv.key).as_deref() {
         Some([id]) => Ok(id.clone()),
         _ => Err(TaskError::Corrupt {
-            key: String::from_utf8_lossy(&kv.key).into_owned(),
+            key: key_text(&kv.key),
             reason: "not a task key (meshd/v1/tasks/{id})".into(),
         }),
     }

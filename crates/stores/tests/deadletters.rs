@@ -1,6 +1,6 @@
 //! # The DeadLetterStore conformance suite, on both Meta backends
 //!
-//! One async function per case; [`suite!`] stamps out `embedded::<case>` (EmbeddedMeta
+//! One async function per case; [`common::backend_cases!`] stamps out `embedded::<case>` (EmbeddedMeta
 //! on a temp dir) and `etcd::<case>` (a real etcd process per test). Every case takes
 //! the backend and a [`BodyLogs`]: the dead-letter streams of the log, behind
 //! `Arc<dyn DeadLetterBodies>`. Here that is [`RocksLogs`]: the real RocksDB partition
@@ -8,7 +8,7 @@
 //!
 //! "Restart" is real (etcd SIGKILLed and restarted on its data dir; the embedded Meta
 //! closed and reopened), as is "Meta unavailable" (a killed etcd, a closed embedded
-//! Meta). Stores reach the backend through [`ProxyMeta`], which forwards every call to
+//! Meta). Stores reach the backend through [`common::ProxyMeta`], which forwards every call to
 //! the backend's current client, can inject a fault into the next transaction (to show
 //! what the store does with an unknown outcome) and can journal transactions next to
 //! body appends (to show the order of the two).
@@ -21,17 +21,15 @@
 //! * list, inspect, redrive (dead → redriving → deleted, or back to dead with
 //!   redrives + 1), delete and retention work as the API describes.
 
+mod common;
+
 use async_trait::async_trait;
+use common::{backend_cases, Fault, Harness, Journal};
 use futures::StreamExt;
 use meshd_local::RocksEngine;
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{self, KeyKind};
-use meshd_meta::{
-    GetResponse, Lease, LeaseId, Meta, MetaError, MetaStatus, Precondition, RangeOptions,
-    RangeResponse, Txn, TxnResponse, WatchEvent, WatchStream,
-};
-use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
-use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
+use meshd_meta::{Meta, MetaError, Precondition, RangeOptions, WatchEvent};
 use meshd_stores::deadletters::{
     DeadLetterEntry, DeadLetterError, DeadLetterState, DeadLetterStore, MetaDeadLetterStore,
     NewDeadLetter,
@@ -41,222 +39,11 @@ use meshd_stores::tasks::Timestamp;
 use meshd_stores_local::keys::COLUMN_FAMILIES;
 use meshd_stores_local::log::RocksLog;
 use meshd_stores_local::LocalStores;
-use meshd_test_support::etcd::EtcdProcess;
-use meshd_test_support::wait::wait_until;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-// ---------------------------------------------------------------------------------
-// Harness: a real backend behind a stable handle.
-// ---------------------------------------------------------------------------------
-
-/// What an injected transaction fault does.
-#[derive(Clone, Debug)]
-enum Fault {
-    /// Fail without sending: the transaction is not applied.
-    Refuse(MetaError),
-    /// Apply the transaction, then lose the answer.
-    ApplyThenFail(MetaError),
-}
-
-/// Forwards every call to the current client of a real backend. Not a test double:
-/// Meta's semantics are the backend's own; this only survives the embedded backend's
-/// reopen and injects the faults a test asks for.
-struct ProxyMeta {
-    backend: &'static str,
-    /// The backend's current client; swapped when the embedded Meta is reopened.
-    inner: RwLock<Arc<dyn Meta>>,
-    /// Faults for the next transactions, in order.
-    txn_faults: Mutex<VecDeque<Fault>>,
-    /// When set, every transaction that commits is recorded here (see `Journal`).
-    journal: Mutex<Option<Journal>>,
-}
-
-impl ProxyMeta {
-    fn current(&self) -> Arc<dyn Meta> {
-        self.inner.read().expect("proxy lock").clone()
-    }
-
-    fn inject(&self, fault: Fault) {
-        self.txn_faults.lock().expect("faults").push_back(fault);
-    }
-}
-
-#[async_trait]
-impl Meta for ProxyMeta {
-    fn backend(&self) -> &'static str {
-        self.backend
-    }
-    async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
-        self.current().get(key).await
-    }
-    async fn range(&self, prefix: &[u8], o: RangeOptions) -> Result<RangeResponse, MetaError> {
-        self.current().range(prefix, o).await
-    }
-    async fn txn(&self, txn: Txn) -> Result<TxnResponse, MetaError> {
-        let fault = self.txn_faults.lock().expect("faults").pop_front();
-        if let Some(journal) = self.journal.lock().expect("journal").as_ref() {
-            for op in &txn.ops {
-                if let meshd_meta::TxnOp::Put { key, .. } = op {
-                    journal.record(format!("meta txn put {}", String::from_utf8_lossy(key)));
-                }
-            }
-        }
-        match fault {
-            None => self.current().txn(txn).await,
-            Some(Fault::Refuse(e)) => Err(e),
-            Some(Fault::ApplyThenFail(e)) => {
-                self.current().txn(txn).await?;
-                Err(e)
-            }
-        }
-    }
-    async fn grant(&self, ttl: Duration) -> Result<Lease, MetaError> {
-        self.current().grant(ttl).await
-    }
-    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, MetaError> {
-        self.current().keep_alive(lease).await
-    }
-    async fn revoke(&self, lease: LeaseId) -> Result<(), MetaError> {
-        self.current().revoke(lease).await
-    }
-    async fn watch(&self, prefix: &[u8], start: i64) -> Result<WatchStream, MetaError> {
-        self.current().watch(prefix, start).await
-    }
-    async fn compact(&self, revision: i64) -> Result<(), MetaError> {
-        self.current().compact(revision).await
-    }
-    async fn status(&self) -> Result<MetaStatus, MetaError> {
-        self.current().status().await
-    }
-}
-
-enum Engine {
-    Embedded {
-        dir: tempfile::TempDir,
-        current: Arc<EmbeddedMeta>,
-    },
-    Etcd {
-        process: EtcdProcess,
-    },
-}
-
-/// One real Meta backend for one test.
-struct Backend {
-    engine: Engine,
-    proxy: Arc<ProxyMeta>,
-}
-
-impl Backend {
-    async fn embedded() -> Backend {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let meta =
-            Arc::new(EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).expect("open"));
-        let proxy = Arc::new(ProxyMeta {
-            backend: meta.backend(),
-            inner: RwLock::new(meta.clone()),
-            txn_faults: Mutex::new(VecDeque::new()),
-            journal: Mutex::new(None),
-        });
-        Backend {
-            engine: Engine::Embedded { dir, current: meta },
-            proxy,
-        }
-    }
-
-    async fn etcd() -> Backend {
-        let process = EtcdProcess::start().await.expect("start etcd");
-        let meta = Arc::new(
-            EtcdMeta::connect(EtcdConfig::new([process.endpoint()]))
-                .await
-                .expect("connect"),
-        );
-        let proxy = Arc::new(ProxyMeta {
-            backend: meta.backend(),
-            inner: RwLock::new(meta),
-            txn_faults: Mutex::new(VecDeque::new()),
-            journal: Mutex::new(None),
-        });
-        Backend {
-            engine: Engine::Etcd { process },
-            proxy,
-        }
-    }
-
-    /// The stable handle stores are built on.
-    fn meta(&self) -> Arc<dyn Meta> {
-        self.proxy.clone()
-    }
-
-    /// Makes Meta unavailable: SIGKILL of etcd, close of the embedded store.
-    fn stop(&mut self) {
-        match &mut self.engine {
-            Engine::Embedded { current, .. } => current.close(),
-            Engine::Etcd { process } => process.kill(),
-        }
-    }
-
-    /// Brings Meta back on the same data.
-    async fn start(&mut self) {
-        match &mut self.engine {
-            Engine::Embedded { dir, current } => {
-                current.close();
-                let meta = Arc::new(
-                    EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).expect("reopen"),
-                );
-                *current = meta.clone();
-                *self.proxy.inner.write().expect("proxy lock") = meta;
-            }
-            Engine::Etcd { process } => process.restart().await.expect("restart etcd"),
-        }
-    }
-
-    async fn restart(&mut self) {
-        self.stop();
-        self.start().await;
-    }
-
-    /// Waits until Meta answers reads again.
-    async fn wait_ready(&self) {
-        let meta = self.meta();
-        wait_until(Duration::from_secs(20), "meta answers", || {
-            let meta = meta.clone();
-            async move { Ok(meta.get(b"probe").await?) }
-        })
-        .await
-        .expect("meta back");
-    }
-}
-
-/// Stamps out `embedded::<case>` and `etcd::<case>` for every case, each with fresh
-/// body logs from `$logs`.
-macro_rules! suite {
-    ($logs:expr; $($case:ident),+ $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let mut backend = super::Backend::embedded().await;
-                    let logs = $logs;
-                    super::$case(&mut backend, &logs).await;
-                }
-            )+
-        }
-        mod etcd {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let mut backend = super::Backend::etcd().await;
-                    let logs = $logs;
-                    super::$case(&mut backend, &logs).await;
-                }
-            )+
-        }
-    };
-}
-
-suite!(crate::RocksLogs::default();
+backend_cases!(crate::RocksLogs::default();
     dead_letter_creates_one_entry_per_delivery,
     concurrent_dead_letters_create_exactly_one_entry,
     two_logs_never_collide,
@@ -302,21 +89,6 @@ impl BodyLogs for RocksLogs {
     }
 }
 
-/// A shared, ordered record of what happened, to check the order of body appends and
-/// Meta writes.
-#[derive(Clone, Default)]
-struct Journal(Arc<Mutex<Vec<String>>>);
-
-impl Journal {
-    fn record(&self, what: String) {
-        self.0.lock().expect("journal").push(what);
-    }
-
-    fn entries(&self) -> Vec<String> {
-        self.0.lock().expect("journal").clone()
-    }
-}
-
 /// Any stream, with its appends journaled.
 struct Journaled {
     inner: Arc<dyn DeadLetterBodies>,
@@ -355,7 +127,7 @@ impl DeadLetterBodies for Journaled {
 
 const LOG: &str = "instance-1";
 
-fn dl_store(b: &Backend, bodies: Arc<dyn DeadLetterBodies>) -> MetaDeadLetterStore {
+fn dl_store(b: &Harness, bodies: Arc<dyn DeadLetterBodies>) -> MetaDeadLetterStore {
     MetaDeadLetterStore::new(b.meta(), bodies)
 }
 
@@ -435,7 +207,7 @@ async fn assert_ledger_matches_bodies(s: &MetaDeadLetterStore, bodies: &dyn Dead
 // Cases
 // ---------------------------------------------------------------------------------
 
-async fn dead_letter_creates_one_entry_per_delivery(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn dead_letter_creates_one_entry_per_delivery(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let bodies = logs.open(LOG);
     let s = dl_store(b, bodies.clone());
@@ -529,7 +301,7 @@ async fn dead_letter_creates_one_entry_per_delivery(b: &mut Backend, logs: &dyn 
     ));
 }
 
-async fn concurrent_dead_letters_create_exactly_one_entry(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn concurrent_dead_letters_create_exactly_one_entry(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let bodies = logs.open(LOG);
     // Two store objects on the same log, as after a failover inside one instance.
@@ -602,7 +374,7 @@ async fn concurrent_dead_letters_create_exactly_one_entry(b: &mut Backend, logs:
     }
 }
 
-async fn two_logs_never_collide(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn two_logs_never_collide(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let (b1, b2) = (logs.open("instance-1"), logs.open("instance-2"));
     let (s1, s2) = (dl_store(b, b1.clone()), dl_store(b, b2.clone()));
@@ -637,10 +409,10 @@ async fn two_logs_never_collide(b: &mut Backend, logs: &dyn BodyLogs) {
     assert_eq!(all_bodies(b2.as_ref()).await, vec![e2.body.clone()]);
 }
 
-async fn the_body_is_durable_before_the_entry_exists(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn the_body_is_durable_before_the_entry_exists(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let journal = Journal::default();
-    *b.proxy.journal.lock().expect("journal") = Some(journal.clone());
+    b.proxy.journal_to(journal.clone());
     let bodies: Arc<dyn DeadLetterBodies> = Arc::new(Journaled {
         inner: logs.open(LOG),
         journal: journal.clone(),
@@ -668,7 +440,7 @@ async fn the_body_is_durable_before_the_entry_exists(b: &mut Backend, logs: &dyn
     assert_eq!(s.read_body(&e).await.expect("body"), body_of(3));
 }
 
-async fn a_stale_owner_is_fenced_and_writes_nothing(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn a_stale_owner_is_fenced_and_writes_nothing(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let bodies = logs.open(LOG);
     let s = dl_store(b, bodies.clone());
@@ -705,7 +477,7 @@ async fn a_stale_owner_is_fenced_and_writes_nothing(b: &mut Backend, logs: &dyn 
     assert_ledger_matches_bodies(&s, bodies.as_ref()).await;
 }
 
-async fn list_by_subscription_in_pages(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn list_by_subscription_in_pages(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let s = dl_store(b, logs.open(LOG));
     let own = owner(meta.as_ref(), "p1").await;
@@ -784,7 +556,7 @@ async fn list_by_subscription_in_pages(b: &mut Backend, logs: &dyn BodyLogs) {
     }
 }
 
-async fn redrive_lifecycle(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn redrive_lifecycle(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let bodies = logs.open(LOG);
     let s = dl_store(b, bodies.clone());
@@ -867,7 +639,7 @@ async fn redrive_lifecycle(b: &mut Backend, logs: &dyn BodyLogs) {
     assert!(again.entry.version > r2.version);
 }
 
-async fn delete_removes_the_entry_then_its_body(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn delete_removes_the_entry_then_its_body(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let bodies = logs.open(LOG);
     let s = dl_store(b, bodies.clone());
@@ -910,7 +682,7 @@ async fn delete_removes_the_entry_then_its_body(b: &mut Backend, logs: &dyn Body
     assert_ledger_matches_bodies(&s, bodies.as_ref()).await;
 }
 
-async fn orphan_bodies_are_collected(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn orphan_bodies_are_collected(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let bodies = logs.open(LOG);
     let s = dl_store(b, bodies.clone());
@@ -943,7 +715,7 @@ async fn orphan_bodies_are_collected(b: &mut Backend, logs: &dyn BodyLogs) {
     assert_eq!(s.collect_orphan_bodies().await.expect("collect"), 0);
 }
 
-async fn restart_keeps_entries_and_bodies(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn restart_keeps_entries_and_bodies(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let bodies = logs.open(LOG);
     let s = dl_store(b, bodies.clone());
@@ -974,7 +746,7 @@ async fn restart_keeps_entries_and_bodies(b: &mut Backend, logs: &dyn BodyLogs) 
 }
 
 async fn meta_unavailable_is_a_typed_error_and_nothing_is_half_written(
-    b: &mut Backend,
+    b: &mut Harness,
     logs: &dyn BodyLogs,
 ) {
     let meta = b.meta();
@@ -1054,7 +826,7 @@ async fn meta_unavailable_is_a_typed_error_and_nothing_is_half_written(
     assert_ledger_matches_bodies(&s, bodies.as_ref()).await;
 }
 
-async fn expire_deletes_only_old_dead_entries(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn expire_deletes_only_old_dead_entries(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let bodies = logs.open(LOG);
     let s = dl_store(b, bodies.clone());
@@ -1083,7 +855,7 @@ async fn expire_deletes_only_old_dead_entries(b: &mut Backend, logs: &dyn BodyLo
     assert_eq!(s.expire(Duration::ZERO).await.expect("expire"), 0);
 }
 
-async fn corrupt_records_are_reported(b: &mut Backend, logs: &dyn BodyLogs) {
+async fn corrupt_records_are_reported(b: &mut Harness, logs: &dyn BodyLogs) {
     let meta = b.meta();
     let s = dl_store(b, logs.open(LOG));
     let own = owner(meta.as_ref(), "p1").await;

@@ -1,6 +1,6 @@
 //! # The SubscriptionStore conformance suite, on both Meta backends
 //!
-//! Every case is one async function in [`suite`]; the `cases!` macro stamps out
+//! Every case is one async function in [`suite`]; [`common::backend_cases!`] stamps out
 //! `embedded::<case>` (EmbeddedMeta on a temp dir) and `etcd::<case>` (one real etcd
 //! process per test). "Two instances" are two stores on two Meta clients: two
 //! `EtcdMeta` clients of one etcd, or two clients of one `EmbeddedMeta`. A backend
@@ -15,263 +15,22 @@
 //! Meta is down writes fail typed and nothing is half-written, and the same store
 //! works again when Meta is back.
 
-use async_trait::async_trait;
-use futures::StreamExt;
-use meshd_meta::{
-    GetResponse, Lease, LeaseId, Meta, MetaError, MetaStatus, Precondition as MetaPrecondition,
-    RangeOptions, RangeResponse, Txn, TxnResponse, WatchError, WatchStream,
-};
-use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
-use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
+mod common;
+
+use common::{backend_cases, Harness};
+use meshd_meta::{Meta, Precondition as MetaPrecondition, RangeOptions};
 use meshd_stores::subscriptions::{
     record, Backoff, Filter, MetaSubscriptionStore, Precondition, Push, StartPosition,
     SubscriptionError, SubscriptionSpec, SubscriptionStore, SubscriptionStoreConfig,
 };
-use meshd_test_support::etcd::EtcdProcess;
 use meshd_test_support::wait::wait_until;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
+use suite::*;
 
-// ---------------------------------------------------------------------------------
-// Harness: the backend under test, its clients, stop/start/restart.
-// ---------------------------------------------------------------------------------
-
-/// A Meta client for the stores under test. It delegates to the backend's client and
-/// lets a test (a) cut and block this client's watches (to force a watch restart
-/// from an old revision) and (b) swap the embedded backend after a close and reopen,
-/// so a store keeps its client across a backend restart, as it does with etcd.
-struct TestMeta {
-    backend: &'static str,
-    inner: RwLock<Arc<dyn Meta>>,
-    watches_blocked: AtomicBool,
-    cut: tokio::sync::watch::Sender<u64>,
-}
-
-impl TestMeta {
-    fn new(backend: &'static str, inner: Arc<dyn Meta>) -> Arc<Self> {
-        Arc::new(Self {
-            backend,
-            inner: RwLock::new(inner),
-            watches_blocked: AtomicBool::new(false),
-            cut: tokio::sync::watch::channel(0).0,
-        })
-    }
-
-    fn current(&self) -> Arc<dyn Meta> {
-        self.inner.read().expect("test meta lock").clone()
-    }
-
-    fn swap(&self, inner: Arc<dyn Meta>) {
-        *self.inner.write().expect("test meta lock") = inner;
-    }
-
-    /// Ends this client's open watches (as a broken connection would) and refuses
-    /// new ones until [`unblock_watches`](Self::unblock_watches).
-    fn block_watches(&self) {
-        self.watches_blocked.store(true, Ordering::SeqCst);
-        self.cut.send_modify(|g| *g += 1);
-    }
-
-    fn unblock_watches(&self) {
-        self.watches_blocked.store(false, Ordering::SeqCst);
-    }
-}
-
-#[async_trait]
-impl Meta for TestMeta {
-    fn backend(&self) -> &'static str {
-        self.backend
-    }
-    async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
-        self.current().get(key).await
-    }
-    async fn range(
-        &self,
-        prefix: &[u8],
-        options: RangeOptions,
-    ) -> Result<RangeResponse, MetaError> {
-        self.current().range(prefix, options).await
-    }
-    async fn txn(&self, txn: Txn) -> Result<TxnResponse, MetaError> {
-        self.current().txn(txn).await
-    }
-    async fn grant(&self, ttl: Duration) -> Result<Lease, MetaError> {
-        self.current().grant(ttl).await
-    }
-    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, MetaError> {
-        self.current().keep_alive(lease).await
-    }
-    async fn revoke(&self, lease: LeaseId) -> Result<(), MetaError> {
-        self.current().revoke(lease).await
-    }
-    async fn watch(&self, prefix: &[u8], start_revision: i64) -> Result<WatchStream, MetaError> {
-        if self.watches_blocked.load(Ordering::SeqCst) {
-            return Err(MetaError::Unavailable("watches blocked by the test".into()));
-        }
-        let mut cut = self.cut.subscribe();
-        cut.borrow_and_update();
-        let inner = self.current().watch(prefix, start_revision).await?;
-        Ok(futures::stream::unfold(
-            (inner, cut, false),
-            |(mut inner, mut cut, done)| async move {
-                if done {
-                    return None;
-                }
-                tokio::select! {
-                    item = inner.next() => item.map(|i| (i, (inner, cut, false))),
-                    _ = cut.changed() => Some((
-                        Err(WatchError::Unavailable("watch cut by the test".into())),
-                        (inner, cut, true),
-                    )),
-                }
-            },
-        )
-        .boxed())
-    }
-    async fn compact(&self, revision: i64) -> Result<(), MetaError> {
-        self.current().compact(revision).await
-    }
-    async fn status(&self) -> Result<MetaStatus, MetaError> {
-        self.current().status().await
-    }
-}
-
-enum Backend {
-    Embedded {
-        dir: tempfile::TempDir,
-        db: Option<Arc<EmbeddedMeta>>,
-    },
-    Etcd {
-        process: EtcdProcess,
-    },
-}
-
-pub struct Harness {
-    backend: Backend,
-    /// Every client handed out (embedded: re-pointed after a reopen).
-    clients: Vec<Arc<TestMeta>>,
-    /// A client for the test's own reads and writes.
-    meta: Arc<TestMeta>,
-}
-
-impl Harness {
-    async fn embedded() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db = Arc::new(
-            EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).expect("open embedded"),
-        );
-        let meta = TestMeta::new("embedded", db.clone());
-        Self {
-            backend: Backend::Embedded { dir, db: Some(db) },
-            clients: vec![meta.clone()],
-            meta,
-        }
-    }
-
-    async fn etcd() -> Self {
-        let process = EtcdProcess::start().await.expect("start etcd");
-        let client = EtcdMeta::connect(EtcdConfig::new([process.endpoint()]))
-            .await
-            .expect("connect");
-        let meta = TestMeta::new("etcd", Arc::new(client));
-        Self {
-            backend: Backend::Etcd { process },
-            clients: vec![meta.clone()],
-            meta,
-        }
-    }
-
-    fn meta(&self) -> Arc<dyn Meta> {
-        self.meta.clone()
-    }
-
-    /// A new, independent client (etcd: its own connections; embedded: a client of
-    /// the same store).
-    async fn client(&mut self) -> Arc<TestMeta> {
-        let c = match &self.backend {
-            Backend::Embedded { db, .. } => {
-                let db = db.clone().expect("the embedded store is running");
-                TestMeta::new("embedded", db)
-            }
-            Backend::Etcd { process } => {
-                let client = EtcdMeta::connect(EtcdConfig::new([process.endpoint()]))
-                    .await
-                    .expect("connect");
-                TestMeta::new("etcd", Arc::new(client))
-            }
-        };
-        self.clients.push(c.clone());
-        c
-    }
-
-    /// Stops the backend: SIGKILL of etcd, or close of the embedded store.
-    async fn stop(&mut self) {
-        match &mut self.backend {
-            Backend::Embedded { db, .. } => {
-                if let Some(db) = db.take() {
-                    db.close();
-                }
-            }
-            Backend::Etcd { process } => process.kill(),
-        }
-    }
-
-    /// Starts it again on the same data.
-    async fn start(&mut self) {
-        match &mut self.backend {
-            Backend::Embedded { dir, db } => {
-                let path = dir.path().to_path_buf();
-                let reopened = wait_until(Duration::from_secs(10), "embedded reopen", || {
-                    let path = path.clone();
-                    async move { Ok(EmbeddedMeta::open_dir(&path, EmbeddedConfig::default())?) }
-                })
-                .await
-                .expect("reopen embedded");
-                let reopened = Arc::new(reopened);
-                for c in &self.clients {
-                    c.swap(reopened.clone());
-                }
-                *db = Some(reopened);
-            }
-            Backend::Etcd { process } => process.restart().await.expect("restart etcd"),
-        }
-    }
-
-    async fn restart(&mut self) {
-        self.stop().await;
-        self.start().await;
-    }
-}
-
-/// Stamps out `embedded::<case>` and `etcd::<case>` for every case of [`suite`].
-macro_rules! cases {
-    ($($case:ident),+ $(,)?) => {
-        mod embedded {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let mut h = Harness::embedded().await;
-                    suite::$case(&mut h).await;
-                }
-            )+
-        }
-        mod etcd {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let mut h = Harness::etcd().await;
-                    suite::$case(&mut h).await;
-                }
-            )+
-        }
-    };
-}
-
-cases!(
+backend_cases!(
     create_get_list_update_delete_round_trip_with_revisions,
     if_match_semantics_reject_stale_and_absent_preconditions,
     unconditional_put_under_contention_never_conflicts,
@@ -927,7 +686,7 @@ mod suite {
     ) {
         let s = store(h.client().await).await;
         let before = s.create(spec("before")).await.unwrap();
-        h.stop().await;
+        h.stop();
         let e = s.create(spec("during")).await.unwrap_err();
         assert!(is_outage(&e), "create while down: {e:?}");
         let e = s.put(spec("before"), Precondition::None).await.unwrap_err();

@@ -1,13 +1,13 @@
 //! # The TaskStore conformance suite, on both Meta backends
 //!
-//! One async function per case; [`suite!`] stamps out `embedded::<case>` (EmbeddedMeta
+//! One async function per case; [`common::backend_cases!`] stamps out `embedded::<case>` (EmbeddedMeta
 //! on a temp dir) and `etcd::<case>` (a real etcd process per test) so each is reported
 //! and filterable on its own.
 //!
 //! "Restart" is real: the etcd process is SIGKILLed and started again on the same data
 //! dir, the embedded Meta is closed and reopened on the same directory. "Meta
 //! unavailable" is a killed etcd / a closed embedded Meta. Stores reach the backend
-//! through [`ProxyMeta`], which forwards every call to the backend's current client,
+//! through [`common::ProxyMeta`], which forwards every call to the backend's current client,
 //! so one store object lives through a restart (the embedded backend's client is the
 //! store itself and must be reopened), and which can inject a fault into the next
 //! transaction to show what the store does with an unknown outcome.
@@ -19,222 +19,23 @@
 //! * stale versions and taken-over sessions never write (`fencing_…`, `stale_if_match_…`);
 //! * one claimer wins; a dead assignee's task is requeued.
 
-use async_trait::async_trait;
+mod common;
+
+use common::{backend_cases, Fault, Harness};
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{self, KeyKind};
-use meshd_meta::{
-    GetResponse, Lease, LeaseId, Meta, MetaError, MetaStatus, Precondition, RangeOptions,
-    RangeResponse, Txn, TxnResponse, WatchStream,
-};
-use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
-use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
+use meshd_meta::{Meta, MetaError, Precondition};
 use meshd_stores::tasks::{
     AssigneeRef, MetaTaskStore, Requeue, Task, TaskError, TaskFilter, TaskState, TaskStore,
     TaskStoreConfig,
 };
-use meshd_test_support::etcd::EtcdProcess;
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-// ---------------------------------------------------------------------------------
-// Harness: a real backend behind a stable handle.
-// ---------------------------------------------------------------------------------
-
-/// What an injected transaction fault does.
-#[derive(Clone, Debug)]
-enum Fault {
-    /// Fail without sending: the transaction is not applied.
-    Refuse(MetaError),
-    /// Apply the transaction, then lose the answer.
-    ApplyThenFail(MetaError),
-}
-
-/// Forwards every call to the current client of a real backend. Not a test double:
-/// Meta's semantics are the backend's own; this only survives the embedded backend's
-/// reopen and injects the faults a test asks for.
-struct ProxyMeta {
-    backend: &'static str,
-    /// The backend's current client; swapped when the embedded Meta is reopened.
-    inner: RwLock<Arc<dyn Meta>>,
-    /// Faults for the next transactions, in order.
-    txn_faults: Mutex<VecDeque<Fault>>,
-}
-
-impl ProxyMeta {
-    fn current(&self) -> Arc<dyn Meta> {
-        self.inner.read().expect("proxy lock").clone()
-    }
-
-    fn inject(&self, fault: Fault) {
-        self.txn_faults.lock().expect("faults").push_back(fault);
-    }
-}
-
-#[async_trait]
-impl Meta for ProxyMeta {
-    fn backend(&self) -> &'static str {
-        self.backend
-    }
-    async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
-        self.current().get(key).await
-    }
-    async fn range(&self, prefix: &[u8], o: RangeOptions) -> Result<RangeResponse, MetaError> {
-        self.current().range(prefix, o).await
-    }
-    async fn txn(&self, txn: Txn) -> Result<TxnResponse, MetaError> {
-        let fault = self.txn_faults.lock().expect("faults").pop_front();
-        match fault {
-            None => self.current().txn(txn).await,
-            Some(Fault::Refuse(e)) => Err(e),
-            Some(Fault::ApplyThenFail(e)) => {
-                self.current().txn(txn).await?;
-                Err(e)
-            }
-        }
-    }
-    async fn grant(&self, ttl: Duration) -> Result<Lease, MetaError> {
-        self.current().grant(ttl).await
-    }
-    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, MetaError> {
-        self.current().keep_alive(lease).await
-    }
-    async fn revoke(&self, lease: LeaseId) -> Result<(), MetaError> {
-        self.current().revoke(lease).await
-    }
-    async fn watch(&self, prefix: &[u8], start: i64) -> Result<WatchStream, MetaError> {
-        self.current().watch(prefix, start).await
-    }
-    async fn compact(&self, revision: i64) -> Result<(), MetaError> {
-        self.current().compact(revision).await
-    }
-    async fn status(&self) -> Result<MetaStatus, MetaError> {
-        self.current().status().await
-    }
-}
-
-enum Engine {
-    Embedded {
-        dir: tempfile::TempDir,
-        current: Arc<EmbeddedMeta>,
-    },
-    Etcd {
-        process: EtcdProcess,
-    },
-}
-
-/// One real Meta backend for one test.
-struct Backend {
-    engine: Engine,
-    proxy: Arc<ProxyMeta>,
-}
-
-impl Backend {
-    async fn embedded() -> Backend {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let meta =
-            Arc::new(EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).expect("open"));
-        let proxy = Arc::new(ProxyMeta {
-            backend: meta.backend(),
-            inner: RwLock::new(meta.clone()),
-            txn_faults: Mutex::new(VecDeque::new()),
-        });
-        Backend {
-            engine: Engine::Embedded { dir, current: meta },
-            proxy,
-        }
-    }
-
-    async fn etcd() -> Backend {
-        let process = EtcdProcess::start().await.expect("start etcd");
-        let meta = Arc::new(
-            EtcdMeta::connect(EtcdConfig::new([process.endpoint()]))
-                .await
-                .expect("connect"),
-        );
-        let proxy = Arc::new(ProxyMeta {
-            backend: meta.backend(),
-            inner: RwLock::new(meta),
-            txn_faults: Mutex::new(VecDeque::new()),
-        });
-        Backend {
-            engine: Engine::Etcd { process },
-            proxy,
-        }
-    }
-
-    /// The stable handle stores are built on.
-    fn meta(&self) -> Arc<dyn Meta> {
-        self.proxy.clone()
-    }
-
-    /// Makes Meta unavailable: SIGKILL of etcd, close of the embedded store.
-    fn stop(&mut self) {
-        match &mut self.engine {
-            Engine::Embedded { current, .. } => current.close(),
-            Engine::Etcd { process } => process.kill(),
-        }
-    }
-
-    /// Brings Meta back on the same data.
-    async fn start(&mut self) {
-        match &mut self.engine {
-            Engine::Embedded { dir, current } => {
-                current.close();
-                let meta = Arc::new(
-                    EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).expect("reopen"),
-                );
-                *current = meta.clone();
-                *self.proxy.inner.write().expect("proxy lock") = meta;
-            }
-            Engine::Etcd { process } => process.restart().await.expect("restart etcd"),
-        }
-    }
-
-    async fn restart(&mut self) {
-        self.stop();
-        self.start().await;
-    }
-
-    /// Waits until Meta answers reads again.
-    async fn wait_ready(&self) {
-        let meta = self.meta();
-        wait_until(Duration::from_secs(20), "meta answers", || {
-            let meta = meta.clone();
-            async move { Ok(meta.get(b"probe").await?) }
-        })
-        .await
-        .expect("meta back");
-    }
-}
-
-/// Stamps out `embedded::<case>` and `etcd::<case>` for every case.
-macro_rules! suite {
-    ($($case:ident),+ $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let mut backend = super::Backend::embedded().await;
-                    super::$case(&mut backend).await;
-                }
-            )+
-        }
-        mod etcd {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let mut backend = super::Backend::etcd().await;
-                    super::$case(&mut backend).await;
-                }
-            )+
-        }
-    };
-}
-
-suite!(
+backend_cases!(
     submit_get_and_list_in_pages,
     submit_is_idempotent_per_id_and_content,
     input_and_output_are_capped,
@@ -258,7 +59,7 @@ suite!(
 
 const AGENT: &str = "summarizer";
 
-fn store(b: &Backend) -> MetaTaskStore {
+fn store(b: &Harness) -> MetaTaskStore {
     MetaTaskStore::new(b.meta(), TaskStoreConfig::default()).expect("valid config")
 }
 
@@ -335,7 +136,7 @@ fn legal_by_transition(from: TaskState, to: TaskState) -> bool {
 // Cases
 // ---------------------------------------------------------------------------------
 
-async fn submit_get_and_list_in_pages(b: &mut Backend) {
+async fn submit_get_and_list_in_pages(b: &mut Harness) {
     let s = store(b);
     let meta = b.meta();
     let mut ids = Vec::new();
@@ -438,7 +239,7 @@ async fn submit_get_and_list_in_pages(b: &mut Backend) {
     ));
 }
 
-async fn submit_is_idempotent_per_id_and_content(b: &mut Backend) {
+async fn submit_is_idempotent_per_id_and_content(b: &mut Harness) {
     let s = store(b);
     let input = json!({"doc": "x", "n": [1, 2.5, "z"]});
     let first = s
@@ -475,7 +276,7 @@ async fn submit_is_idempotent_per_id_and_content(b: &mut Backend) {
     assert_eq!(s.get("same").await.expect("get"), claimed, "unchanged");
 }
 
-async fn input_and_output_are_capped(b: &mut Backend) {
+async fn input_and_output_are_capped(b: &mut Harness) {
     let small = MetaTaskStore::new(
         b.meta(),
         TaskStoreConfig {
@@ -552,7 +353,7 @@ async fn input_and_output_are_capped(b: &mut Backend) {
     ));
 }
 
-async fn every_transition_of_the_table_and_no_other(b: &mut Backend) {
+async fn every_transition_of_the_table_and_no_other(b: &mut Harness) {
     let s = store(b);
     let meta = b.meta();
     let who = session(meta.as_ref(), "table-s", AGENT).await;
@@ -602,7 +403,7 @@ async fn every_transition_of_the_table_and_no_other(b: &mut Backend) {
     }
 }
 
-async fn claim_rules(b: &mut Backend) {
+async fn claim_rules(b: &mut Harness) {
     let s = store(b);
     let meta = b.meta();
     let agent = session(meta.as_ref(), "claim-a", AGENT).await;
@@ -682,7 +483,7 @@ async fn claim_rules(b: &mut Backend) {
         .expect("any session of the agent rejects");
 }
 
-async fn stale_if_match_is_rejected_with_the_current_version(b: &mut Backend) {
+async fn stale_if_match_is_rejected_with_the_current_version(b: &mut Harness) {
     let s = store(b);
     let who = session(b.meta().as_ref(), "ifm", AGENT).await;
     let submitted = s
@@ -712,7 +513,7 @@ async fn stale_if_match_is_rejected_with_the_current_version(b: &mut Backend) {
         .expect("the current version is accepted");
 }
 
-async fn fencing_after_a_takeover_rejects_the_old_assignee(b: &mut Backend) {
+async fn fencing_after_a_takeover_rejects_the_old_assignee(b: &mut Harness) {
     let s = store(b);
     let meta = b.meta();
     let old = session(meta.as_ref(), "fence", AGENT).await;
@@ -752,7 +553,7 @@ async fn fencing_after_a_takeover_rejects_the_old_assignee(b: &mut Backend) {
     s.claim("g", &new).await.expect("the new session claims");
 }
 
-async fn concurrent_claimers_have_exactly_one_winner(b: &mut Backend) {
+async fn concurrent_claimers_have_exactly_one_winner(b: &mut Harness) {
     let s = Arc::new(store(b));
     let meta = b.meta();
     for round in 0..3 {
@@ -790,7 +591,7 @@ async fn concurrent_claimers_have_exactly_one_winner(b: &mut Backend) {
     }
 }
 
-async fn requeue_after_takeover_or_expiry(b: &mut Backend) {
+async fn requeue_after_takeover_or_expiry(b: &mut Harness) {
     let s = store(b);
     let meta = b.meta();
     let a = session(meta.as_ref(), "rq", AGENT).await;
@@ -863,7 +664,7 @@ async fn requeue_after_takeover_or_expiry(b: &mut Backend) {
     assert_eq!(s.get("e").await.expect("get").state, TaskState::Submitted);
 }
 
-async fn terminal_tasks_never_change(b: &mut Backend) {
+async fn terminal_tasks_never_change(b: &mut Harness) {
     let s = store(b);
     let meta = b.meta();
     let who = session(meta.as_ref(), "term", AGENT).await;
@@ -917,7 +718,7 @@ async fn terminal_tasks_never_change(b: &mut Backend) {
     assert_eq!(s.get("late").await.expect("get").state, TaskState::Canceled);
 }
 
-async fn expire_deletes_only_old_terminal_tasks(b: &mut Backend) {
+async fn expire_deletes_only_old_terminal_tasks(b: &mut Harness) {
     let s = store(b);
     let who = session(b.meta().as_ref(), "exp", AGENT).await;
     for state in TaskState::ALL {
@@ -944,7 +745,7 @@ async fn expire_deletes_only_old_terminal_tasks(b: &mut Backend) {
     assert_eq!(s.expire_terminal(Duration::ZERO).await.expect("expire"), 0);
 }
 
-async fn indeterminate_submit_is_safe_to_retry_with_the_same_id(b: &mut Backend) {
+async fn indeterminate_submit_is_safe_to_retry_with_the_same_id(b: &mut Harness) {
     let s = store(b);
     // The answer was lost after the write was applied: the retry finds the task.
     b.proxy
@@ -997,7 +798,7 @@ async fn indeterminate_submit_is_safe_to_retry_with_the_same_id(b: &mut Backend)
     assert_eq!(s.get("i1").await.expect("get").state, TaskState::Completed);
 }
 
-async fn corrupt_records_are_reported(b: &mut Backend) {
+async fn corrupt_records_are_reported(b: &mut Harness) {
     let s = store(b);
     let meta = b.meta();
     s.submit(Some("good"), AGENT, json!(1))
@@ -1035,7 +836,7 @@ async fn corrupt_records_are_reported(b: &mut Backend) {
     assert_eq!(s.get("good").await.expect("get").id, "good");
 }
 
-async fn restart_keeps_every_acknowledged_submit_and_transition(b: &mut Backend) {
+async fn restart_keeps_every_acknowledged_submit_and_transition(b: &mut Harness) {
     let s = Arc::new(store(b));
     let meta = b.meta();
     let who = session(meta.as_ref(), "restart", AGENT).await;
@@ -1110,7 +911,7 @@ async fn restart_keeps_every_acknowledged_submit_and_transition(b: &mut Backend)
     }
 }
 
-async fn meta_unavailable_never_drops_a_submit(b: &mut Backend) {
+async fn meta_unavailable_never_drops_a_submit(b: &mut Harness) {
     let s = Arc::new(store(b));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let submitter = {

@@ -19,10 +19,10 @@
 //! derived from the delivery the record names ([`super::id`]) is corrupt.
 
 use super::{DeadLetterEntry, DeadLetterState};
+use crate::codec::decode_named;
 use crate::log::BodyRef;
-use crate::tasks::Timestamp;
+use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// The record version this module writes.
 pub const VERSION: u64 = 1;
@@ -90,15 +90,7 @@ pub fn decode(
     bytes: &[u8],
     version: i64,
 ) -> Result<DeadLetterEntry, String> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON dead-letter record: {e}"))?;
-    match value.get("v") {
-        Some(Value::Number(n)) if n.as_u64() == Some(VERSION) => {}
-        Some(other) => return Err(format!("unknown dead-letter record version {other}")),
-        None => return Err("dead-letter record without a version (\"v\")".into()),
-    }
-    let r: EntryV1 =
-        serde_json::from_value(value).map_err(|e| format!("malformed dead-letter record: {e}"))?;
+    let r: EntryV1 = decode_named(bytes, VERSION, "dead-letter record")?;
     if r.id != key_id || r.subscription != key_subscription {
         return Err(format!(
             "record of entry {}/{} stored under the key of {key_subscription}/{key_id}",
@@ -146,6 +138,7 @@ pub fn decode(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use serde_json::Value;
 
     fn arb_time() -> impl Strategy<Value = Timestamp> {
         (0i64..=253_402_300_799_999).prop_map(|m| Timestamp::from_millis(m).unwrap())

@@ -4,8 +4,8 @@
 //!
 //! JSON, versioned: `{"v":1,"subscription":"billing"}`. Anything else is corrupt.
 
+use crate::codec::decode_named;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// The record version this module writes.
 pub const VERSION: u64 = 1;
@@ -27,15 +27,7 @@ pub fn encode(subscription: &str) -> Result<Vec<u8>, String> {
 
 /// The subscription the index record names.
 pub fn decode(bytes: &[u8]) -> Result<String, String> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| format!("not a JSON dead-letter index record: {e}"))?;
-    match value.get("v") {
-        Some(Value::Number(n)) if n.as_u64() == Some(VERSION) => {}
-        Some(other) => return Err(format!("unknown dead-letter index record version {other}")),
-        None => return Err("dead-letter index record without a version (\"v\")".into()),
-    }
-    let r: IndexV1 = serde_json::from_value(value)
-        .map_err(|e| format!("malformed dead-letter index record: {e}"))?;
+    let r: IndexV1 = decode_named(bytes, VERSION, "dead-letter index record")?;
     if r.subscription.is_empty() {
         return Err("dead-letter index record names no subscription".into());
     }

@@ -13,6 +13,7 @@
 //!
 //! Value: `{"v":1,"client_id":"c-1"}`.
 
+use crate::codec::decode_probed;
 use crate::subscriptions::cache::CorruptRecord;
 use crate::subscriptions::validate_name;
 use meshd_meta::keys::{self, KeyKind};
@@ -27,11 +28,6 @@ pub const ID_COMPONENT: &str = "id";
 /// The session-id key of `session_id`.
 pub fn key(session_id: &str) -> Vec<u8> {
     keys::key(KeyKind::Sessions, &[ID_COMPONENT, session_id])
-}
-
-#[derive(Deserialize)]
-struct Probe {
-    v: Option<serde_json::Value>,
 }
 
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
@@ -51,24 +47,13 @@ pub fn encode(client_id: &str) -> Result<Vec<u8>, String> {
 
 /// The client id stored in a session-id value.
 pub fn decode_value(value: &[u8]) -> Result<String, String> {
-    let probe: Probe =
-        serde_json::from_slice(value).map_err(|e| format!("not a JSON record: {e}"))?;
-    match probe.v {
-        None => return Err("the record has no version field \"v\"".into()),
-        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
-        Some(other) => return Err(format!("unknown record version {other}")),
-    }
-    let r: RecordV1 =
-        serde_json::from_slice(value).map_err(|e| format!("malformed version 1 record: {e}"))?;
+    let r: RecordV1 = decode_probed(value, VERSION)?;
     validate_name(&r.client_id).map_err(|e| format!("invalid client id: {e}"))?;
     Ok(r.client_id)
 }
 
 pub(crate) fn decode(kv: &KeyValue) -> Result<String, CorruptRecord> {
-    decode_value(&kv.value).map_err(|reason| CorruptRecord {
-        key: String::from_utf8_lossy(&kv.key).into_owned(),
-        reason,
-    })
+    decode_value(&kv.value).map_err(|reason| CorruptRecord::new(&kv.key, reason))
 }
 
 #[cfg(test)]

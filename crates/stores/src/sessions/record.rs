@@ -17,6 +17,7 @@
 //! with its key, its lease or its documented ranges is reported as corrupt.
 
 use super::Session;
+use crate::codec::decode_probed;
 use crate::subscriptions::cache::CorruptRecord;
 use crate::subscriptions::validate_name;
 use meshd_meta::keys::{self, KeyKind};
@@ -44,21 +45,16 @@ pub fn prefix() -> Vec<u8> {
 pub(crate) fn client_of(key: &[u8]) -> Result<String, CorruptRecord> {
     match keys::components(KeyKind::Sessions, key) {
         Some(mut parts) if parts.len() == 2 && parts[0] == CLIENT_COMPONENT => Ok(parts.remove(1)),
-        _ => Err(CorruptRecord {
-            key: String::from_utf8_lossy(key).into_owned(),
-            reason: "not a session owner key (expected sessions/client/{client_id})".into(),
-        }),
+        _ => Err(CorruptRecord::new(
+            key,
+            "not a session owner key (expected sessions/client/{client_id})",
+        )),
     }
 }
 
 /// Whether `id` has the shape of a session id: 32 lowercase hex digits (128 bits).
 pub fn is_session_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-#[derive(Deserialize)]
-struct Probe {
-    v: Option<serde_json::Value>,
 }
 
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
@@ -97,15 +93,7 @@ pub fn encode(value: &SessionValue) -> Result<Vec<u8>, String> {
 
 /// Decodes the value stored under the owner key of `client_id`.
 pub fn decode_value(client_id: &str, value: &[u8]) -> Result<SessionValue, String> {
-    let probe: Probe =
-        serde_json::from_slice(value).map_err(|e| format!("not a JSON record: {e}"))?;
-    match probe.v {
-        None => return Err("the record has no version field \"v\"".into()),
-        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
-        Some(other) => return Err(format!("unknown record version {other}")),
-    }
-    let r: RecordV1 =
-        serde_json::from_slice(value).map_err(|e| format!("malformed version 1 record: {e}"))?;
+    let r: RecordV1 = decode_probed(value, VERSION)?;
     if r.client_id != client_id {
         return Err(format!(
             "the record names client id {:?} but is stored under {client_id:?}",
@@ -136,10 +124,7 @@ pub fn decode_value(client_id: &str, value: &[u8]) -> Result<SessionValue, Strin
 
 /// Decodes an owner key-value into a session (epoch = `mod_revision`).
 pub(crate) fn decode(client_id: &str, kv: &KeyValue) -> Result<Session, CorruptRecord> {
-    let corrupt = |reason: String| CorruptRecord {
-        key: String::from_utf8_lossy(&kv.key).into_owned(),
-        reason,
-    };
+    let corrupt = |reason: String| CorruptRecord::new(&kv.key, reason);
     let v = decode_value(client_id, &kv.value).map_err(corrupt)?;
     if kv.lease != Some(v.lease) {
         return Err(corrupt(format!(

@@ -104,6 +104,16 @@ pub(crate) struct CorruptRecord {
     pub reason: String,
 }
 
+impl CorruptRecord {
+    /// The record at Meta key `key` is corrupt for `reason`.
+    pub(crate) fn new(key: &[u8], reason: impl Into<String>) -> Self {
+        Self {
+            key: crate::codec::key_text(key),
+            reason: reason.into(),
+        }
+    }
+}
+
 /// How a store's records are named and decoded.
 pub(crate) trait Codec<V>: Send + Sync + 'static {
     /// The record's name in the cache, from its Meta key (`Err` for a malformed key).
@@ -261,6 +271,62 @@ impl<V: Clone + Send + Sync + 'static> WatchedCache<V> {
     /// The last list/watch failure, for error messages.
     pub(crate) fn last_error(&self) -> Option<String> {
         self.shared.read().last_error.clone()
+    }
+
+    /// Waits at most `limit` for the cache to load and its watch to be live.
+    pub(crate) async fn wait_ready(&self, limit: Duration) -> bool {
+        let mut rx = self.subscribe();
+        let wait = async {
+            loop {
+                if self.health().is_ready() {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
+    }
+
+    /// Waits (at most the configured `load_wait`) until the cache has loaded once;
+    /// the error says why the `what` cache cannot answer yet.
+    pub(crate) async fn loaded(&self, what: &str) -> Result<(), String> {
+        if self.wait_loaded().await {
+            return Ok(());
+        }
+        Err(format!(
+            "the {what} cache has not loaded from meta yet (last error: {})",
+            self.last_error().unwrap_or_else(|| "none".to_string())
+        ))
+    }
+
+    /// The answer of `lookup` once the cache has loaded (see [`loaded`](Self::loaded));
+    /// `Ok(Err(_))` for a corrupt record.
+    #[allow(clippy::type_complexity)]
+    pub(crate) async fn get(
+        &self,
+        what: &str,
+        lookup: impl Fn(&Self) -> Lookup<V>,
+    ) -> Result<Result<Option<V>, CorruptRecord>, String> {
+        loop {
+            match lookup(self) {
+                Lookup::Present(v) => return Ok(v.map(Some)),
+                Lookup::Absent => return Ok(Ok(None)),
+                Lookup::NotLoaded => self.loaded(what).await?,
+            }
+        }
+    }
+
+    /// Every live, decodable record in name order, once the cache has loaded (see
+    /// [`loaded`](Self::loaded)).
+    pub(crate) async fn list(&self, what: &str) -> Result<Vec<V>, String> {
+        loop {
+            if let Some(values) = self.values() {
+                return Ok(values.into_iter().filter_map(|(_, v)| v.ok()).collect());
+            }
+            self.loaded(what).await?;
+        }
     }
 
     pub(crate) fn lookup(&self, name: &str) -> Lookup<V> {

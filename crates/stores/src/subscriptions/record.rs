@@ -21,6 +21,7 @@
 
 use super::cache::CorruptRecord;
 use super::{Backoff, Filter, Push, StartPosition, Subscription, SubscriptionSpec};
+use crate::codec::decode_probed;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::KeyValue;
 use serde::{Deserialize, Serialize};
@@ -42,16 +43,11 @@ pub fn prefix() -> Vec<u8> {
 pub(crate) fn name_of(key: &[u8]) -> Result<String, CorruptRecord> {
     match keys::components(KeyKind::Subscriptions, key) {
         Some(mut parts) if parts.len() == 1 => Ok(parts.remove(0)),
-        _ => Err(CorruptRecord {
-            key: String::from_utf8_lossy(key).into_owned(),
-            reason: "not a subscription key (expected subscriptions/{name})".into(),
-        }),
+        _ => Err(CorruptRecord::new(
+            key,
+            "not a subscription key (expected subscriptions/{name})",
+        )),
     }
-}
-
-#[derive(Serialize, Deserialize)]
-struct Probe {
-    v: Option<serde_json::Value>,
 }
 
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
@@ -126,15 +122,7 @@ pub fn encode(spec: &SubscriptionSpec) -> Result<Vec<u8>, String> {
 
 /// Decodes the value stored under `key` for subscription `name`.
 pub fn decode_value(name: &str, value: &[u8]) -> Result<SubscriptionSpec, String> {
-    let probe: Probe =
-        serde_json::from_slice(value).map_err(|e| format!("not a JSON record: {e}"))?;
-    match probe.v {
-        None => return Err("the record has no version field \"v\"".into()),
-        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
-        Some(other) => return Err(format!("unknown record version {other}")),
-    }
-    let r: RecordV1 =
-        serde_json::from_slice(value).map_err(|e| format!("malformed version 1 record: {e}"))?;
+    let r: RecordV1 = decode_probed(value, VERSION)?;
     let spec = SubscriptionSpec {
         name: r.name,
         topic: r.topic,
@@ -168,10 +156,7 @@ pub fn decode_value(name: &str, value: &[u8]) -> Result<SubscriptionSpec, String
 /// Decodes a stored key-value into a subscription (revision = `mod_revision`,
 /// incarnation = `create_revision`).
 pub(crate) fn decode(name: &str, kv: &KeyValue) -> Result<Subscription, CorruptRecord> {
-    let corrupt = |reason: String| CorruptRecord {
-        key: String::from_utf8_lossy(&kv.key).into_owned(),
-        reason,
-    };
+    let corrupt = |reason: String| CorruptRecord::new(&kv.key, reason);
     let spec = decode_value(name, &kv.value).map_err(corrupt)?;
     Ok(Subscription {
         spec,

@@ -21,7 +21,8 @@
 //! reported as corrupt, never turned into some other task.
 
 use super::{Assignee, HistoryEntry, Task, TaskState};
-use crate::tasks::Timestamp;
+use crate::codec::decode_named;
+use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -112,15 +113,7 @@ pub fn encode(task: &Task) -> Result<Vec<u8>, String> {
 /// Decodes the record stored under the key of task `key_id`, whose Meta
 /// `mod_revision` is `version`. The error is the reason it is corrupt.
 pub fn decode(key_id: &str, bytes: &[u8], version: i64) -> Result<Task, String> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON task record: {e}"))?;
-    match value.get("v") {
-        Some(Value::Number(n)) if n.as_u64() == Some(VERSION) => {}
-        Some(other) => return Err(format!("unknown task record version {other}")),
-        None => return Err("task record without a version (\"v\")".into()),
-    }
-    let r: RecordV1 =
-        serde_json::from_value(value).map_err(|e| format!("malformed task record: {e}"))?;
+    let r: RecordV1 = decode_named(bytes, VERSION, "task record")?;
     if r.id != key_id {
         return Err(format!(
             "record of task {:?} stored under the key of task {key_id:?}",

@@ -1,0 +1,147 @@
+//! # What the stores on Meta share: error classes, compare-and-set, paged scans
+//!
+//! Every store maps Meta's failures onto its own error type, whose variants keep
+//! Meta's classification visible ([`FromMeta`]); writes conditional on a version
+//! treat a failed compare as a lost race, not an error ([`won`],
+//! [`commit_at_version`]); and ledgers without a cache scan their prefix page by page
+//! ([`PrefixPages`]).
+
+use meshd_meta::fence::Ownership;
+use meshd_meta::{Compare, KeyValue, Meta, MetaError, RangeOptions, RangeResponse, Txn};
+
+/// How often a call that makes its own compare-and-set retries after losing a race
+/// before it reports `Unavailable` (not applied; retry later). Every lost race means
+/// another writer made progress, so this is only reached under pathological contention.
+pub(crate) const MAX_CAS_ATTEMPTS: usize = 64;
+
+/// A store error with the classes of Meta's failures every store keeps visible.
+pub(crate) trait FromMeta: Sized {
+    /// Meta could not be reached; nothing was applied.
+    fn unavailable(message: String) -> Self;
+    /// The outcome is unknown.
+    fn indeterminate(message: String) -> Self;
+    /// A record Meta holds is unreadable.
+    fn corrupt(key: String, reason: String) -> Self;
+    /// Anything this store does not expect from Meta.
+    fn failed(message: String) -> Self;
+    /// The store's own answer to the other errors (fenced, conflict, ...); `Err`
+    /// gives the error back to be reported as [`failed`](Self::failed).
+    fn special(e: MetaError) -> Result<Self, MetaError> {
+        Err(e)
+    }
+
+    /// Maps a Meta error the caller did not handle itself.
+    fn from_meta(e: MetaError) -> Self {
+        match e {
+            MetaError::Unavailable(m) => Self::unavailable(m),
+            MetaError::Indeterminate(m) => Self::indeterminate(m),
+            MetaError::Corrupt { key, reason } => Self::corrupt(key, reason),
+            other => Self::special(other).unwrap_or_else(|e| Self::failed(e.to_string())),
+        }
+    }
+}
+
+/// The four [`FromMeta`] constructors of a store error whose variants are named
+/// `Unavailable(String)`, `Indeterminate(String)`, `Corrupt { key, reason }` and
+/// `Failed(String)`, as every store's are. Used inside `impl FromMeta for …`.
+macro_rules! meta_classes {
+    ($error:ident) => {
+        fn unavailable(message: String) -> Self {
+            $error::Unavailable(message)
+        }
+        fn indeterminate(message: String) -> Self {
+            $error::Indeterminate(message)
+        }
+        fn corrupt(key: String, reason: String) -> Self {
+            $error::Corrupt { key, reason }
+        }
+        fn failed(message: String) -> Self {
+            $error::Failed(message)
+        }
+    };
+}
+pub(crate) use meta_classes;
+
+/// A compare-and-set's answer: `Ok(Ok(_))` it won, `Ok(Err(current))` it lost (a
+/// compare failed; `current` is the value Meta reported, if any), `Err` Meta failed.
+pub(crate) fn won<T>(
+    r: Result<T, MetaError>,
+) -> Result<Result<T, Option<Box<KeyValue>>>, MetaError> {
+    match r {
+        Ok(t) => Ok(Ok(t)),
+        Err(MetaError::Conflict { current }) => Ok(Err(current)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Commits `txn` if `key` is still at `version` (its `mod_revision`), fenced by
+/// `fence` when given. `Ok(None)`: it is not (lost a race: re-read and decide again).
+/// The answer is the commit's revision.
+pub(crate) async fn commit_at_version(
+    meta: &dyn Meta,
+    key: &[u8],
+    version: i64,
+    txn: Txn,
+    fence: Option<&Ownership>,
+) -> Result<Option<i64>, MetaError> {
+    let txn = txn.when(Compare::ModRevision {
+        key: key.to_vec(),
+        revision: version,
+    });
+    let r = match fence {
+        Some(owner) => owner.commit(meta, txn).await,
+        None => meta.txn(txn).await,
+    };
+    Ok(won(r)?.ok().map(|r| r.revision))
+}
+
+/// The smallest key after `key`.
+pub(crate) fn after(mut key: Vec<u8>) -> Vec<u8> {
+    key.push(0);
+    key
+}
+
+/// A prefix read page by page (each page one consistent `range`).
+pub(crate) struct PrefixPages {
+    prefix: Vec<u8>,
+    /// Where the next page starts (`None`: at the prefix).
+    start: Option<Vec<u8>>,
+    limit: usize,
+    done: bool,
+}
+
+impl PrefixPages {
+    /// Pages of `limit` keys under `prefix`, from `start` (inclusive) when given.
+    pub(crate) fn new(prefix: Vec<u8>, start: Option<Vec<u8>>, limit: usize) -> Self {
+        Self {
+            prefix,
+            start,
+            limit,
+            done: false,
+        }
+    }
+
+    /// The next page; `None` after the last one.
+    pub(crate) async fn next(
+        &mut self,
+        meta: &dyn Meta,
+    ) -> Result<Option<RangeResponse>, MetaError> {
+        if self.done {
+            return Ok(None);
+        }
+        let page = meta
+            .range(
+                &self.prefix,
+                RangeOptions {
+                    start: self.start.clone(),
+                    limit: self.limit,
+                },
+            )
+            .await?;
+        match page.kvs.last() {
+            Some(last) if page.more => self.start = Some(after(last.key.clone())),
+            _ => self.done = true,
+        }
+        Ok(Some(page))
+    }
+}
