@@ -1,0 +1,155 @@
+//! The settings one partition core runs with, and the retry backoff they imply.
+
+use meshd_stores::subscriptions::{
+    Backoff, Filter, SubscriptionSpec, ACK_TIMEOUT_MS_RANGE, BACKOFF_MAX_MS, MAX_ATTEMPTS_RANGE,
+};
+
+/// Deliveries in flight or waiting per partition when nothing else is said.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1000;
+/// Events held in memory per partition (from the committed offset on) by default.
+pub const DEFAULT_MAX_WINDOW: usize = 10_000;
+/// Events asked for by one `ReadLog` by default.
+pub const DEFAULT_READ_BATCH: usize = 256;
+/// How long after a failed read the core asks again, by default.
+pub const DEFAULT_READ_RETRY_MS: u64 = 1_000;
+
+/// How one partition of one subscription is delivered. A plain struct with defaults
+/// and [`Config::validate`] (house style 14); [`Config::from_spec`] takes the
+/// subscription's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Deliveries before an event is dead-lettered (1–1000): with 3, the third failed
+    /// delivery dead-letters it.
+    pub max_attempts: u32,
+    /// The lease of one hand-out (100–600000 ms).
+    pub ack_timeout_ms: u64,
+    /// Retry backoff: `initial_ms` doubled per failed attempt up to `max_ms`, with
+    /// equal jitter (see [`backoff_delay`]).
+    pub backoff: Backoff,
+    /// At most this many deliveries are persisting, in flight, waiting for a retry or
+    /// being dead-lettered (redrives included); beyond it nothing new is read or handed
+    /// out. Due retries still go out: they are already counted.
+    pub max_in_flight: usize,
+    /// At most this many offsets from the committed offset on are read into memory
+    /// (`next_to_read - committed <= max_window`), so a stuck lowest offset bounds
+    /// memory instead of letting the window grow with the log.
+    pub max_window: usize,
+    /// The most events one `ReadLog` asks for.
+    pub read_batch: usize,
+    /// After `ReadFailed`, the next `ReadLog` waits this long.
+    pub read_retry_ms: u64,
+    /// Events that do not match are resolved without delivery (no attempt).
+    pub filter: Option<Filter>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::from_spec(&SubscriptionSpec::new("default", "default"))
+    }
+}
+
+/// A setting outside its range; names the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid dispatch config: {field}: {reason}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl Config {
+    /// The subscription's settings with the default bounds.
+    pub fn from_spec(spec: &SubscriptionSpec) -> Self {
+        Self {
+            max_attempts: spec.max_attempts,
+            ack_timeout_ms: spec.ack_timeout_ms,
+            backoff: spec.backoff,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_window: DEFAULT_MAX_WINDOW,
+            read_batch: DEFAULT_READ_BATCH,
+            read_retry_ms: DEFAULT_READ_RETRY_MS,
+            filter: spec.filter.clone(),
+        }
+    }
+
+    /// Checks every value against its documented range (HTTP API "Conventions").
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: String| Err(ConfigError { field, reason });
+        if !MAX_ATTEMPTS_RANGE.contains(&self.max_attempts) {
+            return bad(
+                "max_attempts",
+                format!("{} is outside 1–1000", self.max_attempts),
+            );
+        }
+        if !ACK_TIMEOUT_MS_RANGE.contains(&self.ack_timeout_ms) {
+            return bad(
+                "ack_timeout_ms",
+                format!("{} is outside 100–600000", self.ack_timeout_ms),
+            );
+        }
+        let b = self.backoff;
+        if b.initial_ms < 1 || b.initial_ms > b.max_ms || b.max_ms > BACKOFF_MAX_MS {
+            return bad(
+                "backoff",
+                format!(
+                    "needs 1 ≤ initial_ms ≤ max_ms ≤ {BACKOFF_MAX_MS}, got {}..{}",
+                    b.initial_ms, b.max_ms
+                ),
+            );
+        }
+        for (field, v) in [
+            ("max_in_flight", self.max_in_flight),
+            ("max_window", self.max_window),
+            ("read_batch", self.read_batch),
+        ] {
+            if v == 0 {
+                return bad(field, "must be at least 1".into());
+            }
+        }
+        if self.read_retry_ms == 0 {
+            return bad("read_retry_ms", "must be at least 1".into());
+        }
+        if let Some(f) = &self.filter {
+            if f.event_type.is_none() && f.source.is_none() {
+                return bad("filter", "names neither type nor source".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an event with this CloudEvents `type` and `source` is delivered: every
+    /// field the filter sets must be equal; no filter matches everything.
+    pub fn matches(&self, event_type: &str, source: &str) -> bool {
+        match &self.filter {
+            None => true,
+            Some(f) => {
+                f.event_type.as_deref().is_none_or(|t| t == event_type)
+                    && f.source.as_deref().is_none_or(|s| s == source)
+            }
+        }
+    }
+}
+
+/// The cap of the exponential backoff after `failures` failures (1 = the first):
+/// `initial_ms * 2^(failures-1)`, at most `max_ms`; saturating, never overflowing.
+pub fn backoff_cap(backoff: Backoff, failures: u32) -> u64 {
+    let exp = failures.saturating_sub(1);
+    let factor = if exp >= 63 { u64::MAX } else { 1u64 << exp };
+    backoff
+        .initial_ms
+        .saturating_mul(factor)
+        .min(backoff.max_ms)
+        .max(1)
+}
+
+/// The delay before the next try after `failures` failures, with **equal jitter**:
+/// `cap - cap/2 + j` where `j` is drawn from `0..=cap/2`. So the delay lies in
+/// `[ceil(cap/2), cap]`: it keeps half of the exponential growth as a floor (a failing
+/// consumer is not hammered, and doubling is visible) while the other half spreads
+/// retries of many deliveries apart. A jitter source answering above `cap/2` is
+/// clamped, so a wrong source cannot stretch a delay beyond `cap`.
+pub fn backoff_delay(backoff: Backoff, failures: u32, jitter: &mut dyn crate::Jitter) -> u64 {
+    let cap = backoff_cap(backoff, failures);
+    let half = cap / 2;
+    let j = jitter.sample(half).min(half);
+    cap - half + j
+}

@@ -1,0 +1,1388 @@
+//! The delivery state machine of one (subscription incarnation, topic, partition).
+
+use crate::config::{backoff_delay, Config};
+use crate::error::CoreError;
+use crate::io::{
+    AckOutcome, Command, DeadLetterRequest, Delivery, DeliveryRef, EventMeta, ExtendOutcome, Input,
+    NackOutcome, PullId, Reply, SessionCheck,
+};
+use crate::sources::Sources;
+use meshd_stores::deadletters::entry_id;
+use meshd_stores::delivery::{DeliveryRecord, DeliveryState, OffsetAdvance, SessionBinding};
+use meshd_stores::offsets::OffsetKey;
+use meshd_stores::subscriptions::ACK_TIMEOUT_MS_RANGE;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The reason recorded when a lease runs out.
+pub const ACK_TIMEOUT_REASON: &str = "ack timeout";
+/// The reason of a dead-letter that has no recorded failure (a recovered delivery
+/// whose attempts already reach a lowered `max_attempts`).
+pub const MAX_ATTEMPTS_REASON: &str = "max_attempts reached";
+
+/// Whom a partition core delivers for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partition {
+    /// (subscription, incarnation, topic, partition).
+    pub key: OffsetKey,
+    /// The log the events are read from (instance id for an embedded log, the stream
+    /// name for a shared one): part of every dead-letter entry id of this partition.
+    pub log_id: String,
+    /// The partition owner's epoch, written into every record (0 standalone).
+    pub owner_epoch: i64,
+}
+
+impl Partition {
+    /// The dead-letter entry id of `offset` in this partition.
+    pub fn dead_letter_id(&self, offset: u64) -> String {
+        entry_id(
+            &self.log_id,
+            self.key.incarnation,
+            &self.key.topic,
+            self.key.partition,
+            offset,
+        )
+    }
+}
+
+/// Counters for metrics and readiness.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// The lowest unresolved offset.
+    pub committed: u64,
+    /// The next offset the core will read.
+    pub next_to_read: u64,
+    /// The log's end as far as the core knows.
+    pub log_end: u64,
+    /// `max(log_end, next_to_read) - committed`: events not resolved yet.
+    pub backlog: u64,
+    /// Read and matching, never handed out (or handed out only in a failed persist).
+    pub pending: usize,
+    /// Attempt record being written (not handed out yet).
+    pub persisting: usize,
+    /// Handed out, lease running.
+    pub in_flight: usize,
+    /// Failed, waiting for the retry time (or due and waiting for a pull).
+    pub waiting: usize,
+    /// Acked (or dead-lettered) above a gap, record kept until the gap closes.
+    pub acked_awaiting: usize,
+    /// Failed `max_attempts` times; the dead-letter (or redrive-failed) write is not
+    /// durable yet.
+    pub dead_lettering: usize,
+    /// Redrives under way (any state).
+    pub redrives: usize,
+    /// What `max_in_flight` bounds: persisting + in flight + waiting + dead-lettering
+    /// + redrive acks being recorded.
+    pub outstanding: usize,
+}
+
+/// Where a delivery lives. Redrives sort first, so a pull serves them before the
+/// window (they are older than anything in it). Window offsets are `>= committed`,
+/// redriven ones `< committed`, so one offset never has both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Loc {
+    Redrive(u64),
+    Window(u64),
+}
+
+impl Loc {
+    fn offset(self) -> u64 {
+        match self {
+            Loc::Redrive(o) | Loc::Window(o) => o,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Status {
+    /// Ready and never handed out.
+    Pending,
+    /// `PersistAttempt` emitted for `entry.attempt`; waiting for `AttemptPersisted`.
+    Persisting {
+        pull_id: PullId,
+        deadline: u64,
+        prev_id: Option<String>,
+        prev_session: Option<SessionBinding>,
+    },
+    /// Handed out; the lease ends at `deadline`. `recovered`: known only from a record
+    /// after a crash, so when its lease ends it is due at once (no further backoff).
+    InFlight { deadline: u64, recovered: bool },
+    /// Failed; handed out again from `due` on.
+    WaitingRetry { due: u64 },
+    /// Failed `max_attempts` times. Window: `DeadLetter`; redrive: `RedriveFailed`.
+    /// `outstanding`: the write is with the shell; otherwise retried at `retry_at`.
+    DeadLettering {
+        outstanding: bool,
+        retry_at: u64,
+        failures: u32,
+    },
+    /// A redrive was acked; `RedriveSucceeded` is being written (same retry scheme).
+    Settling {
+        outstanding: bool,
+        retry_at: u64,
+        failures: u32,
+    },
+    /// Window only: acked, dead-lettered or filtered above a gap. `recorded`: its record
+    /// says `AckedAwaitingCommit` (or it has no record).
+    Resolved { recorded: bool },
+}
+
+impl Status {
+    /// Counted against `max_in_flight`.
+    fn outstanding(&self) -> bool {
+        matches!(
+            self,
+            Status::Persisting { .. }
+                | Status::InFlight { .. }
+                | Status::WaitingRetry { .. }
+                | Status::DeadLettering { .. }
+                | Status::Settling { .. }
+        )
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    /// Attempts made so far (persisted); the next hand-out is `attempt + 1`.
+    attempt: u32,
+    /// The current attempt's id (the one an ack must name).
+    delivery_id: Option<String>,
+    session: Option<SessionBinding>,
+    first_at: Option<u64>,
+    last_reason: Option<String>,
+    /// A record may exist in the store (so a `Resolve` must remove it).
+    has_record: bool,
+    /// For a redrive: its dead-letter entry id.
+    redrive_of: Option<String>,
+    status: Status,
+}
+
+impl Entry {
+    fn fresh(redrive_of: Option<String>, status: Status) -> Self {
+        Self {
+            attempt: 0,
+            delivery_id: None,
+            session: None,
+            first_at: None,
+            last_reason: None,
+            has_record: false,
+            redrive_of,
+            status,
+        }
+    }
+}
+
+/// Secondary indexes over `entries`, kept apart so they can be updated while an entry
+/// is borrowed. Only [`PartitionCore::set_status`], `insert_entry` and
+/// `remove_entry` touch them, so they always mirror the statuses.
+#[derive(Default)]
+struct Index {
+    /// Ready, never handed out: pulled in `Loc` order.
+    pending: BTreeSet<Loc>,
+    /// Timers that act when they pass: lease ends, dead-letter and redrive retries.
+    deadlines: BTreeSet<(u64, Loc)>,
+    /// Retry due times: due ones are ready for a pull; future ones are wake-ups.
+    retries: BTreeSet<(u64, Loc)>,
+    /// Entries whose status counts against `max_in_flight`.
+    outstanding: usize,
+}
+
+impl Index {
+    fn add(&mut self, loc: Loc, s: &Status) {
+        match s {
+            Status::Pending => {
+                self.pending.insert(loc);
+            }
+            Status::InFlight { deadline, .. } => {
+                self.deadlines.insert((*deadline, loc));
+            }
+            Status::WaitingRetry { due } => {
+                self.retries.insert((*due, loc));
+            }
+            Status::DeadLettering {
+                outstanding: false,
+                retry_at,
+                ..
+            }
+            | Status::Settling {
+                outstanding: false,
+                retry_at,
+                ..
+            } => {
+                self.deadlines.insert((*retry_at, loc));
+            }
+            _ => {}
+        }
+        if s.outstanding() {
+            self.outstanding += 1;
+        }
+    }
+
+    fn remove(&mut self, loc: Loc, s: &Status) {
+        match s {
+            Status::Pending => {
+                self.pending.remove(&loc);
+            }
+            Status::InFlight { deadline, .. } => {
+                self.deadlines.remove(&(*deadline, loc));
+            }
+            Status::WaitingRetry { due } => {
+                self.retries.remove(&(*due, loc));
+            }
+            Status::DeadLettering {
+                outstanding: false,
+                retry_at,
+                ..
+            }
+            | Status::Settling {
+                outstanding: false,
+                retry_at,
+                ..
+            } => {
+                self.deadlines.remove(&(*retry_at, loc));
+            }
+            _ => {}
+        }
+        if s.outstanding() {
+            self.outstanding = self.outstanding.saturating_sub(1);
+        }
+    }
+}
+
+/// What one `handle` produces: store commands in order, replies last (so a reply is
+/// sent only after the writes it reports), and the window entries resolved during the
+/// call (their `AckedAwaitingCommit` update is decided once the committed offset has
+/// moved, so an entry resolved and committed in one call is never updated first).
+#[derive(Default)]
+struct Out {
+    cmds: Vec<Command>,
+    replies: Vec<Reply>,
+    dirty: BTreeSet<Loc>,
+}
+
+impl Out {
+    fn finish(self) -> Vec<Command> {
+        let mut cmds = self.cmds;
+        cmds.extend(self.replies.into_iter().map(Command::Reply));
+        cmds
+    }
+}
+
+/// The sans-IO delivery core of one (subscription incarnation, topic, partition).
+///
+/// Inputs in, commands out: see [`Input`] and [`Command`] for the protocol with the
+/// shell, the crate docs for the rules. No method blocks, does I/O or panics.
+pub struct PartitionCore {
+    partition: Partition,
+    config: Config,
+    /// Ids and jitter: injected so tests are deterministic.
+    sources: Sources,
+    /// The lowest unresolved offset (equal to the last `Resolve` advance emitted).
+    committed: u64,
+    /// How far the log was read: offsets `committed..next_to_read` each have an entry.
+    next_to_read: u64,
+    /// The log's durable end as reported.
+    log_end: u64,
+    /// The outstanding `ReadLog { from, max }`, if any (one at a time).
+    reading: Option<(u64, usize)>,
+    /// After a failed read, no new read before this.
+    read_retry_at: Option<u64>,
+    /// Window entries (`>= committed`, each read offset until the committed offset
+    /// passes it) and redrives; a BTreeMap because the committed offset walks it in
+    /// order and pulls take the lowest offsets.
+    entries: BTreeMap<Loc, Entry>,
+    index: Index,
+    /// Current delivery id -> where it lives: acks arrive by id. Holds only ids of
+    /// in-flight or waiting attempts, so it is bounded by `max_in_flight`.
+    ids: HashMap<String, Loc>,
+    /// The latest time seen; time never runs backwards inside the core.
+    now: u64,
+}
+
+impl PartitionCore {
+    /// A core with nothing in flight, reading from `committed` (a new subscription, or
+    /// a partition without delivery records).
+    pub fn new(
+        partition: Partition,
+        config: Config,
+        committed: u64,
+        sources: Sources,
+    ) -> Result<Self, CoreError> {
+        config.validate()?;
+        Ok(Self {
+            partition,
+            config,
+            sources,
+            committed,
+            next_to_read: committed,
+            log_end: committed,
+            reading: None,
+            read_retry_at: None,
+            entries: BTreeMap::new(),
+            index: Index::default(),
+            ids: HashMap::new(),
+            now: 0,
+        })
+    }
+
+    /// Rebuilds the core after a restart from the OffsetStore's committed offset and
+    /// the DeliveryStateStore's records of this partition, and returns the commands
+    /// recovery implies (dead-letter and redrive writes that were not durable, the
+    /// first read, a `Resolve` when records above the offset are already resolved).
+    ///
+    /// * `InFlight`: due again at its persisted deadline, or at once if it passed; its
+    ///   delivery id stays valid until then (a consumer may still ack it).
+    /// * `WaitingRetry`: due at its persisted due time.
+    /// * `AckedAwaitingCommit`: resolved, never redelivered; removed when the committed
+    ///   offset passes it.
+    /// * `DeadLettering`: its `DeadLetter` is emitted again (the store finds an entry
+    ///   written before the crash).
+    /// * Offsets `>= committed` without a record are read and delivered again, from
+    ///   attempt 1. Attempt counts continue from the records.
+    /// * Records below `committed` are redrives (dead-lettered offsets are resolved);
+    ///   their entry id is derived from the partition and offset.
+    pub fn recover(
+        partition: Partition,
+        config: Config,
+        committed: u64,
+        records: Vec<DeliveryRecord>,
+        now_ms: u64,
+        sources: Sources,
+    ) -> Result<(Self, Vec<Command>), CoreError> {
+        let mut core = Self::new(partition, config, committed, sources)?;
+        let now = core.clock(now_ms);
+        let mut seen = BTreeSet::new();
+        for r in &records {
+            if r.key != core.partition.key {
+                return Err(CoreError::ForeignRecord {
+                    offset: r.offset,
+                    key: format!("{:?}", r.key),
+                });
+            }
+            if !seen.insert(r.offset) {
+                return Err(CoreError::DuplicateRecord { offset: r.offset });
+            }
+            if r.attempt == 0 {
+                return Err(CoreError::InvalidRecord {
+                    offset: r.offset,
+                    reason: "attempt 0".into(),
+                });
+            }
+        }
+        let mut out = Out::default();
+        for r in records {
+            let loc = if r.offset < committed {
+                Loc::Redrive(r.offset)
+            } else {
+                Loc::Window(r.offset)
+            };
+            let redrive_of = match loc {
+                Loc::Redrive(o) => Some(core.partition.dead_letter_id(o)),
+                Loc::Window(_) => None,
+            };
+            let status = match (r.state, loc) {
+                (DeliveryState::InFlight, _) => Status::InFlight {
+                    deadline: r.deadline_ms,
+                    recovered: true,
+                },
+                (DeliveryState::WaitingRetry, _) => Status::WaitingRetry { due: r.deadline_ms },
+                (DeliveryState::AckedAwaitingCommit, Loc::Window(_)) => {
+                    Status::Resolved { recorded: true }
+                }
+                (DeliveryState::AckedAwaitingCommit, Loc::Redrive(_)) => Status::Settling {
+                    outstanding: true,
+                    retry_at: now,
+                    failures: 0,
+                },
+                (DeliveryState::DeadLettering, _) => Status::DeadLettering {
+                    outstanding: true,
+                    retry_at: now,
+                    failures: 0,
+                },
+            };
+            let id = (!r.delivery_id.is_empty()).then_some(r.delivery_id);
+            if let (Some(id), Status::InFlight { .. } | Status::WaitingRetry { .. }) =
+                (&id, &status)
+            {
+                core.ids.insert(id.clone(), loc);
+            }
+            let entry = Entry {
+                attempt: r.attempt,
+                delivery_id: id,
+                session: r.session,
+                first_at: Some(r.first_delivered_at_ms),
+                last_reason: r.last_reason,
+                has_record: true,
+                redrive_of,
+                status,
+            };
+            let rewrite = matches!(
+                entry.status,
+                Status::DeadLettering { .. } | Status::Settling { .. }
+            );
+            core.insert_entry(loc, entry);
+            if rewrite {
+                core.emit_meta_write(loc, &mut out);
+            }
+        }
+        core.fire_timers(now, &mut out);
+        core.settle(&mut out);
+        core.maybe_read(now, &mut out);
+        Ok((core, out.finish()))
+    }
+
+    /// Applies one input at `now_ms` (unix ms; a value below an earlier one counts as
+    /// the earlier one) and returns what the shell must do, in order. Timers that have
+    /// passed act first, so results do not depend on how often the shell ticks.
+    pub fn handle(&mut self, input: Input, now_ms: u64) -> Result<Vec<Command>, CoreError> {
+        self.validate(&input)?;
+        let now = self.clock(now_ms);
+        let mut out = Out::default();
+        self.fire_timers(now, &mut out);
+        self.apply(input, now, &mut out);
+        self.settle(&mut out);
+        self.maybe_read(now, &mut out);
+        Ok(out.finish())
+    }
+
+    /// The earliest time at which time alone changes something (a lease ends, a retry
+    /// becomes due, a held dead-letter or a failed read is tried again): tick then.
+    /// `None`: nothing is timed. Retries already due are not wake-ups: they wait for a
+    /// pull (see [`PartitionCore::ready`]).
+    pub fn next_wakeup(&self) -> Option<u64> {
+        let mut t = self.index.deadlines.first().map(|(t, _)| *t);
+        let future_retry = self
+            .index
+            .retries
+            .range((self.now.saturating_add(1), Loc::Redrive(0))..)
+            .next()
+            .map(|(t, _)| *t);
+        for c in [future_retry, self.read_retry_at] {
+            t = match (t, c) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        t
+    }
+
+    /// How many deliveries a pull at `now_ms` could start (a long-polling shell waits
+    /// while this is 0).
+    pub fn ready(&self, now_ms: u64) -> usize {
+        let room = self
+            .config
+            .max_in_flight
+            .saturating_sub(self.index.outstanding);
+        let due = self
+            .index
+            .retries
+            .iter()
+            .take_while(|(t, _)| *t <= now_ms)
+            .count();
+        due + self.index.pending.len().min(room)
+    }
+
+    /// The session the current attempt named by `delivery_id` is bound to, so the shell
+    /// can look it up and pass a [`SessionCheck`] with the ack.
+    pub fn bound_session(&self, delivery_id: &str) -> Option<&SessionBinding> {
+        let loc = self.current(delivery_id)?;
+        self.entries.get(&loc)?.session.as_ref()
+    }
+
+    pub fn committed(&self) -> u64 {
+        self.committed
+    }
+
+    pub fn partition(&self) -> &Partition {
+        &self.partition
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats {
+            committed: self.committed,
+            next_to_read: self.next_to_read,
+            log_end: self.log_end,
+            backlog: self
+                .log_end
+                .max(self.next_to_read)
+                .saturating_sub(self.committed),
+            outstanding: self.index.outstanding,
+            ..Stats::default()
+        };
+        for (loc, e) in &self.entries {
+            if matches!(loc, Loc::Redrive(_)) {
+                s.redrives += 1;
+            }
+            match e.status {
+                Status::Pending => s.pending += 1,
+                Status::Persisting { .. } => s.persisting += 1,
+                Status::InFlight { .. } => s.in_flight += 1,
+                Status::WaitingRetry { .. } => s.waiting += 1,
+                Status::DeadLettering { .. } => s.dead_lettering += 1,
+                Status::Settling { .. } => s.acked_awaiting += 1,
+                Status::Resolved { .. } if e.has_record => s.acked_awaiting += 1,
+                Status::Resolved { .. } => {}
+            }
+        }
+        s
+    }
+
+    /// Checks the core's internal indexes against its entries (O(entries)): every
+    /// timer, pending mark and current delivery id mirrors a status, the outstanding
+    /// count is right, window entries lie at or above the committed offset and
+    /// redrives below it. For tests and debug assertions in the shell.
+    pub fn check_consistency(&self) -> Result<(), String> {
+        let mut expected = Index::default();
+        for (loc, e) in &self.entries {
+            expected.add(*loc, &e.status);
+            match loc {
+                Loc::Window(o) if *o < self.committed => {
+                    return Err(format!(
+                        "window entry {o} below committed {}",
+                        self.committed
+                    ))
+                }
+                Loc::Redrive(o) if *o >= self.committed => {
+                    return Err(format!(
+                        "redrive {o} at or above committed {}",
+                        self.committed
+                    ))
+                }
+                Loc::Redrive(_) if e.redrive_of.is_none() => {
+                    return Err(format!("redrive {loc:?} without an entry id"))
+                }
+                _ => {}
+            }
+            if matches!(e.status, Status::Resolved { .. }) && matches!(loc, Loc::Redrive(_)) {
+                return Err(format!("redrive {loc:?} resolved but not removed"));
+            }
+            if e.attempt > 0 && !e.has_record {
+                return Err(format!("{loc:?} has attempts without a record"));
+            }
+        }
+        let same = expected.pending == self.index.pending
+            && expected.deadlines == self.index.deadlines
+            && expected.retries == self.index.retries
+            && expected.outstanding == self.index.outstanding;
+        if !same {
+            return Err("indexes do not mirror the statuses".into());
+        }
+        for (id, loc) in &self.ids {
+            let Some(e) = self.entries.get(loc) else {
+                return Err(format!("id {id} points at a missing entry"));
+            };
+            if e.delivery_id.as_deref() != Some(id.as_str())
+                || !matches!(
+                    e.status,
+                    Status::InFlight { .. } | Status::WaitingRetry { .. }
+                )
+            {
+                return Err(format!("id {id} is not the current attempt of {loc:?}"));
+            }
+        }
+        if self.next_to_read < self.committed {
+            return Err("next_to_read below committed".into());
+        }
+        Ok(())
+    }
+
+    // ---- internals -------------------------------------------------------------
+
+    fn clock(&mut self, now_ms: u64) -> u64 {
+        self.now = self.now.max(now_ms);
+        self.now
+    }
+
+    /// Where `offset` lives (window offsets are `>= committed`, redrives below).
+    fn loc_of(&self, offset: u64) -> Loc {
+        if offset < self.committed {
+            Loc::Redrive(offset)
+        } else {
+            Loc::Window(offset)
+        }
+    }
+
+    /// The entry of a current (in flight or waiting) attempt with this id.
+    fn current(&self, delivery_id: &str) -> Option<Loc> {
+        let loc = *self.ids.get(delivery_id)?;
+        let e = self.entries.get(&loc)?;
+        let current = e.delivery_id.as_deref() == Some(delivery_id)
+            && matches!(
+                e.status,
+                Status::InFlight { .. } | Status::WaitingRetry { .. }
+            );
+        current.then_some(loc)
+    }
+
+    fn insert_entry(&mut self, loc: Loc, entry: Entry) {
+        self.index.add(loc, &entry.status);
+        if let Some(old) = self.entries.insert(loc, entry) {
+            self.index.remove(loc, &old.status);
+        }
+    }
+
+    fn remove_entry(&mut self, loc: Loc) {
+        if let Some(e) = self.entries.remove(&loc) {
+            self.index.remove(loc, &e.status);
+            if let Some(id) = e.delivery_id {
+                if self.ids.get(&id) == Some(&loc) {
+                    self.ids.remove(&id);
+                }
+            }
+        }
+    }
+
+    fn set_status(&mut self, loc: Loc, status: Status) {
+        if let Some(e) = self.entries.get_mut(&loc) {
+            self.index.remove(loc, &e.status);
+            self.index.add(loc, &status);
+            e.status = status;
+        }
+    }
+
+    /// Drops the entry's current id from the ack index (superseded or finished).
+    fn forget_id(&mut self, loc: Loc) {
+        if let Some(id) = self.entries.get(&loc).and_then(|e| e.delivery_id.as_ref()) {
+            if self.ids.get(id) == Some(&loc) {
+                self.ids.remove(id);
+            }
+        }
+    }
+
+    fn record(&self, loc: Loc, state: DeliveryState, deadline_ms: u64) -> Option<DeliveryRecord> {
+        let e = self.entries.get(&loc)?;
+        Some(DeliveryRecord {
+            key: self.partition.key.clone(),
+            offset: loc.offset(),
+            attempt: e.attempt,
+            delivery_id: e.delivery_id.clone().unwrap_or_default(),
+            deadline_ms,
+            last_reason: e.last_reason.clone(),
+            first_delivered_at_ms: e.first_at.unwrap_or(0),
+            state,
+            owner_epoch: self.partition.owner_epoch,
+            session: e.session.clone(),
+        })
+    }
+
+    fn update(&self, loc: Loc, state: DeliveryState, deadline_ms: u64, out: &mut Out) {
+        if let Some(r) = self.record(loc, state, deadline_ms) {
+            out.cmds.push(Command::Update(r));
+        }
+    }
+
+    fn delivery_id(&mut self, loc: Loc, attempt: u32) -> String {
+        let k = &self.partition.key;
+        let marker = if matches!(loc, Loc::Redrive(_)) {
+            "r"
+        } else {
+            ""
+        };
+        format!(
+            "{}-{}-{}-{}{}-{:016x}",
+            k.incarnation,
+            k.partition,
+            loc.offset(),
+            marker,
+            attempt,
+            self.sources.ids.nonce()
+        )
+    }
+
+    fn validate(&self, input: &Input) -> Result<(), CoreError> {
+        match input {
+            Input::EventsRead(events) => {
+                let Some((from, max)) = self.reading else {
+                    return Err(CoreError::NoReadOutstanding);
+                };
+                let mismatch = |reason: String| CoreError::ReadMismatch { from, max, reason };
+                if events.len() > max {
+                    return Err(mismatch(format!("{} events", events.len())));
+                }
+                for (i, e) in events.iter().enumerate() {
+                    let expected = from.checked_add(i as u64);
+                    if expected != Some(e.offset) {
+                        return Err(mismatch(format!(
+                            "event {i} has offset {}, expected {expected:?}",
+                            e.offset
+                        )));
+                    }
+                }
+            }
+            Input::ReadFailed if self.reading.is_none() => {
+                return Err(CoreError::NoReadOutstanding);
+            }
+            Input::Pull { max_events: 0, .. } => {
+                return Err(CoreError::InvalidPull { max_events: 0 });
+            }
+            Input::AttemptPersisted { offset, attempt }
+            | Input::PersistFailed { offset, attempt }
+                if self.persisting(*offset, *attempt).is_none() =>
+            {
+                return Err(CoreError::NotPersisting {
+                    offset: *offset,
+                    attempt: *attempt,
+                });
+            }
+            Input::Extend { ack_timeout_ms, .. }
+                if !ACK_TIMEOUT_MS_RANGE.contains(ack_timeout_ms) =>
+            {
+                return Err(CoreError::InvalidAckTimeout {
+                    ms: *ack_timeout_ms,
+                });
+            }
+            Input::DeadLettered { offset } | Input::DeadLetterUnavailable { offset } => {
+                let ok = matches!(
+                    self.entries.get(&Loc::Window(*offset)).map(|e| &e.status),
+                    Some(Status::DeadLettering {
+                        outstanding: true,
+                        ..
+                    })
+                );
+                if !ok {
+                    return Err(CoreError::NotDeadLettering { offset: *offset });
+                }
+            }
+            Input::RedriveSettled { offset } | Input::RedriveUnavailable { offset } => {
+                let ok = matches!(
+                    self.entries.get(&Loc::Redrive(*offset)).map(|e| &e.status),
+                    Some(
+                        Status::DeadLettering {
+                            outstanding: true,
+                            ..
+                        } | Status::Settling {
+                            outstanding: true,
+                            ..
+                        }
+                    )
+                );
+                if !ok {
+                    return Err(CoreError::NotSettling { offset: *offset });
+                }
+            }
+            Input::Redrive { entry_id, offset } => {
+                if *offset >= self.committed {
+                    return Err(CoreError::RedriveOfUnresolvedOffset {
+                        offset: *offset,
+                        committed: self.committed,
+                    });
+                }
+                let expected = self.partition.dead_letter_id(*offset);
+                if *entry_id != expected {
+                    return Err(CoreError::ForeignDeadLetterEntry {
+                        entry_id: entry_id.clone(),
+                        expected,
+                    });
+                }
+                let under_way = self
+                    .entries
+                    .range(Loc::Redrive(0)..=Loc::Redrive(u64::MAX))
+                    .count();
+                if !self.entries.contains_key(&Loc::Redrive(*offset))
+                    && under_way >= self.config.max_in_flight
+                {
+                    return Err(CoreError::RedriveBacklogFull {
+                        limit: self.config.max_in_flight,
+                    });
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The entry persisting this attempt of this offset.
+    fn persisting(&self, offset: u64, attempt: u32) -> Option<Loc> {
+        let loc = self.loc_of(offset);
+        let e = self.entries.get(&loc)?;
+        (matches!(e.status, Status::Persisting { .. }) && e.attempt == attempt).then_some(loc)
+    }
+
+    fn fire_timers(&mut self, now: u64, out: &mut Out) {
+        while let Some(&(t, loc)) = self.index.deadlines.first() {
+            if t > now {
+                break;
+            }
+            // Removed here so the loop always ends, whatever the status says.
+            self.index.deadlines.remove(&(t, loc));
+            let Some(status) = self.entries.get(&loc).map(|e| e.status.clone()) else {
+                continue;
+            };
+            match status {
+                Status::InFlight {
+                    deadline,
+                    recovered,
+                } if deadline == t => {
+                    self.fail(loc, ACK_TIMEOUT_REASON, now, recovered, out);
+                }
+                Status::DeadLettering {
+                    outstanding: false,
+                    retry_at,
+                    failures,
+                } if retry_at == t => {
+                    self.set_status(
+                        loc,
+                        Status::DeadLettering {
+                            outstanding: true,
+                            retry_at,
+                            failures,
+                        },
+                    );
+                    self.emit_meta_write(loc, out);
+                }
+                Status::Settling {
+                    outstanding: false,
+                    retry_at,
+                    failures,
+                } if retry_at == t => {
+                    self.set_status(
+                        loc,
+                        Status::Settling {
+                            outstanding: true,
+                            retry_at,
+                            failures,
+                        },
+                    );
+                    self.emit_meta_write(loc, out);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The DeadLetterStore write an entry in `DeadLettering`/`Settling` waits for.
+    fn emit_meta_write(&self, loc: Loc, out: &mut Out) {
+        let Some(e) = self.entries.get(&loc) else {
+            return;
+        };
+        let reason = e
+            .last_reason
+            .clone()
+            .unwrap_or_else(|| MAX_ATTEMPTS_REASON.to_string());
+        let cmd = match (&e.status, loc, &e.redrive_of) {
+            (Status::DeadLettering { .. }, Loc::Window(offset), _) => {
+                Command::DeadLetter(DeadLetterRequest {
+                    offset,
+                    attempts: e.attempt,
+                    reason,
+                    first_attempt_at_ms: e.first_at.unwrap_or(0),
+                })
+            }
+            (Status::DeadLettering { .. }, Loc::Redrive(offset), Some(id)) => {
+                Command::RedriveFailed {
+                    entry_id: id.clone(),
+                    offset,
+                    reason,
+                    attempts: e.attempt,
+                }
+            }
+            (Status::Settling { .. }, Loc::Redrive(offset), Some(id)) => {
+                Command::RedriveSucceeded {
+                    entry_id: id.clone(),
+                    offset,
+                }
+            }
+            _ => return,
+        };
+        out.cmds.push(cmd);
+    }
+
+    /// A failed attempt (nack, lease end): retry with backoff, or dead-letter at
+    /// `max_attempts`. `immediate`: due at once (a recovered lease).
+    fn fail(
+        &mut self,
+        loc: Loc,
+        reason: &str,
+        now: u64,
+        immediate: bool,
+        out: &mut Out,
+    ) -> NackOutcome {
+        let Some(e) = self.entries.get_mut(&loc) else {
+            return NackOutcome::Unknown;
+        };
+        e.last_reason = Some(reason.to_string());
+        let attempt = e.attempt;
+        if attempt >= self.config.max_attempts {
+            self.start_dead_letter(loc, now, out);
+            return NackOutcome::DeadLettering;
+        }
+        let due = if immediate {
+            now
+        } else {
+            now.saturating_add(backoff_delay(
+                self.config.backoff,
+                attempt,
+                self.sources.jitter.as_mut(),
+            ))
+        };
+        self.set_status(loc, Status::WaitingRetry { due });
+        self.update(loc, DeliveryState::WaitingRetry, due, out);
+        NackOutcome::Retrying { due_ms: due }
+    }
+
+    fn start_dead_letter(&mut self, loc: Loc, now: u64, out: &mut Out) {
+        self.forget_id(loc);
+        self.set_status(
+            loc,
+            Status::DeadLettering {
+                outstanding: true,
+                retry_at: now,
+                failures: 0,
+            },
+        );
+        self.update(loc, DeliveryState::DeadLettering, now, out);
+        self.emit_meta_write(loc, out);
+    }
+
+    fn apply(&mut self, input: Input, now: u64, out: &mut Out) {
+        match input {
+            Input::LogEnd(end) => self.log_end = self.log_end.max(end),
+            Input::EventsRead(events) => self.events_read(events),
+            Input::ReadFailed => {
+                self.reading = None;
+                self.read_retry_at = Some(now.saturating_add(self.config.read_retry_ms));
+            }
+            Input::Pull {
+                pull_id,
+                max_events,
+                session,
+            } => self.pull(pull_id, max_events, session, now, out),
+            Input::AttemptPersisted { offset, attempt } => self.persisted(offset, attempt, out),
+            Input::PersistFailed { offset, attempt } => self.persist_failed(offset, attempt, now),
+            Input::Ack(refs) => {
+                for r in refs {
+                    let outcome = self.ack(&r, now, out);
+                    out.replies.push(Reply::Ack {
+                        delivery_id: r.delivery_id,
+                        outcome,
+                    });
+                }
+            }
+            Input::Nack { deliveries, reason } => {
+                for r in deliveries {
+                    let outcome = self.nack(&r, &reason, now, out);
+                    out.replies.push(Reply::Nack {
+                        delivery_id: r.delivery_id,
+                        outcome,
+                    });
+                }
+            }
+            Input::Extend {
+                deliveries,
+                ack_timeout_ms,
+            } => {
+                for r in deliveries {
+                    let outcome = self.extend(&r, ack_timeout_ms, now, out);
+                    out.replies.push(Reply::Extend {
+                        delivery_id: r.delivery_id,
+                        outcome,
+                    });
+                }
+            }
+            Input::Tick => {}
+            Input::DeadLettered { offset } => {
+                let loc = Loc::Window(offset);
+                self.set_status(loc, Status::Resolved { recorded: false });
+                out.dirty.insert(loc);
+            }
+            Input::DeadLetterUnavailable { offset } => {
+                self.meta_write_unavailable(Loc::Window(offset), now)
+            }
+            Input::Redrive { entry_id, offset } => {
+                let loc = Loc::Redrive(offset);
+                if !self.entries.contains_key(&loc) {
+                    self.insert_entry(loc, Entry::fresh(Some(entry_id), Status::Pending));
+                }
+            }
+            Input::RedriveSettled { offset } => {
+                self.remove_entry(Loc::Redrive(offset));
+                out.cmds.push(Command::Resolve {
+                    remove: vec![offset],
+                    advance: None,
+                });
+            }
+            Input::RedriveUnavailable { offset } => {
+                self.meta_write_unavailable(Loc::Redrive(offset), now)
+            }
+        }
+    }
+
+    fn events_read(&mut self, events: Vec<EventMeta>) {
+        let Some((from, _)) = self.reading.take() else {
+            return;
+        };
+        let Some(last) = events.last().map(|e| e.offset) else {
+            // The log has nothing at `from`: our idea of its end was ahead of it.
+            self.log_end = self.log_end.min(from).max(self.next_to_read);
+            return;
+        };
+        for ev in events {
+            let loc = Loc::Window(ev.offset);
+            if ev.offset < self.committed || self.entries.contains_key(&loc) {
+                continue; // resolved already, or known from a recovered record
+            }
+            let status = if self.config.matches(&ev.event_type, &ev.source) {
+                Status::Pending
+            } else {
+                // Filtered: resolved without delivery, no attempt, no record.
+                Status::Resolved { recorded: true }
+            };
+            self.insert_entry(loc, Entry::fresh(None, status));
+        }
+        self.next_to_read = self.next_to_read.max(last.saturating_add(1));
+        self.log_end = self.log_end.max(self.next_to_read);
+    }
+
+    fn pull(
+        &mut self,
+        pull_id: PullId,
+        max: usize,
+        session: Option<SessionBinding>,
+        now: u64,
+        out: &mut Out,
+    ) {
+        // Due retries and pending offsets, merged in (redrives first, then) offset
+        // order: a retry waiting for its backoff is simply not in the list, so it never
+        // holds back later offsets.
+        let mut ready: Vec<Loc> = self
+            .index
+            .retries
+            .iter()
+            .take_while(|(due, _)| *due <= now)
+            .map(|(_, loc)| *loc)
+            .collect();
+        ready.extend(self.index.pending.iter().take(max).copied());
+        ready.sort_unstable();
+        let mut started = 0;
+        for loc in ready {
+            if started == max {
+                break;
+            }
+            let Some(e) = self.entries.get(&loc) else {
+                continue;
+            };
+            match e.status {
+                Status::Pending => {
+                    if self.index.outstanding >= self.config.max_in_flight {
+                        continue; // back-pressure: nothing new beyond the bound
+                    }
+                }
+                Status::WaitingRetry { .. } => {
+                    if e.attempt >= self.config.max_attempts {
+                        // Only after a lowered max_attempts: never a hand-out beyond it.
+                        self.start_dead_letter(loc, now, out);
+                        continue;
+                    }
+                }
+                _ => continue,
+            }
+            self.start_attempt(loc, pull_id, session.clone(), now, out);
+            started += 1;
+        }
+    }
+
+    /// Write-ahead: the record of attempt n+1 goes to the store first; the hand-out
+    /// waits for `AttemptPersisted`.
+    fn start_attempt(
+        &mut self,
+        loc: Loc,
+        pull_id: PullId,
+        session: Option<SessionBinding>,
+        now: u64,
+        out: &mut Out,
+    ) {
+        self.forget_id(loc);
+        let Some(attempt) = self.entries.get(&loc).map(|e| e.attempt.saturating_add(1)) else {
+            return;
+        };
+        let id = self.delivery_id(loc, attempt);
+        let deadline = now.saturating_add(self.config.ack_timeout_ms);
+        let Some(e) = self.entries.get_mut(&loc) else {
+            return;
+        };
+        e.attempt = attempt;
+        let prev_id = e.delivery_id.replace(id);
+        let prev_session = std::mem::replace(&mut e.session, session);
+        e.first_at.get_or_insert(now);
+        e.has_record = true;
+        self.set_status(
+            loc,
+            Status::Persisting {
+                pull_id,
+                deadline,
+                prev_id,
+                prev_session,
+            },
+        );
+        if let Some(record) = self.record(loc, DeliveryState::InFlight, deadline) {
+            out.cmds.push(Command::PersistAttempt { pull_id, record });
+        }
+    }
+
+    fn persisted(&mut self, offset: u64, attempt: u32, out: &mut Out) {
+        let Some(loc) = self.persisting(offset, attempt) else {
+            return;
+        };
+        let Some(e) = self.entries.get(&loc) else {
+            return;
+        };
+        let Status::Persisting {
+            pull_id, deadline, ..
+        } = e.status
+        else {
+            return;
+        };
+        let delivery = Delivery {
+            delivery_id: e.delivery_id.clone().unwrap_or_default(),
+            offset,
+            attempt,
+            deadline_ms: deadline,
+            session: e.session.clone(),
+            redrive_of: e.redrive_of.clone(),
+        };
+        self.ids.insert(delivery.delivery_id.clone(), loc);
+        self.set_status(
+            loc,
+            Status::InFlight {
+                deadline,
+                recovered: false,
+            },
+        );
+        out.cmds.push(Command::HandOut { pull_id, delivery });
+    }
+
+    fn persist_failed(&mut self, offset: u64, attempt: u32, now: u64) {
+        let Some(loc) = self.persisting(offset, attempt) else {
+            return;
+        };
+        let Some(e) = self.entries.get_mut(&loc) else {
+            return;
+        };
+        let Status::Persisting {
+            prev_id,
+            prev_session,
+            ..
+        } = e.status.clone()
+        else {
+            return;
+        };
+        // The attempt was never handed out: back to the previous count. Whatever the
+        // store holds for it says at most `attempt`, so the next try (attempt again)
+        // never goes below it. It stays due at once and counted against
+        // `max_in_flight` (not pending): the store may hold its record, and recovery
+        // would count that record as outstanding.
+        e.attempt = attempt.saturating_sub(1);
+        e.delivery_id = prev_id;
+        e.session = prev_session;
+        let status = Status::WaitingRetry { due: now };
+        self.set_status(loc, status);
+    }
+
+    fn fenced(&self, loc: Loc, check: Option<&SessionCheck>) -> bool {
+        let Some(bound) = self.entries.get(&loc).and_then(|e| e.session.as_ref()) else {
+            return false;
+        };
+        !matches!(check, Some(c) if c.session_id == bound.session_id
+            && c.current_epoch == Some(bound.epoch))
+    }
+
+    fn ack(&mut self, r: &DeliveryRef, now: u64, out: &mut Out) -> AckOutcome {
+        let Some(loc) = self.current(&r.delivery_id) else {
+            return AckOutcome::Unknown;
+        };
+        if self.fenced(loc, r.session.as_ref()) {
+            return AckOutcome::Fenced;
+        }
+        self.forget_id(loc);
+        match loc {
+            Loc::Window(_) => {
+                self.set_status(loc, Status::Resolved { recorded: false });
+                out.dirty.insert(loc);
+            }
+            Loc::Redrive(_) => {
+                self.set_status(
+                    loc,
+                    Status::Settling {
+                        outstanding: true,
+                        retry_at: now,
+                        failures: 0,
+                    },
+                );
+                self.update(loc, DeliveryState::AckedAwaitingCommit, u64::MAX, out);
+                self.emit_meta_write(loc, out);
+            }
+        }
+        AckOutcome::Acked
+    }
+
+    fn nack(&mut self, r: &DeliveryRef, reason: &str, now: u64, out: &mut Out) -> NackOutcome {
+        let Some(loc) = self.current(&r.delivery_id) else {
+            return NackOutcome::Unknown;
+        };
+        if self.fenced(loc, r.session.as_ref()) {
+            return NackOutcome::Fenced;
+        }
+        match self.entries.get(&loc).map(|e| e.status.clone()) {
+            Some(Status::InFlight { .. }) => self.fail(loc, reason, now, false, out),
+            // Failed already (lease ran out): the retry stands.
+            Some(Status::WaitingRetry { due }) => NackOutcome::Retrying { due_ms: due },
+            _ => NackOutcome::Unknown,
+        }
+    }
+
+    fn extend(&mut self, r: &DeliveryRef, ms: u64, now: u64, out: &mut Out) -> ExtendOutcome {
+        let Some(loc) = self.current(&r.delivery_id) else {
+            return ExtendOutcome::Unknown;
+        };
+        if self.fenced(loc, r.session.as_ref()) {
+            return ExtendOutcome::Fenced;
+        }
+        let Some(Status::InFlight { deadline, .. }) =
+            self.entries.get(&loc).map(|e| e.status.clone())
+        else {
+            // The lease already ended: there is nothing to extend.
+            return ExtendOutcome::Unknown;
+        };
+        let deadline = deadline.max(now.saturating_add(ms));
+        // A consumer holds it, so its end is an ordinary ack timeout (with backoff).
+        self.set_status(
+            loc,
+            Status::InFlight {
+                deadline,
+                recovered: false,
+            },
+        );
+        self.update(loc, DeliveryState::InFlight, deadline, out);
+        ExtendOutcome::Extended {
+            deadline_ms: deadline,
+        }
+    }
+
+    fn meta_write_unavailable(&mut self, loc: Loc, now: u64) {
+        let Some(status) = self.entries.get(&loc).map(|e| e.status.clone()) else {
+            return;
+        };
+        let next = |failures: u32, jitter: &mut dyn crate::Jitter, backoff| {
+            let failures = failures.saturating_add(1);
+            let retry_at = now.saturating_add(backoff_delay(backoff, failures, jitter));
+            (failures, retry_at)
+        };
+        let backoff = self.config.backoff;
+        let status = match status {
+            Status::DeadLettering { failures, .. } => {
+                let (failures, retry_at) = next(failures, self.sources.jitter.as_mut(), backoff);
+                Status::DeadLettering {
+                    outstanding: false,
+                    retry_at,
+                    failures,
+                }
+            }
+            Status::Settling { failures, .. } => {
+                let (failures, retry_at) = next(failures, self.sources.jitter.as_mut(), backoff);
+                Status::Settling {
+                    outstanding: false,
+                    retry_at,
+                    failures,
+                }
+            }
+            _ => return,
+        };
+        self.set_status(loc, status);
+    }
+
+    /// Moves the committed offset over the contiguous resolved prefix (one `Resolve`
+    /// with the records it passes), then records `AckedAwaitingCommit` for what this
+    /// call resolved above the gap.
+    fn settle(&mut self, out: &mut Out) {
+        let start = self.committed;
+        let mut remove = Vec::new();
+        while let Some(e) = self.entries.get(&Loc::Window(self.committed)) {
+            if !matches!(e.status, Status::Resolved { .. }) {
+                break;
+            }
+            if e.has_record {
+                remove.push(self.committed);
+            }
+            self.remove_entry(Loc::Window(self.committed));
+            match self.committed.checked_add(1) {
+                Some(c) => self.committed = c,
+                None => break,
+            }
+        }
+        if self.committed != start {
+            self.next_to_read = self.next_to_read.max(self.committed);
+            self.log_end = self.log_end.max(self.next_to_read);
+            out.cmds.push(Command::Resolve {
+                remove,
+                advance: Some(OffsetAdvance {
+                    key: self.partition.key.clone(),
+                    to: self.committed,
+                }),
+            });
+        }
+        for loc in std::mem::take(&mut out.dirty) {
+            let needs = matches!(
+                self.entries.get(&loc),
+                Some(Entry {
+                    status: Status::Resolved { recorded: false },
+                    has_record: true,
+                    ..
+                })
+            );
+            if needs {
+                self.update(loc, DeliveryState::AckedAwaitingCommit, u64::MAX, out);
+                self.set_status(loc, Status::Resolved { recorded: true });
+            }
+        }
+    }
+
+    /// Asks for more of the log when there is room: no read outstanding, something to
+    /// read, fewer than `max_in_flight` outstanding, and the window below its bound.
+    fn maybe_read(&mut self, now: u64, out: &mut Out) {
+        if self.reading.is_some() {
+            return;
+        }
+        if let Some(t) = self.read_retry_at {
+            if t > now {
+                return;
+            }
+            self.read_retry_at = None;
+        }
+        if self.next_to_read >= self.log_end || self.index.outstanding >= self.config.max_in_flight
+        {
+            return;
+        }
+        let limit = self.committed.saturating_add(self.config.max_window as u64);
+        if self.next_to_read >= limit {
+            return;
+        }
+        let max = (limit - self.next_to_read)
+            .min(self.log_end - self.next_to_read)
+            .min(self.config.read_batch as u64) as usize;
+        self.reading = Some((self.next_to_read, max));
+        out.cmds.push(Command::ReadLog {
+            from: self.next_to_read,
+            max,
+        });
+    }
+}
+
+/// The partition a delivery id names (ids are
+/// `{incarnation}-{partition}-{offset}-{attempt}-{nonce}`), so the shell can route an
+/// ack to its partition core. `None` for anything that is not such an id.
+pub fn partition_of(delivery_id: &str) -> Option<u32> {
+    let mut parts = delivery_id.rsplitn(5, '-');
+    let nonce = parts.next()?;
+    let attempt = parts.next()?;
+    let offset = parts.next()?;
+    let partition = parts.next()?;
+    let incarnation = parts.next()?;
+    let ok = u64::from_str_radix(nonce, 16).is_ok()
+        && attempt.trim_start_matches('r').parse::<u32>().is_ok()
+        && offset.parse::<u64>().is_ok()
+        && incarnation.parse::<i64>().is_ok();
+    ok.then(|| partition.parse().ok()).flatten()
+}

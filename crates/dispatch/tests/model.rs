@@ -1,0 +1,872 @@
+//! Model-based property test (house style 18): random input sequences, with crashes
+//! (process kills: every applied write survives) and power cuts (writes since the last
+//! sync are lost), against a model of what the stores hold. Commands are applied to a
+//! `BTreeMap` of delivery records exactly as the DeliveryStateStore would (`record_attempt`
+//! and `resolve` sync, `update` is buffered until the next sync or `Flush`), and a
+//! "crash" rebuilds the core with `PartitionCore::recover` from those records.
+//!
+//! After every step the invariants of at-least-once delivery are checked:
+//!
+//! * the committed offset never decreases, and every offset below it was acked,
+//!   dead-lettered or filtered;
+//! * a hand-out's attempt record is durable with that attempt and id (write-ahead);
+//! * an offset is never handed out with an attempt at or below an earlier hand-out of
+//!   it, across crashes too, and never above `max_attempts`;
+//! * an ack that was durable is never followed by a redelivery;
+//! * an ack of a superseded attempt or from a fenced session is never `Acked`;
+//! * a dead-letter is written with exactly `max_attempts` attempts, once per offset;
+//! * `outstanding <= max_in_flight`;
+//! * in the end, a consumer that keeps acking drains everything: the committed offset
+//!   reaches the log end and no record is left behind.
+
+use meshd_dispatch::{
+    AckOutcome, Command, Config, Delivery, DeliveryRecord, DeliveryRef, DeliveryState, EventMeta,
+    ExtendOutcome, Input, NackOutcome, OffsetKey, Partition, PartitionCore, PullId, Reply,
+    RngJitter, SessionBinding, SessionCheck, Sources,
+};
+use meshd_stores::subscriptions::{Backoff, Filter};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Publish(Vec<bool>),
+    ServeRead { fail: bool },
+    Pull { max: usize, bind: bool },
+    ReportPersisted { idx: usize, fail: bool },
+    Ack { idx: usize },
+    AckUnknown,
+    Nack { idx: usize },
+    Extend { idx: usize, ms: u64 },
+    Advance(u64),
+    DeadLetterWrite { ok: bool },
+    Redrive { idx: usize },
+    RedriveWrite { ok: bool },
+    Takeover,
+    Flush,
+    Crash { lossy: bool },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => proptest::collection::vec(any::<bool>(), 1..4).prop_map(Op::Publish),
+        4 => prop::bool::weighted(0.2).prop_map(|fail| Op::ServeRead { fail }),
+        4 => (1usize..5, any::<bool>()).prop_map(|(max, bind)| Op::Pull { max, bind }),
+        4 => (any::<usize>(), prop::bool::weighted(0.1))
+            .prop_map(|(idx, fail)| Op::ReportPersisted { idx, fail }),
+        4 => any::<usize>().prop_map(|idx| Op::Ack { idx }),
+        1 => Just(Op::AckUnknown),
+        2 => any::<usize>().prop_map(|idx| Op::Nack { idx }),
+        1 => (any::<usize>(), 100u64..3000).prop_map(|(idx, ms)| Op::Extend { idx, ms }),
+        3 => (0u64..2500).prop_map(Op::Advance),
+        2 => any::<bool>().prop_map(|ok| Op::DeadLetterWrite { ok }),
+        2 => any::<usize>().prop_map(|idx| Op::Redrive { idx }),
+        2 => any::<bool>().prop_map(|ok| Op::RedriveWrite { ok }),
+        1 => Just(Op::Takeover),
+        1 => Just(Op::Flush),
+        1 => any::<bool>().prop_map(|lossy| Op::Crash { lossy }),
+    ]
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    (1u32..5, 1usize..5, 2usize..9, 1usize..5, any::<bool>()).prop_map(
+        |(max_attempts, max_in_flight, max_window, read_batch, filtered)| Config {
+            max_attempts,
+            ack_timeout_ms: 1000,
+            backoff: Backoff {
+                initial_ms: 100,
+                max_ms: 400,
+            },
+            max_in_flight,
+            max_window,
+            read_batch,
+            read_retry_ms: 200,
+            filter: filtered.then(|| Filter {
+                event_type: Some("keep".into()),
+                source: None,
+            }),
+        },
+    )
+}
+
+fn key() -> OffsetKey {
+    OffsetKey {
+        subscription: "audit".into(),
+        incarnation: 5,
+        topic: "orders".into(),
+        partition: 0,
+    }
+}
+
+fn partition() -> Partition {
+    Partition {
+        key: key(),
+        log_id: "instance-a".into(),
+        owner_epoch: 3,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DlState {
+    Dead,
+    Redriving,
+}
+
+#[derive(Clone, Debug)]
+enum MetaWrite {
+    Succeeded { offset: u64 },
+    Failed { offset: u64 },
+}
+
+struct World {
+    config: Config,
+    core: PartitionCore,
+    generation: u64,
+    now: u64,
+    log: Vec<EventMeta>,
+
+    // -- the DeliveryStateStore + OffsetStore model --
+    records: BTreeMap<u64, DeliveryRecord>,
+    /// Records as of the last sync (what a power cut leaves).
+    synced: BTreeMap<u64, DeliveryRecord>,
+    committed: u64,
+
+    // -- the DeadLetterStore model --
+    dead: BTreeMap<u64, (DlState, u32)>,
+
+    // -- the shell's outstanding work (lost in a crash) --
+    read: Option<(u64, usize)>,
+    persists: Vec<(u64, u32)>,
+    dl_writes: VecDeque<u64>,
+    redrive_writes: VecDeque<MetaWrite>,
+
+    // -- the consumer and what it has seen --
+    held: Vec<Delivery>,
+    /// Highest attempt handed out per window offset, across crashes.
+    max_handed: HashMap<u64, u32>,
+    /// Highest attempt handed out per redriven offset, in the current redrive.
+    max_redrive_handed: HashMap<u64, u32>,
+    /// Latest delivery id handed out per (redrive?, offset).
+    latest_id: HashMap<(bool, u64), String>,
+    acked_synced: BTreeSet<u64>,
+    acked_unsynced: BTreeSet<u64>,
+    session: SessionBinding,
+    next_pull: u64,
+}
+
+impl World {
+    fn new(config: Config) -> Self {
+        let core = PartitionCore::new(
+            partition(),
+            config.clone(),
+            0,
+            Sources::deterministic(0, RngJitter::seeded(0)),
+        )
+        .expect("config");
+        Self {
+            config,
+            core,
+            generation: 0,
+            now: 1_000_000,
+            log: Vec::new(),
+            records: BTreeMap::new(),
+            synced: BTreeMap::new(),
+            committed: 0,
+            dead: BTreeMap::new(),
+            read: None,
+            persists: Vec::new(),
+            dl_writes: VecDeque::new(),
+            redrive_writes: VecDeque::new(),
+            held: Vec::new(),
+            max_handed: HashMap::new(),
+            max_redrive_handed: HashMap::new(),
+            latest_id: HashMap::new(),
+            acked_synced: BTreeSet::new(),
+            acked_unsynced: BTreeSet::new(),
+            session: SessionBinding {
+                session_id: "s-0".into(),
+                epoch: 1,
+            },
+            next_pull: 0,
+        }
+    }
+
+    fn feed(&mut self, input: Input) {
+        let cmds = self
+            .core
+            .handle(input.clone(), self.now)
+            .unwrap_or_else(|e| panic!("{input:?} refused: {e}"));
+        self.run(cmds);
+    }
+
+    fn sync(&mut self) {
+        self.synced = self.records.clone();
+        let acked = std::mem::take(&mut self.acked_unsynced);
+        self.acked_synced.extend(acked);
+    }
+
+    fn filtered(&self, offset: u64) -> bool {
+        let e = &self.log[offset as usize];
+        !self.config.matches(&e.event_type, &e.source)
+    }
+
+    fn delivery(&self, id: &str) -> Option<&Delivery> {
+        self.held.iter().rev().find(|d| d.delivery_id == id)
+    }
+
+    /// What the shell's SessionStore cache says about the session a delivery is bound
+    /// to: the live session's epoch, or fenced (`None`) for any earlier session.
+    fn check_for(&self, d: &Delivery) -> Option<SessionCheck> {
+        d.session.as_ref().map(|b| SessionCheck {
+            session_id: b.session_id.clone(),
+            current_epoch: (b.session_id == self.session.session_id).then_some(self.session.epoch),
+        })
+    }
+
+    fn run(&mut self, cmds: Vec<Command>) {
+        // Replies come last (after the writes they report), but they tell the model
+        // which acks were accepted, which the Resolve check before them needs.
+        let (replies, writes): (Vec<_>, Vec<_>) = cmds
+            .into_iter()
+            .partition(|c| matches!(c, Command::Reply(_)));
+        for c in replies {
+            self.execute(c);
+        }
+        for c in writes {
+            self.execute(c);
+        }
+        self.check_bounds();
+    }
+
+    fn execute(&mut self, c: Command) {
+        let max = self.config.max_attempts;
+        match c {
+            Command::ReadLog { from, max } => {
+                assert!(self.read.is_none(), "one read at a time");
+                assert!(max >= 1);
+                assert!(
+                    from + max as u64 <= self.committed + self.config.max_window as u64,
+                    "the window is bounded"
+                );
+                self.read = Some((from, max));
+            }
+            Command::PersistAttempt { record, .. } => {
+                assert!(record.attempt >= 1 && record.attempt <= max, "{record:?}");
+                assert_eq!(record.state, DeliveryState::InFlight);
+                if let Some(old) = self.records.get(&record.offset) {
+                    assert!(
+                        record.attempt >= old.attempt,
+                        "attempt count went back: {old:?} -> {record:?}"
+                    );
+                }
+                self.persists.push((record.offset, record.attempt));
+                self.records.insert(record.offset, record);
+                self.sync(); // record_attempt is durable before it returns
+            }
+            Command::HandOut { delivery, .. } => {
+                let d = delivery;
+                assert!(d.attempt >= 1 && d.attempt <= max, "{d:?}");
+                let durable = self.synced.get(&d.offset).expect("write-ahead: no record");
+                assert_eq!(
+                    (durable.attempt, &durable.delivery_id, durable.state),
+                    (d.attempt, &d.delivery_id, DeliveryState::InFlight),
+                    "write-ahead: the hand-out's record is not durable"
+                );
+                let redrive = d.redrive_of.is_some();
+                if redrive {
+                    assert!(d.offset < self.committed);
+                    let prev = self.max_redrive_handed.entry(d.offset).or_insert(0);
+                    assert!(d.attempt > *prev, "redrive attempt went back: {d:?}");
+                    *prev = d.attempt;
+                } else {
+                    assert!(d.offset >= self.committed, "hand-out below committed");
+                    assert!(
+                        !self.acked_synced.contains(&d.offset)
+                            && !self.acked_unsynced.contains(&d.offset),
+                        "an acked offset was redelivered: {d:?}"
+                    );
+                    let prev = self.max_handed.entry(d.offset).or_insert(0);
+                    assert!(d.attempt > *prev, "attempt went back: {d:?} after {prev}");
+                    *prev = d.attempt;
+                }
+                self.latest_id
+                    .insert((redrive, d.offset), d.delivery_id.clone());
+                self.held.push(d);
+            }
+            Command::Update(r) => {
+                assert!(
+                    self.records.contains_key(&r.offset),
+                    "update of a record that is not there (would resurrect it): {r:?}"
+                );
+                assert!(r.attempt >= self.records[&r.offset].attempt);
+                self.records.insert(r.offset, r);
+            }
+            Command::Resolve { remove, advance } => {
+                for o in &remove {
+                    self.records.remove(o);
+                }
+                if let Some(a) = advance {
+                    assert_eq!(a.key, key());
+                    assert!(a.to > self.committed, "committed must only grow");
+                    for o in self.committed..a.to {
+                        assert!(
+                            self.acked_synced.contains(&o)
+                                || self.acked_unsynced.contains(&o)
+                                || self.dead.contains_key(&o)
+                                || self.filtered(o),
+                            "offset {o} committed but neither acked, dead-lettered nor filtered"
+                        );
+                        assert!(
+                            !self.records.contains_key(&o),
+                            "record {o} left below the committed offset"
+                        );
+                    }
+                    assert!(a.to as usize <= self.log.len());
+                    self.committed = a.to;
+                }
+                self.sync();
+            }
+            Command::DeadLetter(req) => {
+                assert_eq!(req.attempts, max, "dead-lettered at exactly max_attempts");
+                assert!(req.offset >= self.committed);
+                let r = self
+                    .records
+                    .get(&req.offset)
+                    .expect("record while dead-lettering");
+                assert_eq!(r.state, DeliveryState::DeadLettering);
+                assert!(!self.dl_writes.contains(&req.offset));
+                self.dl_writes.push_back(req.offset);
+            }
+            Command::RedriveSucceeded { entry_id, offset } => {
+                assert_eq!(entry_id, partition().dead_letter_id(offset));
+                assert_eq!(
+                    self.dead.get(&offset).map(|e| e.0),
+                    Some(DlState::Redriving)
+                );
+                self.redrive_writes
+                    .push_back(MetaWrite::Succeeded { offset });
+            }
+            Command::RedriveFailed {
+                entry_id,
+                offset,
+                attempts,
+                ..
+            } => {
+                assert_eq!(entry_id, partition().dead_letter_id(offset));
+                assert_eq!(attempts, max);
+                assert_eq!(
+                    self.dead.get(&offset).map(|e| e.0),
+                    Some(DlState::Redriving)
+                );
+                self.redrive_writes.push_back(MetaWrite::Failed { offset });
+            }
+            Command::Reply(reply) => self.check_reply(reply),
+        }
+    }
+
+    fn check_reply(&mut self, reply: Reply) {
+        let (id, resolved, accepted) = match &reply {
+            Reply::Ack {
+                delivery_id,
+                outcome,
+            } => (
+                delivery_id,
+                *outcome == AckOutcome::Acked,
+                *outcome == AckOutcome::Acked,
+            ),
+            Reply::Nack {
+                delivery_id,
+                outcome,
+            } => (
+                delivery_id,
+                false,
+                matches!(
+                    outcome,
+                    NackOutcome::Retrying { .. } | NackOutcome::DeadLettering
+                ),
+            ),
+            Reply::Extend {
+                delivery_id,
+                outcome,
+            } => (
+                delivery_id,
+                false,
+                matches!(outcome, ExtendOutcome::Extended { .. }),
+            ),
+        };
+        if !accepted {
+            return;
+        }
+        let Some(d) = self.delivery(id).cloned() else {
+            // Ids from before a crash that this run never saw handed out are only the
+            // recovered ones (handed out by an earlier life): accepted is fine.
+            return;
+        };
+        let redrive = d.redrive_of.is_some();
+        assert_eq!(
+            self.latest_id.get(&(redrive, d.offset)),
+            Some(&d.delivery_id),
+            "a superseded attempt was accepted: {reply:?}"
+        );
+        if let Some(b) = &d.session {
+            assert_eq!(b, &self.session, "a fenced session was accepted: {reply:?}");
+        }
+        if resolved && !redrive {
+            self.acked_unsynced.insert(d.offset);
+        }
+    }
+
+    fn check_bounds(&self) {
+        if let Err(e) = self.core.check_consistency() {
+            panic!("inconsistent core: {e}");
+        }
+        let s = self.core.stats();
+        assert!(s.committed == self.committed, "core and store disagree");
+        assert!(
+            s.outstanding <= self.config.max_in_flight,
+            "outstanding {} above max_in_flight {}",
+            s.outstanding,
+            self.config.max_in_flight
+        );
+        assert!(
+            s.persisting + s.in_flight + s.waiting + s.dead_lettering <= self.config.max_in_flight
+        );
+        assert!(s.next_to_read <= self.committed + self.config.max_window as u64);
+        if let Some(t) = self.core.next_wakeup() {
+            assert!(
+                t >= self.now || s.in_flight > 0,
+                "a wake-up in the past: {t}"
+            );
+        }
+    }
+
+    fn step(&mut self, op: Op) {
+        match op {
+            Op::Publish(keeps) => {
+                for keep in keeps {
+                    let offset = self.log.len() as u64;
+                    self.log.push(EventMeta {
+                        offset,
+                        event_type: if keep { "keep" } else { "drop" }.into(),
+                        source: "/s".into(),
+                    });
+                }
+                self.feed(Input::LogEnd(self.log.len() as u64));
+            }
+            Op::ServeRead { fail } => {
+                let Some((from, max)) = self.read.take() else {
+                    return;
+                };
+                if fail {
+                    self.feed(Input::ReadFailed);
+                } else {
+                    let events = self
+                        .log
+                        .iter()
+                        .skip(from as usize)
+                        .take(max)
+                        .cloned()
+                        .collect();
+                    self.feed(Input::EventsRead(events));
+                }
+            }
+            Op::Pull { max, bind } => {
+                self.next_pull += 1;
+                let session = bind.then(|| self.session.clone());
+                self.feed(Input::Pull {
+                    pull_id: PullId(self.next_pull),
+                    max_events: max,
+                    session,
+                });
+            }
+            Op::ReportPersisted { idx, fail } => {
+                if self.persists.is_empty() {
+                    return;
+                }
+                let (offset, attempt) = self.persists.remove(idx % self.persists.len());
+                // `fail`: the write landed but was reported failed (the harshest case).
+                if fail {
+                    self.feed(Input::PersistFailed { offset, attempt });
+                } else {
+                    self.feed(Input::AttemptPersisted { offset, attempt });
+                }
+            }
+            Op::Ack { idx } | Op::Nack { idx } | Op::Extend { idx, .. } if self.held.is_empty() => {
+                let _ = idx;
+            }
+            Op::Ack { idx } => {
+                let d = self.held[idx % self.held.len()].clone();
+                let r = DeliveryRef {
+                    delivery_id: d.delivery_id.clone(),
+                    session: self.check_for(&d),
+                };
+                self.feed(Input::Ack(vec![r]));
+            }
+            Op::AckUnknown => {
+                let id = "5-0-0-1-ffffffffffffffff";
+                let cmds = self
+                    .core
+                    .handle(Input::Ack(vec![DeliveryRef::unbound(id)]), self.now)
+                    .unwrap();
+                let replies: Vec<&Command> = cmds
+                    .iter()
+                    .filter(|c| matches!(c, Command::Reply(_)))
+                    .collect();
+                assert_eq!(
+                    replies,
+                    [&Command::Reply(Reply::Ack {
+                        delivery_id: id.into(),
+                        outcome: AckOutcome::Unknown
+                    })]
+                );
+                self.run(cmds);
+            }
+            Op::Nack { idx } => {
+                let d = self.held[idx % self.held.len()].clone();
+                let r = DeliveryRef {
+                    delivery_id: d.delivery_id.clone(),
+                    session: self.check_for(&d),
+                };
+                self.feed(Input::Nack {
+                    deliveries: vec![r],
+                    reason: "consumer failed".into(),
+                });
+            }
+            Op::Extend { idx, ms } => {
+                let d = self.held[idx % self.held.len()].clone();
+                let r = DeliveryRef {
+                    delivery_id: d.delivery_id.clone(),
+                    session: self.check_for(&d),
+                };
+                self.feed(Input::Extend {
+                    deliveries: vec![r],
+                    ack_timeout_ms: ms,
+                });
+            }
+            Op::Advance(ms) => {
+                self.now += ms;
+                self.feed(Input::Tick);
+            }
+            Op::DeadLetterWrite { ok } => {
+                let Some(offset) = self.dl_writes.pop_front() else {
+                    return;
+                };
+                if ok {
+                    // Created once per offset; a retry finds the entry.
+                    self.dead.entry(offset).or_insert((DlState::Dead, 0));
+                    self.feed(Input::DeadLettered { offset });
+                } else {
+                    self.feed(Input::DeadLetterUnavailable { offset });
+                }
+            }
+            Op::Redrive { idx } => {
+                let dead: Vec<u64> = self
+                    .dead
+                    .iter()
+                    .filter(|(_, e)| e.0 == DlState::Dead)
+                    .map(|(o, _)| *o)
+                    .collect();
+                if dead.is_empty() {
+                    return;
+                }
+                let offset = dead[idx % dead.len()];
+                let input = Input::Redrive {
+                    entry_id: partition().dead_letter_id(offset),
+                    offset,
+                };
+                match self.core.handle(input, self.now) {
+                    Ok(cmds) => {
+                        self.dead.get_mut(&offset).unwrap().0 = DlState::Redriving;
+                        self.max_redrive_handed.remove(&offset);
+                        self.run(cmds);
+                    }
+                    // Above a gap it is not committed yet, or too many under way: the
+                    // shell leaves the entry `dead`.
+                    Err(meshd_dispatch::CoreError::RedriveOfUnresolvedOffset { .. })
+                    | Err(meshd_dispatch::CoreError::RedriveBacklogFull { .. }) => {}
+                    Err(e) => panic!("redrive refused: {e}"),
+                }
+            }
+            Op::RedriveWrite { ok } => {
+                let Some(w) = self.redrive_writes.pop_front() else {
+                    return;
+                };
+                let offset = match w {
+                    MetaWrite::Succeeded { offset } | MetaWrite::Failed { offset } => offset,
+                };
+                if ok {
+                    match w {
+                        MetaWrite::Succeeded { .. } => {
+                            self.dead.remove(&offset);
+                        }
+                        MetaWrite::Failed { .. } => {
+                            let e = self.dead.get_mut(&offset).unwrap();
+                            *e = (DlState::Dead, e.1 + 1);
+                        }
+                    }
+                    self.feed(Input::RedriveSettled { offset });
+                } else {
+                    self.feed(Input::RedriveUnavailable { offset });
+                }
+            }
+            Op::Takeover => {
+                let epoch = self.session.epoch + 1;
+                self.session = SessionBinding {
+                    session_id: format!("s-{epoch}"),
+                    epoch,
+                };
+            }
+            Op::Flush => self.sync(),
+            Op::Crash { lossy } => self.crash(lossy),
+        }
+    }
+
+    fn crash(&mut self, lossy: bool) {
+        if lossy {
+            self.records = self.synced.clone();
+            self.acked_unsynced.clear();
+        }
+        self.sync();
+        self.read = None;
+        self.persists.clear();
+        self.dl_writes.clear();
+        self.redrive_writes.clear();
+        self.generation += 1;
+        let (core, cmds) = PartitionCore::recover(
+            partition(),
+            self.config.clone(),
+            self.committed,
+            self.records.values().cloned().collect(),
+            self.now,
+            Sources::deterministic(self.generation << 40, RngJitter::seeded(self.generation)),
+        )
+        .expect("recover from what the store holds");
+        self.core = core;
+        self.run(cmds);
+        // Boot: the log end, and every entry still `redriving` is injected again.
+        self.feed(Input::LogEnd(self.log.len() as u64));
+        let redriving: Vec<u64> = self
+            .dead
+            .iter()
+            .filter(|(_, e)| e.0 == DlState::Redriving)
+            .map(|(o, _)| *o)
+            .collect();
+        for offset in redriving {
+            self.feed(Input::Redrive {
+                entry_id: partition().dead_letter_id(offset),
+                offset,
+            });
+        }
+    }
+
+    /// A consumer that keeps acking, a store that works, time that passes: everything
+    /// must drain.
+    fn drain(&mut self) {
+        for _ in 0..500 {
+            let idle = self.committed as usize == self.log.len()
+                && self.dead.values().all(|e| e.0 == DlState::Dead)
+                && self.records.is_empty()
+                && self.core.stats().outstanding == 0
+                && self.core.stats().redrives == 0;
+            if idle && self.dead.is_empty() {
+                return;
+            }
+            if idle {
+                // Everything is resolved: redrive the dead letters (as many as the
+                // core takes at once); a consumer that acks must settle every one.
+                for _ in 0..self.dead.len() {
+                    self.step(Op::Redrive { idx: 0 });
+                }
+            }
+            self.step(Op::ServeRead { fail: false });
+            while !self.persists.is_empty() {
+                self.step(Op::ReportPersisted {
+                    idx: 0,
+                    fail: false,
+                });
+            }
+            while !self.dl_writes.is_empty() {
+                self.step(Op::DeadLetterWrite { ok: true });
+            }
+            while !self.redrive_writes.is_empty() {
+                self.step(Op::RedriveWrite { ok: true });
+            }
+            let before = self.held.len();
+            self.step(Op::Pull {
+                max: 4,
+                bind: false,
+            });
+            while !self.persists.is_empty() {
+                self.step(Op::ReportPersisted {
+                    idx: 0,
+                    fail: false,
+                });
+            }
+            let fresh: Vec<Delivery> = self.held[before..].to_vec();
+            if !fresh.is_empty() {
+                let refs = fresh
+                    .iter()
+                    .map(|d| DeliveryRef {
+                        delivery_id: d.delivery_id.clone(),
+                        session: self.check_for(d),
+                    })
+                    .collect();
+                self.feed(Input::Ack(refs));
+            }
+            self.step(Op::Advance(1500));
+        }
+        let s = self.core.stats();
+        panic!(
+            "did not drain: committed {} of {}, stats {s:?}, records {:?}, dead {:?}",
+            self.committed,
+            self.log.len(),
+            self.records,
+            self.dead
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 1024,
+        max_shrink_iters: 4096,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn delivery_core_keeps_at_least_once_under_random_inputs_and_crashes(
+        config in config(),
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        let mut w = World::new(config);
+        for op in ops {
+            w.step(op);
+        }
+        w.drain();
+        // Every offset is resolved, and nothing is left in the store.
+        prop_assert_eq!(w.committed as usize, w.log.len());
+        prop_assert!(w.records.is_empty());
+    }
+}
+
+/// Any input at all, valid or not, at any time: the core answers `Ok` or a typed
+/// error, never panics, and keeps its bounds.
+fn arb_input() -> impl Strategy<Value = Input> {
+    let offset = prop_oneof![0u64..12, Just(u64::MAX), Just(u64::MAX - 1)];
+    let id = prop_oneof![
+        "[0-9a-f-]{0,24}",
+        (0u64..12, 1u32..4, 0u64..40).prop_map(|(o, a, n)| format!("5-0-{o}-{a}-{n:016x}")),
+    ];
+    let check = proptest::option::of(("s-[0-2]", proptest::option::of(0i64..3)).prop_map(
+        |(session_id, current_epoch)| SessionCheck {
+            session_id,
+            current_epoch,
+        },
+    ));
+    let refs = proptest::collection::vec(
+        (id, check).prop_map(|(delivery_id, session)| DeliveryRef {
+            delivery_id,
+            session,
+        }),
+        0..3,
+    );
+    let events = (offset.clone(), 0usize..5, any::<bool>()).prop_map(|(from, n, keep)| {
+        Input::EventsRead(
+            (0..n as u64)
+                .map(|i| EventMeta {
+                    offset: from.saturating_add(i),
+                    event_type: if keep { "keep" } else { "drop" }.into(),
+                    source: "/s".into(),
+                })
+                .collect(),
+        )
+    });
+    prop_oneof![
+        prop_oneof![0u64..15, Just(u64::MAX)].prop_map(Input::LogEnd),
+        events,
+        Just(Input::ReadFailed),
+        (0usize..5, any::<bool>()).prop_map(|(max_events, bind)| Input::Pull {
+            pull_id: PullId(1),
+            max_events,
+            session: bind.then(|| SessionBinding {
+                session_id: "s-1".into(),
+                epoch: 1
+            }),
+        }),
+        (offset.clone(), 0u32..4)
+            .prop_map(|(offset, attempt)| Input::AttemptPersisted { offset, attempt }),
+        (offset.clone(), 0u32..4)
+            .prop_map(|(offset, attempt)| Input::PersistFailed { offset, attempt }),
+        refs.clone().prop_map(Input::Ack),
+        refs.clone().prop_map(|deliveries| Input::Nack {
+            deliveries,
+            reason: "r".into()
+        }),
+        (
+            refs,
+            prop_oneof![0u64..200, 100u64..700_000, Just(u64::MAX)]
+        )
+            .prop_map(|(deliveries, ack_timeout_ms)| Input::Extend {
+                deliveries,
+                ack_timeout_ms
+            }),
+        Just(Input::Tick),
+        offset
+            .clone()
+            .prop_map(|offset| Input::DeadLettered { offset }),
+        offset
+            .clone()
+            .prop_map(|offset| Input::DeadLetterUnavailable { offset }),
+        (offset.clone(), any::<bool>()).prop_map(|(offset, good)| Input::Redrive {
+            entry_id: if good {
+                partition().dead_letter_id(offset)
+            } else {
+                "x".into()
+            },
+            offset
+        }),
+        offset
+            .clone()
+            .prop_map(|offset| Input::RedriveSettled { offset }),
+        offset.prop_map(|offset| Input::RedriveUnavailable { offset }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn delivery_core_never_panics_on_any_input(
+        config in config(),
+        committed in prop_oneof![0u64..5, Just(u64::MAX - 3)],
+        steps in proptest::collection::vec(
+            (arb_input(), prop_oneof![0u64..3000, Just(u64::MAX / 2)]), 1..80),
+    ) {
+        let mut core = PartitionCore::new(
+            partition(),
+            config.clone(),
+            committed,
+            Sources::deterministic(0, RngJitter::seeded(1)),
+        )
+        .unwrap();
+        let mut now = 1_000_000u64;
+        let mut last_committed = committed;
+        for (input, dt) in steps {
+            now = now.saturating_add(dt);
+            let before = core.stats();
+            match core.handle(input, now) {
+                Ok(_) => {}
+                Err(_) => prop_assert_eq!(core.stats(), before, "an error changed state"),
+            }
+            let s = core.stats();
+            prop_assert!(s.committed >= last_committed);
+            last_committed = s.committed;
+            prop_assert!(s.outstanding <= config.max_in_flight);
+            if let Err(e) = core.check_consistency() {
+                panic!("inconsistent core: {e}");
+            }
+            let _ = core.next_wakeup();
+            let _ = core.ready(now);
+        }
+    }
+}

@@ -1,0 +1,1201 @@
+//! One story per delivery rule, told with a fake clock and asserted on commands.
+
+mod common;
+
+use common::*;
+use meshd_dispatch::config::{backoff_cap, backoff_delay};
+use meshd_dispatch::{
+    partition_of, AckOutcome, Command, CoreError, DeliveryRecord, DeliveryRef, DeliveryState,
+    ExtendOutcome, FixedJitter, Input, NackOutcome, Partition, PartitionCore, Reply, RngJitter,
+    SessionBinding, SessionCheck, Sources, ACK_TIMEOUT_REASON,
+};
+use meshd_stores::deadletters::entry_id;
+use meshd_stores::subscriptions::{Backoff, Filter};
+
+fn session(epoch: i64) -> SessionBinding {
+    SessionBinding {
+        session_id: "s-1".into(),
+        epoch,
+    }
+}
+
+fn record(offset: u64, attempt: u32, state: DeliveryState, deadline_ms: u64) -> DeliveryRecord {
+    DeliveryRecord {
+        key: key(),
+        offset,
+        attempt,
+        delivery_id: format!("old-{offset}-{attempt}"),
+        deadline_ms,
+        last_reason: Some("boom".into()),
+        first_delivered_at_ms: T0 - 10_000,
+        state,
+        owner_epoch: 11,
+        session: None,
+    }
+}
+
+// ---- write-ahead and attempts ------------------------------------------------------
+
+#[test]
+fn given_events_when_pulled_then_each_attempt_is_persisted_before_it_is_handed_out() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(3);
+    let records = s.pull(10);
+    assert_eq!(
+        records.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    for r in &records {
+        assert_eq!(r.attempt, 1);
+        assert_eq!(r.state, DeliveryState::InFlight);
+        assert_eq!(r.deadline_ms, T0 + 1000);
+        assert_eq!(r.first_delivered_at_ms, T0);
+        assert_eq!(r.owner_epoch, 11);
+        assert_eq!(r.key, key());
+    }
+    assert_eq!(s.core.stats().persisting, 3);
+
+    // Only offset 1's record is durable: only offset 1 is handed out.
+    let cmds = s.input(Input::AttemptPersisted {
+        offset: 1,
+        attempt: 1,
+    });
+    let out = handouts(&cmds);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].offset, 1);
+    assert_eq!(out[0].attempt, 1);
+    assert_eq!(out[0].delivery_id, records[1].delivery_id);
+    assert_eq!(out[0].deadline_ms, records[1].deadline_ms);
+    let stats = s.core.stats();
+    assert_eq!((stats.persisting, stats.in_flight), (2, 1));
+}
+
+#[test]
+fn given_an_attempt_being_persisted_when_pulled_again_then_it_is_not_started_twice() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    assert_eq!(s.pull(10).len(), 1);
+    assert!(s.pull(10).is_empty());
+    // and an AttemptPersisted for another attempt number is misuse, not a hand-out
+    let err = s.core.handle(
+        Input::AttemptPersisted {
+            offset: 0,
+            attempt: 2,
+        },
+        s.now,
+    );
+    assert_eq!(
+        err,
+        Err(CoreError::NotPersisting {
+            offset: 0,
+            attempt: 2
+        })
+    );
+}
+
+#[test]
+fn given_a_first_hand_out_then_attempt_is_1_and_every_attempt_has_a_fresh_id() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    let first = s.deliver(1).remove(0);
+    assert_eq!(first.attempt, 1);
+    assert_eq!(partition_of(&first.delivery_id), Some(3));
+    s.nack(&[&first.delivery_id], "no");
+    s.advance(10_000);
+    let second = s.deliver(1).remove(0);
+    assert_eq!(second.attempt, 2);
+    assert_ne!(second.delivery_id, first.delivery_id);
+    assert!(
+        second.delivery_id.starts_with("7-3-0-2-"),
+        "{}",
+        second.delivery_id
+    );
+    assert_eq!(partition_of("not-an-id"), None);
+}
+
+#[test]
+fn given_a_failed_persist_then_the_offset_is_ready_again_with_its_previous_count() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    let r = s.pull(1).remove(0);
+    let cmds = s.input(Input::PersistFailed {
+        offset: 0,
+        attempt: 1,
+    });
+    assert!(effects(&cmds).is_empty());
+    assert_eq!(s.core.stats().waiting, 1, "due at once, still counted");
+    let again = s.pull(1).remove(0);
+    assert_eq!(
+        again.attempt, 1,
+        "never handed out, so still the first attempt"
+    );
+    assert_ne!(again.delivery_id, r.delivery_id);
+}
+
+// ---- acks and the committed offset -------------------------------------------------
+
+#[test]
+fn given_7_acked_while_5_in_flight_when_5_is_acked_then_one_resolve_removes_5_to_7_and_advances_to_8(
+) {
+    let mut s = Shell::new(config(), 5);
+    s.publish(3); // offsets 5, 6, 7
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [5, 6, 7]);
+
+    let cmds = s.ack(&[&d[2].delivery_id]);
+    assert_eq!(ack_outcomes(&cmds), [AckOutcome::Acked]);
+    let u = updates(&cmds);
+    assert_eq!(u.len(), 1);
+    assert_eq!(
+        (u[0].offset, u[0].state),
+        (7, DeliveryState::AckedAwaitingCommit)
+    );
+    assert!(resolves(&cmds).is_empty());
+    assert_eq!(s.core.committed(), 5);
+
+    let cmds = s.ack(&[&d[1].delivery_id]);
+    assert_eq!(updates(&cmds)[0].offset, 6);
+    assert_eq!(s.core.committed(), 5);
+    assert_eq!(s.core.stats().acked_awaiting, 2);
+
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert!(
+        updates(&cmds).is_empty(),
+        "5 is resolved and removed at once"
+    );
+    assert_eq!(resolves(&cmds), [(vec![5, 6, 7], Some(8))]);
+    assert_eq!(s.core.committed(), 8);
+    assert_eq!(s.core.stats().acked_awaiting, 0);
+    // The reply comes after the write it reports.
+    let resolve_at = cmds
+        .iter()
+        .position(|c| matches!(c, Command::Resolve { .. }));
+    let reply_at = cmds.iter().position(|c| matches!(c, Command::Reply(_)));
+    assert!(resolve_at < reply_at);
+}
+
+#[test]
+fn given_acks_in_one_batch_that_close_the_gap_then_one_resolve_and_no_updates() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(4);
+    let d = s.deliver(10);
+    let ids: Vec<&str> = [2, 0, 1]
+        .iter()
+        .map(|&i| d[i].delivery_id.as_str())
+        .collect();
+    let cmds = s.ack(&ids);
+    assert!(updates(&cmds).is_empty());
+    assert_eq!(resolves(&cmds), [(vec![0, 1, 2], Some(3))]);
+    assert_eq!(ack_outcomes(&cmds), vec![AckOutcome::Acked; 3]);
+}
+
+#[test]
+fn given_an_acked_delivery_when_acked_again_then_unknown() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(2);
+    let d = s.deliver(2);
+    s.ack(&[&d[1].delivery_id]);
+    let cmds = s.ack(&[&d[1].delivery_id]);
+    assert_eq!(ack_outcomes(&cmds), [AckOutcome::Unknown]);
+    assert!(effects(&cmds).is_empty());
+}
+
+#[test]
+fn given_a_superseded_attempt_when_it_is_acked_then_unknown_and_nothing_changes() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    let first = s.deliver(1).remove(0);
+    s.advance(1000); // lease ends
+    let cmds = s.tick();
+    let u = updates(&cmds);
+    assert_eq!(u[0].state, DeliveryState::WaitingRetry);
+    assert_eq!(u[0].last_reason.as_deref(), Some(ACK_TIMEOUT_REASON));
+    s.advance(100);
+    let second = s.deliver(1).remove(0);
+    assert_eq!(second.attempt, 2);
+
+    for cmds in [
+        s.ack(&[&first.delivery_id]),
+        s.nack(&[&first.delivery_id], "late"),
+    ] {
+        assert!(effects(&cmds).is_empty(), "{cmds:?}");
+    }
+    assert_eq!(
+        ack_outcomes(&s.ack(&[&first.delivery_id])),
+        [AckOutcome::Unknown]
+    );
+    assert_eq!(s.core.committed(), 0);
+    assert_eq!(s.core.stats().in_flight, 1);
+}
+
+#[test]
+fn given_unknown_ids_when_acked_nacked_or_extended_then_unknown() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    s.deliver(1);
+    let cmds = s.ack(&["nope"]);
+    assert_eq!(ack_outcomes(&cmds), [AckOutcome::Unknown]);
+    let cmds = s.nack(&["7-3-0-1-00000000000000ff"], "x");
+    assert_eq!(nack_outcomes(&cmds), [NackOutcome::Unknown]);
+    let cmds = s.input(Input::Extend {
+        deliveries: vec![DeliveryRef::unbound("nope")],
+        ack_timeout_ms: 5000,
+    });
+    assert_eq!(
+        cmds,
+        [Command::Reply(Reply::Extend {
+            delivery_id: "nope".into(),
+            outcome: ExtendOutcome::Unknown
+        })]
+    );
+}
+
+#[test]
+fn given_a_lease_ran_out_but_no_redelivery_yet_when_acked_then_acked() {
+    // Not superseded yet: accepting the late ack saves a redelivery.
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    let d = s.deliver(1).remove(0);
+    s.advance(1050);
+    let cmds = s.ack(&[&d.delivery_id]);
+    // The timeout fires first (WaitingRetry), then the ack resolves it.
+    assert_eq!(ack_outcomes(&cmds), [AckOutcome::Acked]);
+    assert_eq!(resolves(&cmds), [(vec![0], Some(1))]);
+}
+
+// ---- retries and backoff -----------------------------------------------------------
+
+#[test]
+fn given_repeated_nacks_then_the_backoff_doubles_up_to_the_cap() {
+    let mut cfg = config();
+    cfg.max_attempts = 7;
+    cfg.backoff = Backoff {
+        initial_ms: 100,
+        max_ms: 500,
+    };
+    let mut s = Shell::new(cfg, 0);
+    s.publish(1);
+    let mut delays = Vec::new();
+    for _ in 0..6 {
+        let d = s.deliver(1).remove(0);
+        let cmds = s.nack(&[&d.delivery_id], "try later");
+        let [NackOutcome::Retrying { due_ms }] = nack_outcomes(&cmds)[..] else {
+            panic!("{cmds:?}")
+        };
+        let u = updates(&cmds);
+        assert_eq!(u[0].state, DeliveryState::WaitingRetry);
+        assert_eq!(u[0].deadline_ms, due_ms);
+        assert_eq!(u[0].last_reason.as_deref(), Some("try later"));
+        delays.push(due_ms - s.now);
+        // not before it is due
+        s.at(due_ms - 1);
+        assert!(s.pull(1).is_empty());
+        s.at(due_ms);
+    }
+    // FixedJitter::Max: exactly the cap each time.
+    assert_eq!(delays, [100, 200, 400, 500, 500, 500]);
+}
+
+#[test]
+fn given_equal_jitter_then_every_delay_lies_between_half_the_cap_and_the_cap() {
+    let b = Backoff {
+        initial_ms: 1000,
+        max_ms: 60_000,
+    };
+    assert_eq!(backoff_cap(b, 1), 1000);
+    assert_eq!(backoff_cap(b, 3), 4000);
+    assert_eq!(backoff_cap(b, 7), 60_000);
+    assert_eq!(backoff_cap(b, 1000), 60_000, "no overflow at large counts");
+    assert_eq!(backoff_delay(b, 3, &mut FixedJitter::Min), 2000);
+    assert_eq!(backoff_delay(b, 3, &mut FixedJitter::Max), 4000);
+    let mut j = RngJitter::seeded(42);
+    let samples: Vec<u64> = (0..500).map(|_| backoff_delay(b, 3, &mut j)).collect();
+    assert!(samples.iter().all(|d| (2000..=4000).contains(d)));
+    assert!(samples.iter().any(|d| *d != samples[0]), "jitter spreads");
+    // the same seed gives the same delays
+    let mut again = RngJitter::seeded(42);
+    let replay: Vec<u64> = (0..500).map(|_| backoff_delay(b, 3, &mut again)).collect();
+    assert_eq!(samples, replay);
+}
+
+#[test]
+fn given_a_retry_waiting_for_its_backoff_when_pulled_then_later_offsets_go_out() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(3);
+    let first = s.deliver(1).remove(0);
+    assert_eq!(first.offset, 0);
+    s.nack(&[&first.delivery_id], "busy"); // due in 100 ms
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [1, 2], "offset 0 does not hold back 1 and 2");
+    assert_eq!(s.core.committed(), 0);
+    s.advance(100);
+    let d = s.deliver(10);
+    assert_eq!((offsets(&d), d[0].attempt), (vec![0], 2));
+}
+
+#[test]
+fn given_a_due_retry_and_later_pending_offsets_when_pulled_then_offset_order() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(2);
+    let d0 = s.deliver(1).remove(0);
+    s.nack(&[&d0.delivery_id], "busy");
+    s.advance(100);
+    s.publish(1);
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [0, 1, 2]);
+    assert_eq!(d.iter().map(|d| d.attempt).collect::<Vec<_>>(), [2, 1, 1]);
+}
+
+#[test]
+fn given_a_pull_for_fewer_events_than_ready_then_the_lowest_offsets() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(5);
+    assert_eq!(offsets(&s.deliver(2)), [0, 1]);
+    assert_eq!(offsets(&s.deliver(2)), [2, 3]);
+}
+
+// ---- dead letters ------------------------------------------------------------------
+
+#[test]
+fn given_max_attempts_3_when_the_third_delivery_fails_then_it_is_dead_lettered_not_handed_out_a_fourth_time(
+) {
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    let mut handed = 0;
+    let mut last = None;
+    for attempt in 1..=3 {
+        let d = s.deliver(1);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].attempt, attempt);
+        handed += 1;
+        let cmds = s.nack(&[&d[0].delivery_id], &format!("fail {attempt}"));
+        last = Some(cmds);
+        s.advance(10_000);
+    }
+    let cmds = last.unwrap();
+    assert_eq!(nack_outcomes(&cmds), [NackOutcome::DeadLettering]);
+    let dl = dead_letters(&cmds);
+    assert_eq!(dl.len(), 1);
+    assert_eq!(dl[0].offset, 0);
+    assert_eq!(dl[0].attempts, 3);
+    assert_eq!(dl[0].reason, "fail 3");
+    assert_eq!(dl[0].first_attempt_at_ms, T0);
+    let u = updates(&cmds);
+    assert_eq!(u[0].state, DeliveryState::DeadLettering);
+    assert_eq!(handed, 3);
+    assert!(s.deliver(10).is_empty(), "no fourth hand-out");
+    assert_eq!(s.core.stats().dead_lettering, 1);
+
+    let cmds = s.input(Input::DeadLettered { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![0], Some(1))]);
+    assert_eq!(s.core.committed(), 1);
+}
+
+#[test]
+fn given_the_last_lease_runs_out_then_it_is_dead_lettered_with_reason_ack_timeout() {
+    let mut cfg = config();
+    cfg.max_attempts = 1;
+    let mut s = Shell::new(cfg, 0);
+    s.publish(1);
+    s.deliver(1);
+    s.advance(1000);
+    let cmds = s.tick();
+    let dl = dead_letters(&cmds);
+    assert_eq!(dl.len(), 1);
+    assert_eq!(
+        (dl[0].attempts, dl[0].reason.as_str()),
+        (1, ACK_TIMEOUT_REASON)
+    );
+}
+
+#[test]
+fn given_the_dead_letter_store_is_unavailable_then_the_delivery_is_held_and_retried_after_a_backoff(
+) {
+    let mut cfg = config();
+    cfg.max_attempts = 1;
+    let mut s = Shell::new(cfg, 0);
+    s.publish(2);
+    let d = s.deliver(1).remove(0);
+    let cmds = s.nack(&[&d.delivery_id], "bad");
+    assert_eq!(dead_letters(&cmds).len(), 1);
+
+    let cmds = s.input(Input::DeadLetterUnavailable { offset: 0 });
+    assert!(effects(&cmds).is_empty());
+    assert_eq!(s.core.next_wakeup(), Some(s.now + 100));
+    // Held: not redelivered, not resolved; offset 1 still goes out.
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [1]);
+    assert_eq!(s.core.committed(), 0);
+    assert_eq!(s.core.stats().dead_lettering, 1);
+    // A second outcome for the same write is misuse.
+    assert_eq!(
+        s.core.handle(Input::DeadLettered { offset: 0 }, s.now),
+        Err(CoreError::NotDeadLettering { offset: 0 })
+    );
+
+    s.advance(99);
+    assert!(dead_letters(&s.tick()).is_empty());
+    s.advance(1);
+    let cmds = s.tick();
+    assert_eq!(
+        dead_letters(&cmds).len(),
+        1,
+        "asked again after the backoff"
+    );
+    // Unavailable again: the backoff doubles.
+    s.input(Input::DeadLetterUnavailable { offset: 0 });
+    assert_eq!(s.core.next_wakeup(), Some(s.now + 200));
+    s.advance(200);
+    assert_eq!(dead_letters(&s.tick()).len(), 1);
+    let cmds = s.input(Input::DeadLettered { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![0], Some(1))]);
+}
+
+#[test]
+fn given_a_dead_letter_above_a_gap_then_it_waits_as_acked_awaiting_commit() {
+    let mut cfg = config();
+    cfg.max_attempts = 1;
+    let mut s = Shell::new(cfg, 0);
+    s.publish(2);
+    let d = s.deliver(2);
+    s.nack(&[&d[1].delivery_id], "bad");
+    let cmds = s.input(Input::DeadLettered { offset: 1 });
+    let u = updates(&cmds);
+    assert_eq!(
+        (u[0].offset, u[0].state),
+        (1, DeliveryState::AckedAwaitingCommit)
+    );
+    assert_eq!(u[0].deadline_ms, u64::MAX, "never due");
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert_eq!(resolves(&cmds), [(vec![0, 1], Some(2))]);
+}
+
+// ---- filters -----------------------------------------------------------------------
+
+#[test]
+fn given_a_filter_when_events_do_not_match_then_they_are_resolved_without_any_attempt() {
+    let mut cfg = config();
+    cfg.filter = Some(Filter {
+        event_type: Some("order.created".into()),
+        source: None,
+    });
+    let mut s = Shell::new(cfg, 0);
+    let cmds = s.publish_typed(&[
+        ("order.deleted", "/a"),
+        ("order.deleted", "/b"),
+        ("order.created", "/a"),
+        ("order.deleted", "/c"),
+    ]);
+    // 0 and 1 are resolved at once: the offset moves without any record.
+    assert_eq!(resolves(&cmds), [(vec![], Some(2))]);
+    assert!(updates(&cmds).is_empty() && persists(&cmds).is_empty());
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [2]);
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert_eq!(resolves(&cmds), [(vec![2], Some(4))], "3 was filtered");
+}
+
+#[test]
+fn given_a_source_filter_then_only_that_source_is_delivered() {
+    let mut cfg = config();
+    cfg.filter = Some(Filter {
+        event_type: None,
+        source: Some("/shop".into()),
+    });
+    assert!(cfg.matches("anything", "/shop"));
+    assert!(!cfg.matches("anything", "/other"));
+    cfg.filter = None;
+    assert!(cfg.matches("x", "y"));
+}
+
+// ---- bounds ------------------------------------------------------------------------
+
+#[test]
+fn given_max_in_flight_reached_then_nothing_new_is_read_or_handed_out() {
+    let mut cfg = config();
+    cfg.max_in_flight = 2;
+    cfg.read_batch = 1;
+    let mut s = Shell::new(cfg, 0);
+    let cmds = s.publish(5);
+    // Reads go on while nothing is outstanding (the window bounds them).
+    assert_eq!(reads(&cmds).len(), 5);
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [0, 1]);
+    assert!(s.deliver(10).is_empty(), "back-pressure");
+    let cmds = s.publish(1);
+    assert!(reads(&cmds).is_empty(), "no reads at the bound");
+    assert_eq!(s.core.stats().outstanding, 2);
+
+    // A waiting retry still counts, but is itself handed out again when due.
+    s.nack(&[&d[0].delivery_id], "x");
+    assert!(s.deliver(10).is_empty());
+    s.advance(100);
+    assert_eq!(offsets(&s.deliver(10)), [0]);
+
+    // An ack makes room.
+    let cmds = s.ack(&[&d[1].delivery_id]);
+    assert_eq!(reads(&cmds), [(5, 1)], "room: read again");
+    assert_eq!(offsets(&s.deliver(10)), [2]);
+}
+
+#[test]
+fn given_the_window_is_full_then_nothing_is_read_until_the_committed_offset_moves() {
+    let mut cfg = config();
+    cfg.max_window = 3;
+    let mut s = Shell::new(cfg, 0);
+    let cmds = s.publish(10);
+    assert_eq!(reads(&cmds), [(0, 3)]);
+    assert_eq!(s.core.stats().next_to_read, 3);
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [0, 1, 2]);
+    // Acking above the gap frees nothing: the window is counted from committed.
+    let cmds = s.ack(&[&d[2].delivery_id]);
+    assert!(reads(&cmds).is_empty());
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert_eq!(reads(&cmds), [(3, 1)]);
+    assert_eq!(s.core.stats().backlog, 9);
+}
+
+// ---- sessions ----------------------------------------------------------------------
+
+#[test]
+fn given_a_session_taken_over_when_the_old_session_acks_then_fenced_and_nothing_changes() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(3);
+    let d = s.deliver_with(3, session(40));
+    assert_eq!(d[0].session, Some(session(40)));
+    assert_eq!(s.core.bound_session(&d[0].delivery_id), Some(&session(40)));
+
+    // Taken over: the shell's cache says s-1 is now fenced (or at another epoch).
+    let stale = |id: &str, epoch: Option<i64>| {
+        DeliveryRef::checked(
+            id,
+            SessionCheck {
+                session_id: "s-1".into(),
+                current_epoch: epoch,
+            },
+        )
+    };
+    let cmds = s.input(Input::Ack(vec![
+        stale(&d[0].delivery_id, None),
+        stale(&d[1].delivery_id, Some(41)),
+        DeliveryRef::unbound(d[2].delivery_id.clone()),
+    ]));
+    assert_eq!(ack_outcomes(&cmds), vec![AckOutcome::Fenced; 3]);
+    assert!(effects(&cmds).is_empty());
+    let cmds = s.input(Input::Nack {
+        deliveries: vec![stale(&d[0].delivery_id, None)],
+        reason: "x".into(),
+    });
+    assert_eq!(nack_outcomes(&cmds), [NackOutcome::Fenced]);
+    let cmds = s.input(Input::Extend {
+        deliveries: vec![stale(&d[0].delivery_id, Some(41))],
+        ack_timeout_ms: 5000,
+    });
+    assert!(matches!(
+        &cmds[..],
+        [Command::Reply(Reply::Extend {
+            outcome: ExtendOutcome::Fenced,
+            ..
+        })]
+    ));
+    // Another session naming itself is fenced too.
+    let other = DeliveryRef::checked(
+        d[0].delivery_id.clone(),
+        SessionCheck {
+            session_id: "s-2".into(),
+            current_epoch: Some(40),
+        },
+    );
+    assert_eq!(
+        ack_outcomes(&s.input(Input::Ack(vec![other]))),
+        [AckOutcome::Fenced]
+    );
+
+    // The live session at its epoch acks fine.
+    let cmds = s.input(Input::Ack(vec![stale(&d[0].delivery_id, Some(40))]));
+    assert_eq!(ack_outcomes(&cmds), [AckOutcome::Acked]);
+    assert_eq!(resolves(&cmds), [(vec![0], Some(1))]);
+}
+
+#[test]
+fn given_unbound_deliveries_then_session_checks_are_not_needed() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    let d = s.deliver(1).remove(0);
+    assert_eq!(s.core.bound_session(&d.delivery_id), None);
+    let any = DeliveryRef::checked(
+        d.delivery_id.clone(),
+        SessionCheck {
+            session_id: "whoever".into(),
+            current_epoch: None,
+        },
+    );
+    assert_eq!(
+        ack_outcomes(&s.input(Input::Ack(vec![any]))),
+        [AckOutcome::Acked]
+    );
+}
+
+// ---- extend ------------------------------------------------------------------------
+
+#[test]
+fn given_extend_then_the_lease_is_pushed_out_and_recorded() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    let d = s.deliver(1).remove(0);
+    s.advance(900);
+    let cmds = s.input(Input::Extend {
+        deliveries: vec![DeliveryRef::unbound(d.delivery_id.clone())],
+        ack_timeout_ms: 5000,
+    });
+    let deadline = s.now + 5000;
+    let u = updates(&cmds);
+    assert_eq!(
+        (u[0].state, u[0].deadline_ms),
+        (DeliveryState::InFlight, deadline)
+    );
+    assert!(cmds.contains(&Command::Reply(Reply::Extend {
+        delivery_id: d.delivery_id.clone(),
+        outcome: ExtendOutcome::Extended {
+            deadline_ms: deadline
+        }
+    })));
+    assert_eq!(s.core.next_wakeup(), Some(deadline));
+    // A shorter extension never shortens the lease.
+    let cmds = s.input(Input::Extend {
+        deliveries: vec![DeliveryRef::unbound(d.delivery_id.clone())],
+        ack_timeout_ms: 100,
+    });
+    assert_eq!(updates(&cmds)[0].deadline_ms, deadline);
+    s.advance(4999);
+    assert!(
+        effects(&s.tick()).is_empty(),
+        "no timeout before the new deadline"
+    );
+    s.advance(1);
+    let cmds = s.tick();
+    assert_eq!(updates(&cmds)[0].state, DeliveryState::WaitingRetry);
+    // An ended lease cannot be extended.
+    let cmds = s.input(Input::Extend {
+        deliveries: vec![DeliveryRef::unbound(d.delivery_id.clone())],
+        ack_timeout_ms: 5000,
+    });
+    assert!(matches!(
+        &cmds[..],
+        [Command::Reply(Reply::Extend {
+            outcome: ExtendOutcome::Unknown,
+            ..
+        })]
+    ));
+    assert_eq!(
+        s.core.handle(
+            Input::Extend {
+                deliveries: vec![],
+                ack_timeout_ms: 99
+            },
+            s.now
+        ),
+        Err(CoreError::InvalidAckTimeout { ms: 99 })
+    );
+}
+
+// ---- recovery ----------------------------------------------------------------------
+
+#[test]
+fn given_a_recovered_in_flight_record_then_it_is_due_at_its_persisted_deadline_with_the_next_attempt(
+) {
+    let records = vec![record(2, 2, DeliveryState::InFlight, T0 + 500)];
+    let (mut s, cmds) = Shell::recovered(config(), 2, records, T0, 4);
+    assert!(reads(&cmds).is_empty(), "the log end is not known yet");
+    s.input(Input::LogEnd(4));
+    // Offset 3 (no record) goes out; 2 is still leased.
+    assert_eq!(offsets(&s.deliver(10)), [3]);
+    assert_eq!(s.core.next_wakeup(), Some(T0 + 500));
+    // The consumer that held it before the crash may still ack it... but let it lapse.
+    s.at(T0 + 500);
+    let d = s.deliver(10);
+    assert_eq!((offsets(&d), d[0].attempt), (vec![2], 3));
+}
+
+#[test]
+fn given_a_recovered_in_flight_record_then_its_delivery_id_can_still_be_acked() {
+    let records = vec![record(2, 1, DeliveryState::InFlight, T0 + 500)];
+    let (mut s, _) = Shell::recovered(config(), 2, records, T0, 3);
+    let cmds = s.ack(&["old-2-1"]);
+    assert_eq!(ack_outcomes(&cmds), [AckOutcome::Acked]);
+    assert_eq!(resolves(&cmds), [(vec![2], Some(3))]);
+}
+
+#[test]
+fn given_a_recovered_in_flight_record_whose_deadline_passed_then_it_is_due_at_once() {
+    let records = vec![record(0, 1, DeliveryState::InFlight, T0 - 1)];
+    let (mut s, cmds) = Shell::recovered(config(), 0, records, T0, 1);
+    let u = updates(&cmds);
+    assert_eq!(
+        (u[0].state, u[0].deadline_ms),
+        (DeliveryState::WaitingRetry, T0)
+    );
+    let d = s.deliver(1);
+    assert_eq!((d[0].offset, d[0].attempt), (0, 2));
+}
+
+#[test]
+fn given_a_recovered_waiting_record_then_it_is_due_at_its_time() {
+    let records = vec![record(0, 2, DeliveryState::WaitingRetry, T0 + 300)];
+    let (mut s, _) = Shell::recovered(config(), 0, records, T0, 1);
+    s.input(Input::LogEnd(1));
+    assert!(s.deliver(1).is_empty());
+    assert_eq!(s.core.next_wakeup(), Some(T0 + 300));
+    s.at(T0 + 300);
+    let d = s.deliver(1);
+    assert_eq!(d[0].attempt, 3);
+}
+
+#[test]
+fn given_a_recovered_acked_awaiting_commit_record_then_it_is_never_redelivered_and_goes_when_the_gap_closes(
+) {
+    let records = vec![record(1, 1, DeliveryState::AckedAwaitingCommit, u64::MAX)];
+    let (mut s, cmds) = Shell::recovered(config(), 0, records, T0, 3);
+    assert!(resolves(&cmds).is_empty());
+    s.input(Input::LogEnd(3));
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [0, 2], "1 is not delivered again");
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert_eq!(resolves(&cmds), [(vec![0, 1], Some(2))]);
+}
+
+#[test]
+fn given_a_recovered_acked_record_at_the_committed_offset_then_recovery_resolves_it() {
+    let records = vec![record(4, 1, DeliveryState::AckedAwaitingCommit, u64::MAX)];
+    let (s, cmds) = Shell::recovered(config(), 4, records, T0, 5);
+    assert_eq!(resolves(&cmds), [(vec![4], Some(5))]);
+    assert_eq!(s.core.committed(), 5);
+}
+
+#[test]
+fn given_a_recovered_dead_lettering_record_then_its_dead_letter_is_emitted_again() {
+    let records = vec![record(0, 3, DeliveryState::DeadLettering, T0 - 5)];
+    let (mut s, cmds) = Shell::recovered(config(), 0, records, T0, 1);
+    let dl = dead_letters(&cmds);
+    assert_eq!(dl.len(), 1);
+    assert_eq!(
+        (
+            dl[0].offset,
+            dl[0].attempts,
+            dl[0].reason.as_str(),
+            dl[0].first_attempt_at_ms
+        ),
+        (0, 3, "boom", T0 - 10_000)
+    );
+    s.input(Input::LogEnd(1));
+    assert!(s.deliver(1).is_empty(), "held, not redelivered");
+    let cmds = s.input(Input::DeadLettered { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![0], Some(1))]);
+}
+
+#[test]
+fn given_offsets_without_a_record_then_they_are_delivered_again_from_attempt_1() {
+    let (mut s, cmds) = Shell::recovered(config(), 3, vec![], T0, 3);
+    assert!(cmds.is_empty());
+    s.log.extend((3..5).map(event));
+    s.input(Input::LogEnd(5));
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [3, 4]);
+    assert!(d.iter().all(|d| d.attempt == 1));
+}
+
+#[test]
+fn given_a_recovered_last_attempt_whose_lease_ends_then_it_is_dead_lettered_not_handed_out() {
+    let records = vec![record(0, 3, DeliveryState::InFlight, T0 + 10)];
+    let (mut s, _) = Shell::recovered(config(), 0, records, T0, 1);
+    s.at(T0 + 10);
+    let cmds = s.tick();
+    assert_eq!(dead_letters(&cmds)[0].attempts, 3);
+    assert!(s.deliver(1).is_empty());
+}
+
+#[test]
+fn given_a_lowered_max_attempts_then_a_recovered_retry_is_dead_lettered_instead_of_handed_out() {
+    let mut cfg = config();
+    cfg.max_attempts = 2;
+    let records = vec![record(0, 2, DeliveryState::WaitingRetry, T0)];
+    let (mut s, _) = Shell::recovered(cfg, 0, records, T0, 1);
+    let pull_id = s.pull_id();
+    let cmds = s.input(Input::Pull {
+        pull_id,
+        max_events: 5,
+        session: None,
+    });
+    assert!(persists(&cmds).is_empty());
+    assert_eq!(dead_letters(&cmds)[0].attempts, 2);
+}
+
+#[test]
+fn given_invalid_records_then_recovery_refuses_them() {
+    let mut foreign = record(0, 1, DeliveryState::InFlight, T0);
+    foreign.key.partition = 4;
+    let zero = record(1, 0, DeliveryState::InFlight, T0);
+    let dup = record(2, 1, DeliveryState::InFlight, T0);
+    for (records, want) in [
+        (vec![foreign], "another partition"),
+        (vec![zero], "attempt 0"),
+        (vec![dup.clone(), dup], "two recovered"),
+    ] {
+        let err = PartitionCore::recover(
+            partition(),
+            config(),
+            0,
+            records,
+            T0,
+            Sources::deterministic(0, FixedJitter::Max),
+        )
+        .err()
+        .expect("refused");
+        assert!(err.to_string().contains(want), "{err}");
+    }
+}
+
+// ---- redrive -----------------------------------------------------------------------
+
+fn dead_lettered_offset_0() -> Shell {
+    let mut cfg = config();
+    cfg.max_attempts = 2;
+    let mut s = Shell::new(cfg, 0);
+    s.publish(2);
+    let d = s.deliver(1).remove(0);
+    s.nack(&[&d.delivery_id], "one");
+    s.advance(1000);
+    let d = s.deliver(1).remove(0);
+    assert_eq!(d.attempt, 2);
+    s.nack(&[&d.delivery_id], "two");
+    s.input(Input::DeadLettered { offset: 0 });
+    assert_eq!(s.core.committed(), 1);
+    s
+}
+
+fn entry0() -> String {
+    entry_id("instance-1", 7, "orders", 3, 0)
+}
+
+#[test]
+fn given_a_redriven_event_when_acked_then_the_entry_is_settled_and_the_offset_is_untouched() {
+    let mut s = dead_lettered_offset_0();
+    assert_eq!(partition().dead_letter_id(0), entry0());
+    let cmds = s.input(Input::Redrive {
+        entry_id: entry0(),
+        offset: 0,
+    });
+    assert!(effects(&cmds).is_empty());
+    assert_eq!(s.core.stats().redrives, 1);
+    // Redrives go first; offset 1 follows.
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [0, 1]);
+    assert_eq!(d[0].attempt, 1, "a fresh attempt count");
+    assert_eq!(d[0].redrive_of, Some(entry0()));
+    assert_eq!(d[1].redrive_of, None);
+    assert!(d[0].delivery_id.starts_with("7-3-0-r1-"));
+    assert_eq!(partition_of(&d[0].delivery_id), Some(3));
+
+    // Repeating the redrive while it is under way changes nothing.
+    let cmds = s.input(Input::Redrive {
+        entry_id: entry0(),
+        offset: 0,
+    });
+    assert!(effects(&cmds).is_empty());
+
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert_eq!(ack_outcomes(&cmds), [AckOutcome::Acked]);
+    let u = updates(&cmds);
+    assert_eq!(
+        (u[0].offset, u[0].state),
+        (0, DeliveryState::AckedAwaitingCommit)
+    );
+    assert!(cmds.contains(&Command::RedriveSucceeded {
+        entry_id: entry0(),
+        offset: 0
+    }));
+    assert!(resolves(&cmds).is_empty());
+    assert_eq!(s.core.committed(), 1, "the committed offset is not touched");
+
+    // Meta is down: held, asked again later.
+    s.input(Input::RedriveUnavailable { offset: 0 });
+    s.advance(100);
+    let cmds = s.tick();
+    assert!(cmds.contains(&Command::RedriveSucceeded {
+        entry_id: entry0(),
+        offset: 0
+    }));
+    let cmds = s.input(Input::RedriveSettled { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![0], None)]);
+    assert_eq!(s.core.stats().redrives, 0);
+    assert_eq!(s.core.committed(), 1);
+}
+
+#[test]
+fn given_a_redriven_event_failing_max_attempts_again_then_redrive_failed() {
+    let mut s = dead_lettered_offset_0();
+    s.input(Input::Redrive {
+        entry_id: entry0(),
+        offset: 0,
+    });
+    let mut last = Vec::new();
+    for attempt in 1..=2 {
+        let d = s.deliver(1).remove(0);
+        assert_eq!((d.offset, d.attempt), (0, attempt));
+        last = s.nack(&[&d.delivery_id], "still broken");
+        s.advance(1000);
+    }
+    assert_eq!(nack_outcomes(&last), [NackOutcome::DeadLettering]);
+    assert!(last.contains(&Command::RedriveFailed {
+        entry_id: entry0(),
+        offset: 0,
+        reason: "still broken".into(),
+        attempts: 2
+    }));
+    assert!(
+        dead_letters(&last).is_empty(),
+        "not a second dead-letter entry"
+    );
+    let cmds = s.input(Input::RedriveSettled { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![0], None)]);
+    assert_eq!(s.core.committed(), 1);
+}
+
+#[test]
+fn given_a_redrive_that_does_not_fit_then_it_is_refused() {
+    let mut s = dead_lettered_offset_0();
+    assert_eq!(
+        s.core.handle(
+            Input::Redrive {
+                entry_id: partition().dead_letter_id(1),
+                offset: 1
+            },
+            s.now
+        ),
+        Err(CoreError::RedriveOfUnresolvedOffset {
+            offset: 1,
+            committed: 1
+        })
+    );
+    let err = s
+        .core
+        .handle(
+            Input::Redrive {
+                entry_id: "someone-elses".into(),
+                offset: 0,
+            },
+            s.now,
+        )
+        .unwrap_err();
+    assert!(matches!(err, CoreError::ForeignDeadLetterEntry { .. }));
+    assert_eq!(s.core.stats().redrives, 0);
+}
+
+#[test]
+fn given_recovered_redrive_records_then_each_redrive_carries_on() {
+    // Committed 10: records below it are redrives.
+    let p = partition();
+    let mut acked = record(1, 1, DeliveryState::AckedAwaitingCommit, u64::MAX);
+    acked.delivery_id = "x".into();
+    let records = vec![
+        acked,
+        record(2, 2, DeliveryState::DeadLettering, T0),
+        record(3, 1, DeliveryState::InFlight, T0 + 50),
+    ];
+    let (mut s, cmds) = Shell::recovered(config(), 10, records, T0, 10);
+    assert!(cmds.contains(&Command::RedriveSucceeded {
+        entry_id: p.dead_letter_id(1),
+        offset: 1
+    }));
+    assert!(cmds.contains(&Command::RedriveFailed {
+        entry_id: p.dead_letter_id(2),
+        offset: 2,
+        reason: "boom".into(),
+        attempts: 2
+    }));
+    assert_eq!(s.core.stats().redrives, 3);
+    s.at(T0 + 50);
+    let d = s.deliver(5);
+    assert_eq!((d[0].offset, d[0].attempt), (3, 2));
+    assert_eq!(d[0].redrive_of, Some(p.dead_letter_id(3)));
+    assert_eq!(s.core.committed(), 10);
+}
+
+// ---- time, reads, misuse -----------------------------------------------------------
+
+#[test]
+fn given_timers_then_next_wakeup_names_the_earliest_one() {
+    let mut s = Shell::new(config(), 0);
+    assert_eq!(s.core.next_wakeup(), None);
+    s.publish(2);
+    assert_eq!(s.core.next_wakeup(), None, "pending events are not timers");
+    assert_eq!(s.core.ready(s.now), 2);
+    let recs = s.pull(1);
+    assert_eq!(s.core.next_wakeup(), None, "persisting: no lease yet");
+    s.persisted(&recs);
+    assert_eq!(s.core.next_wakeup(), Some(T0 + 1000));
+    s.advance(10);
+    let d1 = s.deliver(1).remove(0);
+    assert_eq!(s.core.next_wakeup(), Some(T0 + 1000));
+    s.nack(&[&d1.delivery_id], "x"); // due at T0 + 10 + 100
+    assert_eq!(s.core.next_wakeup(), Some(T0 + 110));
+    s.at(T0 + 110);
+    s.tick();
+    // The retry is due now: it waits for a pull, it is no wake-up.
+    assert_eq!(s.core.next_wakeup(), Some(T0 + 1000));
+    assert_eq!(s.core.ready(s.now), 1);
+    s.at(T0 + 1000);
+    s.tick();
+    // Offset 0's lease ended -> its retry is due at T0 + 1100.
+    assert_eq!(s.core.next_wakeup(), Some(T0 + 1100));
+}
+
+#[test]
+fn given_a_failed_read_then_the_core_asks_again_after_read_retry_ms() {
+    let mut s = Shell::new(config(), 0);
+    s.log.extend((0..3).map(event));
+    let cmds = s.raw(Input::LogEnd(3));
+    assert_eq!(reads(&cmds), [(0, 3)]);
+    let cmds = s.raw(Input::ReadFailed);
+    assert!(reads(&cmds).is_empty());
+    assert_eq!(s.core.next_wakeup(), Some(T0 + 500));
+    s.advance(500);
+    let cmds = s.raw(Input::Tick);
+    assert_eq!(reads(&cmds), [(0, 3)]);
+    // A short answer: the core reads on from where it ended.
+    let cmds = s.raw(Input::EventsRead(vec![event(0)]));
+    assert_eq!(reads(&cmds), [(1, 2)]);
+    // An empty answer: nothing there after all; no busy loop of reads.
+    let cmds = s.raw(Input::EventsRead(vec![]));
+    assert!(reads(&cmds).is_empty());
+    assert_eq!(s.core.stats().log_end, 1);
+    let cmds = s.raw(Input::LogEnd(3));
+    assert_eq!(reads(&cmds), [(1, 2)]);
+}
+
+#[test]
+fn given_misuse_then_typed_errors_and_no_state_change() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(2);
+    let before = s.core.stats();
+    let now = s.now;
+    let cases = [
+        (Input::EventsRead(vec![event(0)]), "no read"),
+        (Input::ReadFailed, "no read"),
+        (
+            Input::Pull {
+                pull_id: meshd_dispatch::PullId(1),
+                max_events: 0,
+                session: None,
+            },
+            "at least 1",
+        ),
+        (
+            Input::AttemptPersisted {
+                offset: 0,
+                attempt: 1,
+            },
+            "not being persisted",
+        ),
+        (
+            Input::PersistFailed {
+                offset: 9,
+                attempt: 1,
+            },
+            "not being persisted",
+        ),
+        (Input::DeadLettered { offset: 0 }, "no dead-letter"),
+        (Input::DeadLetterUnavailable { offset: 0 }, "no dead-letter"),
+        (Input::RedriveSettled { offset: 0 }, "no redrive"),
+        (Input::RedriveUnavailable { offset: 0 }, "no redrive"),
+    ];
+    for (input, want) in cases {
+        let err = s.core.handle(input, now).unwrap_err();
+        assert!(err.to_string().contains(want), "{err}");
+        assert_eq!(s.core.stats(), before);
+    }
+    // A read answer that does not fit the outstanding read.
+    let mut s = Shell::new(config(), 0);
+    s.log.extend((0..3).map(event));
+    s.raw(Input::LogEnd(3));
+    for bad in [
+        vec![event(1)],
+        vec![event(0), event(2)],
+        vec![event(0), event(1), event(2), event(3)],
+    ] {
+        assert!(matches!(
+            s.core.handle(Input::EventsRead(bad), s.now),
+            Err(CoreError::ReadMismatch { .. })
+        ));
+    }
+    // and the right one still works afterwards
+    assert!(s
+        .core
+        .handle(Input::EventsRead(vec![event(0), event(1), event(2)]), s.now)
+        .is_ok());
+}
+
+#[test]
+fn given_a_clock_that_goes_backwards_then_the_core_keeps_its_latest_time() {
+    let mut s = Shell::new(config(), 0);
+    s.publish(1);
+    let d = s.deliver(1).remove(0);
+    s.advance(2000);
+    s.tick(); // lease ended at T0 + 1000; retry due at T0 + 2100
+    s.at(T0); // backwards
+    let cmds = s.nack(&[&d.delivery_id], "x");
+    assert_eq!(
+        nack_outcomes(&cmds),
+        [NackOutcome::Retrying {
+            due_ms: T0 + 2000 + 100
+        }]
+    );
+}
+
+#[test]
+fn given_an_invalid_config_then_new_refuses_it_naming_the_field() {
+    type Mutate = fn(&mut meshd_dispatch::Config);
+    let cases: [(Mutate, &str); 6] = [
+        (|c| c.max_attempts = 0, "max_attempts"),
+        (|c| c.ack_timeout_ms = 10, "ack_timeout_ms"),
+        (
+            |c| {
+                c.backoff = Backoff {
+                    initial_ms: 10,
+                    max_ms: 5,
+                }
+            },
+            "backoff",
+        ),
+        (|c| c.max_in_flight = 0, "max_in_flight"),
+        (|c| c.max_window = 0, "max_window"),
+        (
+            |c| {
+                c.filter = Some(Filter {
+                    event_type: None,
+                    source: None,
+                })
+            },
+            "filter",
+        ),
+    ];
+    for (mutate, field) in cases {
+        let mut cfg = config();
+        mutate(&mut cfg);
+        let err = PartitionCore::new(
+            Partition {
+                key: key(),
+                log_id: "i".into(),
+                owner_epoch: 0,
+            },
+            cfg,
+            0,
+            Sources::random(),
+        )
+        .err()
+        .expect("refused");
+        assert!(err.to_string().contains(field), "{err}");
+    }
+    assert!(meshd_dispatch::Config::default().validate().is_ok());
+}
