@@ -1,8 +1,10 @@
 //! `meshd`: the event-mesh runtime binary. Boot is a pipeline (house style 11):
 //! config → validate → open stores → recover → serve.
 
+mod api;
 mod config;
 mod metered;
+mod problem;
 mod server;
 
 use clap::{Parser, Subcommand};

@@ -20,6 +20,10 @@ use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
 use meshd_stores::deadletters::{DeadLetterStore, MetaDeadLetterStore};
 use meshd_stores::delivery::DeliveryStateStore;
 use meshd_stores::offsets::OffsetStore;
+use meshd_stores::subscriptions::{
+    MetaSubscriptionStore, SubscriptionStore, SubscriptionStoreConfig,
+};
+use meshd_stores::topics::MetaTopicStore;
 use meshd_stores_local::LocalStores;
 use serde_json::json;
 use std::io::Write;
@@ -35,6 +39,8 @@ struct AppState {
     meta: Arc<MeteredMeta>,
     meta_backend: &'static str,
     local: Arc<LocalStores>,
+    topics: Arc<MetaTopicStore>,
+    subscriptions: Arc<MetaSubscriptionStore>,
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -76,6 +82,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let meta = Arc::new(MeteredMeta::new(meta));
     let meta_backend = meta.backend();
     collect_orphan_bodies(meta.clone(), &local).await;
+    // The topic cache loads in the background; it is part of readiness.
+    let topics = Arc::new(
+        MetaTopicStore::start(meta.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("starting the topic store: {e}"))?,
+    );
+    let subscriptions = Arc::new(
+        MetaSubscriptionStore::start(meta.clone(), SubscriptionStoreConfig::default())
+            .map_err(|e| anyhow::anyhow!("starting the subscription store: {e}"))?,
+    );
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -98,13 +114,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         meta: meta.clone(),
         meta_backend,
         local: Arc::new(local),
+        topics: topics.clone(),
+        subscriptions: subscriptions.clone(),
+    });
+    let api = Arc::new(crate::api::Api {
+        topics,
+        subscriptions: subscriptions.clone(),
+        log: state.local.log.clone(),
+        offsets: state.local.offsets.clone(),
+        deliveries: state.local.deliveries.clone(),
+        meta_backend,
     });
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .fallback(not_found)
-        .with_state(state);
+        .with_state(state)
+        .merge(crate::api::router(api))
+        .fallback(not_found);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
@@ -202,13 +229,18 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         Ok(()) => "ok",
         Err(_) => "failed",
     };
-    let ready = meta == "ok" && local == "ok";
+    let cache = |ready: bool| if ready { "ok" } else { "loading" };
+    let topics = cache(state.topics.health().is_ready());
+    let subscriptions = cache(state.subscriptions.health().is_ready());
+    let ready = meta == "ok" && local == "ok" && topics == "ok" && subscriptions == "ok";
     let body = json!({
         "status": if ready { "ready" } else { "unavailable" },
         "instance": state.instance_id,
         "checks": {
             format!("meta:{}", state.meta_backend): meta,
             "local:rocksdb": local,
+            "topics": topics,
+            "subscriptions": subscriptions,
         },
     });
     let code = if ready {
@@ -260,16 +292,6 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
-async fn not_found() -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        Json(json!({
-            "type": "https://meshd.dev/problems/not-found",
-            "title": "Not Found",
-            "status": 404,
-            "detail": "no such route",
-        })),
-    )
-        .into_response()
+async fn not_found() -> crate::problem::Problem {
+    crate::problem::Problem::not_found("no such route")
 }

@@ -8,6 +8,7 @@
 //! | partition log ([`log`]) | L1 | Local RocksDB | `meshd-stores-local` |
 //! | OffsetStore ([`offsets`]) | L1 local | Local RocksDB + cache; fenced checkpoints to Meta | `meshd-stores-local` |
 //! | DeliveryStateStore ([`delivery`]) | L1, sub-second flush | Local RocksDB | `meshd-stores-local` |
+//! | TopicStore ([`topics`]) | L2 cluster-shared | Meta + prefix watch + cache | here |
 //! | SubscriptionStore ([`subscriptions`]) | L2 cluster-shared | Meta + prefix watch + cache | here |
 //! | SessionStore ([`sessions`]) | L2 cluster-shared | Meta + lease + cache | here |
 //! | DeadLetterStore ([`deadletters`]) | L3 durable | Meta (ledger) + the log's dead-letter stream (bodies) | here |
@@ -23,6 +24,7 @@ pub mod offsets;
 pub mod sessions;
 pub mod subscriptions;
 pub mod tasks;
+pub mod topics;
 
 mod codec;
 mod meta_util;

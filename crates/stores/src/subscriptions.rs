@@ -8,7 +8,10 @@
 //!
 //! Every write is a Meta transaction conditional on the key's revision, so concurrent
 //! writers on any number of instances never overwrite each other blindly: a write
-//! without a caller precondition re-reads and retries its own compare-and-set.
+//! without a caller precondition re-reads and retries its own compare-and-set. A
+//! create or update also compares the topic key's revision in the same transaction,
+//! after checking that the topic exists and is not being deleted, so no subscription
+//! can reference a topic that is gone (see [`crate::topics`]).
 //!
 //! Reads are served from a local cache that follows Meta (list, then watch; see
 //! [`cache`]). Each instance's cache converges to Meta's state; an instance's own
@@ -28,7 +31,7 @@ pub use cache::{CacheConfig, CacheHealth};
 use crate::meta_util::{meta_classes, won, FromMeta};
 use async_trait::async_trait;
 use cache::{Codec, CorruptRecord, WatchedCache};
-use meshd_meta::{KeyValue, Meta, Txn};
+use meshd_meta::{Compare, KeyValue, Meta, Txn};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -280,6 +283,10 @@ pub enum SubscriptionError {
         name: String,
         current_revision: Option<i64>,
     },
+    /// The subscription's topic does not exist or is being deleted (HTTP 404).
+    /// Nothing was written.
+    #[error("topic {topic:?} not found")]
+    TopicNotFound { topic: String },
     /// An update tried to change the topic (HTTP 409). Nothing was written.
     #[error(
         "subscription {name:?} is on topic {current:?}; its topic cannot change to {requested:?}"
@@ -312,6 +319,7 @@ impl SubscriptionError {
             Self::Invalid { .. } => "invalid",
             Self::NotFound { .. } => "not_found",
             Self::PreconditionFailed { .. } => "precondition_failed",
+            Self::TopicNotFound { .. } => "topic_not_found",
             Self::TopicChange { .. } => "topic_change",
             Self::Unavailable(_) => "unavailable",
             Self::Indeterminate(_) => "indeterminate",
@@ -353,6 +361,14 @@ impl From<CorruptRecord> for SubscriptionError {
 /// writer never causes a conflict error; the final state is one of the written ones
 /// (the last to commit).
 ///
+/// **Topic existence.** `create` and `put` (every precondition) read the topic's
+/// record in Meta and answer `TopicNotFound` when it is absent or marked as being
+/// deleted; otherwise the subscription write is committed in one Meta transaction
+/// with a compare on the topic key's `mod_revision`. When the topic changed
+/// meanwhile, the store re-reads it and decides again. So a subscription never
+/// references a topic that is deleted or being deleted (see [`crate::topics`] for the
+/// delete side).
+///
 /// **Reads** (`get`, `list`) are served from this instance's cache, which follows
 /// Meta and converges to its state. After a write of this instance returned revision
 /// `r`, this instance's reads show that subscription at `r` or later
@@ -367,6 +383,8 @@ impl From<CorruptRecord> for SubscriptionError {
 /// **Errors: what the caller must do.**
 /// * `Invalid`, `TopicChange`: fix the request; nothing was written.
 /// * `NotFound`, `PreconditionFailed`: re-read and decide; nothing was written.
+/// * `TopicNotFound`: create the topic first (or retry: a topic whose delete ended
+///   in "in use" is back at once); nothing was written.
 /// * `Unavailable`: nothing was written; retry later.
 /// * `Indeterminate`: the write may or may not have landed; re-read before acting.
 /// * `Corrupt`: the stored record is unreadable; an operator deletes or rewrites it.
@@ -535,24 +553,6 @@ impl MetaSubscriptionStore {
         Ok(current)
     }
 
-    /// One compare-and-set: writes `value` if the key's mod_revision is `expected`
-    /// (0 = absent). `Ok(None)` when the compare failed (with the current value).
-    async fn cas_put(
-        &self,
-        key: &[u8],
-        value: &[u8],
-        expected: i64,
-    ) -> Result<Result<i64, Option<Box<KeyValue>>>, SubscriptionError> {
-        let pre = if expected == 0 {
-            meshd_meta::Precondition::Absent
-        } else {
-            meshd_meta::Precondition::ModRevision(expected)
-        };
-        let txn = Txn::new().when_precondition(key, pre).put(key, value);
-        let r = won(self.meta.txn(txn).await).map_err(SubscriptionError::from_meta)?;
-        Ok(r.map(|r| r.revision))
-    }
-
     async fn cas_delete(
         &self,
         key: &[u8],
@@ -573,6 +573,26 @@ impl MetaSubscriptionStore {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 
+    /// The topic a subscription write needs: its key and `mod_revision`, or
+    /// `TopicNotFound` when it is absent or marked as being deleted.
+    async fn read_topic(&self, topic: &str) -> Result<(Vec<u8>, i64), SubscriptionError> {
+        let key = crate::topics::record::key(topic);
+        let not_found = || SubscriptionError::TopicNotFound {
+            topic: topic.to_string(),
+        };
+        let kv = self.read_current(&key).await?.ok_or_else(not_found)?;
+        let stored = crate::topics::record::decode(topic, &kv)?;
+        if stored.deleting {
+            return Err(not_found());
+        }
+        Ok((key, kv.mod_revision))
+    }
+
+    /// Every write path: read the subscription and check the caller's precondition
+    /// (and that the topic does not change), read the topic, then commit the write
+    /// conditional on both the subscription's and the topic's revisions. A lost
+    /// compare re-reads both and decides again (bounded by `cas_retry_limit`); a
+    /// caller's precondition that no longer holds is `PreconditionFailed`.
     async fn put_inner(
         &self,
         spec: &SubscriptionSpec,
@@ -582,67 +602,67 @@ impl MetaSubscriptionStore {
         let name = spec.name.as_str();
         let key = record::key(name);
         let value = record::encode(spec).map_err(SubscriptionError::Failed)?;
-        let done = |revision: i64, incarnation: Option<i64>| {
-            let created = incarnation.is_none();
-            let s = Subscription {
-                spec: spec.clone(),
-                revision,
-                incarnation: incarnation.unwrap_or(revision),
-            };
-            (s, created)
-        };
-        match precondition {
-            Precondition::Absent => match self.cas_put(&key, &value, 0).await? {
-                Ok(revision) => Ok(done(revision, None)),
-                Err(current) => Err(Self::precondition_failed(name, current)),
-            },
-            Precondition::Revision(expected) => {
-                // Read first: the topic check needs the current record, and an
-                // `If-Match` of a revision that cannot exist must not turn into a
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let current = self.read_current(&key).await?;
+            let (expected, incarnation) = match (precondition, current) {
+                (Precondition::Absent, None) => (0, None),
+                (Precondition::Absent, Some(kv)) => {
+                    return Err(Self::precondition_failed(name, Some(Box::new(kv))))
+                }
+                // An `If-Match` of a revision that cannot exist must not turn into a
                 // create (`mod_revision == 0` means absent in Meta).
-                let current = self.read_current(&key).await?;
-                let kv = match current {
-                    Some(kv) if expected >= 1 && kv.mod_revision == expected => kv,
-                    other => return Err(Self::precondition_failed(name, other.map(Box::new))),
+                (Precondition::Revision(r), Some(kv)) if r >= 1 && kv.mod_revision == r => {
+                    let existing = Self::check_update(name, spec, &kv)?;
+                    (r, Some(existing.incarnation))
+                }
+                (Precondition::Revision(_), other) => {
+                    return Err(Self::precondition_failed(name, other.map(Box::new)))
+                }
+                (Precondition::None, None) => (0, None),
+                (Precondition::None, Some(kv)) => {
+                    let existing = Self::check_update(name, spec, &kv)?;
+                    (kv.mod_revision, Some(existing.incarnation))
+                }
+            };
+            let (topic_key, topic_revision) = self.read_topic(&spec.topic).await?;
+            let pre = if expected == 0 {
+                meshd_meta::Precondition::Absent
+            } else {
+                meshd_meta::Precondition::ModRevision(expected)
+            };
+            let txn = Txn::new()
+                .when_precondition(&key, pre)
+                .when(Compare::ModRevision {
+                    key: topic_key,
+                    revision: topic_revision,
+                })
+                .put(&key, &value);
+            let r = won(self.meta.txn(txn).await).map_err(SubscriptionError::from_meta)?;
+            if let Ok(r) = r {
+                let s = Subscription {
+                    spec: spec.clone(),
+                    revision: r.revision,
+                    incarnation: incarnation.unwrap_or(r.revision),
                 };
-                let existing = Self::check_update(name, spec, &kv)?;
-                match self.cas_put(&key, &value, expected).await? {
-                    Ok(revision) => Ok(done(revision, Some(existing.incarnation))),
-                    Err(current) => Err(Self::precondition_failed(name, current)),
-                }
+                return Ok((s, incarnation.is_none()));
             }
-            Precondition::None => {
-                let started = Instant::now();
-                let mut attempt = 0u32;
-                loop {
-                    let current = self.read_current(&key).await?;
-                    let (expected, incarnation) = match &current {
-                        None => (0, None),
-                        Some(kv) => {
-                            let existing = Self::check_update(name, spec, kv)?;
-                            (kv.mod_revision, Some(existing.incarnation))
-                        }
-                    };
-                    if let Ok(revision) = self.cas_put(&key, &value, expected).await? {
-                        return Ok(done(revision, incarnation));
-                    }
-                    attempt += 1;
-                    if started.elapsed() >= self.config.cas_retry_limit {
-                        return Err(SubscriptionError::Unavailable(format!(
-                            "gave up after {attempt} compare-and-set attempts on subscription \
-                             {name:?} under contention; nothing was written by this request"
-                        )));
-                    }
-                    tracing::debug!(
-                        store = STORE,
-                        backend = self.backend(),
-                        name,
-                        attempt,
-                        "unconditional put lost a compare-and-set; retrying"
-                    );
-                    Self::contention_pause(attempt).await;
-                }
+            attempt += 1;
+            if started.elapsed() >= self.config.cas_retry_limit {
+                return Err(SubscriptionError::Unavailable(format!(
+                    "gave up after {attempt} compare-and-set attempts on subscription \
+                     {name:?} under contention; nothing was written by this request"
+                )));
             }
+            tracing::debug!(
+                store = STORE,
+                backend = self.backend(),
+                name,
+                attempt,
+                "put lost a compare-and-set (subscription or topic changed); re-reading"
+            );
+            Self::contention_pause(attempt).await;
         }
     }
 

@@ -23,6 +23,7 @@ use meshd_stores::subscriptions::{
     record, Backoff, Filter, MetaSubscriptionStore, Precondition, Push, StartPosition,
     SubscriptionError, SubscriptionSpec, SubscriptionStore, SubscriptionStoreConfig,
 };
+use meshd_stores::topics::{self, MetaTopicStore, TopicError, TopicStore};
 use meshd_test_support::wait::wait_until;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +44,9 @@ backend_cases!(
     given_a_backend_crash_when_it_restarts_then_every_acknowledged_subscription_survives,
     given_meta_down_when_writing_then_errors_are_typed_and_the_same_store_recovers,
     corrupt_records_are_reported_never_decoded,
+    a_subscription_on_a_missing_or_deleting_topic_is_topic_not_found,
+    a_topic_referenced_by_a_subscription_is_not_deleted,
+    given_creates_racing_a_topic_delete_then_no_subscription_references_a_deleted_topic,
 );
 
 // ---------------------------------------------------------------------------------
@@ -57,6 +61,11 @@ async fn store(meta: Arc<dyn Meta>) -> MetaSubscriptionStore {
         .expect("start the store");
     assert!(s.wait_ready(READY).await, "store ready: {:?}", s.health());
     s
+}
+
+/// Creates the topic every [`spec`] is on: subscriptions need an existing topic.
+async fn orders(h: &Harness) {
+    common::ensure_topic(h.meta(), "orders", 1).await;
 }
 
 fn spec(name: &str) -> SubscriptionSpec {
@@ -131,6 +140,7 @@ mod suite {
     use super::*;
 
     pub async fn create_get_list_update_delete_round_trip_with_revisions(h: &mut Harness) {
+        orders(h).await;
         let s = store(h.meta()).await;
         let mut full = spec("audit");
         full.max_attempts = 3;
@@ -215,6 +225,7 @@ mod suite {
     }
 
     pub async fn if_match_semantics_reject_stale_and_absent_preconditions(h: &mut Harness) {
+        orders(h).await;
         let s = store(h.meta()).await;
         let v1 = s.create(spec("a")).await.unwrap();
         // If-None-Match: * when it exists.
@@ -286,6 +297,7 @@ mod suite {
     }
 
     pub async fn unconditional_put_under_contention_never_conflicts(h: &mut Harness) {
+        orders(h).await;
         let a = Arc::new(store(h.client().await).await);
         let b = Arc::new(store(h.client().await).await);
         const TASKS: u32 = 8;
@@ -333,6 +345,7 @@ mod suite {
     }
 
     pub async fn topic_cannot_change_on_update(h: &mut Harness) {
+        orders(h).await;
         let s = store(h.meta()).await;
         let v1 = s.create(spec("a")).await.unwrap();
         let moved = SubscriptionSpec::new("a", "payments");
@@ -357,6 +370,7 @@ mod suite {
     }
 
     pub async fn invalid_values_are_rejected_naming_the_field(h: &mut Harness) {
+        orders(h).await;
         let s = store(h.meta()).await;
         let d = spec("d");
         assert_eq!(
@@ -440,6 +454,7 @@ mod suite {
     }
 
     pub async fn delete_and_recreate_is_a_new_incarnation(h: &mut Harness) {
+        orders(h).await;
         let s = store(h.meta()).await;
         let first = s.create(spec("a")).await.unwrap();
         let (upd, _) = s.put(spec("a"), Precondition::None).await.unwrap();
@@ -467,6 +482,7 @@ mod suite {
     }
 
     pub async fn two_instances_writing_the_same_names_converge_to_meta(h: &mut Harness) {
+        orders(h).await;
         let a = Arc::new(store(h.client().await).await);
         let b = Arc::new(store(h.client().await).await);
         let mut tasks = Vec::new();
@@ -517,6 +533,7 @@ mod suite {
     }
 
     pub async fn an_instance_reads_its_own_writes_at_once(h: &mut Harness) {
+        orders(h).await;
         let client = h.client().await;
         let s = store(client.clone()).await;
         let other = store(h.client().await).await;
@@ -571,6 +588,7 @@ mod suite {
     pub async fn given_a_compacted_watch_position_when_the_watch_resumes_then_the_cache_relists(
         h: &mut Harness,
     ) {
+        orders(h).await;
         let client = h.client().await;
         let s = store(client.clone()).await;
         let writer = store(h.client().await).await;
@@ -625,6 +643,7 @@ mod suite {
     pub async fn given_a_backend_crash_when_it_restarts_then_every_acknowledged_subscription_survives(
         h: &mut Harness,
     ) {
+        orders(h).await;
         let s = Arc::new(store(h.client().await).await);
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
@@ -684,6 +703,7 @@ mod suite {
     pub async fn given_meta_down_when_writing_then_errors_are_typed_and_the_same_store_recovers(
         h: &mut Harness,
     ) {
+        orders(h).await;
         let s = store(h.client().await).await;
         let before = s.create(spec("before")).await.unwrap();
         h.stop();
@@ -737,6 +757,7 @@ mod suite {
     }
 
     pub async fn corrupt_records_are_reported_never_decoded(h: &mut Harness) {
+        orders(h).await;
         let m = h.meta();
         let good = record::encode(&spec("torn")).unwrap();
         m.put(
@@ -787,5 +808,208 @@ mod suite {
             .unwrap();
         assert_eq!(s.get("torn").await.unwrap(), None);
         assert_eq!(s.health().corrupt_records, 0);
+    }
+
+    pub async fn a_subscription_on_a_missing_or_deleting_topic_is_topic_not_found(h: &mut Harness) {
+        orders(h).await;
+        let s = store(h.meta()).await;
+        let missing = SubscriptionError::TopicNotFound {
+            topic: "missing".into(),
+        };
+        assert_eq!(missing.kind(), "topic_not_found");
+        assert!(!missing.is_retryable());
+        assert_eq!(
+            s.create(SubscriptionSpec::new("x", "missing"))
+                .await
+                .unwrap_err(),
+            missing
+        );
+        assert_eq!(
+            s.put(SubscriptionSpec::new("x", "missing"), Precondition::None)
+                .await
+                .unwrap_err(),
+            missing
+        );
+        let a = s.create(spec("a")).await.expect("on an existing topic");
+        // The topic marked as being deleted (a delete in progress, or one that died
+        // between its mark and its end): every write path refuses it.
+        h.meta()
+            .put(
+                &topics::record::key("orders"),
+                &topics::record::encode("orders", 1, true).unwrap(),
+                MetaPrecondition::None,
+                None,
+            )
+            .await
+            .unwrap();
+        let deleting = SubscriptionError::TopicNotFound {
+            topic: "orders".into(),
+        };
+        assert_eq!(s.create(spec("y")).await.unwrap_err(), deleting);
+        assert_eq!(
+            s.put(spec("a"), Precondition::None).await.unwrap_err(),
+            deleting
+        );
+        assert_eq!(
+            s.put(spec("a"), Precondition::Revision(a.revision))
+                .await
+                .unwrap_err(),
+            deleting
+        );
+        let m = meta_state(h.meta().as_ref()).await.unwrap();
+        assert_eq!(m.len(), 1, "nothing was written: {m:?}");
+        assert_eq!(m["a"].0, a.revision);
+        // `ensure` finds the topic still referenced by "a": it unmarks it, and writes
+        // work again.
+        let t = MetaTopicStore::start(h.meta()).await.unwrap();
+        let (_, created) = t.ensure("orders", 1).await.unwrap();
+        assert!(!created);
+        s.put(spec("a"), Precondition::Revision(a.revision))
+            .await
+            .expect("update once unmarked");
+        s.create(spec("y")).await.expect("create once unmarked");
+    }
+
+    pub async fn a_topic_referenced_by_a_subscription_is_not_deleted(h: &mut Harness) {
+        orders(h).await;
+        let s = store(h.meta()).await;
+        let t = MetaTopicStore::start(h.client().await).await.unwrap();
+        let before = t.get("orders").await.unwrap().expect("the topic");
+        s.create(spec("a")).await.unwrap();
+        assert_eq!(
+            t.delete("orders").await.unwrap_err(),
+            TopicError::InUse {
+                name: "orders".into(),
+                subscriptions: vec!["a".into()]
+            }
+        );
+        let now = t
+            .get("orders")
+            .await
+            .unwrap()
+            .expect("the topic still exists");
+        assert_eq!(now.incarnation, before.incarnation);
+        s.put(spec("a"), Precondition::None)
+            .await
+            .expect("the subscription is still writable");
+        s.delete("a", Precondition::None).await.unwrap();
+        t.delete("orders").await.expect("unreferenced now");
+        assert_eq!(
+            s.create(spec("a")).await.unwrap_err(),
+            SubscriptionError::TopicNotFound {
+                topic: "orders".into()
+            }
+        );
+    }
+
+    /// The race: subscriptions created (on two instances, through `create` and the
+    /// unconditional `put`) while another instance deletes their topic. Whatever
+    /// the interleaving, afterwards the topic exists (unmarked) or no subscription
+    /// references it, checked in Meta directly; and every acknowledged create's topic
+    /// still exists.
+    pub async fn given_creates_racing_a_topic_delete_then_no_subscription_references_a_deleted_topic(
+        h: &mut Harness,
+    ) {
+        let a = Arc::new(store(h.client().await).await);
+        let b = Arc::new(store(h.client().await).await);
+        let ta = Arc::new(MetaTopicStore::start(h.client().await).await.unwrap());
+        let tb = Arc::new(MetaTopicStore::start(h.client().await).await.unwrap());
+        let meta = h.meta();
+        const ROUNDS: usize = 24;
+        const CREATORS: usize = 4;
+        let (mut deleted_rounds, mut refused_creates, mut acked_creates) = (0, 0, 0);
+        for round in 0..ROUNDS {
+            let topic = format!("race{round}");
+            ta.ensure(&topic, 1).await.unwrap();
+            let mut creators = Vec::new();
+            for k in 0..CREATORS {
+                let s = if k % 2 == 0 { a.clone() } else { b.clone() };
+                let topic = topic.clone();
+                creators.push(tokio::spawn(async move {
+                    let pause = rand::random::<u64>() % 4000;
+                    tokio::time::sleep(Duration::from_micros(pause)).await;
+                    let name = format!("{topic}-s{k}");
+                    let x = SubscriptionSpec::new(&name, &topic);
+                    let r = if k < 2 {
+                        s.create(x).await.map(|_| ())
+                    } else {
+                        s.put(x, Precondition::None).await.map(|_| ())
+                    };
+                    match r {
+                        Ok(()) => Some(name),
+                        Err(SubscriptionError::TopicNotFound { .. }) => None,
+                        Err(e) => panic!("round {round} creator {k}: {e:?}"),
+                    }
+                }));
+            }
+            let t = if round % 2 == 0 {
+                ta.clone()
+            } else {
+                tb.clone()
+            };
+            let deleter = {
+                let topic = topic.clone();
+                tokio::spawn(async move {
+                    let pause = rand::random::<u64>() % 4000;
+                    tokio::time::sleep(Duration::from_micros(pause)).await;
+                    for _ in 0..3 {
+                        match t.delete(&topic).await {
+                            Ok(_) => return true,
+                            Err(TopicError::InUse { .. }) => {
+                                tokio::time::sleep(Duration::from_millis(1)).await
+                            }
+                            Err(e) => panic!("round {round} delete: {e:?}"),
+                        }
+                    }
+                    false
+                })
+            };
+            let mut acked = Vec::new();
+            for c in creators {
+                match c.await.unwrap() {
+                    Some(name) => acked.push(name),
+                    None => refused_creates += 1,
+                }
+            }
+            let deleted = deleter.await.unwrap();
+            acked_creates += acked.len();
+            deleted_rounds += usize::from(deleted);
+
+            // Meta, read directly.
+            let topic_kv = meta.get(&topics::record::key(&topic)).await.unwrap().kv;
+            let referencing: Vec<String> = meta_state(meta.as_ref())
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|(_, (_, _, x))| x.topic == topic)
+                .map(|(n, _)| n)
+                .collect();
+            match topic_kv {
+                None => assert!(
+                    referencing.is_empty(),
+                    "round {round}: topic {topic} is gone but {referencing:?} reference it"
+                ),
+                Some(kv) => {
+                    let rec = topics::record::decode_value(&topic, &kv.value).unwrap();
+                    assert!(!rec.deleting, "round {round}: topic left marked");
+                }
+            }
+            let mut acked_sorted = acked.clone();
+            acked_sorted.sort();
+            assert_eq!(
+                referencing, acked_sorted,
+                "round {round}: exactly the acknowledged subscriptions exist"
+            );
+            assert_eq!(
+                deleted,
+                acked.is_empty(),
+                "round {round}: deleted={deleted}, acked={acked:?}"
+            );
+        }
+        eprintln!(
+            "{} rounds: topic deleted in {deleted_rounds}, {acked_creates} creates acknowledged, \
+             {refused_creates} refused with TopicNotFound",
+            ROUNDS
+        );
     }
 }

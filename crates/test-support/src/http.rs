@@ -43,21 +43,69 @@ pub async fn get(addr: &str, path: &str) -> anyhow::Result<Response> {
     request(addr, "GET", path, None, Duration::from_secs(10)).await
 }
 
+/// Sends a JSON body (`application/json`).
+pub async fn send_json(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<Response> {
+    let text = body.to_string();
+    request(addr, method, path, Some(&text), Duration::from_secs(10)).await
+}
+
+/// Sends `body` with exactly the given headers (no default content type).
+pub async fn request_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> anyhow::Result<Response> {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        exchange(addr, method, path, headers, body),
+    )
+    .await
+    .map_err(|_| anyhow!("{method} {path} on {addr}: no answer within 10 s"))?
+}
+
 async fn request_inner(
     addr: &str,
     method: &str,
     path: &str,
     body: Option<&str>,
 ) -> anyhow::Result<Response> {
+    let body = body.unwrap_or("");
+    exchange(
+        addr,
+        method,
+        path,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+    .await
+}
+
+async fn exchange(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> anyhow::Result<Response> {
     let mut s = TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
-    let body = body.unwrap_or("");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
     s.write_all(req.as_bytes()).await?;
+    // A server may answer (413) and close before reading a large body: the answer
+    // is what counts.
+    let _ = s.write_all(body).await;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).await?;
     let text = String::from_utf8_lossy(&raw).into_owned();

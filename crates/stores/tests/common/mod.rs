@@ -353,3 +353,16 @@ async fn connect(process: &EtcdProcess) -> Arc<dyn Meta> {
             .expect("connect"),
     )
 }
+
+/// Creates topic `name` (if it is not there yet) through a `MetaTopicStore` on `meta`:
+/// subscriptions can only be written on an existing topic.
+pub async fn ensure_topic(meta: Arc<dyn Meta>, name: &str, partitions: u32) {
+    use meshd_stores::topics::{MetaTopicStore, TopicStore};
+    let topics = MetaTopicStore::start(meta)
+        .await
+        .expect("start the topic store");
+    topics
+        .ensure(name, partitions)
+        .await
+        .unwrap_or_else(|e| panic!("ensure topic {name}: {e}"));
+}

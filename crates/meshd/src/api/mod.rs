@@ -1,0 +1,115 @@
+//! The `/v1` HTTP API (`../shared/design/http-api.md`). Handlers are thin: they
+//! validate input into problem+json answers and call the stores.
+
+pub mod subscriptions;
+pub mod topics;
+
+use crate::problem::Problem;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{header, HeaderMap};
+use axum::routing::{get, post, put};
+use axum::Router;
+use meshd_stores::subscriptions::MetaSubscriptionStore;
+use meshd_stores::topics::MetaTopicStore;
+use meshd_stores_local::delivery::RocksDeliveryStore;
+use meshd_stores_local::log::RocksLog;
+use meshd_stores_local::offsets::RocksOffsetStore;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+
+/// The request body cap (8 MiB); one event is capped at 1 MiB by the event parser.
+pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// What the handlers need.
+pub struct Api {
+    pub topics: Arc<MetaTopicStore>,
+    pub subscriptions: Arc<MetaSubscriptionStore>,
+    pub log: RocksLog,
+    pub offsets: RocksOffsetStore,
+    pub deliveries: RocksDeliveryStore,
+    pub meta_backend: &'static str,
+}
+
+pub fn router(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/v1/topics", get(topics::list_topics))
+        .route(
+            "/v1/topics/{topic}",
+            put(topics::put_topic)
+                .get(topics::get_topic)
+                .delete(topics::delete_topic),
+        )
+        .route("/v1/topics/{topic}/events", post(topics::publish))
+        .route(
+            "/v1/topics/{topic}/partitions/{partition}/events",
+            get(topics::browse),
+        )
+        .route("/v1/subscriptions", get(subscriptions::list_subscriptions))
+        .route(
+            "/v1/subscriptions/{name}",
+            put(subscriptions::put_subscription)
+                .get(subscriptions::get_subscription)
+                .delete(subscriptions::delete_subscription),
+        )
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(api)
+}
+
+/// A body that could not be read: too large (413) or broken (400).
+pub fn body_problem(e: axum::extract::rejection::BytesRejection) -> Problem {
+    if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        Problem::too_large(format!("request body exceeds {MAX_BODY_BYTES} bytes"))
+    } else {
+        Problem::bad_request(format!("cannot read the request body: {e}"))
+    }
+}
+
+/// Names (topics, subscriptions, client ids, agents): 1–249 of `[A-Za-z0-9._-]`.
+pub fn valid_name_or_400(what: &str, name: &str) -> Result<(), Problem> {
+    if crate::config::valid_name(name) {
+        Ok(())
+    } else {
+        Err(Problem::invalid_field(
+            what,
+            format!("{what} name must be 1-249 characters of [A-Za-z0-9._-], got {name:?}"),
+        ))
+    }
+}
+
+/// Parses a JSON request body: 415 for a non-JSON content type, 400 naming what is
+/// wrong otherwise.
+pub fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, Problem> {
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+        let essence = ct.split(';').next().unwrap_or("").trim();
+        if essence != "application/json" && !essence.ends_with("+json") {
+            return Err(Problem::unsupported_media_type(format!(
+                "expected application/json, got {essence:?}"
+            )));
+        }
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        let field = missing_or_unknown_field(&e.to_string());
+        let p = Problem::bad_request(format!("invalid JSON body: {e}"));
+        match field {
+            Some(f) => p.with("field", f),
+            None => p,
+        }
+    })
+}
+
+/// The field serde names in "missing field `x`" / "unknown field `x`".
+fn missing_or_unknown_field(message: &str) -> Option<String> {
+    let start = message.find('`')? + 1;
+    let end = start + message[start..].find('`')?;
+    Some(message[start..end].to_string())
+}
+
+async fn method_not_allowed() -> Problem {
+    Problem::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "this route does not take that method",
+    )
+}

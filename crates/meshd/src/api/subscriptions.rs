@@ -1,0 +1,283 @@
+//! `/v1/subscriptions`: the SubscriptionStore over HTTP, with `ETag`, `If-Match` and
+//! `If-None-Match: *`.
+
+use super::{body_problem, json_body, valid_name_or_400, Api};
+use crate::problem::Problem;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use meshd_stores::delivery::DeliveryStateStore;
+use meshd_stores::offsets::OffsetStore;
+use meshd_stores::subscriptions::{
+    Backoff, Filter, Precondition, Push, StartPosition, Subscription, SubscriptionError,
+    SubscriptionSpec, SubscriptionStore,
+};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+pub fn subscription_problem(e: SubscriptionError, backend: &str) -> Problem {
+    match e {
+        SubscriptionError::Invalid { field, reason } => {
+            Problem::invalid_field(field, format!("{field} {reason}"))
+        }
+        SubscriptionError::NotFound { name } => {
+            Problem::not_found(format!("subscription {name:?} does not exist"))
+        }
+        SubscriptionError::TopicNotFound { topic } => {
+            Problem::not_found(format!("topic {topic:?} does not exist")).with("field", "topic")
+        }
+        SubscriptionError::PreconditionFailed {
+            name,
+            current_revision,
+        } => Problem::new(
+            StatusCode::PRECONDITION_FAILED,
+            "precondition-failed",
+            format!("precondition failed for subscription {name:?}"),
+        )
+        .with("revision", current_revision),
+        SubscriptionError::TopicChange {
+            name,
+            current,
+            requested,
+        } => Problem::conflict(format!(
+            "subscription {name:?} is on topic {current:?}; it cannot move to {requested:?}"
+        ))
+        .with("field", "topic"),
+        SubscriptionError::Unavailable(d) => Problem::unavailable("subscriptions", backend, d),
+        SubscriptionError::Indeterminate(d) => Problem::indeterminate("subscriptions", backend, d),
+        SubscriptionError::Corrupt { key, reason } => Problem::internal(
+            "subscriptions",
+            backend,
+            format!("corrupt subscription record {key}: {reason}"),
+        ),
+        SubscriptionError::Failed(d) => Problem::internal("subscriptions", backend, d),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackoffBody {
+    initial_ms: Option<u64>,
+    max_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterBody {
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    source: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PushBody {
+    url: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutSubscription {
+    topic: String,
+    max_attempts: Option<u32>,
+    ack_timeout_ms: Option<u64>,
+    backoff: Option<BackoffBody>,
+    filter: Option<FilterBody>,
+    push: Option<PushBody>,
+    start: Option<String>,
+}
+
+fn spec_of(name: &str, body: PutSubscription) -> Result<SubscriptionSpec, Problem> {
+    let mut spec = SubscriptionSpec::new(name, body.topic);
+    if let Some(n) = body.max_attempts {
+        spec.max_attempts = n;
+    }
+    if let Some(ms) = body.ack_timeout_ms {
+        spec.ack_timeout_ms = ms;
+    }
+    if let Some(b) = body.backoff {
+        let default = Backoff::default();
+        spec.backoff = Backoff {
+            initial_ms: b.initial_ms.unwrap_or(default.initial_ms),
+            max_ms: b.max_ms.unwrap_or(default.max_ms),
+        };
+    }
+    spec.filter = body.filter.map(|f| Filter {
+        event_type: f.event_type,
+        source: f.source,
+    });
+    spec.push = body.push.map(|p| Push { url: p.url });
+    spec.start = match body.start.as_deref() {
+        None | Some("latest") => StartPosition::Latest,
+        Some("earliest") => StartPosition::Earliest,
+        Some(other) => {
+            return Err(Problem::invalid_field(
+                "start",
+                format!("start must be \"latest\" or \"earliest\", got {other:?}"),
+            ))
+        }
+    };
+    Ok(spec)
+}
+
+fn to_json(s: &Subscription) -> Value {
+    let spec = &s.spec;
+    let mut v = json!({
+        "name": spec.name,
+        "topic": spec.topic,
+        "max_attempts": spec.max_attempts,
+        "ack_timeout_ms": spec.ack_timeout_ms,
+        "backoff": {"initial_ms": spec.backoff.initial_ms, "max_ms": spec.backoff.max_ms},
+        "start": match spec.start { StartPosition::Latest => "latest", StartPosition::Earliest => "earliest" },
+        "revision": s.revision,
+    });
+    if let Some(f) = &spec.filter {
+        let mut filter = serde_json::Map::new();
+        if let Some(t) = &f.event_type {
+            filter.insert("type".into(), json!(t));
+        }
+        if let Some(src) = &f.source {
+            filter.insert("source".into(), json!(src));
+        }
+        v["filter"] = Value::Object(filter);
+    }
+    if let Some(p) = &spec.push {
+        v["push"] = json!({"url": p.url});
+    }
+    v
+}
+
+fn etag(revision: i64) -> HeaderValue {
+    // A formatted integer in quotes is always a valid header value.
+    HeaderValue::from_str(&format!("\"{revision}\"")).unwrap_or(HeaderValue::from_static("\"0\""))
+}
+
+/// `If-Match: "r"` → Revision(r); `If-None-Match: *` → Absent; neither → None.
+fn precondition(headers: &HeaderMap) -> Result<Precondition, Problem> {
+    if let Some(v) = headers.get(header::IF_NONE_MATCH) {
+        return match v.to_str().map(str::trim) {
+            Ok("*") => Ok(Precondition::Absent),
+            _ => Err(Problem::invalid_field(
+                "If-None-Match",
+                "only If-None-Match: * is supported",
+            )),
+        };
+    }
+    match headers.get(header::IF_MATCH) {
+        None => Ok(Precondition::None),
+        Some(v) => {
+            let raw = v.to_str().unwrap_or("").trim();
+            let raw = raw.strip_prefix("W/").unwrap_or(raw);
+            raw.trim_matches('"')
+                .parse::<i64>()
+                .ok()
+                .filter(|r| *r >= 1)
+                .map(Precondition::Revision)
+                .ok_or_else(|| {
+                    Problem::invalid_field("If-Match", "If-Match must be an ETag like \"42\"")
+                })
+        }
+    }
+}
+
+pub async fn put_subscription(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let body = body.map_err(body_problem)?;
+    let req: PutSubscription = json_body(&headers, &body)?;
+    let spec = spec_of(&name, req)?;
+    let pre = precondition(&headers)?;
+    let (sub, created) = api
+        .subscriptions
+        .put(spec, pre)
+        .await
+        .map_err(|e| subscription_problem(e, api.meta_backend))?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        [(header::ETAG, etag(sub.revision))],
+        Json(to_json(&sub)),
+    )
+        .into_response())
+}
+
+pub async fn get_subscription(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    match api
+        .subscriptions
+        .get(&name)
+        .await
+        .map_err(|e| subscription_problem(e, api.meta_backend))?
+    {
+        Some(sub) => {
+            Ok(([(header::ETAG, etag(sub.revision))], Json(to_json(&sub))).into_response())
+        }
+        None => Err(Problem::not_found(format!(
+            "subscription {name:?} does not exist"
+        ))),
+    }
+}
+
+pub async fn list_subscriptions(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
+    let subs = api
+        .subscriptions
+        .list()
+        .await
+        .map_err(|e| subscription_problem(e, api.meta_backend))?;
+    let subs: Vec<Value> = subs.iter().map(to_json).collect();
+    Ok(Json(json!({ "subscriptions": subs })).into_response())
+}
+
+pub async fn delete_subscription(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let pre = match precondition(&headers)? {
+        Precondition::Absent => {
+            return Err(Problem::invalid_field(
+                "If-None-Match",
+                "a delete cannot require the subscription to be absent",
+            ))
+        }
+        other => other,
+    };
+    let deleted = api
+        .subscriptions
+        .delete(&name, pre)
+        .await
+        .map_err(|e| subscription_problem(e, api.meta_backend))?;
+    // The incarnation's local state goes with it; a later subscription of the same
+    // name is a new incarnation and starts afresh either way.
+    if let Err(e) = api
+        .offsets
+        .drop_subscription(&name, deleted.incarnation)
+        .await
+    {
+        tracing::warn!(store = "offsets", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's offsets failed");
+    }
+    if let Err(e) = api
+        .deliveries
+        .drop_subscription(&name, deleted.incarnation)
+        .await
+    {
+        tracing::warn!(store = "deliveries", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's deliveries failed");
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,286 @@
+//! `/v1/topics`: topic definitions (Meta, through the TopicStore), publishing and
+//! browsing events (the partition log).
+
+use super::{body_problem, json_body, valid_name_or_400, Api};
+use crate::problem::Problem;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use meshd_events::{parse_publish, partition_for, Event, EventError, Limits};
+use meshd_stores::log::{LogError, PartitionLog};
+use meshd_stores::topics::{Topic, TopicError, TopicStore};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Partitions of a topic: 1–1024.
+const PARTITIONS: std::ops::RangeInclusive<u64> = 1..=1024;
+/// Browse page size: default and maximum.
+const BROWSE_DEFAULT: u64 = 100;
+const BROWSE_MAX: u64 = 1000;
+
+pub fn topic_problem(e: TopicError, backend: &str) -> Problem {
+    match e {
+        TopicError::Invalid { field, reason } => Problem::invalid_field(field, reason),
+        TopicError::NotFound { name } => {
+            Problem::not_found(format!("topic {name:?} does not exist"))
+        }
+        TopicError::PartitionMismatch {
+            name,
+            existing,
+            requested,
+        } => Problem::conflict(format!(
+            "topic {name:?} exists with {existing} partitions, not {requested}"
+        ))
+        .with("partitions", existing),
+        TopicError::InUse {
+            name,
+            subscriptions,
+        } => Problem::conflict(format!(
+            "topic {name:?} is referenced by subscriptions {subscriptions:?}"
+        ))
+        .with("subscriptions", subscriptions),
+        TopicError::Unavailable(d) => Problem::unavailable("topics", backend, d),
+        TopicError::Indeterminate(d) => Problem::indeterminate("topics", backend, d),
+        TopicError::Corrupt { key, reason } => Problem::internal(
+            "topics",
+            backend,
+            format!("corrupt topic record {key}: {reason}"),
+        ),
+        TopicError::Failed(d) => Problem::internal("topics", backend, d),
+    }
+}
+
+pub fn log_problem(e: LogError) -> Problem {
+    match e {
+        LogError::BelowRetention {
+            topic,
+            partition,
+            requested,
+            start,
+        } => Problem::invalid_field(
+            "from",
+            format!("offset {requested} of {topic}/{partition} was removed by retention; the partition starts at {start}"),
+        )
+        .with("retained_start", start),
+        LogError::UnknownPartition { topic, partition } => {
+            Problem::not_found(format!("topic {topic:?} has no partition {partition}"))
+        }
+        LogError::Invalid(d) => Problem::bad_request(d),
+        LogError::Unavailable(d) | LogError::Failed(d) => Problem::unavailable("log", "rocksdb", d),
+        LogError::Corrupt { key, reason } => {
+            Problem::internal("log", "rocksdb", format!("corrupt log record {key}: {reason}"))
+        }
+    }
+}
+
+fn event_problem(e: EventError) -> Problem {
+    let p = match e.status {
+        413 => Problem::too_large(e.detail.clone()),
+        415 => Problem::unsupported_media_type(e.detail.clone()),
+        500 => Problem::internal("log", "rocksdb", e.detail.clone()),
+        _ => Problem::bad_request(e.detail.clone()),
+    };
+    match e.field {
+        Some(f) => p.with("field", f),
+        None => p,
+    }
+}
+
+async fn existing_topic(api: &Api, name: &str) -> Result<Topic, Problem> {
+    valid_name_or_400("topic", name)?;
+    match api.topics.get(name).await {
+        Ok(Some(t)) => Ok(t),
+        Ok(None) => Err(Problem::not_found(format!("topic {name:?} does not exist"))),
+        Err(e) => Err(topic_problem(e, api.meta_backend)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutTopic {
+    partitions: Value,
+}
+
+pub async fn put_topic(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("topic", &name)?;
+    let body = body.map_err(body_problem)?;
+    let req: PutTopic = json_body(&headers, &body)?;
+    let partitions = req
+        .partitions
+        .as_u64()
+        .filter(|p| PARTITIONS.contains(p))
+        .ok_or_else(|| {
+            Problem::invalid_field("partitions", "partitions must be an integer from 1 to 1024")
+        })?;
+    let (topic, created) = api
+        .topics
+        .ensure(&name, partitions as u32)
+        .await
+        .map_err(|e| topic_problem(e, api.meta_backend))?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({"name": topic.name, "partitions": topic.partitions})),
+    )
+        .into_response())
+}
+
+pub async fn delete_topic(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("topic", &name)?;
+    api.topics
+        .delete(&name)
+        .await
+        .map_err(|e| topic_problem(e, api.meta_backend))?;
+    // The definition is gone from Meta; the data goes in the background.
+    let log = api.log.clone();
+    tokio::spawn(async move {
+        if let Err(e) = log.delete_topic(&name).await {
+            tracing::warn!(store = "log", backend = "rocksdb", topic = %name, error = %e, "removing a deleted topic's events failed; retried at the next delete");
+        }
+    });
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub async fn list_topics(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
+    let topics = api
+        .topics
+        .list()
+        .await
+        .map_err(|e| topic_problem(e, api.meta_backend))?;
+    let topics: Vec<Value> = topics
+        .into_iter()
+        .map(|t| json!({"name": t.name, "partitions": t.partitions}))
+        .collect();
+    Ok(Json(json!({ "topics": topics })).into_response())
+}
+
+pub async fn get_topic(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+) -> Result<Response, Problem> {
+    let topic = existing_topic(&api, &name).await?;
+    let mut ends = Vec::with_capacity(topic.partitions as usize);
+    for p in 0..topic.partitions {
+        ends.push(api.log.bounds(&name, p).await.map_err(log_problem)?.end);
+    }
+    Ok(
+        Json(json!({"name": topic.name, "partitions": topic.partitions, "end_offsets": ends}))
+            .into_response(),
+    )
+}
+
+pub async fn publish(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    let topic = existing_topic(&api, &name).await?;
+    let body = body.map_err(body_problem)?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let ce_headers: Vec<(String, String)> = headers
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let events: Vec<Event> = parse_publish(content_type, &ce_headers, &body, &Limits::default())
+        .map_err(event_problem)?;
+    let batch: Vec<(u32, Vec<u8>)> = events
+        .iter()
+        .map(|e| (partition_for(e, topic.partitions), e.stored().to_vec()))
+        .collect();
+    // One atomic, durable append for the whole request: 201 only once all are on disk.
+    let placed = api.log.append(&name, batch).await.map_err(log_problem)?;
+    let out: Vec<Value> = events
+        .iter()
+        .zip(placed)
+        .map(|(e, (partition, offset))| json!({"id": e.id(), "partition": partition, "offset": offset}))
+        .collect();
+    Ok((StatusCode::CREATED, Json(json!({ "events": out }))).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct BrowseQuery {
+    from: Option<String>,
+    limit: Option<String>,
+}
+
+fn query_number(
+    name: &str,
+    value: Option<&str>,
+    default: u64,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<u64, Problem> {
+    match value {
+        None => Ok(default),
+        Some(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| {
+                Problem::invalid_field(
+                    name,
+                    format!(
+                        "{name} must be an integer from {} to {}",
+                        range.start(),
+                        range.end()
+                    ),
+                )
+            }),
+    }
+}
+
+pub async fn browse(
+    State(api): State<Arc<Api>>,
+    Path((name, partition)): Path<(String, String)>,
+    Query(q): Query<BrowseQuery>,
+) -> Result<Response, Problem> {
+    let topic = existing_topic(&api, &name).await?;
+    let partition: u32 = partition
+        .parse()
+        .ok()
+        .filter(|p| *p < topic.partitions)
+        .ok_or_else(|| {
+            Problem::not_found(format!("topic {name:?} has no partition {partition}"))
+        })?;
+    let from = query_number("from", q.from.as_deref(), 0, 0..=u64::MAX)?;
+    let limit = query_number("limit", q.limit.as_deref(), BROWSE_DEFAULT, 1..=BROWSE_MAX)?;
+    let events = api
+        .log
+        .read(&name, partition, from, limit as usize, usize::MAX)
+        .await
+        .map_err(log_problem)?;
+    // Built as text: a `serde_json::Value` would re-format the events, and they go
+    // back exactly as published (number formats, key order, spacing).
+    let mut out = String::from("{\"events\":[");
+    for (i, e) in events.iter().enumerate() {
+        let event = Event::from_stored(&e.payload).map_err(event_problem)?;
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!(
+            "{{\"offset\":{},\"event\":{}}}",
+            e.offset,
+            event.to_raw_json().get()
+        ));
+    }
+    out.push_str("]}");
+    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+}
