@@ -31,6 +31,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long boot waits for the Meta caches before serving anyway (not ready).
+const CACHE_LOAD_WAIT: Duration = Duration::from_secs(5);
+
 /// How long a readiness probe waits for Meta before calling it unavailable.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -92,6 +95,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         MetaSubscriptionStore::start(meta.clone(), SubscriptionStoreConfig::default())
             .map_err(|e| anyhow::anyhow!("starting the subscription store: {e}"))?,
     );
+    // Boot waits (bounded) for the caches to load, so a started instance is ready at
+    // once when Meta answers; with Meta down it serves and reports not ready.
+    let loaded_topics = topics.wait_ready(CACHE_LOAD_WAIT).await;
+    let loaded_subscriptions = subscriptions.wait_ready(CACHE_LOAD_WAIT).await;
+    if !(loaded_topics && loaded_subscriptions) {
+        tracing::warn!(
+            meta = meta_backend,
+            "topic/subscription caches not loaded yet (Meta unreachable?); serving, not ready"
+        );
+    }
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
