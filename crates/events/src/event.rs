@@ -31,22 +31,8 @@ pub const SPEC_VERSION: &str = "1.0";
 pub struct Event {
     /// The bytes appended to the log and embedded unchanged in JSON answers.
     stored: Box<RawValue>,
-    id: String,
-    source: String,
-    event_type: String,
-    /// The `partitionkey` extension (also listed in `extensions`), read once because
-    /// every publish needs it.
-    partition_key: Option<String>,
-    data_content_type: Option<String>,
-    data_schema: Option<String>,
-    subject: Option<String>,
-    time: Option<String>,
-    /// Extension attributes in stored order; `null` members (unset, per the JSON
-    /// format) are left out.
-    extensions: Vec<(String, ExtensionValue)>,
-    /// Where `data` / `data_base64` sits inside `stored` (offsets, not a copy: an event
-    /// may be 1 MiB).
-    data: Option<DataSpan>,
+    /// What was read out of `stored` when it was validated.
+    attributes: Attributes,
 }
 
 /// The value of an extension attribute (CloudEvents type system, JSON format mapping).
@@ -118,19 +104,10 @@ impl Event {
 
     /// Validates a JSON object (the caller has checked that `raw` starts with `{`).
     pub(crate) fn from_raw(raw: Box<RawValue>) -> Result<Event, EventError> {
-        let parsed = parse_object(raw.get())?;
+        let attributes = parse_object(raw.get())?;
         Ok(Event {
             stored: raw,
-            id: parsed.id,
-            source: parsed.source,
-            event_type: parsed.event_type,
-            partition_key: parsed.partition_key,
-            data_content_type: parsed.data_content_type,
-            data_schema: parsed.data_schema,
-            subject: parsed.subject,
-            time: parsed.time,
-            extensions: parsed.extensions,
-            data: parsed.data,
+            attributes,
         })
     }
 
@@ -151,50 +128,50 @@ impl Event {
     }
 
     pub fn id(&self) -> &str {
-        &self.id
+        &self.attributes.id
     }
 
     pub fn source(&self) -> &str {
-        &self.source
+        &self.attributes.source
     }
 
     /// The `type` attribute.
     pub fn event_type(&self) -> &str {
-        &self.event_type
+        &self.attributes.event_type
     }
 
     /// The `partitionkey` extension, when present.
     pub fn partition_key(&self) -> Option<&str> {
-        self.partition_key.as_deref()
+        self.attributes.partition_key.as_deref()
     }
 
     /// `datacontenttype`.
     pub fn data_content_type(&self) -> Option<&str> {
-        self.data_content_type.as_deref()
+        self.attributes.data_content_type.as_deref()
     }
 
     /// `dataschema`.
     pub fn data_schema(&self) -> Option<&str> {
-        self.data_schema.as_deref()
+        self.attributes.data_schema.as_deref()
     }
 
     pub fn subject(&self) -> Option<&str> {
-        self.subject.as_deref()
+        self.attributes.subject.as_deref()
     }
 
     /// `time`, as published (an RFC 3339 string).
     pub fn time(&self) -> Option<&str> {
-        self.time.as_deref()
+        self.attributes.time.as_deref()
     }
 
     /// Extension attributes (`partitionkey` included) in stored order.
     pub fn extensions(&self) -> &[(String, ExtensionValue)] {
-        &self.extensions
+        &self.attributes.extensions
     }
 
     /// The payload: `data` as its JSON text, or `data_base64` decoded.
     pub fn data(&self) -> Option<EventData<'_>> {
-        let span = self.data.as_ref()?;
+        let span = self.attributes.data.as_ref()?;
         let text = self.stored.get().get(span.range.clone())?;
         Some(match span.kind {
             DataKind::Json => EventData::Json(text),
@@ -216,17 +193,25 @@ impl serde::Serialize for Event {
     }
 }
 
-/// The attributes read out of a stored object.
-struct Parsed {
+/// The attributes read out of a stored object; every one is valid per [`crate`]'s
+/// rules, and `data_base64`, when present, is valid base64.
+#[derive(Clone)]
+struct Attributes {
     id: String,
     source: String,
     event_type: String,
+    /// The `partitionkey` extension (also listed in `extensions`), read once because
+    /// every publish needs it.
     partition_key: Option<String>,
     data_content_type: Option<String>,
     data_schema: Option<String>,
     subject: Option<String>,
     time: Option<String>,
+    /// Extension attributes in stored order; `null` members (unset, per the JSON
+    /// format) are left out.
     extensions: Vec<(String, ExtensionValue)>,
+    /// Where `data` / `data_base64` sits inside `stored` (offsets, not a copy: an event
+    /// may be 1 MiB).
     data: Option<DataSpan>,
 }
 
@@ -254,7 +239,7 @@ impl<'de> Deserialize<'de> for Members<'de> {
 }
 
 /// Validates one event object's text and reads its attributes.
-fn parse_object(text: &str) -> Result<Parsed, EventError> {
+fn parse_object(text: &str) -> Result<Attributes, EventError> {
     let Members(members) = serde_json::from_str::<Members>(text)
         .map_err(|e| EventError::bad_request(None, format!("event is not valid JSON: {e}")))?;
 
@@ -273,7 +258,7 @@ fn parse_object(text: &str) -> Result<Parsed, EventError> {
     let mut id = None;
     let mut source = None;
     let mut event_type = None;
-    let mut parsed = Parsed {
+    let mut parsed = Attributes {
         id: String::new(),
         source: String::new(),
         event_type: String::new(),
