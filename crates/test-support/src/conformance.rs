@@ -8,6 +8,7 @@
 //! restart the backend for real (a SIGKILLed and restarted etcd process; a closed and
 //! reopened RocksDB for the embedded backend).
 
+use crate::wait::wait_until;
 use async_trait::async_trait;
 use futures::StreamExt;
 use meshd_meta::fence::Ownership;
@@ -95,26 +96,6 @@ fn ns(case: &str) -> String {
 
 fn k(ns: &str, name: &str) -> Vec<u8> {
     format!("{ns}{name}").into_bytes()
-}
-
-/// Polls `check` until it returns `Some`, or fails with the last observation.
-async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) => {
-                if Instant::now() >= deadline {
-                    panic!("{what}: not reached within {limit:?}; last seen: {last}");
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Reads watch events until one with revision >= `until` arrived (or the deadline).
@@ -531,22 +512,24 @@ pub async fn lease_expiry_removes_attached_keys(h: &mut dyn MetaHarness) {
     let start = m.get(&a).await.unwrap().revision + 1;
     let mut w = m.watch(ns.as_bytes(), start).await.unwrap();
     let limit = lease.ttl + Duration::from_secs(5);
-    eventually(limit, "leased keys deleted after expiry", || {
+    wait_until(limit, "leased keys deleted after expiry", || {
         let m = m.clone();
         let (a, b) = (a.clone(), b.clone());
         async move {
-            let (ga, gb) = (
-                m.get(&a).await.map_err(|e| e.to_string())?,
-                m.get(&b).await.map_err(|e| e.to_string())?,
-            );
+            let (ga, gb) = (m.get(&a).await?, m.get(&b).await?);
             if ga.kv.is_none() && gb.kv.is_none() {
                 Ok(())
             } else {
-                Err(format!("a {:?} b {:?}", ga.kv.is_some(), gb.kv.is_some()))
+                Err(anyhow::anyhow!(
+                    "a {:?} b {:?}",
+                    ga.kv.is_some(),
+                    gb.kv.is_some()
+                ))
             }
         }
     })
-    .await;
+    .await
+    .expect("condition reached in time");
     assert!(
         must_get(m.as_ref(), &keep).await.is_some(),
         "unleased keys stay"
@@ -863,16 +846,17 @@ pub async fn restart_preserves_every_acknowledged_write(h: &mut dyn MetaHarness)
     let m = h.meta();
     let max_acked = acked.values().map(|(_, r)| *r).max().unwrap();
     // The backend may need a moment to elect a leader after restart.
-    let marker = eventually(
+    let marker = wait_until(
         Duration::from_secs(15),
         "backend answers after restart",
         || {
             let m = m.clone();
             let key = k(&ns, "marker");
-            async move { m.get(&key).await.map_err(|e| e.to_string()) }
+            async move { Ok(m.get(&key).await?) }
         },
     )
-    .await;
+    .await
+    .expect("condition reached in time");
     assert_eq!(marker.kv.unwrap().mod_revision, before.revision);
     assert!(
         marker.revision >= max_acked,
@@ -921,16 +905,17 @@ pub async fn leases_survive_a_restart(h: &mut dyn MetaHarness) {
         .unwrap();
     h.restart().await.expect("restart");
     let m = h.meta();
-    let kv = eventually(
+    let kv = wait_until(
         Duration::from_secs(15),
         "backend answers after restart",
         || {
             let m = m.clone();
             let key = key.clone();
-            async move { m.get(&key).await.map_err(|e| e.to_string()) }
+            async move { Ok(m.get(&key).await?) }
         },
     )
-    .await;
+    .await
+    .expect("condition reached in time");
     assert_eq!(
         kv.kv.map(|kv| kv.lease),
         Some(Some(lease.id)),
@@ -940,7 +925,7 @@ pub async fn leases_survive_a_restart(h: &mut dyn MetaHarness) {
         .await
         .expect("the lease is still live after restart");
     // Not kept alive any more: it expires.
-    eventually(
+    wait_until(
         lease.ttl + Duration::from_secs(8),
         "lease expires after restart",
         || {
@@ -949,10 +934,11 @@ pub async fn leases_survive_a_restart(h: &mut dyn MetaHarness) {
             async move {
                 match m.get(&key).await {
                     Ok(g) if g.kv.is_none() => Ok(()),
-                    other => Err(format!("{other:?}")),
+                    other => Err(anyhow::anyhow!("{other:?}")),
                 }
             }
         },
     )
-    .await;
+    .await
+    .expect("condition reached in time");
 }
