@@ -5,6 +5,8 @@ pub mod subscriptions;
 pub mod topics;
 
 use crate::problem::Problem;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderMap};
 use axum::routing::{get, post, put};
@@ -57,7 +59,7 @@ pub fn router(api: Arc<Api>) -> Router {
 }
 
 /// A body that could not be read: too large (413) or broken (400).
-pub fn body_problem(e: axum::extract::rejection::BytesRejection) -> Problem {
+pub fn body_problem(e: BytesRejection) -> Problem {
     if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
         Problem::too_large(format!("request body exceeds {MAX_BODY_BYTES} bytes"))
     } else {
@@ -77,9 +79,13 @@ pub fn valid_name_or_400(what: &str, name: &str) -> Result<(), Problem> {
     }
 }
 
-/// Parses a JSON request body: 415 for a non-JSON content type, 400 naming what is
-/// wrong otherwise.
-pub fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, Problem> {
+/// Parses a JSON request body: 413 when it is too large, 415 for a non-JSON content
+/// type, 400 naming what is wrong otherwise.
+pub fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, Problem> {
+    let body = body.map_err(body_problem)?;
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
         let essence = ct.split(';').next().unwrap_or("").trim();
@@ -89,7 +95,7 @@ pub fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Resul
             )));
         }
     }
-    serde_json::from_slice(body).map_err(|e| {
+    serde_json::from_slice(&body).map_err(|e| {
         let field = missing_or_unknown_field(&e.to_string());
         let p = Problem::bad_request(format!("invalid JSON body: {e}"));
         match field {

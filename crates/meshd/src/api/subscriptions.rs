@@ -1,7 +1,7 @@
 //! `/v1/subscriptions`: the SubscriptionStore over HTTP, with `ETag`, `If-Match` and
 //! `If-None-Match: *`.
 
-use super::{body_problem, json_body, valid_name_or_400, Api};
+use super::{json_body, valid_name_or_400, Api};
 use crate::problem::Problem;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -191,8 +191,7 @@ pub async fn put_subscription(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
-    let body = body.map_err(body_problem)?;
-    let req: PutSubscription = json_body(&headers, &body)?;
+    let req: PutSubscription = json_body(&headers, body)?;
     let spec = spec_of(&name, req)?;
     let pre = precondition(&headers)?;
     let (sub, created) = api

@@ -112,8 +112,7 @@ pub async fn put_topic(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     valid_name_or_400("topic", &name)?;
-    let body = body.map_err(body_problem)?;
-    let req: PutTopic = json_body(&headers, &body)?;
+    let req: PutTopic = json_body(&headers, body)?;
     let partitions = req
         .partitions
         .as_u64()
