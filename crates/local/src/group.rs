@@ -66,22 +66,7 @@ impl GroupCommit {
 
     /// Writes `batch` and returns once it is durable. Blocking.
     pub fn commit(&self, batch: Batch) -> Result<(), LocalError> {
-        let ticket = self.write(batch)?;
-        self.wait_durable(ticket)
-    }
-
-    /// Writes `batch` buffered and returns its ticket; [`wait_durable`](Self::wait_durable)
-    /// makes it durable.
-    pub fn write(&self, batch: Batch) -> Result<u64, LocalError> {
-        let mut s = self.lock();
-        if let Some(reason) = &s.poisoned {
-            return Err(LocalError::Poisoned(reason.clone()));
-        }
-        if let Err(e) = self.engine.write(batch, Durability::Buffered) {
-            return Err(self.poison(&mut s, e.to_string()));
-        }
-        s.written += 1;
-        Ok(s.written)
+        self.commit_with(|_| Ok::<_, LocalError>((batch, ())))
     }
 
     /// Runs `f` under the write lock (so it sees every earlier write and no concurrent

@@ -44,6 +44,15 @@ pub struct DurableImage {
     entries: Image,
 }
 
+impl State {
+    /// A successful sync: every pending write is now durable, in write order.
+    fn settle(&mut self) {
+        for b in std::mem::take(&mut self.pending) {
+            apply(&mut self.durable, &b);
+        }
+    }
+}
+
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     // A panic while holding the lock poisons it; the model is still consistent
     // (every mutation is a single step), so keep using it.
@@ -170,11 +179,8 @@ impl<E: KvEngine> KvEngine for PowerCutEngine<E> {
         self.inner.write(batch.clone(), durability)?;
         match durability {
             Durability::Sync => {
-                let pending = std::mem::take(&mut s.pending);
-                for b in &pending {
-                    apply(&mut s.durable, b);
-                }
-                apply(&mut s.durable, &batch);
+                s.pending.push(batch);
+                s.settle();
             }
             Durability::Buffered => s.pending.push(batch),
         }
@@ -190,10 +196,7 @@ impl<E: KvEngine> KvEngine for PowerCutEngine<E> {
             return Err(LocalError::WriteFailed("injected fsync failure".into()));
         }
         self.inner.sync()?;
-        let pending = std::mem::take(&mut s.pending);
-        for b in &pending {
-            apply(&mut s.durable, b);
-        }
+        s.settle();
         Ok(())
     }
 
