@@ -12,13 +12,13 @@ use rand::{Rng, SeedableRng};
 /// crashes too (attempt counts never go back); the nonce separates what that cannot:
 /// two redrives of one offset (both start at attempt 1) and an offset delivered again
 /// after an explicit offset reset.
-pub trait IdSource: Send {
+pub trait IdSource: Send + Sync {
     fn nonce(&mut self) -> u64;
 }
 
 /// Draws from `0..=upper` (inclusive) for backoff jitter; answers above `upper` are
 /// clamped by the core.
-pub trait Jitter: Send {
+pub trait Jitter: Send + Sync {
     fn sample(&mut self, upper: u64) -> u64;
 }
 

@@ -38,6 +38,24 @@ pub struct ServeArgs {
     /// Listen on a non-loopback address without access tokens.
     #[arg(long, env = "MESHD_INSECURE_LISTEN")]
     pub insecure_listen: bool,
+    /// In-flight deliveries per subscription and partition (1-100000).
+    #[arg(long, env = "MESHD_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<u64>,
+    /// Events older than this many hours are removed from the log (1-876000).
+    #[arg(long, env = "MESHD_LOG_RETENTION_HOURS")]
+    pub log_retention_hours: Option<u64>,
+    /// The oldest events of a partition are removed while it holds more bytes.
+    #[arg(long, env = "MESHD_LOG_RETENTION_BYTES")]
+    pub log_retention_bytes: Option<u64>,
+    /// Cluster mode: offset checkpoint interval in milliseconds (100-600000).
+    #[arg(long, env = "MESHD_CHECKPOINT_MS")]
+    pub checkpoint_ms: Option<u64>,
+    /// How long terminal tasks are kept, in hours (1-876000).
+    #[arg(long, env = "MESHD_TASK_RETENTION_HOURS")]
+    pub task_retention_hours: Option<u64>,
+    /// How long dead letters are kept, in hours (1-876000).
+    #[arg(long, env = "MESHD_DEADLETTER_RETENTION_HOURS")]
+    pub deadletter_retention_hours: Option<u64>,
 }
 
 /// The same settings as read from `--config`.
@@ -52,6 +70,12 @@ struct FileConfig {
     lease_ttl_ms: Option<u64>,
     delivery_flush_ms: Option<u64>,
     insecure_listen: Option<bool>,
+    max_in_flight: Option<u64>,
+    log_retention_hours: Option<u64>,
+    log_retention_bytes: Option<u64>,
+    checkpoint_ms: Option<u64>,
+    task_retention_hours: Option<u64>,
+    deadletter_retention_hours: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +94,12 @@ pub struct Config {
     pub lease_ttl_ms: u64,
     pub delivery_flush_ms: u64,
     pub insecure_listen: bool,
+    pub max_in_flight: u64,
+    pub log_retention_hours: u64,
+    pub log_retention_bytes: Option<u64>,
+    pub checkpoint_ms: u64,
+    pub task_retention_hours: u64,
+    pub deadletter_retention_hours: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +126,13 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 pub const DEFAULT_DATA_DIR: &str = "./meshd-data";
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
 pub const DEFAULT_DELIVERY_FLUSH_MS: u64 = 100;
+pub const DEFAULT_MAX_IN_FLIGHT: u64 = 1000;
+pub const DEFAULT_LOG_RETENTION_HOURS: u64 = 168;
+pub const DEFAULT_CHECKPOINT_MS: u64 = 1000;
+pub const DEFAULT_TASK_RETENTION_HOURS: u64 = 168;
+pub const DEFAULT_DEADLETTER_RETENTION_HOURS: u64 = 336;
+/// Retention hours: at most 100 years.
+const HOURS: std::ops::RangeInclusive<u64> = 1..=876_000;
 
 impl Config {
     pub fn resolve(args: ServeArgs) -> Result<Config, ConfigError> {
@@ -148,6 +185,27 @@ impl Config {
                 .or(file.delivery_flush_ms)
                 .unwrap_or(DEFAULT_DELIVERY_FLUSH_MS),
             insecure_listen: args.insecure_listen || file.insecure_listen.unwrap_or(false),
+            max_in_flight: args
+                .max_in_flight
+                .or(file.max_in_flight)
+                .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
+            log_retention_hours: args
+                .log_retention_hours
+                .or(file.log_retention_hours)
+                .unwrap_or(DEFAULT_LOG_RETENTION_HOURS),
+            log_retention_bytes: args.log_retention_bytes.or(file.log_retention_bytes),
+            checkpoint_ms: args
+                .checkpoint_ms
+                .or(file.checkpoint_ms)
+                .unwrap_or(DEFAULT_CHECKPOINT_MS),
+            task_retention_hours: args
+                .task_retention_hours
+                .or(file.task_retention_hours)
+                .unwrap_or(DEFAULT_TASK_RETENTION_HOURS),
+            deadletter_retention_hours: args
+                .deadletter_retention_hours
+                .or(file.deadletter_retention_hours)
+                .unwrap_or(DEFAULT_DEADLETTER_RETENTION_HOURS),
         };
         config.validate()?;
         Ok(config)
@@ -173,6 +231,39 @@ impl Config {
                 "--delivery-flush-ms",
                 self.delivery_flush_ms,
                 "must be between 10 and 1000",
+            ));
+        }
+        if !(1..=100_000).contains(&self.max_in_flight) {
+            return Err(invalid(
+                "--max-in-flight",
+                self.max_in_flight,
+                "must be between 1 and 100000",
+            ));
+        }
+        if !(100..=600_000).contains(&self.checkpoint_ms) {
+            return Err(invalid(
+                "--checkpoint-ms",
+                self.checkpoint_ms,
+                "must be between 100 and 600000",
+            ));
+        }
+        for (name, v) in [
+            ("--log-retention-hours", self.log_retention_hours),
+            ("--task-retention-hours", self.task_retention_hours),
+            (
+                "--deadletter-retention-hours",
+                self.deadletter_retention_hours,
+            ),
+        ] {
+            if !HOURS.contains(&v) {
+                return Err(invalid(name, v, "must be between 1 and 876000 hours"));
+            }
+        }
+        if self.log_retention_bytes == Some(0) {
+            return Err(invalid(
+                "--log-retention-bytes",
+                0,
+                "must be at least 1 (leave it unset for no size limit)",
             ));
         }
         if let Some(id) = &self.instance_id {

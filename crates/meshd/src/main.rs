@@ -4,7 +4,9 @@
 mod api;
 mod config;
 mod metered;
+mod metrics;
 mod problem;
+mod runtime;
 mod server;
 
 use clap::{Parser, Subcommand};

@@ -7,6 +7,8 @@
 
 use crate::config::{Config, MetaBackend};
 use crate::metered::MeteredMeta;
+use crate::metrics::Metrics;
+use crate::runtime::{Deps, Runtime};
 use anyhow::Context;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -19,10 +21,13 @@ use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
 use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
 use meshd_stores::deadletters::{DeadLetterStore, MetaDeadLetterStore};
 use meshd_stores::delivery::DeliveryStateStore;
+use meshd_stores::log::{PartitionLog, Retention};
 use meshd_stores::offsets::OffsetStore;
+use meshd_stores::sessions::{MetaSessionStore, SessionStore, SessionStoreConfig};
 use meshd_stores::subscriptions::{
     MetaSubscriptionStore, SubscriptionStore, SubscriptionStoreConfig,
 };
+use meshd_stores::time::Timestamp;
 use meshd_stores::topics::MetaTopicStore;
 use meshd_stores_local::LocalStores;
 use serde_json::json;
@@ -37,6 +42,9 @@ const CACHE_LOAD_WAIT: Duration = Duration::from_secs(5);
 /// How long a readiness probe waits for Meta before calling it unavailable.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How often log retention and dead-letter expiry run.
+const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(60);
+
 struct AppState {
     instance_id: String,
     meta: Arc<MeteredMeta>,
@@ -44,6 +52,9 @@ struct AppState {
     local: Arc<LocalStores>,
     topics: Arc<MetaTopicStore>,
     subscriptions: Arc<MetaSubscriptionStore>,
+    sessions: Arc<MetaSessionStore>,
+    runtime: Arc<Runtime>,
+    metrics: Arc<Metrics>,
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -97,6 +108,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     // Boot waits (bounded) for the caches to load, so a started instance is ready at
     // once when Meta answers; with Meta down it serves and reports not ready.
+    let sessions = Arc::new(
+        MetaSessionStore::start(meta.clone(), SessionStoreConfig::new(instance_id.clone()))
+            .map_err(|e| anyhow::anyhow!("starting the session store: {e}"))?,
+    );
     let loaded_topics = topics.wait_ready(CACHE_LOAD_WAIT).await;
     let loaded_subscriptions = subscriptions.wait_ready(CACHE_LOAD_WAIT).await;
     if !(loaded_topics && loaded_subscriptions) {
@@ -105,6 +120,30 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             "topic/subscription caches not loaded yet (Meta unreachable?); serving, not ready"
         );
     }
+
+    let local = Arc::new(local);
+    let log: Arc<meshd_stores_local::log::RocksLog> = Arc::new(local.log.clone());
+    let deadletters: Arc<dyn DeadLetterStore> =
+        Arc::new(MetaDeadLetterStore::new(meta.clone(), log.clone()));
+    let metrics = Arc::new(Metrics::default());
+    let runtime = Runtime::new(Deps {
+        instance_id: instance_id.clone(),
+        meta: meta.clone(),
+        meta_backend,
+        log: log.clone(),
+        offsets: Arc::new(local.offsets.clone()),
+        deliveries: Arc::new(local.deliveries.clone()),
+        deadletters: deadletters.clone(),
+        sessions: sessions.clone(),
+        topics: topics.clone(),
+        subscriptions: subscriptions.clone(),
+        max_in_flight: config.max_in_flight as usize,
+        metrics: metrics.clone(),
+    });
+    // Recovery (re-arming every delivery) runs once the subscription cache is loaded;
+    // /readyz stays 503 until it is done.
+    runtime.start();
+    spawn_housekeeping(&config, log.clone(), deadletters.clone());
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -126,29 +165,37 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         instance_id,
         meta: meta.clone(),
         meta_backend,
-        local: Arc::new(local),
+        local: local.clone(),
         topics: topics.clone(),
         subscriptions: subscriptions.clone(),
+        sessions: sessions.clone(),
+        runtime: runtime.clone(),
+        metrics: metrics.clone(),
     });
     let api = Arc::new(crate::api::Api {
         topics,
         subscriptions: subscriptions.clone(),
-        log: state.local.log.clone(),
-        offsets: state.local.offsets.clone(),
-        deliveries: state.local.deliveries.clone(),
+        log: local.log.clone(),
         meta_backend,
+        runtime,
+        deadletters,
+        sessions,
+        metrics,
     });
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics_text))
         .with_state(state)
         .merge(crate::api::router(api))
         .fallback(not_found);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
-    tracing::info!("meshd shutting down");
+    tracing::info!("meshd shutting down: flushing delivery state");
+    if let Err(e) = local.deliveries.flush().await {
+        tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "final flush failed");
+    }
     if let Some(m) = embedded {
         m.close();
     }
@@ -181,6 +228,48 @@ async fn collect_orphan_bodies(meta: Arc<MeteredMeta>, local: &LocalStores) {
             )
         }
     }
+}
+
+/// Log retention and dead-letter expiry, in the background.
+fn spawn_housekeeping(
+    config: &Config,
+    log: Arc<meshd_stores_local::log::RocksLog>,
+    deadletters: Arc<dyn DeadLetterStore>,
+) {
+    let retention = Retention {
+        max_age_ms: Some(config.log_retention_hours.saturating_mul(3_600_000)),
+        max_bytes: config.log_retention_bytes,
+    };
+    let keep_dead = Duration::from_secs(config.deadletter_retention_hours.saturating_mul(3600));
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(HOUSEKEEPING_EVERY);
+        loop {
+            every.tick().await;
+            let now = u64::try_from(Timestamp::now().as_millis()).unwrap_or(0);
+            match log.enforce_retention(retention, now).await {
+                Ok(r) if r.events_removed > 0 => {
+                    tracing::info!(
+                        store = "log",
+                        backend = "rocksdb",
+                        events = r.events_removed,
+                        bytes = r.bytes_removed,
+                        "log retention removed events"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(store = "log", backend = "rocksdb", error = %e, "log retention failed")
+                }
+            }
+            match deadletters.expire(keep_dead).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(store = "deadletters", entries = n, "expired dead letters"),
+                Err(e) => {
+                    tracing::warn!(store = "deadletters", error = %e, "dead-letter expiry failed")
+                }
+            }
+        }
+    });
 }
 
 async fn shutdown_signal() {
@@ -245,7 +334,24 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let cache = |ready: bool| if ready { "ok" } else { "loading" };
     let topics = cache(state.topics.health().is_ready());
     let subscriptions = cache(state.subscriptions.health().is_ready());
-    let ready = meta == "ok" && local == "ok" && topics == "ok" && subscriptions == "ok";
+    let sessions = cache(state.sessions.health().is_ready());
+    let recovery = if state.runtime.is_recovered() {
+        "ok"
+    } else {
+        "recovering"
+    };
+    let dispatch = if state.runtime.failures().is_empty() {
+        "ok"
+    } else {
+        "failed"
+    };
+    let ready = meta == "ok"
+        && local == "ok"
+        && topics == "ok"
+        && subscriptions == "ok"
+        && sessions == "ok"
+        && recovery == "ok"
+        && dispatch == "ok";
     let body = json!({
         "status": if ready { "ready" } else { "unavailable" },
         "instance": state.instance_id,
@@ -254,6 +360,9 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             "local:rocksdb": local,
             "topics": topics,
             "subscriptions": subscriptions,
+            "sessions": sessions,
+            "recovery": recovery,
+            "dispatch": dispatch,
         },
     });
     let code = if ready {
@@ -264,7 +373,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     (code, Json(body)).into_response()
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     let mut out = String::new();
     out.push_str("# HELP meshd_build_info meshd version.\n# TYPE meshd_build_info gauge\n");
     out.push_str(&format!(
@@ -274,6 +383,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     ));
     let status = tokio::time::timeout(READY_TIMEOUT, state.meta.status()).await;
     let backend = state.meta_backend;
+    let meta_up = matches!(status, Ok(Ok(_)));
     out.push_str("# HELP meshd_meta_healthy Whether Meta answered a status call.\n# TYPE meshd_meta_healthy gauge\n");
     match status {
         Ok(Ok(s)) => {
@@ -291,7 +401,14 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         }
         _ => out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 0\n")),
     }
+    out.push_str("# HELP meshd_meta_up Whether Meta answered a status call (1) or not (0).\n# TYPE meshd_meta_up gauge\n");
+    out.push_str(&format!(
+        "meshd_meta_up{{backend=\"{backend}\"}} {}\n",
+        u8::from(meta_up)
+    ));
     state.meta.render(&mut out);
+    state.metrics.render(&mut out);
+    state.runtime.render(&mut out);
     out.push_str("# HELP meshd_local_healthy Whether the Local RocksDB stores accept writes (0 after a failed write or fsync).\n# TYPE meshd_local_healthy gauge\n");
     out.push_str(&format!(
         "meshd_local_healthy{{backend=\"rocksdb\"}} {}\n",

@@ -345,24 +345,16 @@ impl DeliveryStateStore for RocksDeliveryStore {
     }
 
     async fn load_all(&self) -> Result<Vec<DeliveryRecord>, DeliveryError> {
-        self.blocking(|s| {
-            let prefix = [keys::DELIVERY];
-            let rows = s
-                .group
-                .engine()
-                .scan(CF_DELIVERIES, &prefix, Some(&keys::end_of(&prefix)), 0)
-                .map_err(local)?;
-            rows.into_iter()
-                .map(|(k, v)| {
-                    let (key, offset) = parse_key(&k)?;
-                    decode(key, offset, &v).map_err(|e| DeliveryError::Corrupt {
-                        key: format!("{k:?}"),
-                        reason: e.to_string(),
-                    })
-                })
-                .collect()
-        })
-        .await
+        self.load_prefix(vec![keys::DELIVERY]).await
+    }
+
+    async fn load_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<Vec<DeliveryRecord>, DeliveryError> {
+        self.load_prefix(keys::deliveries_of_subscription(subscription, incarnation))
+            .await
     }
 
     async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<DeliveryRecord>, DeliveryError> {
@@ -424,6 +416,29 @@ impl DeliveryStateStore for RocksDeliveryStore {
             Some(reason) => Err(reason),
             None => Ok(()),
         }
+    }
+}
+
+impl RocksDeliveryStore {
+    /// Every record under `prefix`, decoded, in key order.
+    async fn load_prefix(&self, prefix: Vec<u8>) -> Result<Vec<DeliveryRecord>, DeliveryError> {
+        self.blocking(move |s| {
+            let rows = s
+                .group
+                .engine()
+                .scan(CF_DELIVERIES, &prefix, Some(&keys::end_of(&prefix)), 0)
+                .map_err(local)?;
+            rows.into_iter()
+                .map(|(k, v)| {
+                    let (key, offset) = parse_key(&k)?;
+                    decode(key, offset, &v).map_err(|e| DeliveryError::Corrupt {
+                        key: format!("{k:?}"),
+                        reason: e.to_string(),
+                    })
+                })
+                .collect()
+        })
+        .await
     }
 }
 

@@ -94,6 +94,14 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
         offset: u64,
     ) -> Result<Option<DeliveryRecord>, DeliveryError>;
     async fn load_all(&self) -> Result<Vec<DeliveryRecord>, DeliveryError>;
+    /// Every record of one subscription incarnation (rebuilding its cores after a
+    /// settings change or an offset reset). Call `flush` first to include buffered
+    /// updates.
+    async fn load_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<Vec<DeliveryRecord>, DeliveryError>;
     async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<DeliveryRecord>, DeliveryError>;
     /// Drops every record of a subscription incarnation.
     async fn drop_subscription(

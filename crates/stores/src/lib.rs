@@ -28,4 +28,4 @@ pub mod topics;
 
 mod codec;
 mod meta_util;
-mod time;
+pub mod time;

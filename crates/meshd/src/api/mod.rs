@@ -1,21 +1,27 @@
 //! The `/v1` HTTP API (`../shared/design/http-api.md`). Handlers are thin: they
 //! validate input into problem+json answers and call the stores.
 
+pub mod consume;
+pub mod deadletters;
+pub mod fields;
 pub mod subscriptions;
 pub mod topics;
 
+use crate::metrics::Metrics;
 use crate::problem::Problem;
+use crate::runtime::Runtime;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderMap};
+use axum::routing::delete;
 use axum::routing::{get, post, put};
 use axum::Router;
+use meshd_stores::deadletters::DeadLetterStore;
+use meshd_stores::sessions::SessionStore;
 use meshd_stores::subscriptions::MetaSubscriptionStore;
 use meshd_stores::topics::MetaTopicStore;
-use meshd_stores_local::delivery::RocksDeliveryStore;
 use meshd_stores_local::log::RocksLog;
-use meshd_stores_local::offsets::RocksOffsetStore;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
@@ -27,9 +33,11 @@ pub struct Api {
     pub topics: Arc<MetaTopicStore>,
     pub subscriptions: Arc<MetaSubscriptionStore>,
     pub log: RocksLog,
-    pub offsets: RocksOffsetStore,
-    pub deliveries: RocksDeliveryStore,
     pub meta_backend: &'static str,
+    pub runtime: Arc<Runtime>,
+    pub deadletters: Arc<dyn DeadLetterStore>,
+    pub sessions: Arc<dyn SessionStore>,
+    pub metrics: Arc<Metrics>,
 }
 
 pub fn router(api: Arc<Api>) -> Router {
@@ -53,6 +61,24 @@ pub fn router(api: Arc<Api>) -> Router {
                 .get(subscriptions::get_subscription)
                 .delete(subscriptions::delete_subscription),
         )
+        .route("/v1/subscriptions/{name}/pull", post(consume::pull))
+        .route("/v1/subscriptions/{name}/ack", post(consume::ack))
+        .route("/v1/subscriptions/{name}/nack", post(consume::nack))
+        .route("/v1/subscriptions/{name}/extend", post(consume::extend))
+        .route(
+            "/v1/subscriptions/{name}/offsets",
+            get(consume::get_offsets),
+        )
+        .route(
+            "/v1/subscriptions/{name}/offsets/{partition}",
+            put(consume::put_offset),
+        )
+        .route("/v1/deadletters", get(deadletters::list))
+        .route(
+            "/v1/deadletters/{id}",
+            get(deadletters::get).merge(delete(deadletters::delete)),
+        )
+        .route("/v1/deadletters/{id}/redrive", post(deadletters::redrive))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(api)

@@ -9,8 +9,6 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use meshd_stores::delivery::DeliveryStateStore;
-use meshd_stores::offsets::OffsetStore;
 use meshd_stores::subscriptions::{
     Backoff, Filter, Precondition, Push, StartPosition, Subscription, SubscriptionError,
     SubscriptionSpec, SubscriptionStore,
@@ -199,6 +197,13 @@ pub async fn put_subscription(
         .put(spec, pre)
         .await
         .map_err(|e| subscription_problem(e, api.meta_backend))?;
+    // The runtime starts (or, for new settings, rebuilds) its partitions before the
+    // answer, so a pull right after it is served; a new subscription's offsets are
+    // set at its start position here.
+    api.runtime
+        .ensure(&sub)
+        .await
+        .map_err(|e| super::consume::runtime_problem(e, api.meta_backend))?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -262,21 +267,8 @@ pub async fn delete_subscription(
         .delete(&name, pre)
         .await
         .map_err(|e| subscription_problem(e, api.meta_backend))?;
-    // The incarnation's local state goes with it; a later subscription of the same
-    // name is a new incarnation and starts afresh either way.
-    if let Err(e) = api
-        .offsets
-        .drop_subscription(&name, deleted.incarnation)
-        .await
-    {
-        tracing::warn!(store = "offsets", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's offsets failed");
-    }
-    if let Err(e) = api
-        .deliveries
-        .drop_subscription(&name, deleted.incarnation)
-        .await
-    {
-        tracing::warn!(store = "deliveries", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's deliveries failed");
-    }
+    // Its partitions stop, and the incarnation's local state goes with it; a later
+    // subscription of the same name is a new incarnation and starts afresh either way.
+    api.runtime.forget(&deleted.name, deleted.incarnation).await;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -206,7 +206,15 @@ pub async fn publish(
         .map(|e| (partition_for(e, topic.partitions), e.stored().to_vec()))
         .collect();
     // One atomic, durable append for the whole request: 201 only once all are on disk.
-    let placed = api.log.append(&name, batch).await.map_err(log_problem)?;
+    let started = std::time::Instant::now();
+    let placed = api.log.append(&name, batch).await.map_err(|e| {
+        api.metrics
+            .store_error("log", "rocksdb", crate::runtime::partition::kind_of(&e));
+        log_problem(e)
+    })?;
+    api.metrics
+        .write_latency("log", "rocksdb", "append", started.elapsed());
+    api.metrics.published(&name, placed.len() as u64);
     let out: Vec<Value> = events
         .iter()
         .zip(placed)
@@ -221,7 +229,7 @@ pub struct BrowseQuery {
     limit: Option<String>,
 }
 
-fn query_number(
+pub fn query_number(
     name: &str,
     value: Option<&str>,
     default: u64,

@@ -1,0 +1,276 @@
+//! Pull consuming: `POST /v1/subscriptions/{name}/pull|ack|nack|extend`, and the
+//! subscription offsets (`GET .../offsets`, `PUT .../offsets/{partition}`).
+
+use super::fields::Fields;
+use super::{valid_name_or_400, Api};
+use crate::problem::Problem;
+use crate::runtime::{Answers, RuntimeError};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use meshd_dispatch::SessionBinding;
+use meshd_stores::deadletters::MAX_REASON_BYTES;
+use meshd_stores::offsets::Committed;
+use serde_json::{json, value::RawValue, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Pull: `max_events` 1–1000 (default 10), `wait_ms` 0–30000 (default 0).
+const MAX_EVENTS: std::ops::RangeInclusive<u64> = 1..=1000;
+const DEFAULT_MAX_EVENTS: u64 = 10;
+const WAIT_MS: std::ops::RangeInclusive<u64> = 0..=30_000;
+/// `ack_timeout_ms` of an extend: the subscription range.
+const ACK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
+/// Ids per ack, nack or extend.
+const MAX_IDS: usize = 1000;
+/// A delivery id is far shorter; anything longer is not one.
+const MAX_ID_LEN: usize = 512;
+
+pub fn runtime_problem(e: RuntimeError, meta_backend: &str) -> Problem {
+    match e {
+        RuntimeError::NotFound(name) => {
+            Problem::not_found(format!("subscription {name:?} does not exist"))
+        }
+        RuntimeError::NoPartition { name, partition } => Problem::not_found(format!(
+            "subscription {name:?} has no partition {partition}"
+        ))
+        .with("field", "partition"),
+        RuntimeError::StoreFailed(d) => Problem::unavailable("deliveries", "rocksdb", d),
+        RuntimeError::Unavailable { store, detail } => {
+            Problem::unavailable(store, meta_backend, detail)
+        }
+        RuntimeError::Core(d) => Problem::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", d),
+        RuntimeError::Conflict(d) => Problem::conflict(d),
+        RuntimeError::Invalid(d) => Problem::bad_request(d),
+        RuntimeError::Restarting(d) => Problem::unavailable("subscriptions", meta_backend, d),
+    }
+}
+
+fn ids_of(f: &Fields) -> Result<Vec<String>, Problem> {
+    let ids = f.string_list("delivery_ids", MAX_IDS, MAX_ID_LEN)?;
+    ids.ok_or_else(|| Problem::invalid_field("delivery_ids", "delivery_ids is required"))
+}
+
+/// Builds `{"<list>":[ids...], ...}` with every list present (empty when unused).
+fn answers_json(lists: &[&str], answers: Answers) -> Value {
+    let mut out = serde_json::Map::new();
+    for l in lists {
+        out.insert((*l).to_string(), Value::Array(vec![]));
+    }
+    for (list, id) in answers.lists {
+        if let Some(Value::Array(a)) = out.get_mut(list) {
+            a.push(Value::String(id));
+        }
+    }
+    Value::Object(out)
+}
+
+pub async fn pull(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let f = Fields::parse(&headers, body, &["max_events", "wait_ms", "session"])?;
+    let max = f
+        .u64_in("max_events", MAX_EVENTS)?
+        .unwrap_or(DEFAULT_MAX_EVENTS) as usize;
+    let wait = f.u64_in("wait_ms", WAIT_MS)?.unwrap_or(0);
+    let session = match f.string("session", MAX_ID_LEN)? {
+        None => None,
+        Some(sid) => match api.sessions.get(&sid).await {
+            Ok(Some(s)) => Some(SessionBinding {
+                session_id: sid,
+                epoch: s.epoch,
+            }),
+            Ok(None) => {
+                return Err(Problem::not_found(format!(
+                    "session {sid:?} does not exist (expired or closed)"
+                ))
+                .with("field", "session"))
+            }
+            Err(e) if e.is_retryable() => {
+                return Err(Problem::unavailable(
+                    "sessions",
+                    api.meta_backend,
+                    e.to_string(),
+                ))
+            }
+            Err(e) => {
+                return Err(Problem::internal(
+                    "sessions",
+                    api.meta_backend,
+                    e.to_string(),
+                ))
+            }
+        },
+    };
+    let handed = api
+        .runtime
+        .pull(&name, max, Duration::from_millis(wait), session)
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    // Built as text: events go back exactly as published.
+    let mut out = String::from("{\"deliveries\":[");
+    let mut first = true;
+    for d in handed {
+        let event = match String::from_utf8(d.body)
+            .ok()
+            .and_then(|s| RawValue::from_string(s).ok())
+        {
+            Some(raw) => raw,
+            None => {
+                tracing::error!(store = "log", backend = "rocksdb", subscription = %name, partition = d.partition, offset = d.offset, "stored event is not valid JSON; not handed out (its lease runs out)");
+                continue;
+            }
+        };
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        out.push_str(&format!(
+            "{{\"delivery_id\":{},\"partition\":{},\"offset\":{},\"attempt\":{},\"event\":{}}}",
+            json!(d.delivery_id),
+            d.partition,
+            d.offset,
+            d.attempt,
+            event.get()
+        ));
+    }
+    out.push_str("]}");
+    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+}
+
+pub async fn ack(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let f = Fields::parse(&headers, body, &["delivery_ids"])?;
+    let ids = ids_of(&f)?;
+    let n = ids.len();
+    let answers = api
+        .runtime
+        .ack(&name, ids)
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    all_fenced_or(n, answers, &["acked", "unknown", "fenced", "failed"])
+}
+
+/// The answer, or 409 fenced when every id was fenced.
+fn all_fenced_or(n: usize, answers: Answers, lists: &[&str]) -> Result<Response, Problem> {
+    let fenced = answers.lists.iter().filter(|(l, _)| *l == "fenced").count();
+    if n > 0 && fenced == n {
+        return Err(Problem::new(
+            StatusCode::CONFLICT,
+            "fenced",
+            "every delivery is bound to a session that was taken over or expired",
+        ));
+    }
+    Ok(Json(answers_json(lists, answers)).into_response())
+}
+
+pub async fn nack(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let f = Fields::parse(&headers, body, &["delivery_ids", "reason"])?;
+    let ids = ids_of(&f)?;
+    let reason = f
+        .string("reason", MAX_REASON_BYTES)?
+        .unwrap_or_else(|| "nacked".to_string());
+    let n = ids.len();
+    let answers = api
+        .runtime
+        .nack(&name, ids, reason)
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    all_fenced_or(
+        n,
+        answers,
+        &[
+            "retrying",
+            "dead_lettered",
+            "dead_lettering",
+            "unknown",
+            "fenced",
+        ],
+    )
+}
+
+pub async fn extend(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let f = Fields::parse(&headers, body, &["delivery_ids", "ack_timeout_ms"])?;
+    let ids = ids_of(&f)?;
+    let ms = f.u64_in("ack_timeout_ms", ACK_TIMEOUT_MS)?;
+    let n = ids.len();
+    let answers = api
+        .runtime
+        .extend(&name, ids, ms)
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    all_fenced_or(n, answers, &["extended", "unknown", "fenced"])
+}
+
+fn offset_json(partition: u32, c: Committed) -> Value {
+    json!({"partition": partition, "committed": c.offset, "epoch": c.epoch})
+}
+
+pub async fn get_offsets(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let offsets = api
+        .runtime
+        .offsets(&name)
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    let out: Vec<Value> = offsets
+        .into_iter()
+        .map(|(p, c)| offset_json(p, c))
+        .collect();
+    Ok(Json(json!({ "offsets": out })).into_response())
+}
+
+pub async fn put_offset(
+    State(api): State<Arc<Api>>,
+    Path((name, partition)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let partition: u32 = partition.parse().map_err(|_| {
+        Problem::invalid_field(
+            "partition",
+            format!("partition must be a non-negative integer, got {partition:?}"),
+        )
+    })?;
+    let f = Fields::parse(&headers, body, &["offset"])?;
+    let offset = f
+        .u64_in("offset", 0..=u64::MAX)?
+        .ok_or_else(|| Problem::invalid_field("offset", "offset is required"))?;
+    let c = api
+        .runtime
+        .reset_offset(&name, partition, offset)
+        .await
+        .map_err(|e| match e {
+            RuntimeError::Invalid(d) => Problem::invalid_field("offset", d),
+            e => runtime_problem(e, api.meta_backend),
+        })?;
+    Ok(Json(offset_json(partition, c)).into_response())
+}

@@ -1,0 +1,188 @@
+//! `/v1/deadletters`: the DeadLetterStore over HTTP: list (by subscription,
+//! paginated), get, delete, redrive.
+
+use super::topics::query_number;
+use super::Api;
+use crate::api::consume::runtime_problem;
+use crate::problem::Problem;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterError, MAX_LIST_LIMIT};
+use serde::Deserialize;
+use serde_json::{json, value::RawValue};
+use std::sync::Arc;
+
+const DEFAULT_LIMIT: u64 = 100;
+/// Entry ids are derived hashes; anything far longer is not one.
+const MAX_ID_LEN: usize = 512;
+
+pub fn deadletter_problem(e: DeadLetterError, backend: &str) -> Problem {
+    match e {
+        DeadLetterError::NotFound { id } => {
+            Problem::not_found(format!("dead-letter entry {id:?} does not exist"))
+        }
+        DeadLetterError::Unavailable(d) => Problem::unavailable("deadletters", backend, d),
+        DeadLetterError::Indeterminate(d) => Problem::indeterminate("deadletters", backend, d),
+        DeadLetterError::Invalid(d) => Problem::bad_request(d),
+        DeadLetterError::IllegalTransition { .. } | DeadLetterError::ConflictingContent { .. } => {
+            Problem::conflict(e.to_string())
+        }
+        DeadLetterError::Fenced => Problem::new(StatusCode::CONFLICT, "fenced", e.to_string()),
+        DeadLetterError::Log(ref l) if matches!(l, meshd_stores::log::LogError::Unavailable(_)) => {
+            Problem::unavailable("deadletters", "rocksdb", e.to_string())
+        }
+        other => Problem::internal("deadletters", backend, other.to_string()),
+    }
+}
+
+fn valid_id(id: &str) -> Result<(), Problem> {
+    if id.is_empty() || id.len() > MAX_ID_LEN || id.chars().any(|c| c.is_control()) {
+        return Err(Problem::invalid_field("id", "not a dead-letter entry id"));
+    }
+    Ok(())
+}
+
+/// One entry as JSON text, with the event exactly as published.
+async fn entry_json(api: &Api, e: &DeadLetterEntry) -> Result<String, Problem> {
+    let body = api
+        .deadletters
+        .read_body(e)
+        .await
+        .map_err(|err| deadletter_problem(err, api.meta_backend))?;
+    let event = String::from_utf8(body)
+        .ok()
+        .and_then(|s| RawValue::from_string(s).ok())
+        .ok_or_else(|| {
+            Problem::internal(
+                "deadletters",
+                "rocksdb",
+                format!("the body of dead-letter entry {} is not valid JSON", e.id),
+            )
+        })?;
+    let meta = json!({
+        "id": e.id,
+        "subscription": e.subscription,
+        "topic": e.topic,
+        "partition": e.partition,
+        "offset": e.offset,
+        "attempts": e.attempts,
+        "reason": e.reason,
+        "first_attempt_at": e.first_attempt_at.to_rfc3339(),
+        "dead_lettered_at": e.dead_lettered_at.to_rfc3339(),
+        "state": e.state.as_str(),
+        "redrives": e.redrives,
+        "instance": e.instance,
+    })
+    .to_string();
+    // `meta` is a JSON object: splice the raw event in before its closing brace.
+    let head = meta.strip_suffix('}').unwrap_or(&meta);
+    Ok(format!("{head},\"event\":{}}}", event.get()))
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    subscription: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+pub async fn list(
+    State(api): State<Arc<Api>>,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, Problem> {
+    if let Some(s) = q.subscription.as_deref() {
+        super::valid_name_or_400("subscription", s)?;
+    }
+    let limit = query_number(
+        "limit",
+        q.limit.as_deref(),
+        DEFAULT_LIMIT,
+        1..=MAX_LIST_LIMIT as u64,
+    )?;
+    let page = api
+        .deadletters
+        .list(
+            q.subscription.as_deref(),
+            limit as usize,
+            q.cursor.as_deref(),
+        )
+        .await
+        .map_err(|e| match e {
+            DeadLetterError::Invalid(d) => Problem::invalid_field("cursor", d),
+            e => deadletter_problem(e, api.meta_backend),
+        })?;
+    let mut out = String::from("{\"entries\":[");
+    for (i, e) in page.entries.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&entry_json(&api, e).await?);
+    }
+    out.push(']');
+    if let Some(c) = page.next_cursor {
+        out.push_str(&format!(",\"next_cursor\":{}", json!(c)));
+    }
+    out.push('}');
+    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+}
+
+pub async fn get(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, Problem> {
+    valid_id(&id)?;
+    let e = api
+        .deadletters
+        .get(&id)
+        .await
+        .map_err(|e| deadletter_problem(e, api.meta_backend))?;
+    let body = entry_json(&api, &e).await?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+pub async fn delete(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    valid_id(&id)?;
+    api.deadletters
+        .delete(&id)
+        .await
+        .map_err(|e| deadletter_problem(e, api.meta_backend))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `dead` → `redriving`, then the event is delivered again with a fresh attempt
+/// count. Repeating it while `redriving` changes nothing (the runtime ignores a
+/// redrive already under way; after a restart it re-arms it).
+pub async fn redrive(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    valid_id(&id)?;
+    let backend = api.meta_backend;
+    let entry = api
+        .deadletters
+        .get(&id)
+        .await
+        .map_err(|e| deadletter_problem(e, backend))?;
+    // Check the subscription before moving the entry, so a 409 changes nothing.
+    api.runtime
+        .check_redrive_target(&entry)
+        .await
+        .map_err(|e| runtime_problem(e, backend))?;
+    let entry = api
+        .deadletters
+        .redrive(&id)
+        .await
+        .map_err(|e| deadletter_problem(e, backend))?;
+    api.runtime
+        .inject_redrive(&entry)
+        .await
+        .map_err(|e| runtime_problem(e, backend))?;
+    let body = entry_json(&api, &entry).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
+}

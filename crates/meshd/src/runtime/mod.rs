@@ -1,0 +1,949 @@
+//! # The delivery runtime
+//!
+//! One [`partition::PartitionTask`] per (subscription incarnation, partition) drives a
+//! sans-IO [`PartitionCore`]; this module starts and stops them as subscriptions come
+//! and go (the SubscriptionStore's cache), routes pulls, acks, nacks, extends, redrives
+//! and offset resets to them, and runs the boot recovery:
+//!
+//! 1. For every subscription: read the committed offsets and the delivery records of
+//!    its incarnation; re-arm every in-flight or waiting delivery with its attempt
+//!    count (`PartitionCore::recover`); partitions without a committed offset start at
+//!    the subscription's start position.
+//! 2. Re-inject every `redriving` dead-letter entry of this log (a crash between the
+//!    entry's move to `redriving` and the redrive's first record would strand it).
+//! 3. Only then is the runtime `recovered` (part of `/readyz`).
+//!
+//! Dead-letter entries are written on behalf of this instance's **log ownership**: the
+//! Meta key `owners/standalone/{log id}`, taken over at boot. Its `mod_revision` fences
+//! the writes, so a stale process of the same log (which the data-dir lock already
+//! prevents locally) cannot write entries after a newer one started.
+
+pub mod partition;
+
+use crate::metrics::{Metrics, SubCounters};
+use meshd_dispatch::{Config, Partition, PartitionCore, SessionBinding, Sources};
+use meshd_meta::fence::Ownership;
+use meshd_meta::keys::{key, KeyKind};
+use meshd_meta::Meta;
+use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterState, DeadLetterStore};
+use meshd_stores::delivery::{DeliveryRecord, DeliveryStateStore};
+use meshd_stores::log::PartitionLog;
+use meshd_stores::offsets::{Committed, OffsetKey, OffsetStore};
+use meshd_stores::sessions::SessionStore;
+use meshd_stores::subscriptions::{
+    MetaSubscriptionStore, StartPosition, Subscription, SubscriptionStore,
+};
+use meshd_stores::topics::{MetaTopicStore, TopicStore};
+pub use partition::Answers;
+use partition::{now_ms, Msg, PartitionTask, Shared};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Requests queued per partition task before senders wait.
+const QUEUE: usize = 256;
+/// How often the log ownership is tried again while Meta is unreachable.
+const OWNER_RETRY: Duration = Duration::from_secs(1);
+
+/// What the runtime works with.
+pub struct Deps {
+    pub instance_id: String,
+    pub meta: Arc<dyn Meta>,
+    pub meta_backend: &'static str,
+    pub log: Arc<dyn PartitionLog>,
+    pub offsets: Arc<dyn OffsetStore>,
+    pub deliveries: Arc<dyn DeliveryStateStore>,
+    pub deadletters: Arc<dyn DeadLetterStore>,
+    pub sessions: Arc<dyn SessionStore>,
+    pub topics: Arc<MetaTopicStore>,
+    pub subscriptions: Arc<MetaSubscriptionStore>,
+    /// In-flight deliveries per subscription and partition.
+    pub max_in_flight: usize,
+    pub metrics: Arc<Metrics>,
+}
+
+/// One handed-out delivery with its event body (raw JSON, exactly as published).
+#[derive(Debug)]
+pub struct Handed {
+    pub delivery_id: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub attempt: u32,
+    pub body: Vec<u8>,
+}
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("subscription {0:?} does not exist")]
+    NotFound(String),
+    #[error("subscription {name:?} has no partition {partition}")]
+    NoPartition { name: String, partition: u32 },
+    /// A Local store write failed; the partition stopped until a restart.
+    #[error("store failed (fail-stopped): {0}")]
+    StoreFailed(String),
+    /// A store could not be reached (Meta, the log); nothing was changed.
+    #[error("{store} unavailable: {detail}")]
+    Unavailable { store: &'static str, detail: String },
+    /// The dispatch core refused the request (for example a redrive backlog is full).
+    #[error("{0}")]
+    Core(String),
+    /// The request conflicts with the resource's state.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+    /// The partition task is restarting (a settings change); retry.
+    #[error("subscription {0:?} is restarting; retry")]
+    Restarting(String),
+}
+
+struct PartitionHandle {
+    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+/// The running partitions of one subscription incarnation.
+pub struct SubRuntime {
+    pub sub: Subscription,
+    parts: Vec<PartitionHandle>,
+    notify: watch::Sender<u64>,
+    rr: AtomicUsize,
+}
+
+pub struct Runtime {
+    deps: Arc<Deps>,
+    subs: RwLock<HashMap<String, Arc<SubRuntime>>>,
+    /// Serialises starting, stopping and rebuilding subscriptions.
+    ops: tokio::sync::Mutex<()>,
+    recovered: AtomicBool,
+    owner: Arc<RwLock<Option<Ownership>>>,
+}
+
+/// The offset a delivery id names (`{incarnation}-{partition}-{offset}-{attempt}-{nonce}`).
+pub fn offset_of(delivery_id: &str) -> Option<u64> {
+    delivery_id.rsplitn(5, '-').nth(2)?.parse().ok()
+}
+
+/// The incarnation a delivery id names.
+fn incarnation_of(delivery_id: &str) -> Option<i64> {
+    delivery_id.rsplitn(5, '-').nth(4)?.parse().ok()
+}
+
+impl Runtime {
+    pub fn new(deps: Deps) -> Arc<Self> {
+        Arc::new(Self {
+            deps: Arc::new(deps),
+            subs: RwLock::new(HashMap::new()),
+            ops: tokio::sync::Mutex::new(()),
+            recovered: AtomicBool::new(false),
+            owner: Arc::new(RwLock::new(None)),
+        })
+    }
+
+    /// Recovery finished: every subscription known at boot is re-armed.
+    pub fn is_recovered(&self) -> bool {
+        self.recovered.load(Ordering::Acquire)
+    }
+
+    /// Whether the log ownership (needed for dead-letter writes) is held.
+    pub fn holds_ownership(&self) -> bool {
+        self.owner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Partitions that stopped after a store write failed.
+    pub fn failures(&self) -> Vec<String> {
+        self.all()
+            .iter()
+            .flat_map(|s| s.parts.iter().filter_map(|p| p.shared.failed()))
+            .collect()
+    }
+
+    fn all(&self) -> Vec<Arc<SubRuntime>> {
+        self.subs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn running(&self, name: &str) -> Option<Arc<SubRuntime>> {
+        self.subs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Starts the background work: the log ownership, then recovery once the
+    /// subscription cache is loaded, then following subscription changes.
+    pub fn start(self: &Arc<Self>) {
+        let rt = self.clone();
+        tokio::spawn(async move { rt.acquire_ownership().await });
+        let rt = self.clone();
+        tokio::spawn(async move { rt.follow_subscriptions().await });
+    }
+
+    async fn acquire_ownership(&self) {
+        let owner_key = key(KeyKind::Owners, &["standalone", self.deps.log.log_id()]);
+        loop {
+            match Ownership::take_over(
+                self.deps.meta.as_ref(),
+                &owner_key,
+                self.deps.instance_id.as_bytes(),
+                None,
+            )
+            .await
+            {
+                Ok(o) => {
+                    tracing::info!(
+                        store = "deadletters",
+                        backend = self.deps.meta_backend,
+                        epoch = o.epoch(),
+                        "log ownership taken"
+                    );
+                    *self.owner.write().unwrap_or_else(PoisonError::into_inner) = Some(o);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, error = %e, "taking the log ownership failed; retrying");
+                    tokio::time::sleep(OWNER_RETRY).await;
+                }
+            }
+        }
+    }
+
+    async fn follow_subscriptions(self: Arc<Self>) {
+        let mut changes = self.deps.subscriptions.changes();
+        let mut topic_changes = self.deps.topics.changes();
+        loop {
+            if self.deps.subscriptions.health().is_ready() && self.deps.topics.health().is_ready() {
+                let first = !self.is_recovered();
+                let started = Instant::now();
+                match self.reconcile().await {
+                    Ok(records) if first => {
+                        self.reinject_redrives().await;
+                        self.deps.metrics.recovered(started.elapsed(), records);
+                        self.recovered.store(true, Ordering::Release);
+                        tracing::info!(
+                            records,
+                            took_ms = started.elapsed().as_millis() as u64,
+                            "recovery done: delivery state re-armed"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "reconciling subscriptions failed; retrying");
+                        tokio::time::sleep(OWNER_RETRY).await;
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                r = topic_changes.changed() => if r.is_err() { return },
+            }
+        }
+    }
+
+    /// Starts what the cache has and this runtime does not run, stops what is gone,
+    /// rebuilds what changed. Returns the delivery records re-armed.
+    async fn reconcile(&self) -> Result<u64, RuntimeError> {
+        let subs = self
+            .deps
+            .subscriptions
+            .list()
+            .await
+            .map_err(|e| RuntimeError::Unavailable {
+                store: "subscriptions",
+                detail: e.to_string(),
+            })?;
+        let _ops = self.ops.lock().await;
+        let mut records = 0;
+        let wanted: HashMap<String, Subscription> = subs
+            .into_iter()
+            .map(|s| (s.name().to_string(), s))
+            .collect();
+        for running in self.all() {
+            match wanted.get(running.sub.name()) {
+                Some(s) if s.incarnation == running.sub.incarnation => {}
+                _ => {
+                    // Deleted (or deleted and re-created) elsewhere: drop its state.
+                    self.stop_locked(running.sub.name()).await;
+                    self.drop_state(&running.sub).await;
+                }
+            }
+        }
+        for sub in wanted.values() {
+            records += self.ensure_locked(sub).await?;
+        }
+        Ok(records)
+    }
+
+    /// Makes the runtime run `sub` as given (called by the PUT handler, so a pull
+    /// right after a create is served). Returns the records re-armed.
+    pub async fn ensure(&self, sub: &Subscription) -> Result<u64, RuntimeError> {
+        let _ops = self.ops.lock().await;
+        self.ensure_locked(sub).await
+    }
+
+    async fn ensure_locked(&self, sub: &Subscription) -> Result<u64, RuntimeError> {
+        if let Some(running) = self.running(sub.name()) {
+            if running.sub.incarnation == sub.incarnation && running.sub.revision >= sub.revision {
+                return Ok(0);
+            }
+            let same = running.sub.incarnation == sub.incarnation;
+            self.stop_locked(sub.name()).await;
+            if !same {
+                self.drop_state(&running.sub).await;
+            }
+        }
+        self.start_locked(sub).await
+    }
+
+    /// A subscription incarnation was deleted: stops its tasks and drops its offsets
+    /// and delivery records.
+    pub async fn forget(&self, name: &str, incarnation: i64) {
+        let _ops = self.ops.lock().await;
+        if self
+            .running(name)
+            .is_some_and(|s| s.sub.incarnation == incarnation)
+        {
+            self.stop_locked(name).await;
+        }
+        self.drop_incarnation(name, incarnation).await;
+    }
+
+    async fn stop_locked(&self, name: &str) {
+        let removed = self
+            .subs
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        if let Some(sub) = removed {
+            for p in &sub.parts {
+                let (tx, rx) = oneshot::channel();
+                if p.tx.send(Msg::Stop { reply: tx }).await.is_ok() {
+                    let _ = rx.await;
+                }
+            }
+            for p in &sub.parts {
+                p.join.abort();
+            }
+        }
+    }
+
+    async fn drop_state(&self, sub: &Subscription) {
+        self.drop_incarnation(sub.name(), sub.incarnation).await
+    }
+
+    async fn drop_incarnation(&self, name: &str, incarnation: i64) {
+        if let Err(e) = self.deps.offsets.drop_subscription(name, incarnation).await {
+            tracing::warn!(store = "offsets", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's offsets failed");
+        }
+        if let Err(e) = self
+            .deps
+            .deliveries
+            .drop_subscription(name, incarnation)
+            .await
+        {
+            tracing::warn!(store = "deliveries", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's deliveries failed");
+        }
+    }
+
+    fn key(sub: &Subscription, partition: u32) -> OffsetKey {
+        OffsetKey {
+            subscription: sub.name().to_string(),
+            incarnation: sub.incarnation,
+            topic: sub.spec.topic.clone(),
+            partition,
+        }
+    }
+
+    async fn partitions_of(&self, sub: &Subscription) -> Result<u32, RuntimeError> {
+        match self.deps.topics.get(&sub.spec.topic).await {
+            Ok(Some(t)) => Ok(t.partitions),
+            Ok(None) => Err(RuntimeError::Conflict(format!(
+                "topic {:?} of subscription {:?} does not exist",
+                sub.spec.topic,
+                sub.name()
+            ))),
+            Err(e) => Err(RuntimeError::Unavailable {
+                store: "topics",
+                detail: e.to_string(),
+            }),
+        }
+    }
+
+    /// The committed offset of a partition, initialising it (at the start position)
+    /// when the subscription has none there yet.
+    async fn committed_or_start(
+        &self,
+        sub: &Subscription,
+        key: &OffsetKey,
+    ) -> Result<u64, RuntimeError> {
+        let failed =
+            |e: meshd_stores::offsets::OffsetError| RuntimeError::StoreFailed(e.to_string());
+        if let Some(c) = self.deps.offsets.get(key).await.map_err(failed)? {
+            return Ok(c.offset);
+        }
+        let b = self
+            .deps
+            .log
+            .bounds(&key.topic, key.partition)
+            .await
+            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?;
+        let start = match sub.spec.start {
+            StartPosition::Latest => b.end,
+            StartPosition::Earliest => b.start,
+        };
+        self.deps.offsets.commit(key, start).await.map_err(failed)?;
+        Ok(start)
+    }
+
+    async fn start_locked(&self, sub: &Subscription) -> Result<u64, RuntimeError> {
+        let partitions = self.partitions_of(sub).await?;
+        self.deps
+            .deliveries
+            .flush()
+            .await
+            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?;
+        let all = self
+            .deps
+            .deliveries
+            .load_subscription(sub.name(), sub.incarnation)
+            .await
+            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?;
+        let total = all.len() as u64;
+        let mut by_partition: BTreeMap<u32, Vec<DeliveryRecord>> = BTreeMap::new();
+        for r in all {
+            by_partition.entry(r.key.partition).or_default().push(r);
+        }
+        let counters = self.deps.metrics.subscription(sub.name());
+        let (notify, _) = watch::channel(0u64);
+        let mut parts = Vec::with_capacity(partitions as usize);
+        for p in 0..partitions {
+            let key = Self::key(sub, p);
+            let committed = self.committed_or_start(sub, &key).await?;
+            let records = by_partition.remove(&p).unwrap_or_default();
+            parts.push(self.spawn_partition(
+                sub,
+                key,
+                committed,
+                records,
+                counters.clone(),
+                notify.clone(),
+            )?);
+        }
+        let running = Arc::new(SubRuntime {
+            sub: sub.clone(),
+            parts,
+            notify,
+            rr: AtomicUsize::new(0),
+        });
+        self.subs
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(sub.name().to_string(), running);
+        Ok(total)
+    }
+
+    fn spawn_partition(
+        &self,
+        sub: &Subscription,
+        key: OffsetKey,
+        committed: u64,
+        records: Vec<DeliveryRecord>,
+        counters: Arc<SubCounters>,
+        notify: watch::Sender<u64>,
+    ) -> Result<PartitionHandle, RuntimeError> {
+        let mut config = Config::from_spec(&sub.spec);
+        config.max_in_flight = self.deps.max_in_flight;
+        let partition = Partition {
+            key,
+            log_id: self.deps.log.log_id().to_string(),
+            owner_epoch: 0,
+        };
+        let (core, initial) = PartitionCore::recover(
+            partition,
+            config,
+            committed,
+            records,
+            now_ms(),
+            Sources::random(),
+        )
+        .map_err(|e| RuntimeError::Core(e.to_string()))?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let shared = Arc::new(Shared::default());
+        let task = PartitionTask {
+            core,
+            deps: self.deps.clone(),
+            owner: self.owner.clone(),
+            counters,
+            shared: shared.clone(),
+            notify,
+            rx,
+            initial,
+            next_pull: 1,
+        };
+        let join = tokio::spawn(task.run());
+        Ok(PartitionHandle { tx, shared, join })
+    }
+
+    /// Re-injects every `redriving` entry of this log whose subscription runs here.
+    async fn reinject_redrives(&self) {
+        for sub in self.all() {
+            let mut cursor: Option<String> = None;
+            loop {
+                let page = match self
+                    .deps
+                    .deadletters
+                    .list(Some(sub.sub.name()), 1000, cursor.as_deref())
+                    .await
+                {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, subscription = %sub.sub.name(), error = %e, "listing redriving entries at boot failed; a stranded redrive can be started again with POST .../redrive");
+                        break;
+                    }
+                };
+                for entry in &page.entries {
+                    if entry.state == DeadLetterState::Redriving {
+                        if let Err(e) = self.inject_redrive(entry).await {
+                            tracing::warn!(store = "deadletters", entry = %entry.id, error = %e, "re-injecting a redrive failed");
+                        }
+                    }
+                }
+                match page.next_cursor {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Looks the subscription up in the runtime, starting it when the cache has it
+    /// and the runtime does not yet (a create on another instance).
+    async fn subscription(&self, name: &str) -> Result<Arc<SubRuntime>, RuntimeError> {
+        if let Some(s) = self.running(name) {
+            return Ok(s);
+        }
+        match self.deps.subscriptions.get(name).await {
+            Ok(Some(sub)) => {
+                self.ensure(&sub).await?;
+                self.running(name)
+                    .ok_or_else(|| RuntimeError::Restarting(name.to_string()))
+            }
+            Ok(None) => Err(RuntimeError::NotFound(name.to_string())),
+            Err(e) => Err(RuntimeError::Unavailable {
+                store: "subscriptions",
+                detail: e.to_string(),
+            }),
+        }
+    }
+
+    /// Up to `max` deliveries from the subscription's partitions (lowest ready offsets
+    /// per partition, partitions taken in rotation), waiting up to `wait` for some.
+    pub async fn pull(
+        &self,
+        name: &str,
+        max: usize,
+        wait: Duration,
+        session: Option<SessionBinding>,
+    ) -> Result<Vec<Handed>, RuntimeError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let sub = self.subscription(name).await?;
+            let mut woken = sub.notify.subscribe();
+            woken.borrow_and_update();
+            let mut got = Vec::new();
+            let n = sub.parts.len();
+            let first = sub.rr.fetch_add(1, Ordering::Relaxed);
+            for i in 0..n {
+                if got.len() >= max {
+                    break;
+                }
+                let p = (first + i) % n;
+                let part = &sub.parts[p];
+                if part.shared.ready.load(Ordering::Acquire) == 0
+                    && !self.log_has_more(&sub.sub, p as u32, part).await
+                {
+                    continue;
+                }
+                let (tx, rx) = oneshot::channel();
+                let msg = Msg::Pull {
+                    max: max - got.len(),
+                    session: session.clone(),
+                    reply: tx,
+                };
+                if part.tx.send(msg).await.is_err() {
+                    continue;
+                }
+                match rx.await {
+                    Ok(Ok(mut d)) => got.append(&mut d),
+                    Ok(Err(e)) if got.is_empty() => return Err(e),
+                    Ok(Err(_)) | Err(_) => {}
+                }
+            }
+            if !got.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(got);
+            }
+            // A partition that becomes ready (an append, a due retry, a lease that
+            // ran out) bumps `notify`; a settings change replaces the runtime, so
+            // wake up now and then to find it.
+            let step = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
+            let _ = tokio::time::timeout_at(step, woken.changed()).await;
+        }
+    }
+
+    /// Whether the log holds events the partition task has not seen yet (it learns
+    /// of appends asynchronously; a pull must not miss an event published before it).
+    async fn log_has_more(
+        &self,
+        sub: &Subscription,
+        partition: u32,
+        part: &PartitionHandle,
+    ) -> bool {
+        match self.deps.log.bounds(&sub.spec.topic, partition).await {
+            Ok(b) => b.end > part.shared.stats().log_end,
+            Err(_) => false,
+        }
+    }
+
+    /// Routes ids to their partitions; ids that name no current partition of this
+    /// incarnation are `unknown`.
+    async fn route(
+        &self,
+        name: &str,
+        ids: Vec<String>,
+        unknown: &mut Vec<String>,
+    ) -> Result<(Arc<SubRuntime>, BTreeMap<u32, Vec<String>>), RuntimeError> {
+        let sub = self.subscription(name).await?;
+        let mut by_partition: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        for id in ids {
+            match (meshd_dispatch::partition_of(&id), incarnation_of(&id)) {
+                (Some(p), Some(inc))
+                    if inc == sub.sub.incarnation && (p as usize) < sub.parts.len() =>
+                {
+                    by_partition.entry(p).or_default().push(id)
+                }
+                _ => unknown.push(id),
+            }
+        }
+        Ok((sub, by_partition))
+    }
+
+    /// Sends one request per partition and merges the answers.
+    async fn per_partition(
+        &self,
+        name: &str,
+        ids: Vec<String>,
+        make: impl Fn(Vec<String>, oneshot::Sender<Result<Answers, RuntimeError>>) -> Msg,
+    ) -> Result<Answers, RuntimeError> {
+        let mut unknown = Vec::new();
+        let (sub, routed) = self.route(name, ids, &mut unknown).await?;
+        let mut answers = Answers::default();
+        answers
+            .lists
+            .extend(unknown.into_iter().map(|id| ("unknown", id)));
+        let mut waiting = Vec::new();
+        for (p, ids) in routed {
+            let (tx, rx) = oneshot::channel();
+            if sub.parts[p as usize].tx.send(make(ids, tx)).await.is_err() {
+                return Err(RuntimeError::Restarting(name.to_string()));
+            }
+            waiting.push(rx);
+        }
+        for rx in waiting {
+            match rx.await {
+                Ok(Ok(a)) => answers.lists.extend(a.lists),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(RuntimeError::Restarting(name.to_string())),
+            }
+        }
+        Ok(answers)
+    }
+
+    pub async fn ack(&self, name: &str, ids: Vec<String>) -> Result<Answers, RuntimeError> {
+        self.per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply })
+            .await
+    }
+
+    pub async fn nack(
+        &self,
+        name: &str,
+        ids: Vec<String>,
+        reason: String,
+    ) -> Result<Answers, RuntimeError> {
+        self.per_partition(name, ids, |ids, reply| Msg::Nack {
+            ids,
+            reason: reason.clone(),
+            reply,
+        })
+        .await
+    }
+
+    pub async fn extend(
+        &self,
+        name: &str,
+        ids: Vec<String>,
+        ack_timeout_ms: Option<u64>,
+    ) -> Result<Answers, RuntimeError> {
+        let ack_timeout_ms = match ack_timeout_ms {
+            Some(ms) => ms,
+            None => self.subscription(name).await?.sub.spec.ack_timeout_ms,
+        };
+        self.per_partition(name, ids, |ids, reply| Msg::Extend {
+            ids,
+            ack_timeout_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Starts delivering a dead-lettered event again (the entry must already be
+    /// `redriving`). `Conflict` when its subscription incarnation is gone or the entry
+    /// belongs to another instance's log.
+    pub async fn inject_redrive(&self, entry: &DeadLetterEntry) -> Result<(), RuntimeError> {
+        let (sub, partition) = self.check_redrive_target(entry).await?;
+        let part = &sub.parts[partition];
+        let (tx, rx) = oneshot::channel();
+        part.tx
+            .send(Msg::Redrive {
+                entry_id: entry.id.clone(),
+                offset: entry.offset,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| RuntimeError::Restarting(entry.subscription.clone()))?;
+        rx.await
+            .map_err(|_| RuntimeError::Restarting(entry.subscription.clone()))?
+    }
+
+    /// Whether a redrive of `entry` can run here: its subscription incarnation runs
+    /// on this instance and the entry is of this instance's log.
+    pub async fn check_redrive_target(
+        &self,
+        entry: &DeadLetterEntry,
+    ) -> Result<(Arc<SubRuntime>, usize), RuntimeError> {
+        if entry.log_id != self.deps.log.log_id() {
+            return Err(RuntimeError::Conflict(format!(
+                "dead-letter entry {} belongs to log {:?}; redrive it on the instance that serves that log",
+                entry.id, entry.log_id
+            )));
+        }
+        let sub = match self.subscription(&entry.subscription).await {
+            Ok(s) if s.sub.incarnation == entry.subscription_incarnation => s,
+            Ok(_) | Err(RuntimeError::NotFound(_)) => {
+                return Err(RuntimeError::Conflict(format!(
+                    "subscription {:?} of dead-letter entry {} no longer exists",
+                    entry.subscription, entry.id
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        if entry.partition as usize >= sub.parts.len() {
+            return Err(RuntimeError::NoPartition {
+                name: entry.subscription.clone(),
+                partition: entry.partition,
+            });
+        }
+        Ok((sub, entry.partition as usize))
+    }
+
+    /// The committed offsets of a subscription's partitions (durable values).
+    pub async fn offsets(&self, name: &str) -> Result<Vec<(u32, Committed)>, RuntimeError> {
+        let sub = self.subscription(name).await?;
+        let mut out = Vec::with_capacity(sub.parts.len());
+        for p in 0..sub.parts.len() as u32 {
+            let key = Self::key(&sub.sub, p);
+            let c = self
+                .deps
+                .offsets
+                .get(&key)
+                .await
+                .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?;
+            out.push((
+                p,
+                c.unwrap_or(Committed {
+                    offset: 0,
+                    epoch: 0,
+                    at_ms: 0,
+                }),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// An explicit reset of one partition's committed offset (it may move backwards):
+    /// the partition stops, its in-flight deliveries are dropped (their ids become
+    /// `unknown`; redrives under way go back to `dead`), the offset is reset with a new
+    /// epoch, and the partition restarts from it.
+    pub async fn reset_offset(
+        &self,
+        name: &str,
+        partition: u32,
+        offset: u64,
+    ) -> Result<Committed, RuntimeError> {
+        let sub = self.subscription(name).await?;
+        if partition as usize >= sub.parts.len() {
+            return Err(RuntimeError::NoPartition {
+                name: name.to_string(),
+                partition,
+            });
+        }
+        let key = Self::key(&sub.sub, partition);
+        let bounds = self
+            .deps
+            .log
+            .bounds(&key.topic, partition)
+            .await
+            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?;
+        if offset > bounds.end || offset < bounds.start {
+            return Err(RuntimeError::Invalid(format!(
+                "offset {offset} is outside the retained partition {}..={}",
+                bounds.start, bounds.end
+            )));
+        }
+        let _ops = self.ops.lock().await;
+        // Stop the whole subscription, reset, start it again: the other partitions
+        // recover exactly where they were.
+        self.stop_locked(name).await;
+        let result = self.reset_locked(&sub.sub, &key, offset).await;
+        let restarted = self.start_locked(&sub.sub).await;
+        let committed = result?;
+        restarted?;
+        Ok(committed)
+    }
+
+    async fn reset_locked(
+        &self,
+        sub: &Subscription,
+        key: &OffsetKey,
+        offset: u64,
+    ) -> Result<Committed, RuntimeError> {
+        let failed =
+            |e: meshd_stores::delivery::DeliveryError| RuntimeError::StoreFailed(e.to_string());
+        self.deps.deliveries.flush().await.map_err(failed)?;
+        let records: Vec<DeliveryRecord> = self
+            .deps
+            .deliveries
+            .load_subscription(sub.name(), sub.incarnation)
+            .await
+            .map_err(failed)?
+            .into_iter()
+            .filter(|r| r.key == *key)
+            .collect();
+        let committed_before = self
+            .deps
+            .offsets
+            .get(key)
+            .await
+            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?
+            .map(|c| c.offset)
+            .unwrap_or(0);
+        let log_id = self.deps.log.log_id().to_string();
+        for r in records.iter().filter(|r| r.offset < committed_before) {
+            // A redrive under way: its entry goes back to `dead`.
+            let id = Partition {
+                key: key.clone(),
+                log_id: log_id.clone(),
+                owner_epoch: 0,
+            }
+            .dead_letter_id(r.offset);
+            if let Err(e) = self
+                .deps
+                .deadletters
+                .redrive_failed(&id, "offset reset during redrive", r.attempt)
+                .await
+            {
+                tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, entry = %id, error = %e, "returning a redrive to dead at an offset reset failed");
+            }
+        }
+        let remove = records.iter().map(|r| (key.clone(), r.offset)).collect();
+        self.deps
+            .deliveries
+            .resolve(remove, None)
+            .await
+            .map_err(failed)?;
+        self.deps
+            .offsets
+            .reset(key, offset)
+            .await
+            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))
+    }
+
+    /// Gauges per subscription: in flight, waiting, backlog, committed.
+    pub fn render(&self, out: &mut String) {
+        let mut subs = self.all();
+        subs.sort_by(|a, b| a.sub.name().cmp(b.sub.name()));
+        let mut rows = Vec::new();
+        for s in &subs {
+            let mut in_flight = 0u64;
+            let mut waiting = 0u64;
+            let mut backlog = 0u64;
+            let mut held = 0u64;
+            for p in &s.parts {
+                let st = p.shared.stats();
+                in_flight += (st.in_flight + st.persisting) as u64;
+                waiting += st.waiting as u64;
+                held += st.dead_lettering as u64;
+                backlog += st.backlog;
+            }
+            rows.push((s.sub.name().to_string(), in_flight, waiting, backlog, held));
+        }
+        type Pick = fn(&(String, u64, u64, u64, u64)) -> u64;
+        let gauges: [(&str, &str, Pick); 4] = [
+            (
+                "meshd_in_flight_deliveries",
+                "Deliveries handed out and not yet acked, nacked or timed out.",
+                |r| r.1,
+            ),
+            (
+                "meshd_waiting_retries",
+                "Deliveries waiting for their retry backoff.",
+                |r| r.2,
+            ),
+            (
+                "meshd_backlog_events",
+                "Events at or above the committed offset, not yet resolved.",
+                |r| r.3,
+            ),
+            (
+                "meshd_dead_lettering_deliveries",
+                "Deliveries held because their dead-letter entry cannot be written yet.",
+                |r| r.4,
+            ),
+        ];
+        for (name, help, pick) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for r in &rows {
+                let _ = writeln!(out, "{name}{{subscription=\"{}\"}} {}", r.0, pick(r));
+            }
+        }
+        let _ = writeln!(out, "# HELP meshd_dispatch_failed_partitions Partitions stopped after a store write failed.\n# TYPE meshd_dispatch_failed_partitions gauge\nmeshd_dispatch_failed_partitions {}", self.failures().len());
+        let _ = writeln!(out, "# HELP meshd_log_ownership Whether this instance holds its log's ownership in Meta (needed to write dead letters).\n# TYPE meshd_log_ownership gauge\nmeshd_log_ownership {}", u8::from(self.holds_ownership()));
+        let _ = writeln!(out, "# HELP meshd_recovered Whether boot recovery of delivery state is done.\n# TYPE meshd_recovered gauge\nmeshd_recovered {}", u8::from(self.is_recovered()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_ids_name_their_offset_and_incarnation() {
+        assert_eq!(offset_of("42-3-17-2-00000000000000ff"), Some(17));
+        assert_eq!(incarnation_of("42-3-17-2-00000000000000ff"), Some(42));
+        assert_eq!(offset_of("42-3-17-r1-00000000000000ff"), Some(17));
+        assert_eq!(offset_of("garbage"), None);
+        assert_eq!(incarnation_of("a-b"), None);
+    }
+}

@@ -1,0 +1,795 @@
+//! The async shell around one [`PartitionCore`]: one task per (subscription
+//! incarnation, partition) that owns the core, feeds it requests, log growth and time,
+//! and executes its commands against the stores **in order**, one write after the
+//! other (the protocol in `meshd_dispatch`'s crate doc). Requests arrive over a
+//! channel, so every input of one partition is serialised without locks.
+
+use super::{Deps, Handed, RuntimeError};
+use crate::metrics::SubCounters;
+use meshd_dispatch::{
+    AckOutcome, Command, DeliveryRef, EventMeta, ExtendOutcome, Input, NackOutcome, PartitionCore,
+    PullId, Reply, SessionBinding, SessionCheck, Stats,
+};
+use meshd_events::Event;
+use meshd_meta::fence::Ownership;
+use meshd_stores::deadletters::{DeadLetterError, NewDeadLetter};
+use meshd_stores::delivery::DeliveryRecord;
+use meshd_stores::log::LogError;
+use meshd_stores::offsets::OffsetKey;
+use meshd_stores::sessions::SessionError;
+use meshd_stores::time::Timestamp;
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// The most payload bytes one log read brings into memory.
+const READ_BYTES: usize = 4 * 1024 * 1024;
+
+/// Requests to a partition task.
+pub enum Msg {
+    Pull {
+        max: usize,
+        session: Option<SessionBinding>,
+        reply: oneshot::Sender<Result<Vec<Handed>, RuntimeError>>,
+    },
+    Ack {
+        ids: Vec<String>,
+        reply: oneshot::Sender<Result<Answers, RuntimeError>>,
+    },
+    Nack {
+        ids: Vec<String>,
+        reason: String,
+        reply: oneshot::Sender<Result<Answers, RuntimeError>>,
+    },
+    Extend {
+        ids: Vec<String>,
+        ack_timeout_ms: u64,
+        reply: oneshot::Sender<Result<Answers, RuntimeError>>,
+    },
+    Redrive {
+        entry_id: String,
+        offset: u64,
+        reply: oneshot::Sender<Result<(), RuntimeError>>,
+    },
+    /// Finish the current work and end the task (its state is in the stores).
+    Stop { reply: oneshot::Sender<()> },
+}
+
+/// Per-id answers of an ack, nack or extend, by the list they belong in.
+#[derive(Default, Debug)]
+pub struct Answers {
+    pub lists: Vec<(&'static str, String)>,
+}
+
+/// What other tasks see of a partition without asking it.
+#[derive(Default)]
+pub struct Shared {
+    /// `PartitionCore::ready` after the last input: a pull skips a partition at 0.
+    pub ready: AtomicUsize,
+    pub stats: Mutex<Stats>,
+    /// Set when a store write failed: the task stopped feeding its core.
+    pub failed: Mutex<Option<String>>,
+}
+
+impl Shared {
+    pub fn stats(&self) -> Stats {
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn failed(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The effects of one request, collected while its commands run.
+#[derive(Default)]
+struct Effects {
+    handouts: Vec<meshd_dispatch::Delivery>,
+    replies: Vec<Reply>,
+    /// Offsets whose dead-letter entry (or failed-redrive write) became durable.
+    dead_lettered: HashSet<u64>,
+}
+
+pub struct PartitionTask {
+    pub core: PartitionCore,
+    pub deps: Arc<Deps>,
+    pub owner: Arc<RwLock<Option<Ownership>>>,
+    pub counters: Arc<SubCounters>,
+    pub shared: Arc<Shared>,
+    /// Bumped whenever this partition has something to hand out (wakes long polls).
+    pub notify: watch::Sender<u64>,
+    pub rx: mpsc::Receiver<Msg>,
+    /// Commands recovery returned, run first.
+    pub initial: Vec<Command>,
+    pub next_pull: u64,
+}
+
+pub fn now_ms() -> u64 {
+    u64::try_from(Timestamp::now().as_millis()).unwrap_or(0)
+}
+
+impl PartitionTask {
+    fn key(&self) -> &OffsetKey {
+        &self.core.partition().key
+    }
+
+    pub async fn run(mut self) {
+        let mut appends = self.deps.log.appends();
+        let mut fx = Effects::default();
+        let initial = std::mem::take(&mut self.initial);
+        self.execute(initial, &mut fx).await;
+        self.refresh_log_end(&mut fx).await;
+        self.publish();
+        loop {
+            let wake = self.core.next_wakeup();
+            let sleep = async {
+                match wake {
+                    Some(at) => {
+                        let now = now_ms();
+                        let d = Duration::from_millis(at.saturating_sub(now));
+                        tokio::time::sleep_until(tokio::time::Instant::now() + d).await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let mut fx = Effects::default();
+            tokio::select! {
+                msg = self.rx.recv() => match msg {
+                    None => return,
+                    Some(Msg::Stop { reply }) => {
+                        let _ = reply.send(());
+                        return;
+                    }
+                    Some(msg) => self.request(msg).await,
+                },
+                changed = appends.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    self.refresh_log_end(&mut fx).await;
+                }
+                _ = sleep => self.feed(Input::Tick, &mut fx).await,
+            }
+            self.publish();
+        }
+    }
+
+    /// Shares `ready` and the stats, and wakes long polls when there is work.
+    fn publish(&self) {
+        let ready = if self.shared.failed().is_some() {
+            0
+        } else {
+            self.core.ready(now_ms())
+        };
+        self.shared.ready.store(ready, Ordering::Release);
+        *self
+            .shared
+            .stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = self.core.stats();
+        if ready > 0 {
+            self.notify.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    fn failed_error(&self) -> Option<RuntimeError> {
+        self.shared.failed().map(RuntimeError::StoreFailed)
+    }
+
+    async fn request(&mut self, msg: Msg) {
+        match msg {
+            Msg::Pull {
+                max,
+                session,
+                reply,
+            } => {
+                if let Some(e) = self.failed_error() {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                let pull_id = PullId(self.next_pull);
+                self.next_pull += 1;
+                let mut fx = Effects::default();
+                // Events the log made durable before this pull are served by it,
+                // even when the append notification has not reached this task yet.
+                self.refresh_log_end(&mut fx).await;
+                self.feed(
+                    Input::Pull {
+                        pull_id,
+                        max_events: max,
+                        session,
+                    },
+                    &mut fx,
+                )
+                .await;
+                let handed = self.bodies(fx.handouts).await;
+                let _ = reply.send(Ok(handed));
+            }
+            Msg::Ack { ids, reply } => {
+                let (refs, mut answers) = self.checked(ids, "failed").await;
+                let mut fx = Effects::default();
+                if !refs.is_empty() {
+                    self.feed(Input::Ack(refs), &mut fx).await;
+                }
+                let _ = reply.send(self.answer(fx, &mut answers).map(|()| answers));
+            }
+            Msg::Nack { ids, reason, reply } => {
+                let (refs, mut answers) = self.checked(ids, "unknown").await;
+                let mut fx = Effects::default();
+                if !refs.is_empty() {
+                    self.feed(
+                        Input::Nack {
+                            deliveries: refs,
+                            reason,
+                        },
+                        &mut fx,
+                    )
+                    .await;
+                }
+                let _ = reply.send(self.answer(fx, &mut answers).map(|()| answers));
+            }
+            Msg::Extend {
+                ids,
+                ack_timeout_ms,
+                reply,
+            } => {
+                let (refs, mut answers) = self.checked(ids, "unknown").await;
+                let mut fx = Effects::default();
+                if !refs.is_empty() {
+                    self.feed(
+                        Input::Extend {
+                            deliveries: refs,
+                            ack_timeout_ms,
+                        },
+                        &mut fx,
+                    )
+                    .await;
+                }
+                let _ = reply.send(self.answer(fx, &mut answers).map(|()| answers));
+            }
+            Msg::Redrive {
+                entry_id,
+                offset,
+                reply,
+            } => {
+                if let Some(e) = self.failed_error() {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                let input = Input::Redrive { entry_id, offset };
+                let result = match self.core.handle(input, now_ms()) {
+                    Ok(cmds) => {
+                        let mut fx = Effects::default();
+                        self.execute(cmds, &mut fx).await;
+                        Ok(())
+                    }
+                    Err(e @ meshd_dispatch::CoreError::RedriveBacklogFull { .. }) => {
+                        Err(RuntimeError::Core(e.to_string()))
+                    }
+                    Err(e) => Err(RuntimeError::Conflict(e.to_string())),
+                };
+                let _ = reply.send(result);
+            }
+            Msg::Stop { reply } => {
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    /// Session checks for the ids bound to a session. An id whose session cannot be
+    /// checked now (Meta unavailable) is answered with `unavailable_list` and not fed
+    /// to the core: failing closed without calling it fenced.
+    async fn checked(
+        &self,
+        ids: Vec<String>,
+        unavailable_list: &'static str,
+    ) -> (Vec<DeliveryRef>, Answers) {
+        let mut refs = Vec::with_capacity(ids.len());
+        let mut answers = Answers::default();
+        for id in ids {
+            let Some(binding) = self.core.bound_session(&id).cloned() else {
+                refs.push(DeliveryRef::unbound(id));
+                continue;
+            };
+            let current_epoch = match self
+                .deps
+                .sessions
+                .check(&binding.session_id, binding.epoch)
+                .await
+            {
+                Ok(()) => Some(binding.epoch),
+                Err(e) if e.is_retryable() || matches!(e, SessionError::Indeterminate(_)) => {
+                    self.deps
+                        .metrics
+                        .store_error("sessions", self.deps.meta_backend, e.kind());
+                    answers.lists.push((unavailable_list, id));
+                    continue;
+                }
+                Err(_) => None,
+            };
+            refs.push(DeliveryRef::checked(
+                id,
+                SessionCheck {
+                    session_id: binding.session_id,
+                    current_epoch,
+                },
+            ));
+        }
+        (refs, answers)
+    }
+
+    /// Turns the core's replies into answer lists. A nack that dead-letters is
+    /// `dead_lettered` only when its entry became durable in this request.
+    fn answer(&self, fx: Effects, answers: &mut Answers) -> Result<(), RuntimeError> {
+        if let Some(e) = self.failed_error() {
+            return Err(e);
+        }
+        for r in fx.replies {
+            let (list, id) = match r {
+                Reply::Ack {
+                    delivery_id,
+                    outcome,
+                } => {
+                    let list = match outcome {
+                        AckOutcome::Acked => "acked",
+                        AckOutcome::Unknown => "unknown",
+                        AckOutcome::Fenced => "fenced",
+                    };
+                    (list, delivery_id)
+                }
+                Reply::Nack {
+                    delivery_id,
+                    outcome,
+                } => {
+                    let list = match outcome {
+                        NackOutcome::Retrying { .. } => "retrying",
+                        NackOutcome::DeadLettering => {
+                            let done = super::offset_of(&delivery_id)
+                                .is_some_and(|o| fx.dead_lettered.contains(&o));
+                            if done {
+                                "dead_lettered"
+                            } else {
+                                "dead_lettering"
+                            }
+                        }
+                        NackOutcome::Unknown => "unknown",
+                        NackOutcome::Fenced => "fenced",
+                    };
+                    (list, delivery_id)
+                }
+                Reply::Extend {
+                    delivery_id,
+                    outcome,
+                } => {
+                    let list = match outcome {
+                        ExtendOutcome::Extended { .. } => "extended",
+                        ExtendOutcome::Unknown => "unknown",
+                        ExtendOutcome::Fenced => "fenced",
+                    };
+                    (list, delivery_id)
+                }
+            };
+            match list {
+                "acked" => SubCounters::add(&self.counters.acked, 1),
+                "retrying" | "dead_lettered" | "dead_lettering" => {
+                    SubCounters::add(&self.counters.nacked, 1)
+                }
+                _ => {}
+            }
+            answers.lists.push((list, id));
+        }
+        Ok(())
+    }
+
+    async fn refresh_log_end(&mut self, fx: &mut Effects) {
+        let key = self.key().clone();
+        match self.deps.log.bounds(&key.topic, key.partition).await {
+            Ok(b) if b.end > self.core.stats().log_end => {
+                self.feed(Input::LogEnd(b.end), fx).await;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(store = "log", backend = "rocksdb", topic = %key.topic, partition = key.partition, error = %e, "reading partition bounds failed");
+            }
+        }
+    }
+
+    async fn feed(&mut self, input: Input, fx: &mut Effects) {
+        if self.shared.failed().is_some() {
+            return;
+        }
+        match self.core.handle(input, now_ms()) {
+            Ok(cmds) => self.execute(cmds, fx).await,
+            Err(e) => {
+                let key = self.key();
+                tracing::warn!(subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "dispatch core refused an input");
+            }
+        }
+    }
+
+    /// Runs commands in order; results feed the core and their commands queue behind.
+    async fn execute(&mut self, cmds: Vec<Command>, fx: &mut Effects) {
+        let mut queue: VecDeque<Command> = cmds.into();
+        while let Some(cmd) = queue.pop_front() {
+            if self.shared.failed().is_some() {
+                return;
+            }
+            let inputs = match cmd {
+                Command::PersistAttempt { record, .. } => {
+                    let mut records = vec![record];
+                    while let Some(Command::PersistAttempt { .. }) = queue.front() {
+                        if let Some(Command::PersistAttempt { record, .. }) = queue.pop_front() {
+                            records.push(record);
+                        }
+                    }
+                    self.persist(records).await
+                }
+                other => self.run_one(other, fx).await,
+            };
+            for input in inputs {
+                match self.core.handle(input, now_ms()) {
+                    Ok(more) => queue.extend(more),
+                    Err(e) => {
+                        let key = self.key();
+                        tracing::warn!(subscription = %key.subscription, partition = key.partition, error = %e, "dispatch core refused a store result");
+                    }
+                }
+            }
+        }
+    }
+
+    fn fail(&self, store: &'static str, error: String) {
+        let key = self.key();
+        tracing::error!(store, backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %error, "store write failed; this partition stops dispatching until a restart");
+        *self
+            .shared
+            .failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(format!("{store}: {error}"));
+    }
+
+    /// Write-ahead: the attempt records of one pull, durable (they share fsyncs)
+    /// before any of them is handed out.
+    async fn persist(&self, records: Vec<DeliveryRecord>) -> Vec<Input> {
+        let started = Instant::now();
+        let writes = records.iter().map(|r| {
+            let store = self.deps.deliveries.clone();
+            let r = r.clone();
+            async move { store.record_attempt(r).await }
+        });
+        let results = futures::future::join_all(writes).await;
+        self.deps.metrics.write_latency(
+            "deliveries",
+            "rocksdb",
+            "record_attempt",
+            started.elapsed(),
+        );
+        let mut inputs = Vec::with_capacity(records.len());
+        for (r, result) in records.iter().zip(results) {
+            match result {
+                Ok(()) => inputs.push(Input::AttemptPersisted {
+                    offset: r.offset,
+                    attempt: r.attempt,
+                }),
+                Err(e) => {
+                    self.deps
+                        .metrics
+                        .store_error("deliveries", "rocksdb", "write_failed");
+                    self.fail("deliveries", e.to_string());
+                    inputs.push(Input::PersistFailed {
+                        offset: r.offset,
+                        attempt: r.attempt,
+                    });
+                }
+            }
+        }
+        inputs
+    }
+
+    async fn run_one(&mut self, cmd: Command, fx: &mut Effects) -> Vec<Input> {
+        let key = self.key().clone();
+        match cmd {
+            Command::ReadLog { from, max } => {
+                match self
+                    .deps
+                    .log
+                    .read(&key.topic, key.partition, from, max, READ_BYTES)
+                    .await
+                {
+                    Ok(events) => vec![Input::EventsRead(
+                        events
+                            .into_iter()
+                            .map(|e| meta_of(e.offset, &e.payload))
+                            .collect(),
+                    )],
+                    Err(e) => {
+                        self.deps.metrics.store_error("log", "rocksdb", kind_of(&e));
+                        tracing::warn!(store = "log", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the log for delivery failed; retried");
+                        vec![Input::ReadFailed]
+                    }
+                }
+            }
+            Command::PersistAttempt { record, .. } => self.persist(vec![record]).await,
+            Command::HandOut { delivery, .. } => {
+                fx.handouts.push(delivery);
+                vec![]
+            }
+            Command::Update(record) => {
+                let started = Instant::now();
+                let r = self.deps.deliveries.update(record).await;
+                self.deps.metrics.write_latency(
+                    "deliveries",
+                    "rocksdb",
+                    "update",
+                    started.elapsed(),
+                );
+                if let Err(e) = r {
+                    self.deps
+                        .metrics
+                        .store_error("deliveries", "rocksdb", "write_failed");
+                    self.fail("deliveries", e.to_string());
+                }
+                vec![]
+            }
+            Command::Resolve { remove, advance } => {
+                let started = Instant::now();
+                let remove = remove.into_iter().map(|o| (key.clone(), o)).collect();
+                let r = self.deps.deliveries.resolve(remove, advance).await;
+                self.deps.metrics.write_latency(
+                    "deliveries",
+                    "rocksdb",
+                    "resolve",
+                    started.elapsed(),
+                );
+                if let Err(e) = r {
+                    self.deps
+                        .metrics
+                        .store_error("deliveries", "rocksdb", "write_failed");
+                    self.fail("deliveries", e.to_string());
+                }
+                vec![]
+            }
+            Command::DeadLetter(req) => {
+                let offset = req.offset;
+                match self.dead_letter(req).await {
+                    Ok(created) => {
+                        if created {
+                            SubCounters::add(&self.counters.dead_lettered, 1);
+                        }
+                        fx.dead_lettered.insert(offset);
+                        vec![Input::DeadLettered { offset }]
+                    }
+                    Err(reason) => {
+                        tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %reason, "dead-letter write failed; the event is held and retried");
+                        vec![Input::DeadLetterUnavailable { offset }]
+                    }
+                }
+            }
+            Command::RedriveSucceeded { entry_id, offset } => {
+                match self.deps.deadletters.redrive_succeeded(&entry_id).await {
+                    Ok(()) | Err(DeadLetterError::NotFound { .. }) => {
+                        vec![Input::RedriveSettled { offset }]
+                    }
+                    Err(e) => {
+                        self.meta_failure("redrive_succeeded", &entry_id, &e);
+                        vec![Input::RedriveUnavailable { offset }]
+                    }
+                }
+            }
+            Command::RedriveFailed {
+                entry_id,
+                offset,
+                reason,
+                attempts,
+            } => match self
+                .deps
+                .deadletters
+                .redrive_failed(&entry_id, &reason, attempts)
+                .await
+            {
+                Ok(_) => {
+                    fx.dead_lettered.insert(offset);
+                    SubCounters::add(&self.counters.dead_lettered, 1);
+                    vec![Input::RedriveSettled { offset }]
+                }
+                Err(DeadLetterError::NotFound { .. }) => vec![Input::RedriveSettled { offset }],
+                Err(e) => {
+                    self.meta_failure("redrive_failed", &entry_id, &e);
+                    vec![Input::RedriveUnavailable { offset }]
+                }
+            },
+            Command::Reply(r) => {
+                fx.replies.push(r);
+                vec![]
+            }
+        }
+    }
+
+    fn meta_failure(&self, op: &str, entry_id: &str, e: &DeadLetterError) {
+        self.deps
+            .metrics
+            .store_error("deadletters", self.deps.meta_backend, e.kind());
+        tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, op, entry = entry_id, error = %e, "dead-letter write failed; retried");
+    }
+
+    /// Writes the dead-letter entry (body first, then the fenced entry). `Ok(created)`.
+    async fn dead_letter(&self, req: meshd_dispatch::DeadLetterRequest) -> Result<bool, String> {
+        let key = self.key().clone();
+        let body = match self.read_event(req.offset).await {
+            Ok(b) => b,
+            Err(e) => {
+                SubCounters::add(&self.counters.read_failures, 1);
+                return Err(format!("reading the event body: {e}"));
+            }
+        };
+        let owner = self
+            .owner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(owner) = owner else {
+            return Err("this instance does not hold its log's ownership in Meta yet".into());
+        };
+        let first = i64::try_from(req.first_attempt_at_ms)
+            .ok()
+            .and_then(Timestamp::from_millis)
+            .unwrap_or_else(Timestamp::now);
+        let new = NewDeadLetter {
+            subscription: key.subscription.clone(),
+            subscription_incarnation: key.incarnation,
+            topic: key.topic.clone(),
+            partition: key.partition,
+            offset: req.offset,
+            attempts: req.attempts,
+            reason: req.reason,
+            first_attempt_at: first,
+            instance: self.deps.instance_id.clone(),
+        };
+        let started = Instant::now();
+        let r = self.deps.deadletters.dead_letter(new, &body, &owner).await;
+        self.deps.metrics.write_latency(
+            "deadletters",
+            self.deps.meta_backend,
+            "dead_letter",
+            started.elapsed(),
+        );
+        match r {
+            Ok(d) => Ok(d.created),
+            Err(e) => {
+                self.deps
+                    .metrics
+                    .store_error("deadletters", self.deps.meta_backend, e.kind());
+                Err(e.to_string())
+            }
+        }
+    }
+
+    async fn read_event(&self, offset: u64) -> Result<Vec<u8>, LogError> {
+        let key = self.key();
+        let mut events = self
+            .deps
+            .log
+            .read(&key.topic, key.partition, offset, 1, READ_BYTES)
+            .await?;
+        match events.pop() {
+            Some(e) if e.offset == offset => Ok(e.payload),
+            _ => Err(LogError::Invalid(format!(
+                "offset {offset} of {}/{} is not in the log",
+                key.topic, key.partition
+            ))),
+        }
+    }
+
+    /// Reads the bodies of handed-out deliveries (the log for normal ones, the
+    /// dead-letter store for redrives). A delivery whose body cannot be read is not
+    /// handed out: its lease runs out and it is retried (and counted).
+    async fn bodies(&self, handouts: Vec<meshd_dispatch::Delivery>) -> Vec<Handed> {
+        let key = self.key().clone();
+        let mut out = Vec::with_capacity(handouts.len());
+        // Contiguous offsets are read with one call.
+        let mut normal: Vec<&meshd_dispatch::Delivery> =
+            handouts.iter().filter(|d| d.redrive_of.is_none()).collect();
+        normal.sort_by_key(|d| d.offset);
+        let mut i = 0;
+        while i < normal.len() {
+            let mut j = i + 1;
+            while j < normal.len() && normal[j].offset == normal[j - 1].offset + 1 {
+                j += 1;
+            }
+            let from = normal[i].offset;
+            let n = j - i;
+            let mut got: Vec<(u64, Vec<u8>)> = Vec::with_capacity(n);
+            let mut next = from;
+            while got.len() < n {
+                match self
+                    .deps
+                    .log
+                    .read(&key.topic, key.partition, next, n - got.len(), READ_BYTES)
+                    .await
+                {
+                    Ok(events) if !events.is_empty() => {
+                        next = events.last().map(|e| e.offset + 1).unwrap_or(next);
+                        got.extend(events.into_iter().map(|e| (e.offset, e.payload)));
+                    }
+                    Ok(_) => break,
+                    Err(e) => {
+                        self.deps.metrics.store_error("log", "rocksdb", kind_of(&e));
+                        tracing::warn!(store = "log", backend = "rocksdb", topic = %key.topic, partition = key.partition, offset = next, error = %e, "reading a handed-out event failed; it is retried when its lease runs out");
+                        break;
+                    }
+                }
+            }
+            for d in &normal[i..j] {
+                match got.iter().position(|(o, _)| *o == d.offset) {
+                    Some(p) => out.push(self.handed(d, std::mem::take(&mut got[p].1))),
+                    None => SubCounters::add(&self.counters.read_failures, 1),
+                }
+            }
+            i = j;
+        }
+        for d in handouts.iter().filter(|d| d.redrive_of.is_some()) {
+            let entry_id = d.redrive_of.as_deref().unwrap_or_default();
+            let body = match self.deps.deadletters.get(entry_id).await {
+                Ok(entry) => self.deps.deadletters.read_body(&entry).await,
+                Err(e) => Err(e),
+            };
+            match body {
+                Ok(b) => out.push(self.handed(d, b)),
+                Err(e) => {
+                    SubCounters::add(&self.counters.read_failures, 1);
+                    tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, entry = entry_id, error = %e, "reading a redriven event failed; it is retried when its lease runs out");
+                }
+            }
+        }
+        out.sort_by_key(|h| h.offset);
+        out
+    }
+
+    fn handed(&self, d: &meshd_dispatch::Delivery, body: Vec<u8>) -> Handed {
+        SubCounters::add(&self.counters.delivered, 1);
+        if d.attempt > 1 {
+            SubCounters::add(&self.counters.redelivered, 1);
+        }
+        Handed {
+            delivery_id: d.delivery_id.clone(),
+            partition: self.key().partition,
+            offset: d.offset,
+            attempt: d.attempt,
+            body,
+        }
+    }
+}
+
+/// What the core's filter looks at. A stored payload that does not parse (it was
+/// validated at publish, so only damage does this) is delivered as it is rather than
+/// silently filtered out.
+fn meta_of(offset: u64, payload: &[u8]) -> EventMeta {
+    match Event::from_stored(payload) {
+        Ok(e) => EventMeta {
+            offset,
+            event_type: e.event_type().to_string(),
+            source: e.source().to_string(),
+        },
+        Err(_) => EventMeta {
+            offset,
+            event_type: String::new(),
+            source: String::new(),
+        },
+    }
+}
+
+pub fn kind_of(e: &LogError) -> &'static str {
+    match e {
+        LogError::BelowRetention { .. } => "below_retention",
+        LogError::UnknownPartition { .. } => "unknown_partition",
+        LogError::Failed(_) => "failed",
+        LogError::Corrupt { .. } => "corrupt",
+        LogError::Invalid(_) => "invalid",
+        LogError::Unavailable(_) => "unavailable",
+    }
+}
