@@ -492,6 +492,7 @@ impl Runtime {
             rx,
             initial,
             next_pull: 1,
+            stats_at: None,
         };
         let join = tokio::spawn(task.run());
         Ok(PartitionHandle { tx, shared, join })
@@ -612,7 +613,7 @@ impl Runtime {
         part: &PartitionHandle,
     ) -> bool {
         match self.deps.log.bounds(&sub.spec.topic, partition).await {
-            Ok(b) => b.end > part.shared.stats().log_end,
+            Ok(b) => b.end > part.shared.log_end.load(Ordering::Acquire),
             Err(_) => false,
         }
     }

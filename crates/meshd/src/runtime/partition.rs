@@ -19,10 +19,13 @@ use meshd_stores::offsets::OffsetKey;
 use meshd_stores::sessions::SessionError;
 use meshd_stores::time::Timestamp;
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
+
+/// How often the shared stats (metrics gauges) are recomputed.
+const STATS_EVERY: Duration = Duration::from_millis(250);
 
 /// The most payload bytes one log read brings into memory.
 const READ_BYTES: usize = 4 * 1024 * 1024;
@@ -68,6 +71,10 @@ pub struct Answers {
 pub struct Shared {
     /// `PartitionCore::ready` after the last input: a pull skips a partition at 0.
     pub ready: AtomicUsize,
+    /// The log end the core has been told of (a pull asks the task to look again
+    /// when the log has grown beyond it).
+    pub log_end: AtomicU64,
+    /// Refreshed at most every [`STATS_EVERY`] (computing them walks the window).
     pub stats: Mutex<Stats>,
     /// Set when a store write failed: the task stopped feeding its core.
     pub failed: Mutex<Option<String>>,
@@ -107,6 +114,7 @@ pub struct PartitionTask {
     /// Commands recovery returned, run first.
     pub initial: Vec<Command>,
     pub next_pull: u64,
+    pub stats_at: Option<Instant>,
 }
 
 pub fn now_ms() -> u64 {
@@ -160,18 +168,21 @@ impl PartitionTask {
     }
 
     /// Shares `ready` and the stats, and wakes long polls when there is work.
-    fn publish(&self) {
+    fn publish(&mut self) {
         let ready = if self.shared.failed().is_some() {
             0
         } else {
             self.core.ready(now_ms())
         };
         self.shared.ready.store(ready, Ordering::Release);
-        *self
-            .shared
-            .stats
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = self.core.stats();
+        if self.stats_at.is_none_or(|t| t.elapsed() >= STATS_EVERY) {
+            self.stats_at = Some(Instant::now());
+            *self
+                .shared
+                .stats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = self.core.stats();
+        }
         if ready > 0 {
             self.notify.send_modify(|v| *v = v.wrapping_add(1));
         }
@@ -389,8 +400,9 @@ impl PartitionTask {
     async fn refresh_log_end(&mut self, fx: &mut Effects) {
         let key = self.key().clone();
         match self.deps.log.bounds(&key.topic, key.partition).await {
-            Ok(b) if b.end > self.core.stats().log_end => {
+            Ok(b) if b.end > self.shared.log_end.load(Ordering::Acquire) => {
                 self.feed(Input::LogEnd(b.end), fx).await;
+                self.shared.log_end.store(b.end, Ordering::Release);
             }
             Ok(_) => {}
             Err(e) => {
