@@ -482,6 +482,7 @@ impl Runtime {
         .map_err(|e| RuntimeError::Core(e.to_string()))?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let shared = Arc::new(Shared::default());
+        shared.committed.store(committed, Ordering::Release);
         let task = PartitionTask {
             core,
             deps: self.deps.clone(),
@@ -750,11 +751,21 @@ impl Runtime {
             }
             Err(e) => return Err(e),
         };
-        if entry.partition as usize >= sub.parts.len() {
+        let Some(part) = sub.parts.get(entry.partition as usize) else {
             return Err(RuntimeError::NoPartition {
                 name: entry.subscription.clone(),
                 partition: entry.partition,
             });
+        };
+        // A dead-lettered offset counts as resolved, but the committed offset passes
+        // it only once every lower offset is resolved too; a redrive waits for that
+        // (the core tracks redrives below the committed offset only).
+        let committed = part.shared.committed.load(Ordering::Acquire);
+        if entry.offset >= committed {
+            return Err(RuntimeError::Conflict(format!(
+                "offset {} of partition {} is not committed yet (committed offset {committed}: a lower offset is still being delivered); redrive it once that is resolved",
+                entry.offset, entry.partition
+            )));
         }
         Ok((sub, entry.partition as usize))
     }

@@ -74,6 +74,8 @@ pub struct Shared {
     /// The log end the core has been told of (a pull asks the task to look again
     /// when the log has grown beyond it).
     pub log_end: AtomicU64,
+    /// The core's committed offset (exact: updated before every reply).
+    pub committed: AtomicU64,
     /// Refreshed at most every [`STATS_EVERY`] (computing them walks the window).
     pub stats: Mutex<Stats>,
     /// Set when a store write failed: the task stopped feeding its core.
@@ -168,13 +170,22 @@ impl PartitionTask {
     }
 
     /// Shares `ready` and the stats, and wakes long polls when there is work.
-    fn publish(&mut self) {
+    /// Shares what other tasks read without asking (cheap: no walk of the window).
+    fn sync_shared(&self) -> usize {
         let ready = if self.shared.failed().is_some() {
             0
         } else {
             self.core.ready(now_ms())
         };
         self.shared.ready.store(ready, Ordering::Release);
+        self.shared
+            .committed
+            .store(self.core.committed(), Ordering::Release);
+        ready
+    }
+
+    fn publish(&mut self) {
+        let ready = self.sync_shared();
         if self.stats_at.is_none_or(|t| t.elapsed() >= STATS_EVERY) {
             self.stats_at = Some(Instant::now());
             *self
@@ -219,6 +230,7 @@ impl PartitionTask {
                 )
                 .await;
                 let handed = self.bodies(fx.handouts).await;
+                self.sync_shared();
                 let _ = reply.send(Ok(handed));
             }
             Msg::Ack { ids, reply } => {
@@ -227,6 +239,7 @@ impl PartitionTask {
                 if !refs.is_empty() {
                     self.feed(Input::Ack(refs), &mut fx).await;
                 }
+                self.sync_shared();
                 let _ = reply.send(self.answer(fx, &mut answers).map(|()| answers));
             }
             Msg::Nack { ids, reason, reply } => {
@@ -242,6 +255,7 @@ impl PartitionTask {
                     )
                     .await;
                 }
+                self.sync_shared();
                 let _ = reply.send(self.answer(fx, &mut answers).map(|()| answers));
             }
             Msg::Extend {
@@ -261,6 +275,7 @@ impl PartitionTask {
                     )
                     .await;
                 }
+                self.sync_shared();
                 let _ = reply.send(self.answer(fx, &mut answers).map(|()| answers));
             }
             Msg::Redrive {
