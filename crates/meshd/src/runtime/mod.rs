@@ -125,7 +125,7 @@ pub struct Runtime {
 
 /// The offset a delivery id names (`{incarnation}-{partition}-{offset}-{attempt}-{nonce}`).
 pub fn offset_of(delivery_id: &str) -> Option<u64> {
-    delivery_id.rsplitn(5, '-').nth(2)?.parse().ok()
+    delivery_id.rsplit('-').nth(2)?.parse().ok()
 }
 
 /// The incarnation a delivery id names.

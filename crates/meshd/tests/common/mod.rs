@@ -1,0 +1,371 @@
+//! Shared by the consume end-to-end tests: start the real binary, and create topics and
+//! subscriptions, publish, pull, ack, nack, extend and read offsets over the public HTTP
+//! API, checking on the way that every answer has the shape of the contract
+//! (`../shared/design/http-api.md`). Helpers return `anyhow::Result` so they can run
+//! inside [`wait_until`], which reports the last shortfall on timeout.
+
+// Each test binary uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use anyhow::{anyhow, ensure, Context};
+use meshd_test_support::http::{self, request_with, send_json, Response};
+use meshd_test_support::meshd::MeshdProcess;
+use meshd_test_support::wait::wait_until;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_meshd"))
+}
+
+pub async fn start(dir: &Path) -> MeshdProcess {
+    MeshdProcess::start(bin(), dir, &[])
+        .await
+        .expect("start meshd")
+}
+
+/// Asserts `r` is an RFC 9457 problem with `status` and returns its body.
+pub fn problem(r: &Response, status: u16) -> Value {
+    assert_eq!(r.status, status, "{}", r.body);
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/problem+json"),
+        "{}",
+        r.body
+    );
+    let p = r.json().unwrap();
+    assert_eq!(p["status"], status, "{p}");
+    assert!(
+        p["type"].as_str().is_some()
+            && p["title"].as_str().is_some()
+            && p["detail"].as_str().is_some(),
+        "problem without type, title or detail: {p}"
+    );
+    p
+}
+
+/// Asserts a 400 problem whose `field` is `field`.
+pub fn problem_naming(r: &Response, field: &str) -> Value {
+    let p = problem(r, 400);
+    assert_eq!(p["field"], field, "{p}");
+    p
+}
+
+pub async fn create_topic(a: &str, topic: &str, partitions: u32) {
+    let r = send_json(
+        a,
+        "PUT",
+        &format!("/v1/topics/{topic}"),
+        &json!({ "partitions": partitions }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 201, "{}", r.body);
+}
+
+/// `PUT /v1/subscriptions/{name}` with `body`; asserts 201.
+pub async fn create_subscription(a: &str, name: &str, body: Value) -> Value {
+    let r = send_json(a, "PUT", &format!("/v1/subscriptions/{name}"), &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 201, "{body}: {}", r.body);
+    r.json().unwrap()
+}
+
+/// A CloudEvent with an extension attribute and structured data, so that "exactly as
+/// published" covers more than the required attributes.
+pub fn event(id: &str) -> Value {
+    json!({
+        "specversion": "1.0",
+        "id": id,
+        "source": "/consume-e2e",
+        "type": "test.consumed",
+        "subject": format!("subject-{id}"),
+        "datacontenttype": "application/json",
+        "traceref": format!("trace-{id}"),
+        "data": {"id": id, "n": [1, 2.5, -3], "nested": {"ok": true, "none": null}, "text": "héllo"}
+    })
+}
+
+/// Publishes one event in structured mode; returns its (partition, offset).
+pub async fn publish(a: &str, topic: &str, event: &Value) -> anyhow::Result<(u64, u64)> {
+    let r = request_with(
+        a,
+        "POST",
+        &format!("/v1/topics/{topic}/events"),
+        &[("Content-Type", "application/cloudevents+json")],
+        event.to_string().as_bytes(),
+    )
+    .await?;
+    ensure!(r.status == 201, "publish answered {}: {}", r.status, r.body);
+    let placed = &r.json()?["events"][0];
+    ensure!(placed["id"] == event["id"], "publish answered {}", r.body);
+    match (placed["partition"].as_u64(), placed["offset"].as_u64()) {
+        (Some(p), Some(o)) => Ok((p, o)),
+        _ => Err(anyhow!(
+            "publish answer without partition/offset: {}",
+            r.body
+        )),
+    }
+}
+
+/// One delivery of a pull answer.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Sent back exactly as received (the contract does not fix its JSON type).
+    pub id: Value,
+    pub partition: u64,
+    pub offset: u64,
+    pub attempt: u64,
+    pub event: Value,
+}
+
+/// `POST /v1/subscriptions/{sub}/pull` with `body`; checks the answer's shape.
+pub async fn pull(a: &str, sub: &str, body: &Value) -> anyhow::Result<Vec<Delivery>> {
+    let r = send_json(a, "POST", &format!("/v1/subscriptions/{sub}/pull"), body).await?;
+    ensure!(r.status == 200, "pull answered {}: {}", r.status, r.body);
+    let answer = r.json()?;
+    let list = answer["deliveries"]
+        .as_array()
+        .ok_or_else(|| anyhow!("pull answer without a deliveries list: {answer}"))?;
+    list.iter()
+        .map(|d| {
+            let number = |k: &str| {
+                d[k].as_u64()
+                    .ok_or_else(|| anyhow!("delivery without a numeric {k}: {d}"))
+            };
+            ensure!(
+                !d["delivery_id"].is_null() && d["event"].is_object(),
+                "delivery without delivery_id or event: {d}"
+            );
+            Ok(Delivery {
+                id: d["delivery_id"].clone(),
+                partition: number("partition")?,
+                offset: number("offset")?,
+                attempt: number("attempt")?,
+                event: d["event"].clone(),
+            })
+        })
+        .collect()
+}
+
+/// Long-polls until at least `n` deliveries arrived in total (bounded by `deadline`).
+pub async fn pull_until(a: &str, sub: &str, n: usize, deadline: Duration) -> Vec<Delivery> {
+    let got: Arc<Mutex<Vec<Delivery>>> = Arc::default();
+    let done = wait_until(deadline, &format!("{n} deliveries from {sub}"), || {
+        let got = got.clone();
+        async move {
+            let batch = pull(a, sub, &json!({"max_events": 100, "wait_ms": 1000})).await?;
+            let mut got = got.lock().unwrap();
+            got.extend(batch);
+            ensure!(
+                got.len() >= n,
+                "{} of {n} so far: {:?}",
+                got.len(),
+                summary(&got)
+            );
+            Ok(())
+        }
+    })
+    .await;
+    let mut all = got.lock().unwrap().clone();
+    // The last attempt may have been cut off by the deadline: say what did arrive.
+    if let Err(e) = done {
+        panic!(
+            "{e:#}; (partition, offset, attempt) received: {:?}",
+            summary(&all)
+        );
+    }
+    all.sort_by_key(|d| (d.partition, d.offset, d.attempt));
+    all
+}
+
+/// (partition, offset, attempt) of each delivery, for messages.
+pub fn summary(ds: &[Delivery]) -> Vec<(u64, u64, u64)> {
+    ds.iter()
+        .map(|d| (d.partition, d.offset, d.attempt))
+        .collect()
+}
+
+pub fn ids<'a>(ds: impl IntoIterator<Item = &'a Delivery>) -> Vec<Value> {
+    ds.into_iter().map(|d| d.id.clone()).collect()
+}
+
+/// The ids in one list of an ack/nack/extend answer, as a set of JSON texts.
+pub fn set(list: &Value) -> BTreeSet<String> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(Value::to_string)
+        .collect()
+}
+
+pub fn set_of(ids: &[Value]) -> BTreeSet<String> {
+    ids.iter().map(Value::to_string).collect()
+}
+
+/// POSTs `body` to `/v1/subscriptions/{sub}/{verb}`; asserts 200 and that the answer
+/// has exactly the lists `keys`.
+async fn outcome(
+    a: &str,
+    sub: &str,
+    verb: &str,
+    body: &Value,
+    keys: &[&str],
+) -> anyhow::Result<Value> {
+    let r = send_json(a, "POST", &format!("/v1/subscriptions/{sub}/{verb}"), body).await?;
+    ensure!(r.status == 200, "{verb} answered {}: {}", r.status, r.body);
+    let answer = r.json()?;
+    for k in keys {
+        ensure!(
+            answer[*k].is_array(),
+            "{verb} answer without a {k} list: {answer}"
+        );
+    }
+    Ok(answer)
+}
+
+pub async fn ack(a: &str, sub: &str, ids: &[Value]) -> anyhow::Result<Value> {
+    outcome(
+        a,
+        sub,
+        "ack",
+        &json!({ "delivery_ids": ids }),
+        &["acked", "unknown", "fenced", "failed"],
+    )
+    .await
+}
+
+pub async fn nack(a: &str, sub: &str, ids: &[Value], reason: &str) -> anyhow::Result<Value> {
+    outcome(
+        a,
+        sub,
+        "nack",
+        &json!({ "delivery_ids": ids, "reason": reason }),
+        &[
+            "retrying",
+            "dead_lettered",
+            "dead_lettering",
+            "unknown",
+            "fenced",
+        ],
+    )
+    .await
+}
+
+pub async fn extend(
+    a: &str,
+    sub: &str,
+    ids: &[Value],
+    ack_timeout_ms: u64,
+) -> anyhow::Result<Value> {
+    outcome(
+        a,
+        sub,
+        "extend",
+        &json!({ "delivery_ids": ids, "ack_timeout_ms": ack_timeout_ms }),
+        &["extended", "unknown"],
+    )
+    .await
+}
+
+/// `GET /v1/subscriptions/{sub}/offsets` → the `offsets` list.
+pub async fn offsets(a: &str, sub: &str) -> anyhow::Result<Vec<Value>> {
+    let r = http::get(a, &format!("/v1/subscriptions/{sub}/offsets")).await?;
+    ensure!(r.status == 200, "offsets answered {}: {}", r.status, r.body);
+    let answer = r.json()?;
+    answer["offsets"]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| anyhow!("offsets answer without an offsets list: {answer}"))
+}
+
+/// The committed offset of one partition.
+pub async fn committed(a: &str, sub: &str, partition: u64) -> anyhow::Result<u64> {
+    let all = offsets(a, sub).await?;
+    all.iter()
+        .find(|o| o["partition"].as_u64() == Some(partition))
+        .and_then(|o| o["committed"].as_u64())
+        .ok_or_else(|| anyhow!("no committed offset for partition {partition} in {all:?}"))
+}
+
+/// Waits until the committed offset of `partition` is `want` (it is shown once durable).
+pub async fn wait_committed(a: &str, sub: &str, partition: u64, want: u64) {
+    wait_until(
+        Duration::from_secs(15),
+        &format!("{sub} committed offset {want} on partition {partition}"),
+        || async move {
+            let got = committed(a, sub, partition).await?;
+            ensure!(got == want, "committed is {got}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// `GET /v1/topics/{topic}` → `end_offsets`.
+pub async fn end_offsets(a: &str, topic: &str) -> Vec<u64> {
+    let t = http::get(a, &format!("/v1/topics/{topic}"))
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    t["end_offsets"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no end_offsets: {t}"))
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect()
+}
+
+/// Every event of one partition via browse: (offset, event).
+pub async fn browse_all(a: &str, topic: &str, partition: u64) -> Vec<(u64, Value)> {
+    let mut events = Vec::new();
+    loop {
+        let from = events.len();
+        let r = http::get(
+            a,
+            &format!("/v1/topics/{topic}/partitions/{partition}/events?from={from}&limit=1000"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        let page = r.json().unwrap()["events"].as_array().unwrap().clone();
+        if page.is_empty() {
+            return events;
+        }
+        events.extend(
+            page.into_iter()
+                .map(|e| (e["offset"].as_u64().unwrap(), e["event"].clone())),
+        );
+    }
+}
+
+/// `GET /v1/deadletters?subscription={sub}` → the entries (asserts 200, one page).
+pub async fn dead_letters(a: &str, sub: &str) -> Vec<Value> {
+    let r = http::get(a, &format!("/v1/deadletters?subscription={sub}"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let list = r.json().unwrap();
+    assert!(
+        list.get("next_cursor").is_none() || list["next_cursor"].is_null(),
+        "one small page has no next_cursor: {list}"
+    );
+    list["entries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no entries list: {list}"))
+        .clone()
+}
+
+/// Sends an empty-bodied request (no content type).
+pub async fn bare(a: &str, method: &str, path: &str) -> Response {
+    request_with(a, method, path, &[], b"")
+        .await
+        .with_context(|| format!("{method} {path}"))
+        .unwrap()
+}
