@@ -885,3 +885,178 @@ async fn given_a_leased_delivery_when_extended_then_it_outlives_its_ack_timeout_
     );
     wait_committed(a, "s", 0, 1).await;
 }
+
+/// The value of one sample line of `/metrics` (`name{labels} value`).
+async fn metric(a: &str, sample: &str) -> Option<f64> {
+    let r = http::get(a, "/metrics").await.ok()?;
+    r.body
+        .lines()
+        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_type_filter_when_other_types_are_published_then_only_matches_are_delivered_and_the_rest_resolve(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "s", json!({"topic": "t", "filter": {"type": "keep"}})).await;
+    for i in 0..6 {
+        let mut e = event(&format!("e{i}"));
+        e["type"] = json!(if i % 2 == 0 { "keep" } else { "drop" });
+        publish(a, "t", &e).await.unwrap();
+    }
+    let got = pull_until(a, "s", 3, DRAIN).await;
+    let offsets: Vec<u64> = got.iter().map(|d| d.offset).collect();
+    assert_eq!(offsets, vec![0, 2, 4], "only the matching events: {got:?}");
+    assert!(got.iter().all(|d| d.event["type"] == "keep"), "{got:?}");
+    let r = ack(a, "s", &ids(&got)).await.unwrap();
+    assert_eq!(set(&r["acked"]).len(), 3, "{r}");
+    // The non-matching events are resolved without delivery, so the committed offset
+    // passes them: all six are resolved.
+    wait_committed(a, "s", 0, 6).await;
+    let more = pull(a, "s", &json!({"max_events": 10, "wait_ms": 300}))
+        .await
+        .unwrap();
+    assert!(more.is_empty(), "nothing else is delivered: {more:?}");
+    let sample = |n: &str| format!("{n}{{subscription=\"s\"}}");
+    assert_eq!(
+        metric(a, &sample("meshd_deliveries_total")).await,
+        Some(3.0)
+    );
+    assert_eq!(metric(a, &sample("meshd_acks_total")).await, Some(3.0));
+    assert_eq!(
+        metric(a, &sample("meshd_backlog_events")).await.is_some(),
+        true
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_leases_that_run_out_when_max_attempts_is_1_then_each_is_dead_lettered_as_ack_timeout_and_listed_page_by_page(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    create_topic(a, "t", 1).await;
+    create_subscription(
+        a,
+        "s",
+        json!({"topic": "t", "max_attempts": 1, "ack_timeout_ms": 100}),
+    )
+    .await;
+    for i in 0..3 {
+        publish(a, "t", &event(&format!("e{i}"))).await.unwrap();
+    }
+    let got = pull_until(a, "s", 3, DRAIN).await;
+    assert_eq!(got.len(), 3, "{got:?}");
+    // Nobody acks: each lease runs out, and with max_attempts 1 that first failure
+    // dead-letters the event without any further pull.
+    let entries = wait_until(DRAIN, "3 dead letters", || async {
+        let e = dead_letters(a, "s").await;
+        anyhow::ensure!(e.len() == 3, "{} so far: {e:?}", e.len());
+        Ok(e)
+    })
+    .await
+    .unwrap();
+    for e in &entries {
+        assert_eq!(e["reason"], "ack timeout", "{e}");
+        assert_eq!(e["attempts"], 1, "{e}");
+    }
+    wait_committed(a, "s", 0, 3).await;
+    // Two pages: limit 2, then the cursor.
+    let first = http::get(a, "/v1/deadletters?subscription=s&limit=2")
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(
+        first["entries"].as_array().map(Vec::len),
+        Some(2),
+        "{first}"
+    );
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next_cursor")
+        .to_string();
+    let second = http::get(
+        a,
+        &format!("/v1/deadletters?subscription=s&limit=2&cursor={cursor}"),
+    )
+    .await
+    .unwrap()
+    .json()
+    .unwrap();
+    assert_eq!(
+        second["entries"].as_array().map(Vec::len),
+        Some(1),
+        "{second}"
+    );
+    assert!(second.get("next_cursor").is_none(), "last page: {second}");
+    let mut seen: BTreeSet<u64> = BTreeSet::new();
+    for e in first["entries"]
+        .as_array()
+        .into_iter()
+        .chain(second["entries"].as_array())
+        .flatten()
+    {
+        seen.extend(e["offset"].as_u64());
+    }
+    assert_eq!(seen.len(), 3, "every entry once across the pages: {seen:?}");
+    assert_eq!(
+        metric(a, "meshd_dead_letters_total{subscription=\"s\"}").await,
+        Some(3.0)
+    );
+    // The other subscription filter lists nothing.
+    let none = http::get(a, "/v1/deadletters?subscription=other")
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(none["entries"], json!([]), "{none}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_ack_above_a_gap_when_meshd_gets_sigterm_at_once_then_it_exits_cleanly_and_the_ack_is_not_redelivered(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    // A long flush interval, so the ack is not fsynced by the flusher before the
+    // SIGTERM (it reaches the RocksDB WAL at once; the shutdown flush fsyncs it).
+    let mut m = meshd_test_support::meshd::MeshdProcess::start(
+        bin(),
+        dir.path(),
+        &["--delivery-flush-ms", "1000"],
+    )
+    .await
+    .unwrap();
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(&a, "s", json!({"topic": "t", "ack_timeout_ms": 500})).await;
+    for i in 0..2 {
+        publish(&a, "t", &event(&format!("e{i}"))).await.unwrap();
+    }
+    let got = pull_until(&a, "s", 2, DRAIN).await;
+    let second: Vec<Delivery> = got.iter().filter(|d| d.offset == 1).cloned().collect();
+    // Offset 1 acked while 0 is in flight: recorded as an update (buffered), not a
+    // resolve, so the committed offset stays at 0.
+    let r = ack(&a, "s", &ids(&second)).await.unwrap();
+    assert_eq!(set(&r["acked"]).len(), 1, "{r}");
+    let code = m.terminate(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(code, Some(0), "a graceful shutdown exits 0");
+
+    m.start_again().await.unwrap();
+    let a = m.addr().to_string();
+    // Offset 0 comes back once its lease (500 ms) has run out; offset 1 never does.
+    let again = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(summary(&again), vec![(0, 0, 2)], "{again:?}");
+    ack(&a, "s", &ids(&again)).await.unwrap();
+    wait_committed(&a, "s", 0, 2).await;
+    let more = pull(&a, "s", &json!({"max_events": 10, "wait_ms": 1000}))
+        .await
+        .unwrap();
+    assert!(
+        more.is_empty(),
+        "the acked offset 1 is not redelivered: {more:?}"
+    );
+}

@@ -162,6 +162,37 @@ impl MeshdProcess {
         self.spawn().await
     }
 
+    /// SIGTERM (graceful shutdown), then waits up to `deadline` for the exit; returns
+    /// the exit code (`None`: killed by a signal). SIGKILLs it if it does not exit.
+    pub async fn terminate(&mut self, deadline: Duration) -> anyhow::Result<Option<i32>> {
+        self.signal(libc::SIGTERM);
+        let Some(mut child) = self.child.take() else {
+            return Err(anyhow!("meshd is not running"));
+        };
+        let end = std::time::Instant::now() + deadline;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status.code());
+            }
+            if std::time::Instant::now() >= end {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(anyhow!(
+                    "meshd did not exit within {deadline:?} of SIGTERM; log:\n{}",
+                    self.log_tail(50)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts the process again on the same data dir after it stopped (it gets a new
+    /// port).
+    pub async fn start_again(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn().await
+    }
+
     pub fn pause(&self) {
         self.signal(libc::SIGSTOP);
     }
