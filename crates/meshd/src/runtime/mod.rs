@@ -494,6 +494,7 @@ impl Runtime {
             initial,
             next_pull: 1,
             stats_at: None,
+            stats_dirty: false,
         };
         let join = tokio::spawn(task.run());
         Ok(PartitionHandle { tx, shared, join })

@@ -117,6 +117,7 @@ pub struct PartitionTask {
     pub initial: Vec<Command>,
     pub next_pull: u64,
     pub stats_at: Option<Instant>,
+    pub stats_dirty: bool,
 }
 
 pub fn now_ms() -> u64 {
@@ -147,8 +148,16 @@ impl PartitionTask {
                     None => std::future::pending().await,
                 }
             };
+            // Stats skipped by the throttle are refreshed when it allows.
+            let stats_due = async {
+                match (self.stats_dirty, self.stats_at) {
+                    (true, Some(at)) => tokio::time::sleep_until((at + STATS_EVERY).into()).await,
+                    _ => std::future::pending().await,
+                }
+            };
             let mut fx = Effects::default();
             tokio::select! {
+                _ = stats_due => {}
                 msg = self.rx.recv() => match msg {
                     None => return,
                     Some(Msg::Stop { reply }) => {
@@ -186,8 +195,10 @@ impl PartitionTask {
 
     fn publish(&mut self) {
         let ready = self.sync_shared();
+        self.stats_dirty = true;
         if self.stats_at.is_none_or(|t| t.elapsed() >= STATS_EVERY) {
             self.stats_at = Some(Instant::now());
+            self.stats_dirty = false;
             *self
                 .shared
                 .stats
