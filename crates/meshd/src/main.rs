@@ -3,6 +3,7 @@
 
 mod api;
 mod config;
+mod membership;
 mod metered;
 mod metrics;
 mod problem;

@@ -126,6 +126,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let deadletters: Arc<dyn DeadLetterStore> =
         Arc::new(MetaDeadLetterStore::new(meta.clone(), log.clone()));
     let metrics = Arc::new(Metrics::default());
+    let tasks: Arc<dyn meshd_stores::tasks::TaskStore> = Arc::new(
+        meshd_stores::tasks::MetaTaskStore::new(
+            meta.clone(),
+            meshd_stores::tasks::TaskStoreConfig::default(),
+        )
+        .map_err(|e| anyhow::anyhow!("starting the task store: {e}"))?,
+    );
     let runtime = Runtime::new(Deps {
         instance_id: instance_id.clone(),
         meta: meta.clone(),
@@ -143,7 +150,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Recovery (re-arming every delivery) runs once the subscription cache is loaded;
     // /readyz stays 503 until it is done.
     runtime.start();
-    spawn_housekeeping(&config, log.clone(), deadletters.clone());
+    spawn_housekeeping(&config, log.clone(), deadletters.clone(), tasks.clone());
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -181,7 +188,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         deadletters,
         sessions,
         metrics,
+        meta: meta.clone(),
+        instance_id: state.instance_id.clone(),
+        tasks: tasks.clone(),
     });
+    crate::membership::Membership::new(
+        meta.clone(),
+        state.instance_id.clone(),
+        addr.to_string(),
+        Duration::from_millis(config.lease_ttl_ms),
+    )
+    .spawn();
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -235,12 +252,14 @@ fn spawn_housekeeping(
     config: &Config,
     log: Arc<meshd_stores_local::log::RocksLog>,
     deadletters: Arc<dyn DeadLetterStore>,
+    tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
 ) {
     let retention = Retention {
         max_age_ms: Some(config.log_retention_hours.saturating_mul(3_600_000)),
         max_bytes: config.log_retention_bytes,
     };
     let keep_dead = Duration::from_secs(config.deadletter_retention_hours.saturating_mul(3600));
+    let keep_tasks = Duration::from_secs(config.task_retention_hours.saturating_mul(3600));
     tokio::spawn(async move {
         let mut every = tokio::time::interval(HOUSEKEEPING_EVERY);
         loop {
@@ -267,6 +286,11 @@ fn spawn_housekeeping(
                 Err(e) => {
                     tracing::warn!(store = "deadletters", error = %e, "dead-letter expiry failed")
                 }
+            }
+            match tasks.expire_terminal(keep_tasks).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(store = "tasks", tasks = n, "expired terminal tasks"),
+                Err(e) => tracing::warn!(store = "tasks", error = %e, "task expiry failed"),
             }
         }
     });

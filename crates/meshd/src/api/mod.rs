@@ -1,10 +1,13 @@
 //! The `/v1` HTTP API (`../shared/design/http-api.md`). Handlers are thin: they
 //! validate input into problem+json answers and call the stores.
 
+pub mod cluster;
 pub mod consume;
 pub mod deadletters;
 pub mod fields;
+pub mod sessions;
 pub mod subscriptions;
+pub mod tasks;
 pub mod topics;
 
 use crate::metrics::Metrics;
@@ -38,6 +41,9 @@ pub struct Api {
     pub deadletters: Arc<dyn DeadLetterStore>,
     pub sessions: Arc<dyn SessionStore>,
     pub metrics: Arc<Metrics>,
+    pub meta: Arc<dyn meshd_meta::Meta>,
+    pub instance_id: String,
+    pub tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
 }
 
 pub fn router(api: Arc<Api>) -> Router {
@@ -79,6 +85,9 @@ pub fn router(api: Arc<Api>) -> Router {
             get(deadletters::get).merge(delete(deadletters::delete)),
         )
         .route("/v1/deadletters/{id}/redrive", post(deadletters::redrive))
+        .merge(cluster::routes())
+        .merge(sessions::routes())
+        .merge(tasks::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(api)

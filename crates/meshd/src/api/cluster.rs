@@ -1,0 +1,69 @@
+//! `GET /v1/cluster`: this instance, the Meta backend and its health, the members
+//! (instances holding a membership lease in Meta) and every partition of every topic
+//! with its owner. Until cluster mode exists each instance serves its own embedded
+//! log, so no partition has a cluster-wide owner: `owner` and `epoch` are null.
+
+use super::Api;
+use crate::problem::Problem;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use meshd_stores::topics::TopicStore;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long the handler waits for Meta before reporting it unhealthy.
+const META_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub fn routes() -> Router<Arc<Api>> {
+    Router::new().route("/v1/cluster", get(cluster))
+}
+
+async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
+    let status = tokio::time::timeout(META_TIMEOUT, api.meta.status()).await;
+    let (healthy, db_size) = match status {
+        Ok(Ok(s)) => (true, Some(s.db_size_bytes)),
+        _ => (false, None),
+    };
+    let members =
+        match tokio::time::timeout(META_TIMEOUT, crate::membership::members(api.meta.as_ref()))
+            .await
+        {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                return Err(Problem::unavailable(
+                    "members",
+                    api.meta_backend,
+                    e.to_string(),
+                ))
+            }
+            Err(_) => {
+                return Err(Problem::unavailable(
+                    "members",
+                    api.meta_backend,
+                    "Meta did not answer in time",
+                ))
+            }
+        };
+    let topics = api
+        .topics
+        .list()
+        .await
+        .map_err(|e| super::topics::topic_problem(e, api.meta_backend))?;
+    let mut partitions: Vec<Value> = Vec::new();
+    for t in &topics {
+        for p in 0..t.partitions {
+            partitions.push(json!({"topic": t.name, "partition": p, "owner": null, "epoch": null}));
+        }
+    }
+    Ok(Json(json!({
+        "instance": api.instance_id,
+        "meta": {"backend": api.meta_backend, "healthy": healthy, "db_size_bytes": db_size},
+        "log": {"backend": "embedded", "id": meshd_stores::log::PartitionLog::log_id(&api.log)},
+        "members": members,
+        "partitions": partitions,
+    }))
+    .into_response())
+}

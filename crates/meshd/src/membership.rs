@@ -1,0 +1,92 @@
+//! Cluster membership: every instance holds `members/{instance id}` in Meta under a
+//! lease of `--lease-ttl-ms`, renewed at a third of it. `/v1/cluster` lists the members
+//! from Meta, so an instance that died (or lost Meta) drops out within its lease TTL.
+//! When the lease is lost (expired while Meta was unreachable) a new one is granted and
+//! the key written again.
+
+use meshd_meta::keys::{key, prefix, KeyKind};
+use meshd_meta::{LeaseId, Meta, Precondition, RangeOptions};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct Membership {
+    meta: Arc<dyn Meta>,
+    instance_id: String,
+    addr: String,
+    ttl: Duration,
+}
+
+impl Membership {
+    pub fn new(meta: Arc<dyn Meta>, instance_id: String, addr: String, ttl: Duration) -> Self {
+        Self {
+            meta,
+            instance_id,
+            addr,
+            ttl,
+        }
+    }
+
+    /// Registers and keeps the membership alive until the process ends.
+    pub fn spawn(self) {
+        tokio::spawn(async move { self.run().await });
+    }
+
+    async fn register(&self) -> Result<LeaseId, meshd_meta::MetaError> {
+        let lease = self.meta.grant(self.ttl).await?;
+        let value = json!({
+            "instance": self.instance_id,
+            "addr": self.addr,
+            "since": meshd_stores::time::Timestamp::now().to_rfc3339(),
+        })
+        .to_string();
+        self.meta
+            .put(
+                &key(KeyKind::Members, &[&self.instance_id]),
+                value.as_bytes(),
+                Precondition::None,
+                Some(lease.id),
+            )
+            .await?;
+        Ok(lease.id)
+    }
+
+    async fn run(self) {
+        let renew = self.ttl / 3;
+        let mut lease: Option<LeaseId> = None;
+        loop {
+            match lease {
+                None => match self.register().await {
+                    Ok(id) => {
+                        tracing::info!(store = "members", backend = self.meta.backend(), instance = %self.instance_id, "membership registered");
+                        lease = Some(id);
+                    }
+                    Err(e) => {
+                        tracing::warn!(store = "members", backend = self.meta.backend(), error = %e, "membership registration failed; retrying");
+                    }
+                },
+                Some(id) => {
+                    if let Err(e) = self.meta.keep_alive(id).await {
+                        tracing::warn!(store = "members", backend = self.meta.backend(), error = %e, "membership keep-alive failed");
+                        if matches!(e, meshd_meta::MetaError::LeaseNotFound(_)) {
+                            lease = None;
+                            continue;
+                        }
+                    }
+                }
+            }
+            tokio::time::sleep(renew).await;
+        }
+    }
+}
+
+/// The members Meta knows (instances holding a membership lease), by instance id.
+pub async fn members(meta: &dyn Meta) -> Result<Vec<Value>, meshd_meta::MetaError> {
+    let r = meta
+        .range(&prefix(KeyKind::Members, &[]), RangeOptions::default())
+        .await?;
+    Ok(r.kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+        .collect())
+}
