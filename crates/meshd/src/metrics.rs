@@ -29,6 +29,10 @@ pub struct SubCounters {
     /// Events the filter resolved without delivery are not counted; events that could
     /// not be read for a hand-out are.
     pub read_failures: AtomicU64,
+    /// Push requests answered 2xx in time.
+    pub push_ok: AtomicU64,
+    /// Push requests that failed (status, timeout, connection).
+    pub push_failed: AtomicU64,
 }
 
 impl SubCounters {
@@ -107,7 +111,7 @@ impl Metrics {
     pub fn render(&self, out: &mut String) {
         let subs = lock(&self.subs);
         type Field = fn(&SubCounters) -> &AtomicU64;
-        let families: [(&str, &str, Field); 6] = [
+        let families: [(&str, &str, Field); 8] = [
             (
                 "meshd_deliveries_total",
                 "Events handed out (every attempt).",
@@ -128,6 +132,16 @@ impl Metrics {
                 "meshd_dead_letters_total",
                 "Events moved to the dead-letter store.",
                 |c| &c.dead_lettered,
+            ),
+            (
+                "meshd_push_requests_ok_total",
+                "Push requests answered 2xx within the ack timeout.",
+                |c| &c.push_ok,
+            ),
+            (
+                "meshd_push_requests_failed_total",
+                "Push requests that failed (another status, a timeout, a refused connection).",
+                |c| &c.push_failed,
             ),
             (
                 "meshd_delivery_read_failures_total",

@@ -108,6 +108,17 @@ fn spec_of(name: &str, body: PutSubscription) -> Result<SubscriptionSpec, Proble
         event_type: f.event_type,
         source: f.source,
     });
+    if let Some(p) = &body.push {
+        if p.url.starts_with("https://") {
+            return Err(Problem::invalid_field(
+                "push.url",
+                "https push URLs are not supported yet (TLS arrives with issue 9); use http://",
+            ));
+        }
+        if let Err(e) = crate::runtime::push::Target::parse(&p.url) {
+            return Err(Problem::invalid_field("push.url", e));
+        }
+    }
     spec.push = body.push.map(|p| Push { url: p.url });
     spec.start = match body.start.as_deref() {
         None | Some("latest") => StartPosition::Latest,

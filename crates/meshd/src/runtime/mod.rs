@@ -19,6 +19,7 @@
 //! prevents locally) cannot write entries after a newer one started.
 
 pub mod partition;
+pub mod push;
 
 use crate::metrics::{Metrics, SubCounters};
 use meshd_dispatch::{Config, Partition, PartitionCore, SessionBinding, Sources};
@@ -112,6 +113,8 @@ pub struct SubRuntime {
     parts: Vec<PartitionHandle>,
     notify: watch::Sender<u64>,
     rr: AtomicUsize,
+    /// The push worker of a push subscription.
+    push: Option<tokio::task::JoinHandle<()>>,
 }
 
 pub struct Runtime {
@@ -121,6 +124,8 @@ pub struct Runtime {
     ops: tokio::sync::Mutex<()>,
     recovered: AtomicBool,
     owner: Arc<RwLock<Option<Ownership>>>,
+    /// Itself, for the push workers it starts.
+    me: std::sync::Weak<Runtime>,
 }
 
 /// The offset a delivery id names (`{incarnation}-{partition}-{offset}-{attempt}-{nonce}`).
@@ -135,12 +140,13 @@ fn incarnation_of(delivery_id: &str) -> Option<i64> {
 
 impl Runtime {
     pub fn new(deps: Deps) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new_cyclic(|me| Self {
             deps: Arc::new(deps),
             subs: RwLock::new(HashMap::new()),
             ops: tokio::sync::Mutex::new(()),
             recovered: AtomicBool::new(false),
             owner: Arc::new(RwLock::new(None)),
+            me: me.clone(),
         })
     }
 
@@ -328,6 +334,9 @@ impl Runtime {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name);
         if let Some(sub) = removed {
+            if let Some(w) = &sub.push {
+                w.abort();
+            }
             for p in &sub.parts {
                 let (tx, rx) = oneshot::channel();
                 if p.tx.send(Msg::Stop { reply: tx }).await.is_ok() {
@@ -442,11 +451,28 @@ impl Runtime {
                 notify.clone(),
             )?);
         }
+        let push = match &sub.spec.push {
+            None => None,
+            Some(p) => match push::Target::parse(&p.url) {
+                Ok(target) => Some(tokio::spawn(push::worker(
+                    self.me.clone(),
+                    sub.name().to_string(),
+                    target,
+                    Duration::from_millis(sub.spec.ack_timeout_ms),
+                    counters.clone(),
+                ))),
+                Err(e) => {
+                    tracing::error!(subscription = %sub.name(), error = %e, "push URL cannot be served; the subscription is not pushed (pull still works)");
+                    None
+                }
+            },
+        };
         let running = Arc::new(SubRuntime {
             sub: sub.clone(),
             parts,
             notify,
             rr: AtomicUsize::new(0),
+            push,
         });
         self.subs
             .write()
@@ -561,9 +587,46 @@ impl Runtime {
         wait: Duration,
         session: Option<SessionBinding>,
     ) -> Result<Vec<Handed>, RuntimeError> {
+        self.subscription(name).await?;
+        self.pull_running(name, max, wait, session).await
+    }
+
+    /// The subscription as it runs now, without starting it (the push workers and
+    /// the loops behind the public calls use this, so starting a subscription is
+    /// never reached from inside one of its own tasks). `Restarting` while its
+    /// settings are being applied.
+    fn running_now(&self, name: &str) -> Result<Arc<SubRuntime>, RuntimeError> {
+        match self.running(name) {
+            Some(s) => Ok(s),
+            None if self.deps.subscriptions.health().is_ready() => {
+                Err(RuntimeError::Restarting(name.to_string()))
+            }
+            None => Err(RuntimeError::Unavailable {
+                store: "subscriptions",
+                detail: "the subscription cache is not loaded".into(),
+            }),
+        }
+    }
+
+    /// [`Runtime::pull`] on a subscription that runs already.
+    pub async fn pull_running(
+        &self,
+        name: &str,
+        max: usize,
+        wait: Duration,
+        session: Option<SessionBinding>,
+    ) -> Result<Vec<Handed>, RuntimeError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let sub = self.subscription(name).await?;
+            let sub = match self.running_now(name) {
+                Ok(s) => s,
+                Err(RuntimeError::Restarting(_)) if tokio::time::Instant::now() < deadline => {
+                    // Settings are being applied; the new tasks appear shortly.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let mut woken = sub.notify.subscribe();
             woken.borrow_and_update();
             let mut got = Vec::new();
@@ -628,7 +691,7 @@ impl Runtime {
         ids: Vec<String>,
         unknown: &mut Vec<String>,
     ) -> Result<(Arc<SubRuntime>, BTreeMap<u32, Vec<String>>), RuntimeError> {
-        let sub = self.subscription(name).await?;
+        let sub = self.running_now(name)?;
         let mut by_partition: BTreeMap<u32, Vec<String>> = BTreeMap::new();
         for id in ids {
             match (meshd_dispatch::partition_of(&id), incarnation_of(&id)) {
@@ -675,11 +738,28 @@ impl Runtime {
     }
 
     pub async fn ack(&self, name: &str, ids: Vec<String>) -> Result<Answers, RuntimeError> {
+        self.subscription(name).await?;
+        self.ack_running(name, ids).await
+    }
+
+    /// [`Runtime::ack`] on a subscription that runs already.
+    pub async fn ack_running(&self, name: &str, ids: Vec<String>) -> Result<Answers, RuntimeError> {
         self.per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply })
             .await
     }
 
     pub async fn nack(
+        &self,
+        name: &str,
+        ids: Vec<String>,
+        reason: String,
+    ) -> Result<Answers, RuntimeError> {
+        self.subscription(name).await?;
+        self.nack_running(name, ids, reason).await
+    }
+
+    /// [`Runtime::nack`] on a subscription that runs already.
+    pub async fn nack_running(
         &self,
         name: &str,
         ids: Vec<String>,
@@ -699,10 +779,8 @@ impl Runtime {
         ids: Vec<String>,
         ack_timeout_ms: Option<u64>,
     ) -> Result<Answers, RuntimeError> {
-        let ack_timeout_ms = match ack_timeout_ms {
-            Some(ms) => ms,
-            None => self.subscription(name).await?.sub.spec.ack_timeout_ms,
-        };
+        let sub = self.subscription(name).await?;
+        let ack_timeout_ms = ack_timeout_ms.unwrap_or(sub.sub.spec.ack_timeout_ms);
         self.per_partition(name, ids, |ids, reply| Msg::Extend {
             ids,
             ack_timeout_ms,

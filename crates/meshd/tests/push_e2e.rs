@@ -1,0 +1,232 @@
+//! Push delivery through the real binary: a subscription with `push.url` gets each
+//! event POSTed in CloudEvents binary mode with `meshd-delivery-attempt`; 2xx acks it,
+//! anything else is a failed attempt whose reason is recorded and that goes through the
+//! same retry / dead-letter path as a pull. The endpoint is a tiny HTTP server inside
+//! the test that answers with scripted statuses and records what it received.
+
+mod common;
+
+use common::*;
+use meshd_test_support::wait::wait_until;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// One request the endpoint received.
+#[derive(Clone, Debug)]
+struct Received {
+    headers: BTreeMap<String, String>,
+    body: Vec<u8>,
+}
+
+/// An HTTP endpoint answering the scripted statuses in order (the last one repeats).
+struct Endpoint {
+    url: String,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+async fn endpoint(statuses: Vec<u16>) -> Endpoint {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+    let log = received.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let head_end = loop {
+                let n = s.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break Some(i);
+                }
+            };
+            let Some(head_end) = head_end else { continue };
+            let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+            let headers: BTreeMap<String, String> = head
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+                .collect();
+            let len: usize = headers
+                .get("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let mut body = buf[head_end + 4..].to_vec();
+            while body.len() < len {
+                let n = s.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..n]);
+            }
+            let status = {
+                let mut r = log.lock().unwrap();
+                r.push(Received { headers, body });
+                statuses[(r.len() - 1).min(statuses.len() - 1)]
+            };
+            let answer =
+                format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            let _ = s.write_all(answer.as_bytes()).await;
+        }
+    });
+    Endpoint { url, received }
+}
+
+fn push_subscription(topic: &str, url: &str) -> Value {
+    json!({"topic": topic, "max_attempts": 3, "ack_timeout_ms": 5000,
+           "backoff": {"initial_ms": 1, "max_ms": 5}, "push": {"url": url}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_push_endpoint_answering_500_three_times_then_the_event_is_dead_lettered_with_the_status_in_the_reason(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    let hook = endpoint(vec![500]).await;
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "p", push_subscription("t", &hook.url)).await;
+    let e = event("poison");
+    publish(a, "t", &e).await.unwrap();
+
+    let entries = wait_until(DEADLINE, "a dead letter", || async {
+        let e = dead_letters(a, "p").await;
+        anyhow::ensure!(e.len() == 1, "{e:?}");
+        Ok(e)
+    })
+    .await
+    .unwrap();
+    let entry = &entries[0];
+    assert_eq!(entry["attempts"], 3, "{entry}");
+    assert!(
+        entry["reason"].as_str().is_some_and(|r| r.contains("500")),
+        "the status is in the reason: {entry}"
+    );
+    assert_eq!(entry["event"], e, "{entry}");
+    let got = hook.received.lock().unwrap().clone();
+    let attempts: Vec<&str> = got
+        .iter()
+        .map(|r| {
+            r.headers
+                .get("meshd-delivery-attempt")
+                .map(String::as_str)
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        vec!["1", "2", "3"],
+        "exactly max_attempts deliveries: {got:?}"
+    );
+    // Binary mode: attributes in ce- headers, the data as the body.
+    let first = &got[0];
+    assert_eq!(
+        first.headers.get("ce-id").map(String::as_str),
+        Some("poison")
+    );
+    assert_eq!(
+        first.headers.get("ce-specversion").map(String::as_str),
+        Some("1.0")
+    );
+    assert_eq!(
+        first.headers.get("ce-type").map(String::as_str),
+        Some("test.consumed")
+    );
+    let data: Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(data, e["data"]);
+    wait_committed(a, "p", 0, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_push_endpoint_that_fails_once_then_answers_204_then_the_event_is_acked_on_attempt_2(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    let hook = endpoint(vec![503, 204]).await;
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "p", push_subscription("t", &hook.url)).await;
+    for i in 0..3 {
+        publish(a, "t", &event(&format!("e{i}"))).await.unwrap();
+    }
+    wait_committed(a, "p", 0, 3).await;
+    let got = hook.received.lock().unwrap().clone();
+    assert_eq!(
+        got.len(),
+        4,
+        "one failure, then each of the three once: {got:?}"
+    );
+    let retried: Vec<&str> = got
+        .iter()
+        .filter(|r| r.headers.get("meshd-delivery-attempt").map(String::as_str) == Some("2"))
+        .filter_map(|r| r.headers.get("ce-id").map(String::as_str))
+        .collect();
+    assert_eq!(
+        retried.len(),
+        1,
+        "the failed one came back with attempt 2: {got:?}"
+    );
+    assert!(dead_letters(a, "p").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_push_endpoint_that_refuses_connections_then_the_reason_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    // A port that was free a moment ago: nothing listens there.
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", free.local_addr().unwrap());
+    drop(free);
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "p", push_subscription("t", &url)).await;
+    publish(a, "t", &event("nobody-home")).await.unwrap();
+    let entries = wait_until(DEADLINE, "a dead letter", || async {
+        let e = dead_letters(a, "p").await;
+        anyhow::ensure!(e.len() == 1, "{e:?}");
+        Ok(e)
+    })
+    .await
+    .unwrap();
+    assert!(
+        entries[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("connection")),
+        "{}",
+        entries[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_https_push_url_then_the_subscription_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    create_topic(a, "t", 1).await;
+    let r = meshd_test_support::http::send_json(
+        a,
+        "PUT",
+        "/v1/subscriptions/p",
+        &push_subscription("t", "https://example.com/hook"),
+    )
+    .await
+    .unwrap();
+    problem_naming(&r, "push.url");
+    let r = meshd_test_support::http::get(a, "/v1/subscriptions/p")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 404, "nothing was stored: {}", r.body);
+}
