@@ -7,6 +7,7 @@ mod membership;
 mod metered;
 mod metrics;
 mod problem;
+mod requeue;
 mod runtime;
 mod server;
 

@@ -56,6 +56,7 @@ pub struct Metrics {
     latency: Mutex<BTreeMap<(&'static str, &'static str, &'static str), Histogram>>,
     errors: Mutex<BTreeMap<(&'static str, &'static str, String), u64>>,
     recovery: Mutex<Option<(Duration, u64)>>,
+    tasks_requeued: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -101,6 +102,10 @@ impl Metrics {
         *lock(&self.errors)
             .entry((store, backend, kind.to_string()))
             .or_default() += 1;
+    }
+
+    pub fn tasks_requeued(&self) {
+        self.tasks_requeued.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn recovered(&self, took: Duration, records: u64) {
@@ -197,6 +202,7 @@ impl Metrics {
                 "meshd_store_errors_total{{store=\"{store}\",backend=\"{backend}\",kind=\"{kind}\"}} {n}"
             );
         }
+        let _ = writeln!(out, "# HELP meshd_tasks_requeued_total Tasks returned to submitted because their assignee's session ended.\n# TYPE meshd_tasks_requeued_total counter\nmeshd_tasks_requeued_total {}", self.tasks_requeued.load(Ordering::Relaxed));
         if let Some((took, records)) = *lock(&self.recovery) {
             let _ = writeln!(out, "# HELP meshd_recovery_seconds How long the boot recovery of delivery state took.\n# TYPE meshd_recovery_seconds gauge\nmeshd_recovery_seconds {}", took.as_secs_f64());
             let _ = writeln!(out, "# HELP meshd_recovery_records Delivery records re-armed at boot.\n# TYPE meshd_recovery_records gauge\nmeshd_recovery_records {records}");

@@ -151,6 +151,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // /readyz stays 503 until it is done.
     runtime.start();
     spawn_housekeeping(&config, log.clone(), deadletters.clone(), tasks.clone());
+    crate::requeue::spawn(
+        tasks.clone(),
+        sessions.clone(),
+        sessions.changes(),
+        metrics.clone(),
+        meta_backend,
+    );
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
