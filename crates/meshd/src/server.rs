@@ -437,6 +437,21 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         "meshd_meta_up{{backend=\"{backend}\"}} {}\n",
         u8::from(meta_up)
     ));
+    let live = state.sessions.list().await.map(|l| l.len()).ok();
+    out.push_str("# HELP meshd_sessions_live Live sessions (all instances), from the session cache.\n# TYPE meshd_sessions_live gauge\n");
+    if let Some(n) = live {
+        out.push_str(&format!("meshd_sessions_live{{backend=\"{backend}\"}} {n}\n"));
+    }
+    out.push_str("# HELP meshd_session_takeovers_total Session opens on this instance that took a live session over.\n# TYPE meshd_session_takeovers_total counter\n");
+    out.push_str(&format!(
+        "meshd_session_takeovers_total{{backend=\"{backend}\"}} {}\n",
+        state.sessions.takeovers()
+    ));
+    out.push_str("# HELP meshd_session_fenced_writes_total Writes for a session rejected because it was taken over or expired.\n# TYPE meshd_session_fenced_writes_total counter\n");
+    out.push_str(&format!(
+        "meshd_session_fenced_writes_total{{backend=\"{backend}\"}} {}\n",
+        state.sessions.fenced_writes()
+    ));
     state.meta.render(&mut out);
     state.metrics.render(&mut out);
     state.runtime.render(&mut out);
