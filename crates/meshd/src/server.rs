@@ -440,7 +440,9 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     let live = state.sessions.list().await.map(|l| l.len()).ok();
     out.push_str("# HELP meshd_sessions_live Live sessions (all instances), from the session cache.\n# TYPE meshd_sessions_live gauge\n");
     if let Some(n) = live {
-        out.push_str(&format!("meshd_sessions_live{{backend=\"{backend}\"}} {n}\n"));
+        out.push_str(&format!(
+            "meshd_sessions_live{{backend=\"{backend}\"}} {n}\n"
+        ));
     }
     out.push_str("# HELP meshd_session_takeovers_total Session opens on this instance that took a live session over.\n# TYPE meshd_session_takeovers_total counter\n");
     out.push_str(&format!(
