@@ -2,6 +2,7 @@
 //! config → validate → open stores → recover → serve.
 
 mod api;
+mod cli;
 mod config;
 mod membership;
 mod metered;
@@ -29,12 +30,16 @@ struct Cli {
 enum Command {
     /// Run a meshd instance.
     Serve(config::ServeArgs),
+    /// The operator client commands (topic, publish, sub, pull, dlq, task, session).
+    #[command(flatten)]
+    Client(cli::Command),
 }
 
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
     match cli.command {
+        Command::Client(cmd) => cli::run(cmd),
         Command::Serve(args) => {
             let config = match config::Config::resolve(args) {
                 Ok(c) => c,

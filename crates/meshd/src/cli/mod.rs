@@ -1,0 +1,302 @@
+//! The operator CLI: `meshd topic|publish|sub|pull|dlq|task|session`, a client of the
+//! public HTTP API (`../shared/design/http-api.md`) and nothing else, so it works
+//! against any meshd that keeps that contract, local or remote.
+//!
+//! Shape: clap parses into the structs below; each command builds requests with the
+//! small blocking [`http::Client`], and prints either an aligned table or, with
+//! `--json`, the server's answer exactly as it came (several answers merged only where
+//! one command sends several requests). Failures map to exit codes in [`error`].
+
+mod dlq;
+mod error;
+mod http;
+mod output;
+mod subs;
+mod tasks;
+mod topics;
+
+use clap::{Args, Subcommand, ValueEnum};
+use error::CliError;
+use std::process::ExitCode;
+
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
+
+/// Flags every client command takes (anywhere after the command name).
+#[derive(Args, Clone, Debug)]
+pub struct Conn {
+    /// The meshd to talk to: http://host:port.
+    #[arg(long, global = true, env = "MESHD_SERVER", default_value = DEFAULT_SERVER, value_name = "URL")]
+    server: String,
+    /// Print the server's JSON answer instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Bearer token, when meshd runs with --client-token-file/--admin-token-file.
+    #[arg(long, global = true, env = "MESHD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+/// The client commands, flattened next to `serve` in `main.rs`.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create, list, show and delete topics.
+    Topic(TopicArgs),
+    /// Publish CloudEvents to a topic: from arguments, or one JSON event per stdin line.
+    Publish(PublishArgs),
+    /// Create, list and delete subscriptions.
+    Sub(SubArgs),
+    /// Pull deliveries from a subscription (and optionally ack them).
+    Pull(PullArgs),
+    /// Inspect, redrive and delete dead letters.
+    Dlq(DlqArgs),
+    /// Submit, inspect and cancel tasks.
+    Task(TaskArgs),
+    /// List live sessions.
+    Session(SessionArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TopicArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    cmd: TopicCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum TopicCmd {
+    /// Create a topic (succeeds when it exists with the same partition count).
+    Create {
+        name: String,
+        /// Number of partitions, 1-1024.
+        #[arg(long, short = 'p')]
+        partitions: u32,
+    },
+    /// List topics.
+    List,
+    /// Show a topic with the end offset of each partition.
+    Get { name: String },
+    /// Delete a topic (refused while a subscription references it).
+    Delete { name: String },
+}
+
+#[derive(Args, Debug)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// The topic to publish to.
+    topic: String,
+    /// CloudEvents as JSON objects, one per argument. Without any, events are read from
+    /// stdin, one JSON object per line (blank lines skipped).
+    events: Vec<String>,
+    /// Events per request, 1-1000 (each request is one atomic, durable append).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    batch_size: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct SubArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    cmd: SubCmd,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Start {
+    Earliest,
+    Latest,
+}
+
+#[derive(Args, Debug)]
+struct SubCreate {
+    name: String,
+    /// The topic to subscribe to (must exist).
+    #[arg(long)]
+    topic: String,
+    /// Deliveries before an event is dead-lettered, 1-1000 (server default 5).
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Lease of one delivery, 100-600000 ms (server default 30000).
+    #[arg(long)]
+    ack_timeout_ms: Option<u64>,
+    /// Where a new subscription starts in each partition (server default latest).
+    #[arg(long, value_enum)]
+    start: Option<Start>,
+    /// Deliver only events of this CloudEvents type.
+    #[arg(long)]
+    filter_type: Option<String>,
+    /// Deliver only events from this CloudEvents source.
+    #[arg(long)]
+    filter_source: Option<String>,
+    /// First retry delay in ms.
+    #[arg(long)]
+    backoff_initial_ms: Option<u64>,
+    /// Longest retry delay in ms.
+    #[arg(long)]
+    backoff_max_ms: Option<u64>,
+    /// Push deliveries to this URL instead of waiting for pulls.
+    #[arg(long)]
+    push_url: Option<String>,
+    /// Update the subscription if it exists, instead of failing.
+    #[arg(long)]
+    upsert: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum SubCmd {
+    /// Create a subscription (fails if it exists, unless --upsert).
+    Create(SubCreate),
+    /// List subscriptions.
+    List,
+    /// Show one subscription with its committed offsets.
+    Get { name: String },
+    /// Delete a subscription with its offsets and in-flight deliveries.
+    Delete { name: String },
+}
+
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// The subscription to pull from.
+    subscription: String,
+    /// Most deliveries to take, 1-1000 (server default 10).
+    #[arg(long)]
+    max: Option<u64>,
+    /// Long-poll up to this long for the first delivery, 0-30000 ms.
+    #[arg(long)]
+    wait_ms: Option<u64>,
+    /// Ack every delivery right after it is received (exit 1 if any ack is not recorded).
+    #[arg(long)]
+    ack: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DlqArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    cmd: DlqCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum DlqCmd {
+    /// List dead-letter entries.
+    List {
+        /// Only entries of this subscription.
+        #[arg(long)]
+        subscription: Option<String>,
+        /// Entries per page, 1-1000.
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Continue from this cursor (printed after a partial page).
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Follow cursors to the last page.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one entry with its event.
+    Show { id: String },
+    /// Deliver entries again to their subscription ("-" reads ids from stdin).
+    Redrive {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Delete entries ("-" reads ids from stdin).
+    Delete {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct TaskArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    cmd: TaskCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum TaskCmd {
+    /// Submit a task for an agent (repeating the same --id and body is safe).
+    Submit {
+        /// The agent (client id) that should work on it.
+        #[arg(long)]
+        agent: String,
+        /// A client-chosen id, making the submit safe to retry.
+        #[arg(long)]
+        id: Option<String>,
+        /// The task input as JSON.
+        #[arg(long)]
+        input: Option<String>,
+    },
+    /// Show one task with its history.
+    Get { id: String },
+    /// List tasks.
+    List {
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        limit: Option<u32>,
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Cancel a task that is not terminal.
+    Cancel { id: String },
+}
+
+#[derive(Args, Debug)]
+pub struct SessionArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    cmd: SessionCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum SessionCmd {
+    /// List live sessions.
+    List,
+}
+
+/// What a command works with.
+pub struct Ctx {
+    client: http::Client,
+    json: bool,
+    out: output::Out,
+}
+
+impl Ctx {
+    fn new(conn: &Conn) -> Result<Self, CliError> {
+        let target = http::Target::parse(&conn.server)?;
+        Ok(Self {
+            client: http::Client::new(target, conn.token.clone())?,
+            json: conn.json,
+            out: output::Out,
+        })
+    }
+}
+
+/// Runs one client command; errors go to stderr and become the exit code.
+pub fn run(cmd: Command) -> ExitCode {
+    let result = match cmd {
+        Command::Topic(a) => Ctx::new(&a.conn).and_then(|c| topics::topic(&c, a.cmd)),
+        Command::Publish(a) => Ctx::new(&a.conn).and_then(|c| topics::publish(&c, a)),
+        Command::Sub(a) => Ctx::new(&a.conn).and_then(|c| subs::sub(&c, a.cmd)),
+        Command::Pull(a) => Ctx::new(&a.conn).and_then(|c| subs::pull(&c, a)),
+        Command::Dlq(a) => Ctx::new(&a.conn).and_then(|c| dlq::dlq(&c, a.cmd)),
+        Command::Task(a) => Ctx::new(&a.conn).and_then(|c| tasks::task(&c, a.cmd)),
+        Command::Session(a) => Ctx::new(&a.conn).and_then(|c| tasks::session(&c, a.cmd)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            output::note(&format!("meshd: {e}"));
+            e.exit_code()
+        }
+    }
+}

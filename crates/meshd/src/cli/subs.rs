@@ -1,0 +1,269 @@
+//! `meshd sub ...` and `meshd pull`.
+
+use super::error::CliError;
+use super::http::{segment, shorten, Request, REQUEST_TIMEOUT};
+use super::output::{cell, list, note, Table};
+use super::{Ctx, PullArgs, Start, SubCmd, SubCreate};
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
+    match cmd {
+        SubCmd::Create(c) => create(ctx, c),
+        SubCmd::List => {
+            let a = ctx.client.get("/v1/subscriptions".into())?;
+            if ctx.json {
+                return ctx.out.raw(&a.body);
+            }
+            let v = a.json()?;
+            let mut t = Table::new(&[
+                "NAME",
+                "TOPIC",
+                "START",
+                "MAX_ATTEMPTS",
+                "ACK_TIMEOUT_MS",
+                "FILTER",
+                "PUSH",
+                "REVISION",
+            ]);
+            for s in list(&v, "subscriptions")? {
+                t.row(row_of(s));
+            }
+            t.print(&ctx.out, "no subscriptions")
+        }
+        SubCmd::Get { name } => {
+            let a = ctx
+                .client
+                .get(format!("/v1/subscriptions/{}", segment(&name)))?;
+            if ctx.json {
+                return ctx.out.raw(&a.body);
+            }
+            let s = a.json()?;
+            let o = ctx
+                .client
+                .get(format!("/v1/subscriptions/{}/offsets", segment(&name)))?
+                .json()?;
+            let mut t = Table::new(&[
+                "NAME",
+                "TOPIC",
+                "START",
+                "MAX_ATTEMPTS",
+                "ACK_TIMEOUT_MS",
+                "FILTER",
+                "PUSH",
+                "REVISION",
+            ]);
+            t.row(row_of(&s));
+            ctx.out.line(&t.render())?;
+            let mut offsets = Table::new(&["PARTITION", "COMMITTED", "EPOCH"]);
+            for p in list(&o, "offsets")? {
+                offsets.row(vec![
+                    cell(p, &["partition"]),
+                    cell(p, &["committed"]),
+                    cell(p, &["epoch"]),
+                ]);
+            }
+            ctx.out.line("")?;
+            offsets.print(&ctx.out, "no committed offsets yet")
+        }
+        SubCmd::Delete { name } => {
+            let a = ctx.client.ok(Request::new(
+                "DELETE",
+                format!("/v1/subscriptions/{}", segment(&name)),
+            ))?;
+            if ctx.json {
+                return ctx.out.raw(&a.body);
+            }
+            ctx.out.line(&format!("deleted subscription {name}"))
+        }
+    }
+}
+
+fn row_of(s: &Value) -> Vec<String> {
+    let filter = match s.get("filter") {
+        Some(Value::Object(f)) if !f.is_empty() => f
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{k}={}",
+                    v.as_str().map_or_else(|| v.to_string(), str::to_string)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => "-".into(),
+    };
+    let push = s
+        .get("push")
+        .map_or_else(|| "-".to_string(), |p| cell(p, &["url"]));
+    vec![
+        cell(s, &["name"]),
+        cell(s, &["topic"]),
+        cell(s, &["start"]),
+        cell(s, &["max_attempts"]),
+        cell(s, &["ack_timeout_ms"]),
+        shorten(&filter, 60),
+        shorten(&push, 60),
+        cell(s, &["revision"]),
+    ]
+}
+
+fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
+    let mut body = Map::new();
+    body.insert("topic".into(), json!(c.topic));
+    if let Some(n) = c.max_attempts {
+        body.insert("max_attempts".into(), json!(n));
+    }
+    if let Some(n) = c.ack_timeout_ms {
+        body.insert("ack_timeout_ms".into(), json!(n));
+    }
+    if let Some(s) = c.start {
+        let s = match s {
+            Start::Earliest => "earliest",
+            Start::Latest => "latest",
+        };
+        body.insert("start".into(), json!(s));
+    }
+    if c.filter_type.is_some() || c.filter_source.is_some() {
+        let mut f = Map::new();
+        if let Some(t) = c.filter_type {
+            f.insert("type".into(), json!(t));
+        }
+        if let Some(s) = c.filter_source {
+            f.insert("source".into(), json!(s));
+        }
+        body.insert("filter".into(), Value::Object(f));
+    }
+    if c.backoff_initial_ms.is_some() || c.backoff_max_ms.is_some() {
+        let mut b = Map::new();
+        if let Some(n) = c.backoff_initial_ms {
+            b.insert("initial_ms".into(), json!(n));
+        }
+        if let Some(n) = c.backoff_max_ms {
+            b.insert("max_ms".into(), json!(n));
+        }
+        body.insert("backoff".into(), Value::Object(b));
+    }
+    if let Some(u) = c.push_url {
+        body.insert("push".into(), json!({ "url": u }));
+    }
+    let mut req = Request::new("PUT", format!("/v1/subscriptions/{}", segment(&c.name)))
+        .json(&Value::Object(body));
+    if !c.upsert {
+        // Create-only: an existing subscription is never changed by accident.
+        req.headers.push(("If-None-Match", "*".into()));
+    }
+    let a = ctx.client.send(req)?;
+    if a.status == 412 && !c.upsert {
+        let mut p = super::error::Problem::of(&a);
+        p.detail = format!(
+            "subscription {} already exists (update it with --upsert, or delete it first)",
+            c.name
+        );
+        return Err(CliError::Api(p));
+    }
+    if !(200..300).contains(&a.status) {
+        return Err(CliError::Api(super::error::Problem::of(&a)));
+    }
+    if ctx.json {
+        return ctx.out.raw(&a.body);
+    }
+    let v = a.json()?;
+    let verb = if a.status == 201 {
+        "created"
+    } else {
+        "updated"
+    };
+    ctx.out.line(&format!(
+        "subscription {} {verb} on topic {} (revision {})",
+        cell(&v, &["name"]),
+        cell(&v, &["topic"]),
+        cell(&v, &["revision"])
+    ))
+}
+
+pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
+    let mut body = Map::new();
+    if let Some(n) = a.max {
+        body.insert("max_events".into(), json!(n));
+    }
+    if let Some(n) = a.wait_ms {
+        body.insert("wait_ms".into(), json!(n));
+    }
+    let mut req = Request::new(
+        "POST",
+        format!("/v1/subscriptions/{}/pull", segment(&a.subscription)),
+    )
+    .json(&Value::Object(body));
+    // A long poll may legitimately take `wait_ms` before the answer starts.
+    req.timeout = REQUEST_TIMEOUT + Duration::from_millis(a.wait_ms.unwrap_or(0).min(3_600_000));
+    let answer = ctx.client.ok(req)?;
+    let v = answer.json()?;
+    let deliveries = list(&v, "deliveries")?;
+    // With --json the pull answer is printed exactly as it came, before acking, so the
+    // events are shown even if the ack then fails.
+    if ctx.json {
+        ctx.out.raw(&answer.body)?;
+    } else {
+        let mut t = Table::new(&[
+            "PARTITION",
+            "OFFSET",
+            "ATTEMPT",
+            "ID",
+            "TYPE",
+            "SOURCE",
+            "DATA",
+            "DELIVERY_ID",
+        ]);
+        for d in deliveries {
+            let e = d.get("event").cloned().unwrap_or(Value::Null);
+            let data = match e.get("data").or_else(|| e.get("data_base64")) {
+                Some(Value::String(s)) => s.clone(),
+                Some(v) => v.to_string(),
+                None => "-".into(),
+            };
+            t.row(vec![
+                cell(d, &["partition"]),
+                cell(d, &["offset"]),
+                cell(d, &["attempt"]),
+                cell(&e, &["id"]),
+                cell(&e, &["type"]),
+                cell(&e, &["source"]),
+                shorten(&data, 60),
+                cell(d, &["delivery_id"]),
+            ]);
+        }
+        t.print(&ctx.out, "no deliveries")?;
+    }
+    if !a.ack || deliveries.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Value> = deliveries
+        .iter()
+        .filter_map(|d| d.get("delivery_id").cloned())
+        .collect();
+    let acked = ctx
+        .client
+        .ok(Request::new(
+            "POST",
+            format!("/v1/subscriptions/{}/ack", segment(&a.subscription)),
+        )
+        .json(&json!({ "delivery_ids": ids })))?
+        .json()?;
+    let count = |k: &str| acked.get(k).and_then(Value::as_array).map_or(0, Vec::len);
+    let not_acked: Vec<String> = ["unknown", "fenced", "failed"]
+        .iter()
+        .filter(|k| count(k) > 0)
+        .map(|k| format!("{} {k}", count(k)))
+        .collect();
+    if !not_acked.is_empty() {
+        return Err(CliError::Failed(format!(
+            "acked {} of {} deliveries; {} (those will be delivered again)",
+            count("acked"),
+            ids.len(),
+            not_acked.join(", ")
+        )));
+    }
+    note(&format!("acked {} deliveries", count("acked")));
+    Ok(())
+}

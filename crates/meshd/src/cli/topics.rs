@@ -1,0 +1,315 @@
+//! `meshd topic ...` and `meshd publish`.
+//!
+//! Publishing streams: stdin is read line by line and sent in batches
+//! (`application/cloudevents-batch+json`), each one atomic and durable on the server
+//! before its 201. So when something fails part-way, the events before the failing
+//! batch are stored and none of the failing batch is; the message says which input
+//! lines that was, so an operator can resume with `tail -n +LINE`.
+
+use super::error::CliError;
+use super::http::{segment, Request};
+use super::output::{cell, list, note, Table};
+use super::{Ctx, PublishArgs, TopicCmd};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{BufRead, IsTerminal};
+
+/// Body budget of one batch, well under the server's 8 MiB request cap (one event may
+/// be up to 1 MiB, so a batch of large events is cut by bytes before it hits the cap).
+const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// Progress on stderr every this many events.
+const PROGRESS_EVERY: u64 = 1000;
+/// Up to this many published events are listed one per row; more are summarised per
+/// partition.
+const MAX_ROWS: usize = 1000;
+
+pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
+    match cmd {
+        TopicCmd::Create { name, partitions } => {
+            let a = ctx.client.ok(
+                Request::new("PUT", format!("/v1/topics/{}", segment(&name)))
+                    .json(&json!({ "partitions": partitions })),
+            )?;
+            if ctx.json {
+                return ctx.out.raw(&a.body);
+            }
+            let v = a.json()?;
+            let verb = if a.status == 201 {
+                "created"
+            } else {
+                "already exists,"
+            };
+            ctx.out.line(&format!(
+                "topic {} {verb} with {} partitions",
+                cell(&v, &["name"]),
+                cell(&v, &["partitions"])
+            ))
+        }
+        TopicCmd::List => {
+            let a = ctx.client.get("/v1/topics".into())?;
+            if ctx.json {
+                return ctx.out.raw(&a.body);
+            }
+            let v = a.json()?;
+            let mut t = Table::new(&["NAME", "PARTITIONS"]);
+            for topic in list(&v, "topics")? {
+                t.row(vec![cell(topic, &["name"]), cell(topic, &["partitions"])]);
+            }
+            t.print(&ctx.out, "no topics")
+        }
+        TopicCmd::Get { name } => {
+            let a = ctx.client.get(format!("/v1/topics/{}", segment(&name)))?;
+            if ctx.json {
+                return ctx.out.raw(&a.body);
+            }
+            let v = a.json()?;
+            let mut t = Table::new(&["PARTITION", "END_OFFSET"]);
+            for (p, end) in list(&v, "end_offsets")?.iter().enumerate() {
+                t.row(vec![p.to_string(), end.to_string()]);
+            }
+            ctx.out.line(&format!(
+                "topic {}: {} partitions",
+                cell(&v, &["name"]),
+                cell(&v, &["partitions"])
+            ))?;
+            t.print(&ctx.out, "no partitions")
+        }
+        TopicCmd::Delete { name } => {
+            let a = ctx.client.ok(Request::new(
+                "DELETE",
+                format!("/v1/topics/{}", segment(&name)),
+            ))?;
+            if ctx.json {
+                return ctx.out.raw(&a.body);
+            }
+            ctx.out.line(&format!("deleted topic {name}"))
+        }
+    }
+}
+
+/// Checks that `text` is one JSON object; the server checks that it is a CloudEvent.
+fn check_event(text: &str) -> Result<(), String> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| format!("not JSON: {e}"))?;
+    if !text.trim_start().starts_with('{') {
+        return Err("not a JSON object (one CloudEvent per argument or line)".into());
+    }
+    Ok(())
+}
+
+/// Batches events and sends them.
+struct Publisher<'a> {
+    ctx: &'a Ctx,
+    topic: &'a str,
+    batch_size: usize,
+    /// The events of the batch being filled, as the operator wrote them (the server
+    /// stores each event's own text, so it is sent unchanged).
+    batch: Vec<String>,
+    /// Where each event of the batch came from ("stdin line 7"), for error messages.
+    origins: Vec<String>,
+    batch_bytes: usize,
+    /// The `{"id","partition","offset"}` of every event published so far.
+    placed: Vec<Value>,
+    next_progress: u64,
+}
+
+impl<'a> Publisher<'a> {
+    fn new(ctx: &'a Ctx, topic: &'a str, batch_size: usize) -> Self {
+        Self {
+            ctx,
+            topic,
+            batch_size,
+            batch: Vec::new(),
+            origins: Vec::new(),
+            batch_bytes: 0,
+            placed: Vec::new(),
+            next_progress: PROGRESS_EVERY,
+        }
+    }
+
+    fn add(&mut self, event: String, origin: String) -> Result<(), CliError> {
+        if !self.batch.is_empty() && self.batch_bytes + event.len() + 1 > MAX_BATCH_BYTES {
+            self.flush()?;
+        }
+        self.batch_bytes += event.len() + 1;
+        self.batch.push(event);
+        self.origins.push(origin);
+        if self.batch.len() >= self.batch_size {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// What is stored so far, for messages about a failure.
+    fn so_far(&self) -> String {
+        match self.placed.len() {
+            0 => "no events were published".to_string(),
+            1 => "the 1 event before it was published".to_string(),
+            n => format!("the {n} events before it were published"),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), CliError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let mut body = String::with_capacity(self.batch_bytes + 2);
+        body.push('[');
+        body.push_str(&self.batch.join(","));
+        body.push(']');
+        let mut req = Request::new("POST", format!("/v1/topics/{}/events", segment(self.topic)));
+        req.content_type = Some("application/cloudevents-batch+json");
+        req.body = body.into_bytes();
+        let range = match (self.origins.first(), self.origins.last()) {
+            (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
+            (Some(a), _) => a.clone(),
+            _ => String::new(),
+        };
+        let lost = |e: CliError, so_far: String| match e {
+            CliError::Unreachable(m) => CliError::Unreachable(format!(
+                "{m}\n{so_far}; the batch of {range} may or may not have been"
+            )),
+            other => other,
+        };
+        let answer = match self.ctx.client.send(req) {
+            Ok(a) => a,
+            Err(e) => return Err(lost(e, self.so_far())),
+        };
+        if !(200..300).contains(&answer.status) {
+            let mut p = super::error::Problem::of(&answer);
+            // `events[3].source` names an event of this batch: say where it came from.
+            if let Some(i) = p
+                .field
+                .as_deref()
+                .and_then(|f| f.strip_prefix("events["))
+                .and_then(|f| f.split(']').next())
+                .and_then(|i| i.parse::<usize>().ok())
+            {
+                if let Some(origin) = self.origins.get(i) {
+                    p.detail = format!("{} (the event from {origin})", p.detail);
+                }
+            }
+            p.context = Some(format!(
+                "{}; none of the batch of {range} was",
+                self.so_far()
+            ));
+            return Err(CliError::Api(p));
+        }
+        let v = answer.json()?;
+        let events = list(&v, "events")?;
+        if events.len() != self.batch.len() {
+            return Err(CliError::Failed(format!(
+                "sent {} events but the server placed {}",
+                self.batch.len(),
+                events.len()
+            )));
+        }
+        self.placed.extend(events.iter().cloned());
+        self.batch.clear();
+        self.origins.clear();
+        self.batch_bytes = 0;
+        let n = self.placed.len() as u64;
+        if n >= self.next_progress {
+            note(&format!("published {n} events"));
+            self.next_progress = (n / PROGRESS_EVERY + 1) * PROGRESS_EVERY;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), CliError> {
+        self.flush()?;
+        let ctx = self.ctx;
+        if ctx.json {
+            return ctx.out.json(&json!({ "events": self.placed }));
+        }
+        if self.placed.is_empty() {
+            note("no events to publish");
+            return Ok(());
+        }
+        if self.placed.len() <= MAX_ROWS {
+            let mut t = Table::new(&["ID", "PARTITION", "OFFSET"]);
+            for e in &self.placed {
+                t.row(vec![
+                    cell(e, &["id"]),
+                    cell(e, &["partition"]),
+                    cell(e, &["offset"]),
+                ]);
+            }
+            return t.print(&ctx.out, "");
+        }
+        // partition -> (events, lowest offset, highest offset)
+        let mut per: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+        for e in &self.placed {
+            let (Some(p), Some(o)) = (e["partition"].as_u64(), e["offset"].as_u64()) else {
+                continue;
+            };
+            let s = per.entry(p).or_insert((0, o, o));
+            s.0 += 1;
+            s.1 = s.1.min(o);
+            s.2 = s.2.max(o);
+        }
+        ctx.out.line(&format!(
+            "published {} events to {}",
+            self.placed.len(),
+            self.topic
+        ))?;
+        let mut t = Table::new(&["PARTITION", "EVENTS", "FIRST_OFFSET", "LAST_OFFSET"]);
+        for (p, (n, lo, hi)) in per {
+            t.row(vec![
+                p.to_string(),
+                n.to_string(),
+                lo.to_string(),
+                hi.to_string(),
+            ]);
+        }
+        t.print(&ctx.out, "")
+    }
+}
+
+pub fn publish(ctx: &Ctx, a: PublishArgs) -> Result<(), CliError> {
+    let mut p = Publisher::new(ctx, &a.topic, a.batch_size as usize);
+    if !a.events.is_empty() {
+        // Arguments are all checked before anything is sent.
+        for (i, e) in a.events.iter().enumerate() {
+            check_event(e).map_err(|why| CliError::Usage(format!("argument {}: {why}", i + 1)))?;
+        }
+        for (i, e) in a.events.iter().enumerate() {
+            p.add(e.clone(), format!("argument {}", i + 1))?;
+        }
+        return p.finish();
+    }
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        note("reading events from stdin, one JSON object per line; end with Ctrl-D");
+    }
+    for (n, line) in stdin.lock().lines().enumerate() {
+        let line_no = n + 1;
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                // Send what came before, so "everything before line N" holds.
+                p.flush()?;
+                let why = if e.kind() == std::io::ErrorKind::InvalidData {
+                    "not UTF-8".to_string()
+                } else {
+                    format!("cannot read: {e}")
+                };
+                return Err(CliError::Usage(format!(
+                    "stdin line {line_no}: {why}; {}",
+                    p.so_far()
+                )));
+            }
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        if let Err(why) = check_event(&line) {
+            p.flush()?;
+            return Err(CliError::Usage(format!(
+                "stdin line {line_no}: {why}; {}",
+                p.so_far()
+            )));
+        }
+        p.add(line, format!("stdin line {line_no}"))?;
+    }
+    p.finish()
+}
