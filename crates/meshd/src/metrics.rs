@@ -57,6 +57,8 @@ pub struct Metrics {
     errors: Mutex<BTreeMap<(&'static str, &'static str, String), u64>>,
     recovery: Mutex<Option<(Duration, u64)>>,
     tasks_requeued: AtomicU64,
+    tasks_refused: Mutex<BTreeMap<String, u64>>,
+    tasks_by_state: Mutex<Option<BTreeMap<&'static str, u64>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -106,6 +108,19 @@ impl Metrics {
 
     pub fn tasks_requeued(&self) {
         self.tasks_requeued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A task write refused by the task's state (illegal transition, stale version,
+    /// fenced session, ...), by kind.
+    pub fn task_refused(&self, kind: &str) {
+        *lock(&self.tasks_refused)
+            .entry(kind.to_string())
+            .or_default() += 1;
+    }
+
+    /// The latest count of tasks per state (from a periodic scan).
+    pub fn task_counts(&self, counts: BTreeMap<&'static str, u64>) {
+        *lock(&self.tasks_by_state) = Some(counts);
     }
 
     pub fn recovered(&self, took: Duration, records: u64) {
@@ -203,6 +218,22 @@ impl Metrics {
             );
         }
         let _ = writeln!(out, "# HELP meshd_tasks_requeued_total Tasks returned to submitted because their assignee's session ended.\n# TYPE meshd_tasks_requeued_total counter\nmeshd_tasks_requeued_total {}", self.tasks_requeued.load(Ordering::Relaxed));
+        let _ = writeln!(out, "# HELP meshd_task_writes_refused_total Task claims and transitions refused by the task's state, by kind.\n# TYPE meshd_task_writes_refused_total counter");
+        for (kind, n) in lock(&self.tasks_refused).iter() {
+            let _ = writeln!(
+                out,
+                "meshd_task_writes_refused_total{{kind=\"{kind}\"}} {n}"
+            );
+        }
+        if let Some(counts) = lock(&self.tasks_by_state).as_ref() {
+            let _ = writeln!(
+                out,
+                "# HELP meshd_tasks Tasks by state (scanned every 30 s).\n# TYPE meshd_tasks gauge"
+            );
+            for (state, n) in counts {
+                let _ = writeln!(out, "meshd_tasks{{state=\"{state}\"}} {n}");
+            }
+        }
         if let Some((took, records)) = *lock(&self.recovery) {
             let _ = writeln!(out, "# HELP meshd_recovery_seconds How long the boot recovery of delivery state took.\n# TYPE meshd_recovery_seconds gauge\nmeshd_recovery_seconds {}", took.as_secs_f64());
             let _ = writeln!(out, "# HELP meshd_recovery_records Delivery records re-armed at boot.\n# TYPE meshd_recovery_records gauge\nmeshd_recovery_records {records}");

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// Tasks are counted by state (a full scan) this often.
+const COUNT_EVERY: Duration = Duration::from_secs(30);
 const PAGE: usize = 500;
 
 pub fn spawn(
@@ -23,6 +25,7 @@ pub fn spawn(
 ) {
     tokio::spawn(async move {
         let mut changes = changes;
+        let mut counted: Option<std::time::Instant> = None;
         loop {
             if sessions.health().is_ready() {
                 if let Err(e) = sweep(tasks.as_ref(), sessions.as_ref(), &metrics).await {
@@ -30,9 +33,45 @@ pub fn spawn(
                     tracing::warn!(store = "tasks", backend, error = %e, "requeue sweep failed; retried");
                 }
             }
+            if counted.is_none_or(|t| t.elapsed() >= COUNT_EVERY) {
+                match count(tasks.as_ref()).await {
+                    Ok(c) => {
+                        metrics.task_counts(c);
+                        counted = Some(std::time::Instant::now());
+                    }
+                    Err(e) => {
+                        tracing::warn!(store = "tasks", backend, error = %e, "counting tasks failed; retried")
+                    }
+                }
+            }
             let _ = tokio::time::timeout(SWEEP_EVERY, changes.changed()).await;
         }
     });
+}
+
+async fn count(
+    tasks: &dyn TaskStore,
+) -> Result<std::collections::BTreeMap<&'static str, u64>, String> {
+    let mut counts: std::collections::BTreeMap<&'static str, u64> =
+        TaskState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+    let filter = TaskFilter {
+        agent: None,
+        state: None,
+    };
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = tasks
+            .list(&filter, PAGE, cursor.as_deref())
+            .await
+            .map_err(|e| e.to_string())?;
+        for t in &page.tasks {
+            *counts.entry(t.state.as_str()).or_default() += 1;
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(counts),
+        }
+    }
 }
 
 async fn sweep(

@@ -104,6 +104,16 @@ fn task_failed(api: &Api, e: TaskError) -> Problem {
             | TaskError::Failed(_)
     ) {
         api.metrics.store_error(STORE, api.meta_backend, e.kind());
+    } else if matches!(
+        e,
+        TaskError::IllegalTransition { .. }
+            | TaskError::VersionMismatch { .. }
+            | TaskError::Fenced
+            | TaskError::AlreadyClaimed { .. }
+            | TaskError::Forbidden { .. }
+            | TaskError::NotAssignee { .. }
+    ) {
+        api.metrics.task_refused(e.kind());
     }
     task_problem(e, api.meta_backend)
 }
