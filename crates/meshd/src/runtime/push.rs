@@ -53,11 +53,12 @@ impl Target {
             }
             _ => (authority, 80),
         };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(format!("{url:?} has no host"));
+        }
         Ok(Target {
-            host: host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
+            host: host.to_string(),
             port,
             path: path.to_string(),
         })
