@@ -1,6 +1,6 @@
 //! Test infrastructure for meshd: throwaway etcd processes ([`etcd`]), real meshd
 //! processes ([`meshd`]) with a small HTTP client ([`http`]), deadline-bounded waits
-//! ([`wait`]) and the Meta conformance suite ([`conformance`]) that every Meta backend
+//! ([`wait`]), a TCP proxy that can be cut ([`proxy`]) and the Meta conformance suite ([`conformance`]) that every Meta backend
 //! runs. Never a dependency of production code.
 
 pub mod conformance;
@@ -8,4 +8,5 @@ pub mod etcd;
 pub mod http;
 pub mod meshd;
 pub mod process;
+pub mod proxy;
 pub mod wait;
