@@ -14,7 +14,7 @@ use axum::Json;
 use meshd_dispatch::SessionBinding;
 use meshd_stores::deadletters::MAX_REASON_BYTES;
 use meshd_stores::offsets::Committed;
-use serde_json::{json, value::RawValue, Value};
+use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,10 +118,7 @@ pub async fn pull(
     let mut out = String::from("{\"deliveries\":[");
     let mut first = true;
     for d in handed {
-        let event = match String::from_utf8(d.body)
-            .ok()
-            .and_then(|s| RawValue::from_string(s).ok())
-        {
+        let event = match super::raw_event(d.body) {
             Some(raw) => raw,
             None => {
                 tracing::error!(store = "log", backend = "rocksdb", subscription = %name, partition = d.partition, offset = d.offset, "stored event is not valid JSON; not handed out (its lease runs out)");

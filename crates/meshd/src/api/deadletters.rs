@@ -10,7 +10,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterError, MAX_LIST_LIMIT};
 use serde::Deserialize;
-use serde_json::{json, value::RawValue};
+use serde_json::json;
 use std::sync::Arc;
 
 const DEFAULT_LIMIT: u64 = 100;
@@ -50,16 +50,13 @@ async fn entry_json(api: &Api, e: &DeadLetterEntry) -> Result<String, Problem> {
         .read_body(e)
         .await
         .map_err(|err| deadletter_problem(err, api.meta_backend))?;
-    let event = String::from_utf8(body)
-        .ok()
-        .and_then(|s| RawValue::from_string(s).ok())
-        .ok_or_else(|| {
-            Problem::internal(
-                "deadletters",
-                "rocksdb",
-                format!("the body of dead-letter entry {} is not valid JSON", e.id),
-            )
-        })?;
+    let event = super::raw_event(body).ok_or_else(|| {
+        Problem::internal(
+            "deadletters",
+            "rocksdb",
+            format!("the body of dead-letter entry {} is not valid JSON", e.id),
+        )
+    })?;
     let meta = json!({
         "id": e.id,
         "subscription": e.subscription,

@@ -1,11 +1,11 @@
 //! Reading JSON request bodies field by field, so every wrong value gets a 400 that
 //! names its field (serde's messages for a wrong type or a negative number do not).
 
-use super::body_problem;
+use super::{body_problem, json_body, require_json_content_type};
 use crate::problem::Problem;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 use std::ops::RangeInclusive;
 
@@ -20,21 +20,11 @@ impl Fields {
         allowed: &[&str],
     ) -> Result<Self, Problem> {
         let body = body.map_err(body_problem)?;
-        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-            let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
-            let essence = ct.split(';').next().unwrap_or("").trim();
-            if essence != "application/json" && !essence.ends_with("+json") {
-                return Err(Problem::unsupported_media_type(format!(
-                    "expected application/json, got {essence:?}"
-                )));
-            }
-        }
+        require_json_content_type(headers)?;
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self(Map::new()));
         }
-        let value: Value = serde_json::from_slice(&body)
-            .map_err(|e| Problem::bad_request(format!("invalid JSON body: {e}")))?;
-        let Value::Object(map) = value else {
+        let Value::Object(map) = json_body::<Value>(headers, Ok(body))? else {
             return Err(Problem::bad_request("the body must be a JSON object"));
         };
         if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
@@ -44,6 +34,11 @@ impl Fields {
             ));
         }
         Ok(Self(map))
+    }
+
+    /// Takes a field's raw JSON value out (`None` when absent).
+    pub fn take(&mut self, name: &str) -> Option<Value> {
+        self.0.remove(name)
     }
 
     fn present(&self, name: &str) -> Option<&Value> {
@@ -71,10 +66,10 @@ impl Fields {
     }
 
     /// A string field of at most `max_len` bytes, `None` when absent or null.
-    pub fn string(&self, name: &str, max_len: usize) -> Result<Option<String>, Problem> {
+    pub fn str(&self, name: &str, max_len: usize) -> Result<Option<&str>, Problem> {
         match self.present(name) {
             None => Ok(None),
-            Some(Value::String(s)) if s.len() <= max_len => Ok(Some(s.clone())),
+            Some(Value::String(s)) if s.len() <= max_len => Ok(Some(s)),
             Some(Value::String(_)) => Err(Problem::invalid_field(
                 name,
                 format!("{name} is longer than {max_len} bytes"),
@@ -84,6 +79,11 @@ impl Fields {
                 format!("{name} must be a string, got {v}"),
             )),
         }
+    }
+
+    /// [`Fields::str`], owned.
+    pub fn string(&self, name: &str, max_len: usize) -> Result<Option<String>, Problem> {
+        Ok(self.str(name, max_len)?.map(str::to_string))
     }
 
     /// A list of at most `max` strings of at most `max_len` bytes each.

@@ -114,13 +114,23 @@ pub fn valid_name_or_400(what: &str, name: &str) -> Result<(), Problem> {
     }
 }
 
-/// Parses a JSON request body: 413 when it is too large, 415 for a non-JSON content
-/// type, 400 naming what is wrong otherwise.
-pub fn json_body<T: DeserializeOwned>(
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, Problem> {
-    let body = body.map_err(body_problem)?;
+/// A strong `ETag` for a store-issued revision or version (`"42"`).
+pub fn etag(revision: i64) -> axum::http::HeaderValue {
+    // A formatted integer in quotes is always a valid header value.
+    axum::http::HeaderValue::from_str(&format!("\"{revision}\""))
+        .unwrap_or(axum::http::HeaderValue::from_static("\"0\""))
+}
+
+/// A stored event as raw JSON, to embed exactly as published; `None` when the bytes
+/// are not JSON (only damage does that: events are validated at publish).
+pub fn raw_event(body: Vec<u8>) -> Option<Box<serde_json::value::RawValue>> {
+    String::from_utf8(body)
+        .ok()
+        .and_then(|s| serde_json::value::RawValue::from_string(s).ok())
+}
+
+/// 415 unless the content type (when given) is JSON (`application/json`, `*+json`).
+pub fn require_json_content_type(headers: &HeaderMap) -> Result<(), Problem> {
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
         let essence = ct.split(';').next().unwrap_or("").trim();
@@ -130,6 +140,17 @@ pub fn json_body<T: DeserializeOwned>(
             )));
         }
     }
+    Ok(())
+}
+
+/// Parses a JSON request body: 413 when it is too large, 415 for a non-JSON content
+/// type, 400 naming what is wrong otherwise.
+pub fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, Problem> {
+    let body = body.map_err(body_problem)?;
+    require_json_content_type(headers)?;
     serde_json::from_slice(&body).map_err(|e| {
         let field = missing_or_unknown_field(&e.to_string());
         let p = Problem::bad_request(format!("invalid JSON body: {e}"));

@@ -1,12 +1,12 @@
 //! `/v1/subscriptions`: the SubscriptionStore over HTTP, with `ETag`, `If-Match` and
 //! `If-None-Match: *`.
 
-use super::{json_body, valid_name_or_400, Api};
+use super::{etag, json_body, valid_name_or_400, Api};
 use crate::problem::Problem;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_stores::subscriptions::{
@@ -158,11 +158,6 @@ fn to_json(s: &Subscription) -> Value {
         v["push"] = json!({"url": p.url});
     }
     v
-}
-
-fn etag(revision: i64) -> HeaderValue {
-    // A formatted integer in quotes is always a valid header value.
-    HeaderValue::from_str(&format!("\"{revision}\"")).unwrap_or(HeaderValue::from_static("\"0\""))
 }
 
 /// `If-Match: "r"` → Revision(r); `If-None-Match: *` → Absent; neither → None.

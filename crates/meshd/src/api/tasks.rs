@@ -17,9 +17,10 @@
 //!   is fenced by that epoch in Meta, so a stale cache can only cost a 409, never a
 //!   write by a session that lost its epoch.
 
+use super::fields::Fields;
 use super::sessions::session_problem;
 use super::topics::query_number;
-use super::{json_body, valid_name_or_400, Api};
+use super::{etag, valid_name_or_400, Api};
 use crate::problem::Problem;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -34,7 +35,7 @@ use meshd_stores::tasks::{
     new_task_id, AssigneeRef, Task, TaskError, TaskFilter, TaskState, MAX_LIST_LIMIT,
 };
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -179,11 +180,6 @@ fn task_json(t: &Task) -> Value {
     })
 }
 
-fn etag(version: i64) -> HeaderValue {
-    // A formatted integer in quotes is always a valid header value.
-    HeaderValue::from_str(&format!("\"{version}\"")).unwrap_or(HeaderValue::from_static("\"0\""))
-}
-
 /// One task with its `ETag`.
 fn task_response(status: StatusCode, t: &Task) -> Response {
     (
@@ -218,57 +214,13 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, Problem> {
         })
 }
 
-/// A JSON object body with only the `allowed` fields; an empty body is `{}` (each
-/// route then names the required field that is missing). 413, 415 and 400 as
-/// [`json_body`].
-fn object_body(
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-    allowed: &[&str],
-) -> Result<Map<String, Value>, Problem> {
-    let body = body.map_err(super::body_problem)?;
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    let Value::Object(map) = json_body::<Value>(headers, Ok(body))? else {
-        return Err(Problem::bad_request("the body must be a JSON object"));
-    };
-    if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(Problem::invalid_field(
-            unknown,
-            format!("unknown field {unknown:?}; expected one of {allowed:?}"),
-        ));
-    }
-    Ok(map)
-}
-
-/// A string field, `None` when absent or null.
-fn string_field<'a>(
-    map: &'a Map<String, Value>,
-    name: &str,
-    max_len: usize,
-) -> Result<Option<&'a str>, Problem> {
-    match map.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.len() <= max_len => Ok(Some(s)),
-        Some(Value::String(_)) => Err(Problem::invalid_field(
-            name,
-            format!("{name} is longer than {max_len} bytes"),
-        )),
-        Some(v) => Err(Problem::invalid_field(
-            name,
-            format!("{name} must be a string, got {v}"),
-        )),
-    }
-}
-
 fn required<T>(value: Option<T>, name: &str) -> Result<T, Problem> {
     value.ok_or_else(|| Problem::invalid_field(name, format!("{name} is required")))
 }
 
 /// A name field (task id, agent): 1–249 of `[A-Za-z0-9._-]`.
-fn name_field<'a>(map: &'a Map<String, Value>, name: &str) -> Result<Option<&'a str>, Problem> {
-    let value = string_field(map, name, usize::MAX)?;
+fn name_field<'a>(map: &'a Fields, name: &str) -> Result<Option<&'a str>, Problem> {
+    let value = map.str(name, usize::MAX)?;
     if let Some(v) = value {
         valid_name_or_400(name, v)?;
     }
@@ -279,8 +231,8 @@ fn task_id_or_400(id: &str) -> Result<(), Problem> {
     valid_name_or_400("id", id)
 }
 
-fn session_field(map: &Map<String, Value>) -> Result<&str, Problem> {
-    let sid = required(string_field(map, "session", MAX_SESSION_ID_LEN)?, "session")?;
+fn session_field(map: &Fields) -> Result<&str, Problem> {
+    let sid = required(map.str("session", MAX_SESSION_ID_LEN)?, "session")?;
     if sid.is_empty() {
         return Err(Problem::invalid_field(
             "session",
@@ -296,10 +248,10 @@ pub async fn submit(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
-    let mut map = object_body(&headers, body, &["id", "agent", "input"])?;
+    let mut map = Fields::parse(&headers, body, &["id", "agent", "input"])?;
     let id = name_field(&map, "id")?.map(str::to_string);
     let agent = required(name_field(&map, "agent")?, "agent")?.to_string();
-    let input = match map.remove("input") {
+    let input = match map.take("input") {
         None | Some(Value::Null) => {
             return Err(Problem::invalid_field("input", "input is required"))
         }
@@ -402,7 +354,7 @@ pub async fn claim(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     task_id_or_400(&id)?;
-    let map = object_body(&headers, body, &["session"])?;
+    let map = Fields::parse(&headers, body, &["session"])?;
     let session = acting_session(&api, session_field(&map)?).await?;
     let started = Instant::now();
     let task = api
@@ -423,8 +375,8 @@ pub async fn transition(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     task_id_or_400(&id)?;
-    let mut map = object_body(&headers, body, &["to", "output", "session"])?;
-    let to = required(string_field(&map, "to", 64)?, "to")?;
+    let mut map = Fields::parse(&headers, body, &["to", "output", "session"])?;
+    let to = required(map.str("to", 64)?, "to")?;
     let to = to.parse::<TaskState>().map_err(|_| {
         Problem::invalid_field(
             "to",
@@ -436,7 +388,7 @@ pub async fn transition(
     })?;
     let expected = if_match(&headers)?;
     let session = acting_session(&api, session_field(&map)?).await?;
-    let output = match map.remove("output") {
+    let output = match map.take("output") {
         None | Some(Value::Null) => None,
         Some(v) => Some(v),
     };
