@@ -245,49 +245,30 @@ impl PartitionTask {
                 let _ = reply.send(Ok(handed));
             }
             Msg::Ack { ids, reply } => {
-                let (refs, mut answers) = self.checked(ids, "failed").await;
-                let mut fx = Effects::default();
-                if !refs.is_empty() {
-                    self.feed(Input::Ack(refs), &mut fx).await;
-                }
-                self.sync_shared();
-                let _ = reply.send(self.answer(fx, &mut answers).map(|()| answers));
+                let answer = self.resolve_ids(ids, "failed", Input::Ack).await;
+                let _ = reply.send(answer);
             }
             Msg::Nack { ids, reason, reply } => {
-                let (refs, mut answers) = self.checked(ids, "unknown").await;
-                let mut fx = Effects::default();
-                if !refs.is_empty() {
-                    self.feed(
-                        Input::Nack {
-                            deliveries: refs,
-                            reason,
-                        },
-                        &mut fx,
-                    )
+                let answer = self
+                    .resolve_ids(ids, "unknown", |deliveries| Input::Nack {
+                        deliveries,
+                        reason,
+                    })
                     .await;
-                }
-                self.sync_shared();
-                let _ = reply.send(self.answer(fx, &mut answers).map(|()| answers));
+                let _ = reply.send(answer);
             }
             Msg::Extend {
                 ids,
                 ack_timeout_ms,
                 reply,
             } => {
-                let (refs, mut answers) = self.checked(ids, "unknown").await;
-                let mut fx = Effects::default();
-                if !refs.is_empty() {
-                    self.feed(
-                        Input::Extend {
-                            deliveries: refs,
-                            ack_timeout_ms,
-                        },
-                        &mut fx,
-                    )
+                let answer = self
+                    .resolve_ids(ids, "unknown", |deliveries| Input::Extend {
+                        deliveries,
+                        ack_timeout_ms,
+                    })
                     .await;
-                }
-                self.sync_shared();
-                let _ = reply.send(self.answer(fx, &mut answers).map(|()| answers));
+                let _ = reply.send(answer);
             }
             Msg::Redrive {
                 entry_id,
@@ -316,6 +297,23 @@ impl PartitionTask {
                 let _ = reply.send(());
             }
         }
+    }
+
+    /// An ack, nack or extend: checks the sessions of the ids, feeds the checked ones
+    /// (`input`), and answers per id once the writes they need are done.
+    async fn resolve_ids(
+        &mut self,
+        ids: Vec<String>,
+        unavailable_list: &'static str,
+        input: impl FnOnce(Vec<DeliveryRef>) -> Input,
+    ) -> Result<Answers, RuntimeError> {
+        let (refs, mut answers) = self.checked(ids, unavailable_list).await;
+        let mut fx = Effects::default();
+        if !refs.is_empty() {
+            self.feed(input(refs), &mut fx).await;
+        }
+        self.sync_shared();
+        self.answer(fx, &mut answers).map(|()| answers)
     }
 
     /// Session checks for the ids bound to a session. An id whose session cannot be
