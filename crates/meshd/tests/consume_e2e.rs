@@ -70,14 +70,7 @@ async fn given_published_events_when_pulled_and_acked_then_they_are_exact_and_th
     wait_committed(a, "s", 0, 3).await;
     assert_eq!(offsets(a, "s").await.unwrap()[0]["epoch"], 0, "no reset");
 
-    let again = pull(a, "s", &json!({"max_events": 10, "wait_ms": 300}))
-        .await
-        .unwrap();
-    assert!(
-        again.is_empty(),
-        "acked events came back: {:?}",
-        summary(&again)
-    );
+    assert_no_delivery(a, "s", 300, "acked events came back").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,14 +101,13 @@ async fn given_events_published_before_a_subscription_when_it_has_no_start_then_
         .await
         .unwrap();
     assert_eq!(r["acked"].as_array().unwrap().len(), 1, "{r}");
-    let more = pull(a, "latest", &json!({"max_events": 100, "wait_ms": 300}))
-        .await
-        .unwrap();
-    assert!(
-        more.is_empty(),
-        "events from before the subscription were delivered: {:?}",
-        summary(&more)
-    );
+    assert_no_delivery(
+        a,
+        "latest",
+        300,
+        "events from before the subscription were delivered",
+    )
+    .await;
     for (p, end) in ends.iter().enumerate() {
         wait_committed(a, "latest", p as u64, *end).await;
     }
@@ -223,10 +215,7 @@ async fn given_acks_above_an_unacked_offset_when_meshd_is_killed_then_only_that_
         "{r}"
     );
     wait_committed(&a, "s", 0, 8).await;
-    let more = pull(&a, "s", &json!({"max_events": 100, "wait_ms": 300}))
-        .await
-        .unwrap();
-    assert!(more.is_empty(), "redelivered: {:?}", summary(&more));
+    assert_no_delivery(&a, "s", 300, "redelivered").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,14 +381,7 @@ async fn given_max_attempts_3_when_a_delivery_is_nacked_three_times_then_it_is_d
     );
 
     wait_committed(a, "s", 0, 1).await;
-    let more = pull(a, "s", &json!({"max_events": 10, "wait_ms": 300}))
-        .await
-        .unwrap();
-    assert!(
-        more.is_empty(),
-        "dead-lettered but delivered: {:?}",
-        summary(&more)
-    );
+    assert_no_delivery(a, "s", 300, "dead-lettered but delivered").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,14 +425,7 @@ async fn given_a_dead_letter_when_redriven_twice_then_it_is_delivered_once_afres
     let got = pull_until(a, "s", 1, DRAIN).await;
     assert_eq!(summary(&got), vec![(0, 0, 1)], "a fresh attempt count");
     assert_eq!(got[0].event, published[0], "exactly as published");
-    let more = pull(a, "s", &json!({"max_events": 10, "wait_ms": 500}))
-        .await
-        .unwrap();
-    assert!(
-        more.is_empty(),
-        "the second redrive delivered it again: {:?}",
-        summary(&more)
-    );
+    assert_no_delivery(a, "s", 500, "the second redrive delivered it again").await;
     let entry = http::get(a, &format!("/v1/deadletters/{redriven}"))
         .await
         .unwrap()
@@ -509,10 +484,7 @@ async fn given_a_dead_letter_when_redriven_twice_then_it_is_delivered_once_afres
         404,
     );
     assert!(dead_letters(a, "s").await.is_empty());
-    let more = pull(a, "s", &json!({"max_events": 10, "wait_ms": 300}))
-        .await
-        .unwrap();
-    assert!(more.is_empty(), "{:?}", summary(&more));
+    assert_no_delivery(a, "s", 300, "delivered although nothing is due").await;
 }
 
 /// What the client tasks of the crash test observed before the kill.
@@ -856,14 +828,7 @@ async fn given_a_leased_delivery_when_extended_then_it_outlives_its_ack_timeout_
     assert_eq!(set(&r["unknown"]), set_of(&[json!("garbage")]), "{r}");
 
     // The original 1 s lease runs out during this poll; the extended one does not.
-    let again = pull(a, "s", &json!({"max_events": 10, "wait_ms": 3000}))
-        .await
-        .unwrap();
-    assert!(
-        again.is_empty(),
-        "redelivered despite the extension: {:?}",
-        summary(&again)
-    );
+    assert_no_delivery(a, "s", 3000, "redelivered despite the extension").await;
     let r = ack(a, "s", std::slice::from_ref(&d.id)).await.unwrap();
     assert_eq!(
         set(&r["acked"]),
@@ -917,10 +882,7 @@ async fn given_a_type_filter_when_other_types_are_published_then_only_matches_ar
     // The non-matching events are resolved without delivery, so the committed offset
     // passes them: all six are resolved.
     wait_committed(a, "s", 0, 6).await;
-    let more = pull(a, "s", &json!({"max_events": 10, "wait_ms": 300}))
-        .await
-        .unwrap();
-    assert!(more.is_empty(), "nothing else is delivered: {more:?}");
+    assert_no_delivery(a, "s", 300, "nothing else is delivered").await;
     let sample = |n: &str| format!("{n}{{subscription=\"s\"}}");
     assert_eq!(
         metric(a, &sample("meshd_deliveries_total")).await,
@@ -1053,11 +1015,5 @@ async fn given_an_ack_above_a_gap_when_meshd_gets_sigterm_at_once_then_it_exits_
     assert_eq!(summary(&again), vec![(0, 0, 2)], "{again:?}");
     ack(&a, "s", &ids(&again)).await.unwrap();
     wait_committed(&a, "s", 0, 2).await;
-    let more = pull(&a, "s", &json!({"max_events": 10, "wait_ms": 1000}))
-        .await
-        .unwrap();
-    assert!(
-        more.is_empty(),
-        "the acked offset 1 is not redelivered: {more:?}"
-    );
+    assert_no_delivery(&a, "s", 1000, "the acked offset 1 is not redelivered").await;
 }

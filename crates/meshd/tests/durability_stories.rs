@@ -51,14 +51,7 @@ async fn offset_store_restart_given_offset_100_committed_when_killed_then_it_is_
         vec![(0, 100, 1)],
         "the next pull starts at 100: {next:?}"
     );
-    let more = pull(&a, "s", &json!({"max_events": 100, "wait_ms": 500}))
-        .await
-        .unwrap();
-    assert!(
-        more.is_empty(),
-        "nothing below 100 comes back: {:?}",
-        summary(&more)
-    );
+    assert_no_delivery(&a, "s", 500, "nothing below 100 comes back").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,8 +89,5 @@ async fn dead_letter_store_restart_given_an_event_failed_3_times_when_killed_the
     assert_eq!(entries[0]["attempts"], 3);
     assert_eq!(entries[0]["reason"], "failure 3");
     assert_eq!(committed(&a, "s", 0).await.unwrap(), 1);
-    let more = pull(&a, "s", &json!({"max_events": 10, "wait_ms": 500}))
-        .await
-        .unwrap();
-    assert!(more.is_empty(), "not delivered again: {:?}", summary(&more));
+    assert_no_delivery(&a, "s", 500, "not delivered again").await;
 }

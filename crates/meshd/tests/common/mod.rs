@@ -152,6 +152,15 @@ pub async fn pull(a: &str, sub: &str, body: &Value) -> anyhow::Result<Vec<Delive
         .collect()
 }
 
+/// Long-polls once for `wait_ms` and asserts that nothing is delivered (`why` says
+/// what a delivery would mean).
+pub async fn assert_no_delivery(a: &str, sub: &str, wait_ms: u64, why: &str) {
+    let got = pull(a, sub, &json!({"max_events": 100, "wait_ms": wait_ms}))
+        .await
+        .unwrap();
+    assert!(got.is_empty(), "{why}: {:?}", summary(&got));
+}
+
 /// Long-polls until at least `n` deliveries arrived in total (bounded by `deadline`).
 pub async fn pull_until(a: &str, sub: &str, n: usize, deadline: Duration) -> Vec<Delivery> {
     let got: Arc<Mutex<Vec<Delivery>>> = Arc::default();
