@@ -537,12 +537,17 @@ impl PartitionTask {
                     .read(&key.topic, key.partition, from, max, READ_BYTES)
                     .await
                 {
-                    Ok(events) => vec![Input::EventsRead(
-                        events
-                            .into_iter()
-                            .map(|e| meta_of(e.offset, &e.payload))
-                            .collect(),
-                    )],
+                    Ok(events) => {
+                        // Only a filter looks at type and source: without one the
+                        // payloads are not parsed here.
+                        let filtered = self.core.config().filter.is_some();
+                        vec![Input::EventsRead(
+                            events
+                                .into_iter()
+                                .map(|e| meta_of(e.offset, filtered.then_some(&e.payload[..])))
+                                .collect(),
+                        )]
+                    }
                     Err(e) => {
                         self.deps.metrics.store_error("log", "rocksdb", kind_of(&e));
                         tracing::warn!(store = "log", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the log for delivery failed; retried");
@@ -801,17 +806,19 @@ impl PartitionTask {
     }
 }
 
-/// What the core's filter looks at. A stored payload that does not parse (it was
-/// validated at publish, so only damage does this) is delivered as it is rather than
-/// silently filtered out.
-fn meta_of(offset: u64, payload: &[u8]) -> EventMeta {
-    match Event::from_stored(payload) {
-        Ok(e) => EventMeta {
+/// What the core's filter looks at; `payload` is `None` when there is no filter (type
+/// and source are then not needed). A stored payload that does not parse (it was
+/// validated at publish, so only damage does this) gets an empty type and source: it
+/// is delivered as it is without a filter, but a filter resolves it without delivery
+/// (a known gap: corrupt-record handling is issue 9).
+fn meta_of(offset: u64, payload: Option<&[u8]>) -> EventMeta {
+    match payload.map(Event::from_stored) {
+        Some(Ok(e)) => EventMeta {
             offset,
             event_type: e.event_type().to_string(),
             source: e.source().to_string(),
         },
-        Err(_) => EventMeta {
+        _ => EventMeta {
             offset,
             event_type: String::new(),
             source: String::new(),
