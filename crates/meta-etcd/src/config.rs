@@ -15,7 +15,10 @@ pub const SCHEME: &str = "etcd://";
 /// * `connect_timeout`: how long one TCP connect may take.
 /// * `keep_alive_interval` / `keep_alive_timeout`: HTTP/2 pings on every connection,
 ///   idle or not, so a dead or frozen etcd breaks open watches within about
-///   `interval + timeout`.
+///   `interval + timeout`. The interval must not be shorter than the etcd server's
+///   `--grpc-keepalive-min-time` (5 s by default): etcd answers pings that come more
+///   often with a GOAWAY ("too_many_pings") and closes the connection, which broke
+///   every idle watch every ~4 s while the default here was 1 s.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdConfig {
     pub endpoints: Vec<String>,
@@ -30,8 +33,9 @@ impl EtcdConfig {
     pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
     /// The default connect timeout (1 s).
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-    /// The default HTTP/2 keep-alive interval (1 s).
-    pub const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
+    /// The default HTTP/2 keep-alive interval (10 s): twice etcd's default
+    /// `--grpc-keepalive-min-time` (5 s), so the server never counts a ping as abuse.
+    pub const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
     /// The default HTTP/2 keep-alive timeout (1 s).
     pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -197,7 +201,7 @@ mod tests {
         assert_eq!(c.endpoints, vec!["127.0.0.1:2379"]);
         assert_eq!(c.request_timeout, Duration::from_secs(2));
         assert_eq!(c.connect_timeout, Duration::from_secs(1));
-        assert_eq!(c.keep_alive_interval, Duration::from_secs(1));
+        assert_eq!(c.keep_alive_interval, Duration::from_secs(10));
         assert_eq!(c.keep_alive_timeout, Duration::from_secs(1));
 
         let c = EtcdConfig::parse("etcd://a.example:2379,b:12379,[::1]:2379").expect("valid");

@@ -261,6 +261,36 @@ async fn given_a_watch_when_etcd_is_killed_or_paused_then_the_stream_ends_with_u
     Ok(())
 }
 
+/// etcd (default `--grpc-keepalive-min-time 5s`) closes a connection whose client pings
+/// more often than that with GOAWAY "too_many_pings". With a 1 s ping interval every
+/// idle watch broke after ~4 s; with the default interval it stays open.
+#[tokio::test]
+async fn given_an_idle_watch_when_nothing_changes_past_etcds_ping_policy_then_it_stays_open_and_sees_the_next_write(
+) -> anyhow::Result<()> {
+    let etcd = EtcdProcess::start().await?;
+    let config = EtcdConfig::new([etcd.endpoint()]);
+    assert!(
+        config.keep_alive_interval >= Duration::from_secs(5),
+        "{config:?}"
+    );
+    let meta = EtcdMeta::connect(config).await?;
+    let start = meta.status().await?.revision + 1;
+    let mut watch = meta.watch(b"idle/", start).await?;
+    // Two of etcd's ping-strike windows without any event on the stream.
+    let idle = tokio::time::timeout(Duration::from_secs(9), watch.next()).await;
+    assert!(
+        idle.is_err(),
+        "the idle watch ended or saw an event: {idle:?}"
+    );
+    let put = meta.put(b"idle/a", b"1", Precondition::None, None).await?;
+    let next = bounded("the write on the idle watch", SLACK, watch.next()).await;
+    match next {
+        Some(Ok(batch)) => assert_eq!(batch.events[0].revision(), put.revision),
+        other => panic!("the idle watch broke: {other:?}"),
+    }
+    Ok(())
+}
+
 /// Reads one gauge from etcd's `/metrics` on the client port.
 fn etcd_metric(endpoint: &str, name: &str) -> anyhow::Result<f64> {
     use std::io::{Read, Write};
