@@ -53,9 +53,13 @@ impl GroupCommit {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The reason this committer is poisoned, if it is.
+    /// The reason this committer is poisoned, if it is: its own failed write or
+    /// fsync, or one of its engine's (another user of the same engine, such as the
+    /// embedded Meta, failed first: every write here would be refused too, so the
+    /// health of the stores on this committer must say so before they try one).
     pub fn poisoned(&self) -> Option<String> {
-        self.lock().poisoned.clone()
+        let own = self.lock().poisoned.clone();
+        own.or_else(|| self.engine.failure())
     }
 
     fn poison(&self, s: &mut State, reason: String) -> LocalError {
@@ -185,6 +189,63 @@ mod tests {
         assert!(g.commit(b.clone()).is_err());
         power.fail_syncs(false);
         assert!(matches!(g.commit(b), Err(LocalError::Poisoned(_))));
+        assert!(g.poisoned().is_some());
+    }
+}
+
+#[cfg(test)]
+mod engine_failure_tests {
+    use super::*;
+    use crate::Rows;
+
+    const REASON: &str = "fsync failed: a write of the embedded Meta";
+
+    /// An engine another user of it (the embedded Meta) has fail-stopped.
+    struct FailedElsewhere;
+
+    impl KvEngine for FailedElsewhere {
+        fn get(&self, _: &'static str, _: &[u8]) -> Result<Option<Vec<u8>>, LocalError> {
+            Ok(None)
+        }
+
+        fn scan(
+            &self,
+            _: &'static str,
+            _: &[u8],
+            _: Option<&[u8]>,
+            _: usize,
+        ) -> Result<Rows, LocalError> {
+            Ok(Vec::new())
+        }
+
+        fn write(&self, _: Batch, _: Durability) -> Result<(), LocalError> {
+            Err(LocalError::Poisoned(REASON.into()))
+        }
+
+        fn sync(&self) -> Result<(), LocalError> {
+            Err(LocalError::Poisoned(REASON.into()))
+        }
+
+        fn size_bytes(&self) -> u64 {
+            0
+        }
+
+        fn failure(&self) -> Option<String> {
+            Some(REASON.into())
+        }
+    }
+
+    #[test]
+    fn given_an_engine_failed_by_another_user_then_the_committer_reports_it_before_writing() {
+        let g = GroupCommit::new(Arc::new(FailedElsewhere), "test");
+        assert_eq!(
+            g.poisoned().as_deref(),
+            Some(REASON),
+            "health says so at once"
+        );
+        let mut b = Batch::new();
+        b.put("a", "k", "v");
+        assert!(g.commit(b).is_err());
         assert!(g.poisoned().is_some());
     }
 }

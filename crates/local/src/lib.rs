@@ -136,4 +136,11 @@ pub trait KvEngine: Send + Sync + 'static {
 
     /// Approximate size on disk of the whole engine, in bytes.
     fn size_bytes(&self) -> u64;
+
+    /// Why the engine fail-stopped (its first failed write or fsync, whoever made
+    /// it: the Local stores and the embedded Meta share one engine), or `None` while
+    /// it accepts writes.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }

@@ -187,6 +187,13 @@ impl KvEngine for RocksEngine {
     fn size_bytes(&self) -> u64 {
         dir_size(&self.dir)
     }
+
+    fn failure(&self) -> Option<String> {
+        match self.poisoned.lock() {
+            Ok(p) => p.clone(),
+            Err(_) => Some("poison lock".into()),
+        }
+    }
 }
 
 fn dir_size(dir: &Path) -> u64 {

@@ -203,6 +203,10 @@ impl<E: KvEngine> KvEngine for PowerCutEngine<E> {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
 }
 
 /// Every strict prefix and every single-bit flip of `record` must fail to decode with

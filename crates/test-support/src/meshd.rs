@@ -1,7 +1,8 @@
 //! Real `meshd` processes for end-to-end tests: each [`MeshdProcess`] runs the built
 //! binary on `--listen 127.0.0.1:0` with its own data dir, learns its address from the
-//! start-up line, and can be SIGKILLed, restarted on the same data dir, paused and
-//! resumed. Its stderr goes to a log file that is printed when the test panics.
+//! start-up line, and can be SIGKILLed, restarted on the same data dir (with the same
+//! extra environment, e.g. the [`crate::fault`] shim), paused and resumed. Its stderr
+//! goes to a log file that is printed when the test panics.
 
 use anyhow::{anyhow, Context};
 use std::fs::File;
@@ -17,6 +18,8 @@ pub struct MeshdProcess {
     binary: PathBuf,
     data_dir: PathBuf,
     args: Vec<String>,
+    /// Extra environment of every start (kept across restarts), e.g. a fault shim.
+    env: Vec<(String, String)>,
     child: Option<Child>,
     addr: String,
     first_line: String,
@@ -35,11 +38,23 @@ impl MeshdProcess {
     /// Starts `binary serve --listen 127.0.0.1:0 --data-dir data_dir args...` and
     /// waits for its start-up line.
     pub async fn start(binary: &Path, data_dir: &Path, args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_env(binary, data_dir, args, &[]).await
+    }
+
+    /// Like [`start`](Self::start), with extra environment variables for the process
+    /// (on top of this process's environment). They are kept for every restart.
+    pub async fn start_with_env(
+        binary: &Path,
+        data_dir: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
         let logs = tempfile::tempdir()?;
         let mut p = Self {
             binary: binary.to_path_buf(),
             data_dir: data_dir.to_path_buf(),
             args: args.iter().map(|s| s.to_string()).collect(),
+            env: env.to_vec(),
             child: None,
             addr: String::new(),
             first_line: String::new(),
@@ -87,6 +102,7 @@ impl MeshdProcess {
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&self.data_dir)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));

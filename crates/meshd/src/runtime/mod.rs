@@ -630,6 +630,10 @@ impl Runtime {
             let mut woken = sub.notify.subscribe();
             woken.borrow_and_update();
             let mut got = Vec::new();
+            // A partition that fail-stopped (a Local write failed) hands nothing out
+            // until a restart: a pull that gets nothing elsewhere answers with that
+            // failure, never with an empty list as if there were nothing to deliver.
+            let mut failed = None;
             let n = sub.parts.len();
             let first = sub.rr.fetch_add(1, Ordering::Relaxed);
             for i in 0..n {
@@ -638,6 +642,10 @@ impl Runtime {
                 }
                 let p = (first + i) % n;
                 let part = &sub.parts[p];
+                if let Some(reason) = part.shared.failed() {
+                    failed.get_or_insert(reason);
+                    continue;
+                }
                 if part.shared.ready.load(Ordering::Acquire) == 0
                     && !self.log_has_more(&sub.sub, p as u32, part).await
                 {
@@ -657,6 +665,9 @@ impl Runtime {
                     Ok(Err(e)) if got.is_empty() => return Err(e),
                     Ok(Err(_)) | Err(_) => {}
                 }
+            }
+            if let (true, Some(reason)) = (got.is_empty(), failed) {
+                return Err(RuntimeError::StoreFailed(reason));
             }
             if !got.is_empty() || tokio::time::Instant::now() >= deadline {
                 return Ok(got);

@@ -242,7 +242,13 @@ impl PartitionTask {
                 .await;
                 let handed = self.bodies(fx.handouts).await;
                 self.sync_shared();
-                let _ = reply.send(Ok(handed));
+                // A pull whose attempt records could not be made durable hands
+                // nothing out: it says why instead of answering "nothing there".
+                let answer = match self.failed_error() {
+                    Some(e) if handed.is_empty() => Err(e),
+                    _ => Ok(handed),
+                };
+                let _ = reply.send(answer);
             }
             Msg::Ack { ids, reply } => {
                 let answer = self.resolve_ids(ids, "failed", Input::Ack).await;
