@@ -90,3 +90,94 @@ async fn given_one_instance_cut_off_from_etcd_then_it_is_not_ready_and_refuses_w
     // And it writes again, without a restart.
     create_topic(a.addr(), "u", 1).await;
 }
+
+/// The ambiguous outcome: instance A's writes reach etcd (which applies them) but etcd's
+/// answers never come back (the proxy swallows them), so A cannot know. It must say 504
+/// (outcome unknown), never 201 nor 503; a retry with the same task id after the link
+/// heals returns the task that was written (200), once. A subscription PUT, which reads
+/// before it writes, fails at the read: 503, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_etcd_applies_writes_but_its_answers_are_lost_then_the_writes_answer_504_and_a_retry_with_the_same_id_finds_the_task_once(
+) {
+    let etcd = EtcdProcess::start().await.unwrap();
+    let proxy = TcpProxy::start(etcd.endpoint().parse().unwrap())
+        .await
+        .unwrap();
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = MeshdProcess::start(
+        bin(),
+        da.path(),
+        &["--meta", &format!("etcd://{}", proxy.addr())],
+    )
+    .await
+    .unwrap();
+    let b = MeshdProcess::start(
+        bin(),
+        db.path(),
+        &["--meta", &format!("etcd://{}", etcd.endpoint())],
+    )
+    .await
+    .unwrap();
+    wait_ready(a.addr(), 200).await;
+    create_topic(a.addr(), "t", 1).await;
+    let task = json!({"id": "job-1", "agent": "agent-1", "input": {"n": 1}});
+
+    proxy.swallow_replies();
+    let r = send_json(a.addr(), "POST", "/v1/tasks", &task)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 504, "outcome unknown: {}", r.body);
+    let p = problem(&r, 504);
+    assert!(
+        p["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("/indeterminate")),
+        "{p}"
+    );
+    let r = send_json(
+        a.addr(),
+        "PUT",
+        "/v1/subscriptions/s",
+        &json!({"topic": "t", "max_attempts": 7}),
+    )
+    .await
+    .unwrap();
+    let p = problem(&r, 503);
+    assert_eq!(p["store"], "subscriptions", "{p}");
+    // Meanwhile etcd applied the task: the other instance reads it.
+    let r = get(b.addr(), "/v1/tasks/job-1").await.unwrap();
+    assert_eq!(r.status, 200, "the write reached etcd: {}", r.body);
+    let version = r.json().unwrap()["version"].clone();
+    let body = wait_ready(a.addr(), 503).await;
+    assert_ne!(body["checks"]["meta:etcd"], "ok", "{body}");
+    let metrics = get(a.addr(), "/metrics").await.unwrap().body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("meshd_meta_errors_total")
+                && l.contains("kind=\"indeterminate\"")),
+        "the unknown outcomes are counted:\n{metrics}"
+    );
+
+    proxy.restore();
+    wait_ready(a.addr(), 200).await;
+    // The client retries with the same id: the task that was written, not a second one.
+    let r = send_json(a.addr(), "POST", "/v1/tasks", &task)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "the same task: {}", r.body);
+    assert_eq!(r.json().unwrap()["version"], version);
+    let listed = get(b.addr(), "/v1/tasks?agent=agent-1")
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    let n = listed["tasks"]
+        .as_array()
+        .map(|t| t.iter().filter(|t| t["id"] == "job-1").count());
+    assert_eq!(n, Some(1), "exactly one task job-1: {listed}");
+    for m in [&a, &b] {
+        let r = get(m.addr(), "/v1/subscriptions/s").await.unwrap();
+        assert_eq!(r.status, 404, "the refused PUT wrote nothing: {}", r.body);
+    }
+}
