@@ -6,8 +6,17 @@
 //! writer whose ticket that covered. The others wait. So a burst of N concurrent
 //! commits costs about two fsyncs, and every commit returns only once durable.
 //!
-//! A failed write or fsync poisons the committer: every later call fails with the
-//! first failure's reason (fail-stop: what reached disk is unknown).
+//! A failed write or fsync poisons the committer (fail-stop: what reached disk is
+//! unknown). Each caller learns which side of the failure it is on, because that is
+//! what its own caller may promise:
+//!
+//! * its batch was written but never made durable (the write failed, or an fsync
+//!   meant to cover it did): [`LocalError::WriteFailed`], outcome unknown — the batch
+//!   reached the OS and may be on disk after a restart;
+//! * it came after the failure (of this committer or of its engine, which other
+//!   users share): [`LocalError::Poisoned`], refused — nothing of it was written.
+//!
+//! A failure records its root reason once; every later refusal repeats that reason.
 
 use crate::{Batch, Durability, KvEngine, LocalError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -62,13 +71,21 @@ impl GroupCommit {
         own.or_else(|| self.engine.failure())
     }
 
-    fn poison(&self, s: &mut State, reason: String) -> LocalError {
-        tracing::error!(store = self.store, backend = "rocksdb", %reason, "local write failed; store fail-stopped");
-        s.poisoned.get_or_insert(reason.clone());
-        LocalError::Poisoned(reason)
+    /// Fail-stops this committer with `reason` (the first reason sticks).
+    fn poison(&self, s: &mut State, reason: &str) {
+        if s.poisoned.is_none() {
+            tracing::error!(
+                store = self.store,
+                backend = "rocksdb",
+                reason,
+                "local write failed; store fail-stopped"
+            );
+            s.poisoned = Some(reason.to_string());
+        }
     }
 
-    /// Writes `batch` and returns once it is durable. Blocking.
+    /// Writes `batch` and returns once it is durable. Blocking. On error see the
+    /// module doc: `WriteFailed` (outcome unknown) or `Poisoned` (not written).
     pub fn commit(&self, batch: Batch) -> Result<(), LocalError> {
         self.commit_with(|_| Ok::<_, LocalError>((batch, ())))
     }
@@ -89,7 +106,8 @@ impl GroupCommit {
     }
 
     /// Like [`commit_with`](Self::commit_with) but returns once written (buffered),
-    /// with the ticket to wait on (`None` when the batch was empty).
+    /// with the ticket to wait on (`None` when the batch was empty). `Poisoned`: not
+    /// written; `WriteFailed`: the write itself failed, outcome unknown.
     pub fn write_with<T, E: From<LocalError>>(
         &self,
         f: impl FnOnce(&dyn KvEngine) -> Result<(Batch, T), E>,
@@ -103,26 +121,56 @@ impl GroupCommit {
             return Ok((None, out));
         }
         if let Err(e) = self.engine.write(batch, Durability::Buffered) {
-            return Err(self.poison(&mut s, e.to_string()).into());
+            let e = match e {
+                // The engine had already failed (another of its users failed first):
+                // refused, nothing written.
+                LocalError::Poisoned(reason) => {
+                    self.poison(&mut s, &reason);
+                    LocalError::Poisoned(reason)
+                }
+                // The write itself failed: it may have reached the WAL.
+                LocalError::WriteFailed(reason) => {
+                    self.poison(&mut s, &reason);
+                    LocalError::WriteFailed(reason)
+                }
+                // Refused before anything was written (an unknown column family: a
+                // caller's bug, not a disk failure).
+                other => other,
+            };
+            return Err(e.into());
         }
         s.written += 1;
         Ok((Some(s.written), out))
     }
 
-    /// Makes everything written so far durable.
+    /// Makes everything written so far durable. Once poisoned it fails: with
+    /// `WriteFailed` while some written batch never became durable, else `Poisoned`.
     pub fn sync_all(&self) -> Result<(), LocalError> {
-        let ticket = self.lock().written;
+        let ticket = {
+            let s = self.lock();
+            match &s.poisoned {
+                Some(reason) if s.synced >= s.written => {
+                    return Err(LocalError::Poisoned(reason.clone()))
+                }
+                _ => s.written,
+            }
+        };
         self.wait_durable(ticket)
     }
 
+    /// Returns once the batch of `ticket` (and every earlier one) is durable. Fails
+    /// with `WriteFailed` when the committer fail-stopped before that: the batch was
+    /// written, so whether it is on disk is unknown.
     pub fn wait_durable(&self, ticket: u64) -> Result<(), LocalError> {
         let mut s = self.lock();
         loop {
-            if let Some(reason) = &s.poisoned {
-                return Err(LocalError::Poisoned(reason.clone()));
-            }
+            // Durable before a later failure: durable (checked first, so a failure
+            // after this ticket's fsync never turns a durable write into an error).
             if s.synced >= ticket {
                 return Ok(());
+            }
+            if let Some(reason) = &s.poisoned {
+                return Err(LocalError::WriteFailed(reason.clone()));
             }
             if s.syncing {
                 s = self.synced_cv.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -137,9 +185,7 @@ impl GroupCommit {
             s.syncing = false;
             match result {
                 Ok(()) => s.synced = s.synced.max(target),
-                Err(e) => {
-                    let _ = self.poison(&mut s, format!("fsync failed: {e}"));
-                }
+                Err(e) => self.poison(&mut s, &e.reason()),
             }
             self.synced_cv.notify_all();
         }
@@ -176,20 +222,89 @@ mod tests {
         assert_eq!(image.len(), 400, "every committed write is durable");
     }
 
-    #[test]
-    fn a_failed_fsync_poisons_every_later_commit() {
+    fn put(key: &str) -> Batch {
+        let mut b = Batch::new();
+        b.put("a", key, "v");
+        b
+    }
+
+    fn committer() -> (tempfile::TempDir, GroupCommit, crate::testing::PowerCut) {
         let dir = tempfile::tempdir().unwrap();
         let inner = RocksEngine::open(dir.path(), &["a"]).unwrap();
         let (engine, power) = PowerCutEngine::wrap(inner, &["a"]).unwrap();
-        let g = GroupCommit::new(Arc::new(engine), "test");
-        let mut b = Batch::new();
-        b.put("a", "k", "v");
-        g.commit(b.clone()).unwrap();
+        (dir, GroupCommit::new(Arc::new(engine), "test"), power)
+    }
+
+    #[test]
+    fn a_failed_fsync_poisons_every_later_commit() {
+        let (_dir, g, power) = committer();
+        g.commit(put("k")).unwrap();
         power.fail_syncs(true);
-        assert!(g.commit(b.clone()).is_err());
+        assert!(g.commit(put("k")).is_err());
         power.fail_syncs(false);
-        assert!(matches!(g.commit(b), Err(LocalError::Poisoned(_))));
+        assert!(matches!(g.commit(put("k")), Err(LocalError::Poisoned(_))));
         assert!(g.poisoned().is_some());
+    }
+
+    /// The distinction a caller's answer rests on (HTTP 504 vs 503): a batch that was
+    /// written but whose fsync failed has an unknown outcome; a batch that comes after
+    /// the failure is refused unwritten.
+    #[test]
+    fn given_a_failed_fsync_then_the_batches_it_was_to_cover_are_outcome_unknown_and_later_ones_are_refused_unwritten(
+    ) {
+        let (_dir, g, power) = committer();
+        let (first, ()) = g
+            .write_with(|_| Ok::<_, LocalError>((put("first"), ())))
+            .unwrap();
+        let (second, ()) = g
+            .write_with(|_| Ok::<_, LocalError>((put("second"), ())))
+            .unwrap();
+        power.fail_syncs(true);
+        let err = g.wait_durable(second.unwrap()).unwrap_err();
+        assert!(err.outcome_unknown(), "{err:?}");
+        assert!(
+            matches!(&err, LocalError::WriteFailed(r) if r == "injected fsync failure"),
+            "{err:?}"
+        );
+        // The other writer of the same group: written, not durable, just as unknown.
+        let err = g.wait_durable(first.unwrap()).unwrap_err();
+        assert!(matches!(err, LocalError::WriteFailed(_)), "{err:?}");
+        assert_eq!(power.pending_batches(), 2, "both reached the engine");
+
+        power.fail_syncs(false);
+        let err = g.commit(put("later")).unwrap_err();
+        assert!(matches!(err, LocalError::Poisoned(_)), "{err:?}");
+        assert!(!err.outcome_unknown());
+        assert_eq!(
+            power.pending_batches(),
+            2,
+            "a refused batch is never written"
+        );
+        assert!(matches!(g.sync_all(), Err(LocalError::WriteFailed(_))));
+    }
+
+    #[test]
+    fn given_a_failed_write_then_it_is_outcome_unknown() {
+        let (_dir, g, power) = committer();
+        power.fail_writes(true);
+        let err = g.commit(put("k")).unwrap_err();
+        assert!(matches!(err, LocalError::WriteFailed(_)), "{err:?}");
+        power.fail_writes(false);
+        assert!(matches!(g.commit(put("k")), Err(LocalError::Poisoned(_))));
+        assert!(matches!(g.sync_all(), Err(LocalError::Poisoned(_))));
+    }
+
+    #[test]
+    fn given_a_batch_made_durable_before_a_later_fsync_failed_then_its_wait_succeeds() {
+        let (_dir, g, power) = committer();
+        let (durable, ()) = g
+            .write_with(|_| Ok::<_, LocalError>((put("durable"), ())))
+            .unwrap();
+        g.wait_durable(durable.unwrap()).unwrap();
+        power.fail_syncs(true);
+        assert!(g.commit(put("lost")).is_err());
+        g.wait_durable(durable.unwrap())
+            .expect("a durable batch stays acknowledged after a later failure");
     }
 }
 
@@ -245,7 +360,14 @@ mod engine_failure_tests {
         );
         let mut b = Batch::new();
         b.put("a", "k", "v");
-        assert!(g.commit(b).is_err());
-        assert!(g.poisoned().is_some());
+        // Refused, not unknown: the engine wrote nothing. And the reason is said once.
+        let expected =
+            format!("local engine is fail-stopped after an earlier write failure: {REASON}");
+        for _ in 0..2 {
+            let err = g.commit(b.clone()).unwrap_err();
+            assert!(matches!(err, LocalError::Poisoned(_)), "{err:?}");
+            assert_eq!(err.to_string(), expected);
+        }
+        assert_eq!(g.poisoned().as_deref(), Some(REASON));
     }
 }

@@ -90,11 +90,13 @@ pub enum LocalError {
     /// A column family the caller asked for was not declared at open.
     #[error("unknown column family {0}")]
     UnknownColumnFamily(String),
-    /// A write or fsync failed. The engine has fail-stopped: it refuses every later
-    /// write, since what reached disk is unknown.
-    #[error("local write failed (engine fail-stopped): {0}")]
+    /// This call's write, or the fsync that was to make it durable, failed: the write
+    /// may or may not be on disk (a `write()` reaches the page cache, and recovery
+    /// replays whatever of the WAL is there), so its outcome is unknown. The engine has
+    /// fail-stopped: it refuses every later write.
+    #[error("local write outcome unknown (engine fail-stopped): {0}")]
     WriteFailed(String),
-    /// The engine fail-stopped earlier and refuses writes.
+    /// Refused: the engine fail-stopped earlier. Nothing of this call was written.
     #[error("local engine is fail-stopped after an earlier write failure: {0}")]
     Poisoned(String),
     /// A read failed.
@@ -105,14 +107,36 @@ pub enum LocalError {
     Open { dir: PathBuf, reason: String },
 }
 
+impl LocalError {
+    /// Whether the failed call may have written something: [`WriteFailed`]
+    /// (outcome unknown) as opposed to a refusal or an error raised before anything
+    /// was written (`false`: not applied).
+    ///
+    /// [`WriteFailed`]: LocalError::WriteFailed
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, LocalError::WriteFailed(_))
+    }
+
+    /// Why the engine failed, without this error's own prefix: what a fail-stop
+    /// records once and every later refusal repeats, so a message never stacks
+    /// "fail-stopped after ..." prefixes.
+    pub fn reason(&self) -> String {
+        match self {
+            LocalError::WriteFailed(reason) | LocalError::Poisoned(reason) => reason.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
 /// The engine the Local stores are written against.
 ///
 /// # Contract
 ///
 /// * `write` applies a batch atomically. With [`Durability::Sync`] it returns only after
 ///   the batch and every earlier write are on stable storage.
-/// * After a failed write the engine is fail-stopped: it returns
-///   [`LocalError::Poisoned`] for every later write (reads still work).
+/// * A failed write or sync returns [`LocalError::WriteFailed`] (outcome unknown) and
+///   fail-stops the engine: it returns [`LocalError::Poisoned`] (refused, nothing
+///   written) for every later write or sync (reads still work).
 /// * Reads see every write that returned before they started.
 /// * All methods may be called from any thread; they block (call them from a blocking
 ///   context, not directly on an async executor thread).

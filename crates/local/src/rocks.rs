@@ -169,7 +169,10 @@ impl KvEngine for RocksEngine {
         let mut wo = WriteOptions::default();
         wo.set_sync(durability == Durability::Sync);
         self.db.write_opt(wb, &wo).map_err(|e| {
-            let reason = e.to_string();
+            let reason = match durability {
+                Durability::Sync => format!("synced write failed: {e}"),
+                Durability::Buffered => format!("write failed: {e}"),
+            };
             self.poison(&reason);
             LocalError::WriteFailed(reason)
         })
@@ -178,7 +181,7 @@ impl KvEngine for RocksEngine {
     fn sync(&self) -> Result<(), LocalError> {
         self.check_poisoned()?;
         self.db.flush_wal(true).map_err(|e| {
-            let reason = e.to_string();
+            let reason = format!("fsync failed: {e}");
             self.poison(&reason);
             LocalError::WriteFailed(reason)
         })

@@ -17,6 +17,9 @@ pub struct Problem {
     pub kind: &'static str,
     pub detail: String,
     pub extra: Map<String, Value>,
+    /// Whether the answer carries `Retry-After`: every 503 and 429 does, except a
+    /// [fail-stop](Problem::fail_stopped), which only a restart cures.
+    pub retry_after: bool,
 }
 
 impl Problem {
@@ -26,6 +29,10 @@ impl Problem {
             kind,
             detail: detail.into(),
             extra: Map::new(),
+            retry_after: matches!(
+                status,
+                StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+            ),
         }
     }
 
@@ -70,6 +77,23 @@ impl Problem {
             .with("backend", backend)
     }
 
+    /// A store that fail-stopped after a failed disk write (a Local store, or the
+    /// embedded Meta on the same RocksDB) refused the request: not applied (503, type
+    /// `unavailable`, like any backend that cannot serve). Without `Retry-After`: the
+    /// store does not come back by itself — only a restart of meshd (once the disk is
+    /// healthy) does — so no retry time would be honest; the detail says so.
+    pub fn fail_stopped(store: &str, backend: &str, reason: impl std::fmt::Display) -> Self {
+        let mut p = Self::unavailable(
+            store,
+            backend,
+            format!(
+                "the {store} store ({backend}) has fail-stopped after a failed disk write and stays stopped until meshd is restarted; this request was not applied: {reason}"
+            ),
+        );
+        p.retry_after = false;
+        p
+    }
+
     /// The write may or may not have been applied (504).
     pub fn indeterminate(store: &str, backend: &str, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::GATEWAY_TIMEOUT, "indeterminate", detail)
@@ -103,15 +127,53 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if matches!(
-            self.status,
-            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
-        ) {
+        if self.retry_after {
             headers.insert(
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECS),
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry_after(p: Problem) -> Option<String> {
+        p.into_response()
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_string())
+    }
+
+    #[test]
+    fn a_fail_stop_is_a_503_without_retry_after_and_says_what_stopped() {
+        let p = Problem::fail_stopped("log", "rocksdb", "fsync failed: EIO");
+        assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(p.kind, "unavailable");
+        assert_eq!(p.extra.get("store"), Some(&Value::from("log")));
+        assert_eq!(p.extra.get("backend"), Some(&Value::from("rocksdb")));
+        assert!(
+            p.detail.contains("until meshd is restarted"),
+            "{}",
+            p.detail
+        );
+        assert!(p.detail.contains("not applied"), "{}", p.detail);
+        assert!(p.detail.ends_with(": fsync failed: EIO"), "{}", p.detail);
+        assert_eq!(retry_after(p), None, "only a restart cures a fail-stop");
+    }
+
+    #[test]
+    fn other_503s_and_429s_carry_retry_after_and_504s_do_not() {
+        let p = Problem::unavailable("topics", "etcd", "connection refused");
+        assert_eq!(retry_after(p).as_deref(), Some(RETRY_AFTER_SECS));
+        let p = Problem::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", "busy");
+        assert_eq!(retry_after(p).as_deref(), Some(RETRY_AFTER_SECS));
+        assert_eq!(
+            retry_after(Problem::indeterminate("log", "rocksdb", "?")),
+            None
+        );
     }
 }

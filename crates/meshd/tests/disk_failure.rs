@@ -10,10 +10,12 @@
 //! `sync_file_range` fail with `EIO` while the test says so. Nothing in the binary
 //! knows about it. A `write()` still reaches the page cache, so the write whose fsync
 //! failed has an unknown outcome: after a restart (which replays RocksDB's WAL from
-//! the page cache) it may be there or not. A write refused *after* the store
-//! fail-stopped never reached RocksDB and is never there. Each story then heals the
-//! disk, SIGKILLs meshd and starts it again on the same data dir: every write that
-//! was acknowledged survives and the instance serves again.
+//! the page cache) it may be there or not, and it is answered 504 (`indeterminate`).
+//! A write refused *after* the store fail-stopped never reached RocksDB and is never
+//! there: it is answered 503 (`unavailable`, not applied) without `Retry-After`, since
+//! only a restart brings the store back. Each story then heals the disk, SIGKILLs
+//! meshd and starts it again on the same data dir: every write that was acknowledged
+//! survives and the instance serves again.
 
 mod common;
 
@@ -108,12 +110,43 @@ async fn metric(a: &str, sample: &str) -> anyhow::Result<f64> {
         .ok_or_else(|| anyhow!("no sample {sample} in /metrics"))
 }
 
-/// A 503 problem naming `store` on `backend`, with `Retry-After`.
-fn unavailable(r: &Response, store: &str, backend: &str) {
+/// A fail-stop's refusal: 503 `unavailable` (not applied) naming `store` on
+/// `backend`, saying that a restart is needed, without `Retry-After` (no retry time
+/// is honest: only a restart cures it), and naming the failure once.
+fn fail_stopped(r: &Response, store: &str, backend: &str) -> Value {
     let p = problem(r, 503);
-    assert_eq!(p["store"], store, "{p}");
-    assert_eq!(p["backend"], backend, "{p}");
-    assert!(r.header("retry-after").is_some(), "503 without Retry-After");
+    assert_eq!(p["type"], "https://meshd.dev/problems/unavailable", "{p}");
+    assert_eq!(
+        (&p["store"], &p["backend"]),
+        (&json!(store), &json!(backend)),
+        "{p}"
+    );
+    assert_eq!(
+        r.header("retry-after"),
+        None,
+        "a fail-stop does not end by waiting: {p}"
+    );
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains("until meshd is restarted"), "{p}");
+    assert_eq!(
+        detail.matches("fail-stopped").count(),
+        1,
+        "the failure is said once: {p}"
+    );
+    p
+}
+
+/// The write whose own fsync failed: 504 `indeterminate` (it may or may not have
+/// been applied) naming `store` on `backend`.
+fn indeterminate(r: &Response, store: &str, backend: &str) -> Value {
+    let p = problem(r, 504);
+    assert_eq!(p["type"], "https://meshd.dev/problems/indeterminate", "{p}");
+    assert_eq!(
+        (&p["store"], &p["backend"]),
+        (&json!(store), &json!(backend)),
+        "{p}"
+    );
+    p
 }
 
 /// Every event of `topic` via browse, by id: (partition, offset, event). Asserts no id
@@ -135,8 +168,10 @@ async fn browse_by_id(
 }
 
 /// Story 1: the partition log. Publishes answered 201 before the disk failed survive
-/// with their bytes; the publish whose fsync failed is not acknowledged; every
-/// later publish is refused, also after the disk is healthy again, until a restart.
+/// with their bytes; the publish whose fsync failed is answered 504 (outcome unknown);
+/// every later publish is refused unwritten (503), also after the disk is healthy
+/// again, until a restart. The embedded Meta on the same RocksDB says at once that it
+/// failed too, and refuses its writes unwritten (503), never 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_published_events_when_the_disk_fails_fsync_then_publishes_are_refused_until_a_restart_and_every_201_survives_it(
 ) {
@@ -153,6 +188,9 @@ async fn given_published_events_when_the_disk_fails_fsync_then_publishes_are_ref
         acknowledged.insert(format!("ok-{i}"), (p, o, e));
     }
     wait_ready(&a).await;
+    // Meshd's own Meta writes after boot are done, so the publish below is the only
+    // writer when the fault trips (no subscription: no delivery flushes either).
+    wait_registered(&a).await;
     assert_eq!(
         metric(&a, "meshd_local_healthy{backend=\"rocksdb\"}")
             .await
@@ -164,33 +202,37 @@ async fn given_published_events_when_the_disk_fails_fsync_then_publishes_are_ref
     fault.trip().unwrap();
     // The first publish after the disk failed: its batch reached RocksDB's WAL (the
     // page cache) but its fsync failed, so its outcome is unknown — it may or may not
-    // be in the log after a restart. It must not be a 201. (The contract's code for
-    // an unknown outcome is 504; meshd answers 503 today, since the log's error does
-    // not tell a failed fsync of this batch from a refusal: either is a 5xx problem
-    // naming the log.)
+    // be in the log after a restart. 504, never a 201, and never a 503 ("not
+    // applied"), which would invite a retry that stores it twice without saying so.
     let unknown = event("unknown-0");
     let r = try_publish(&a, "orders", &unknown).await;
-    assert!(
-        r.status == 503 || r.status == 504,
-        "a publish whose fsync failed must not be acknowledged: {} {}",
-        r.status,
-        r.body
-    );
-    let p = problem(&r, r.status);
-    assert_eq!(
-        (&p["store"], &p["backend"]),
-        (&json!("log"), &json!("rocksdb")),
-        "{p}"
-    );
+    indeterminate(&r, "log", "rocksdb");
 
     // The log fail-stopped: every later publish is refused before it is written.
     let mut refused = Vec::new();
     for i in 0..4 {
         let e = event(&format!("refused-{i}"));
         let r = try_publish(&a, "orders", &e).await;
-        unavailable(&r, "log", "rocksdb");
+        fail_stopped(&r, "log", "rocksdb");
         refused.push(format!("refused-{i}"));
     }
+
+    // The embedded Meta shares the failed engine: its health says so before it tries
+    // a write, and its writes are refused unwritten (503), not "outcome unknown".
+    assert_not_ready(
+        &a,
+        &[("local:rocksdb", "failed"), ("meta:embedded", "failed")],
+    )
+    .await;
+    let r = send_json(
+        &a,
+        "PUT",
+        "/v1/subscriptions/refused-sub",
+        &json!({"topic": "orders"}),
+    )
+    .await
+    .unwrap();
+    fail_stopped(&r, "subscriptions", "embedded");
 
     // The operator sees it: not ready, naming the Local engine; the metrics say so.
     assert_not_ready(&a, &[("local:rocksdb", "failed")]).await;
@@ -200,13 +242,20 @@ async fn given_published_events_when_the_disk_fails_fsync_then_publishes_are_ref
             .unwrap(),
         0.0
     );
+    let unknown_outcomes = metric(
+        &a,
+        "meshd_store_errors_total{store=\"log\",backend=\"rocksdb\",kind=\"indeterminate\"}",
+    )
+    .await
+    .unwrap();
+    assert_eq!(unknown_outcomes, 1.0, "the publish whose fsync failed");
     let errors = metric(
         &a,
         "meshd_store_errors_total{store=\"log\",backend=\"rocksdb\",kind=\"failed\"}",
     )
     .await
     .unwrap();
-    assert!(errors >= 5.0, "every failed publish is counted: {errors}");
+    assert_eq!(errors, 4.0, "every refused publish is counted");
     // Nothing that was not acknowledged is readable: the durable ends did not move,
     // and every acknowledged event is still served.
     assert_eq!(end_offsets(&a, "orders").await, ends_before);
@@ -218,7 +267,7 @@ async fn given_published_events_when_the_disk_fails_fsync_then_publishes_are_ref
     for i in 4..6 {
         let e = event(&format!("refused-{i}"));
         let r = try_publish(&a, "orders", &e).await;
-        unavailable(&r, "log", "rocksdb");
+        fail_stopped(&r, "log", "rocksdb");
         refused.push(format!("refused-{i}"));
     }
     assert_not_ready(&a, &[("local:rocksdb", "failed")]).await;
@@ -257,6 +306,14 @@ async fn given_published_events_when_the_disk_fails_fsync_then_publishes_are_ref
     for id in &refused {
         assert!(!after.contains_key(id), "refused publish {id} was applied");
     }
+    let r = http::get(&a, "/v1/subscriptions/refused-sub")
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status, 404,
+        "a refused subscription write was applied: {}",
+        r.body
+    );
 
     // The instance serves again.
     let e = event("after-restart");
@@ -266,9 +323,10 @@ async fn given_published_events_when_the_disk_fails_fsync_then_publishes_are_ref
 }
 
 /// Story 2, the Meta path: a subscription write on the embedded Meta whose group fsync
-/// fails is not acknowledged (504: outcome unknown); Meta fail-stops, and so do the
-/// Local stores that share its RocksDB (readiness names both); after a heal and a
-/// restart every acknowledged subscription is there and writes work again.
+/// fails is not acknowledged (504: outcome unknown); Meta fail-stops and refuses later
+/// writes unwritten (503), and so do the Local stores that share its RocksDB
+/// (readiness names both); after a heal and a restart every acknowledged subscription
+/// is there and writes work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_embedded_meta_when_a_subscription_write_fails_fsync_then_it_is_not_acknowledged_meshd_fail_stops_and_a_restart_keeps_every_201(
 ) {
@@ -292,15 +350,10 @@ async fn given_embedded_meta_when_a_subscription_write_fails_fsync_then_it_is_no
     )
     .await
     .unwrap();
-    let p = problem(&r, 504);
-    assert_eq!(
-        (&p["store"], &p["backend"]),
-        (&json!("subscriptions"), &json!("embedded")),
-        "{p}"
-    );
+    indeterminate(&r, "subscriptions", "embedded");
 
-    // Meta fail-stopped: later writes are refused before they are applied (500: the
-    // store failed, not retryable until an operator restarts it), never a 2xx.
+    // Meta fail-stopped: later writes are refused before they are applied (503, not
+    // applied; no Retry-After: only a restart cures it), never a 2xx.
     let r = send_json(
         &a,
         "PUT",
@@ -309,9 +362,9 @@ async fn given_embedded_meta_when_a_subscription_write_fails_fsync_then_it_is_no
     )
     .await
     .unwrap();
-    problem(&r, 500);
+    fail_stopped(&r, "subscriptions", "embedded");
     let r = bare(&a, "DELETE", "/v1/subscriptions/kept").await;
-    problem(&r, 500);
+    fail_stopped(&r, "subscriptions", "embedded");
     // Readiness names both Meta and the Local engine they share, before any Local
     // store has tried (and failed) a write of its own.
     assert_not_ready(
@@ -340,7 +393,7 @@ async fn given_embedded_meta_when_a_subscription_write_fails_fsync_then_it_is_no
     assert!(indeterminate >= 1.0, "{indeterminate}");
     // The Local stores refuse their writes too.
     let r = try_publish(&a, "orders", &event("refused-publish")).await;
-    unavailable(&r, "log", "rocksdb");
+    fail_stopped(&r, "log", "rocksdb");
 
     // Healed, but still fail-stopped until a restart.
     fault.heal().unwrap();
@@ -352,7 +405,7 @@ async fn given_embedded_meta_when_a_subscription_write_fails_fsync_then_it_is_no
     )
     .await
     .unwrap();
-    problem(&r, 500);
+    fail_stopped(&r, "subscriptions", "embedded");
     assert_not_ready(
         &a,
         &[("meta:embedded", "failed"), ("local:rocksdb", "failed")],
@@ -412,7 +465,8 @@ async fn given_embedded_meta_when_a_subscription_write_fails_fsync_then_it_is_no
 
 /// Story 2, the delivery path: a pull must make each attempt record durable before
 /// it hands the event out. When that fsync fails the pull hands nothing out and
-/// answers 503; the partitions stop dispatching (readiness `dispatch` and
+/// answers 503 (the pull was not applied: nothing was handed out, even though the
+/// attempt record may have reached the disk); the partitions stop dispatching (readiness `dispatch` and
 /// `local:rocksdb` failed) until a restart, after which every event is delivered
 /// exactly as published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,7 +502,7 @@ async fn given_a_subscription_with_events_when_a_pull_cannot_make_its_attempts_d
     )
     .await
     .unwrap();
-    unavailable(&r, "deliveries", "rocksdb");
+    fail_stopped(&r, "deliveries", "rocksdb");
     // A long poll does not wait on a stopped partition or answer "nothing there".
     let r = send_json(
         &a,
@@ -458,7 +512,7 @@ async fn given_a_subscription_with_events_when_a_pull_cannot_make_its_attempts_d
     )
     .await
     .unwrap();
-    unavailable(&r, "deliveries", "rocksdb");
+    fail_stopped(&r, "deliveries", "rocksdb");
 
     assert_not_ready(&a, &[("dispatch", "failed"), ("local:rocksdb", "failed")]).await;
     assert_eq!(
@@ -489,7 +543,7 @@ async fn given_a_subscription_with_events_when_a_pull_cannot_make_its_attempts_d
     )
     .await
     .unwrap();
-    unavailable(&r, "deliveries", "rocksdb");
+    fail_stopped(&r, "deliveries", "rocksdb");
     assert_not_ready(&a, &[("dispatch", "failed"), ("local:rocksdb", "failed")]).await;
 
     m.kill();

@@ -20,6 +20,12 @@
 //! lock, so they never see a write that is not yet durable. If the fsync fails, every
 //! request of the group is answered `Indeterminate` and the store fail-stops: every
 //! later call answers `Failed` (what reached disk is unknown; restart to recover).
+//!
+//! The engine is shared with the Local stores, so it can fail under this store too
+//! (a failed fsync of the partition log). The store then fail-stops as if its own write
+//! had failed (none of its writes could become durable): its health check
+//! ([`Meta::status`]) and every read answer `Failed` at once, and a write is refused
+//! with `Failed` (not applied) before anything is written — never `Indeterminate`.
 
 mod records;
 mod watch;
@@ -112,10 +118,22 @@ impl Shared {
     }
 
     pub fn fail(&self, reason: String) {
-        tracing::error!(store = "meta", backend = "embedded", %reason, "embedded meta fail-stopped");
         if let Ok(mut f) = self.failed.lock() {
-            f.get_or_insert(reason);
+            if f.is_none() {
+                tracing::error!(store = "meta", backend = "embedded", %reason, "embedded meta fail-stopped");
+                *f = Some(reason);
+            }
         }
+    }
+
+    /// Like [`check_failed`](Self::check_failed), and also fail-stops this store when
+    /// the engine it shares has failed (another user's write failed first). Call it
+    /// with the engine lock held.
+    pub fn check_failed_with(&self, engine: &dyn KvEngine) -> Result<(), MetaError> {
+        if let Some(reason) = engine.failure() {
+            self.fail(format!("the shared local engine failed: {reason}"));
+        }
+        self.check_failed()
     }
 
     /// Runs `f` with the engine under the read lock.
@@ -129,7 +147,10 @@ impl Shared {
             .read()
             .map_err(|_| MetaError::Failed("engine lock poisoned".into()))?;
         match guard.as_ref() {
-            Some(engine) => f(engine.as_ref()),
+            Some(engine) => {
+                self.check_failed_with(engine.as_ref())?;
+                f(engine.as_ref())
+            }
             None => Err(MetaError::Unavailable("embedded meta is closed".into())),
         }
     }

@@ -132,7 +132,9 @@ impl Writer {
             // Closed: dropping the replies tells callers nothing was applied.
             return;
         };
-        if let Err(e) = shared.check_failed() {
+        // Refused before anything is written: this store, or the engine it shares with
+        // the Local stores, has already failed.
+        if let Err(e) = shared.check_failed_with(engine.as_ref()) {
             for r in group {
                 answer_error(r, &e);
             }
@@ -179,9 +181,10 @@ impl Writer {
 
         if effects.wrote {
             if let Err(e) = engine.sync() {
-                let reason = format!("fsync failed: {e}");
+                // Every write of the group reached the engine: outcome unknown.
+                let reason = e.reason();
                 shared.fail(reason.clone());
-                let err = MetaError::Indeterminate(reason);
+                let err = MetaError::Indeterminate(may_be_on_disk(&reason));
                 drop(guard);
                 for a in answers {
                     a.fail_if_ok(&err).send();
@@ -243,9 +246,15 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
-                let reason = format!("write failed: {e}");
+                let reason = e.reason();
                 self.shared.fail(reason.clone());
-                Err(MetaError::Indeterminate(reason))
+                if e.outcome_unknown() {
+                    Err(MetaError::Indeterminate(may_be_on_disk(&reason)))
+                } else {
+                    // Refused by an engine that had already failed (under another of
+                    // its users, since this group began): nothing written.
+                    Err(MetaError::Failed(reason))
+                }
             }
         }
     }
@@ -446,6 +455,11 @@ impl Writer {
         }
         self.write(engine, batch, next, effects)
     }
+}
+
+/// The detail of a write that reached the engine but was not made durable.
+fn may_be_on_disk(reason: &str) -> String {
+    format!("the write reached the disk cache but was not made durable, so it may or may not be applied (embedded meta fail-stopped): {reason}")
 }
 
 fn answer_error(r: Request, e: &MetaError) {

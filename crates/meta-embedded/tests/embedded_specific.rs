@@ -1,14 +1,14 @@
 //! What only the embedded backend has to show: acknowledged writes survive a power
 //! cut (not just a process kill), damaged records are reported and never decoded, the
-//! history is bounded, a failed fsync fail-stops the store, and the directory is
-//! exclusive.
+//! history is bounded, a failed fsync fail-stops the store (and so does a failure of
+//! the engine it shares with the Local stores), and the directory is exclusive.
 
 use meshd_local::testing::PowerCutEngine;
 use meshd_local::{Batch, Durability, KvEngine, RocksEngine};
 use meshd_meta::{Meta, MetaError, Precondition, RangeOptions, Txn, WatchError};
 use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta, COLUMN_FAMILY};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -246,6 +246,132 @@ async fn given_a_failed_fsync_when_writing_then_outcome_unknown_and_the_store_fa
     // A restart recovers from what is on disk.
     let meta = EmbeddedMeta::open_dir(dir.path(), EmbeddedConfig::default()).unwrap();
     assert_eq!(meta.get(b"before").await.unwrap().kv.unwrap().value, b"ok");
+}
+
+/// The Local engine the embedded Meta shares with the Local stores, which can fail
+/// under it: once `fail` is called, its `failure()` says why, and writes and syncs are
+/// refused as a real engine refuses them after a failed fsync (nothing written).
+struct SharedEngine {
+    inner: RocksEngine,
+    failure: std::sync::Mutex<Option<String>>,
+    /// Writes that reached the engine (refused ones are not counted).
+    writes: AtomicUsize,
+}
+
+impl SharedEngine {
+    fn fail(&self, reason: &str) {
+        *self.failure.lock().unwrap() = Some(reason.to_string());
+    }
+
+    fn refuse(&self) -> Result<(), meshd_local::LocalError> {
+        match self.failure() {
+            Some(reason) => Err(meshd_local::LocalError::Poisoned(reason)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl KvEngine for SharedEngine {
+    fn get(
+        &self,
+        cf: &'static str,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, meshd_local::LocalError> {
+        self.inner.get(cf, key)
+    }
+
+    fn scan(
+        &self,
+        cf: &'static str,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<meshd_local::Rows, meshd_local::LocalError> {
+        self.inner.scan(cf, start, end, limit)
+    }
+
+    fn write(&self, batch: Batch, durability: Durability) -> Result<(), meshd_local::LocalError> {
+        self.refuse()?;
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.write(batch, durability)
+    }
+
+    fn sync(&self) -> Result<(), meshd_local::LocalError> {
+        self.refuse()?;
+        self.inner.sync()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap().clone()
+    }
+}
+
+/// The engine failed under Meta (a Local store's fsync failed first): Meta's health
+/// says so before Meta tries a write, and its writes are refused as not applied
+/// (`Failed`, HTTP 503), never answered "outcome unknown" (`Indeterminate`, 504) for a
+/// write that was never made.
+#[tokio::test]
+async fn given_the_shared_engine_failed_under_it_then_meta_reports_failed_at_once_and_refuses_writes_unwritten(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(SharedEngine {
+        inner: RocksEngine::open(dir.path(), &[COLUMN_FAMILY]).unwrap(),
+        failure: std::sync::Mutex::new(None),
+        writes: AtomicUsize::new(0),
+    });
+    let meta = EmbeddedMeta::open(engine.clone(), EmbeddedConfig::default()).unwrap();
+    meta.put(b"before", b"ok", Precondition::None, None)
+        .await
+        .unwrap();
+    meta.status().await.expect("healthy before the failure");
+
+    engine.fail("fsync failed: the partition log's group");
+    let written = engine.writes.load(Ordering::SeqCst);
+    let err = meta.status().await.unwrap_err();
+    assert!(
+        matches!(&err, MetaError::Failed(r) if r.contains("the partition log's group")),
+        "{err:?}"
+    );
+    let err = meta
+        .put(b"after", b"x", Precondition::None, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, MetaError::Failed(_)),
+        "refused, not unknown: {err:?}"
+    );
+    assert!(matches!(
+        meta.grant(Duration::from_secs(5)).await,
+        Err(MetaError::Failed(_))
+    ));
+    assert_eq!(
+        engine.writes.load(Ordering::SeqCst),
+        written,
+        "nothing reached the engine"
+    );
+}
+
+/// The same, when the engine fails before Meta's first call after it is a write: the
+/// write is still refused unwritten.
+#[tokio::test]
+async fn given_the_shared_engine_failed_under_it_when_the_next_call_is_a_write_then_it_is_refused_unwritten(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(SharedEngine {
+        inner: RocksEngine::open(dir.path(), &[COLUMN_FAMILY]).unwrap(),
+        failure: std::sync::Mutex::new(None),
+        writes: AtomicUsize::new(0),
+    });
+    let meta = EmbeddedMeta::open(engine.clone(), EmbeddedConfig::default()).unwrap();
+    engine.fail("fsync failed: the partition log's group");
+    let err = meta.txn(Txn::new().put(b"k", b"v")).await.unwrap_err();
+    assert!(matches!(err, MetaError::Failed(_)), "{err:?}");
+    assert_eq!(engine.writes.load(Ordering::SeqCst), 0);
+    assert!(matches!(meta.status().await, Err(MetaError::Failed(_))));
 }
 
 #[tokio::test]

@@ -110,8 +110,13 @@ struct Inner {
     dirty: AtomicBool,
 }
 
+/// Outcome unknown when this call's batch reached the engine, refused otherwise.
 fn local(e: LocalError) -> DeliveryError {
-    DeliveryError::Poisoned(e.to_string())
+    if e.outcome_unknown() {
+        DeliveryError::Indeterminate(e.reason())
+    } else {
+        DeliveryError::Poisoned(e.reason())
+    }
 }
 
 impl From<OffsetErrorOrLocal> for DeliveryError {

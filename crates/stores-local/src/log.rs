@@ -120,8 +120,14 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// A write of the log that failed: outcome unknown when this call's batch reached the
+/// engine (its write or fsync failed), refused when the log had already failed.
 fn write_err(e: LocalError) -> LogError {
-    LogError::Failed(e.to_string())
+    if e.outcome_unknown() {
+        LogError::Indeterminate(e.reason())
+    } else {
+        LogError::Failed(e.reason())
+    }
 }
 
 fn read_err(e: LocalError) -> LogError {

@@ -60,8 +60,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Outcome unknown when this call's batch reached the engine, refused otherwise.
 fn local(e: LocalError) -> OffsetError {
-    OffsetError::Failed(e.to_string())
+    if e.outcome_unknown() {
+        OffsetError::Indeterminate(e.reason())
+    } else {
+        OffsetError::Failed(e.reason())
+    }
 }
 
 /// The result of staging a commit inside a group-commit closure.

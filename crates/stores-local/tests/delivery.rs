@@ -236,9 +236,10 @@ async fn given_a_failed_write_then_the_store_is_poisoned_and_health_says_so() {
     d.record_attempt(record(0, 0, 1, 10)).await.unwrap();
     assert!(d.health().is_ok());
     power.fail_writes(true);
+    // The write itself failed: outcome unknown. Everything after it is refused.
     assert!(matches!(
         d.record_attempt(record(0, 1, 1, 10)).await,
-        Err(DeliveryError::Poisoned(_))
+        Err(DeliveryError::Indeterminate(_))
     ));
     power.fail_writes(false);
     let reason = d.health().unwrap_err();

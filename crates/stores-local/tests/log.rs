@@ -176,22 +176,33 @@ async fn given_a_failing_fsync_when_appending_then_nothing_is_acknowledged_or_re
         .append("f", vec![(0, b"lost".to_vec())])
         .await
         .unwrap_err();
-    assert!(matches!(err, LogError::Failed(_)), "{err:?}");
+    // It reached the engine, its fsync failed: outcome unknown (HTTP 504), not "not
+    // applied" — a restart may find it.
+    assert!(matches!(err, LogError::Indeterminate(_)), "{err:?}");
+    assert_eq!(power.pending_batches(), 1);
     assert_eq!(
         stores.log.bounds("f", 0).await.unwrap().end,
         1,
         "a non-durable event is not readable"
     );
     power.fail_syncs(false);
-    assert!(
-        matches!(
-            stores.log.append("f", vec![(0, b"x".to_vec())]).await,
-            Err(LogError::Failed(_))
-        ),
+    // Refused unwritten (HTTP 503), the reason said once.
+    let err = stores
+        .log
+        .append("f", vec![(0, b"x".to_vec())])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        LogError::Failed("injected fsync failure".into()),
         "fail-stop"
     );
     assert!(stores.group.poisoned().is_some());
-    assert!(stores.log.append_body(b"b").await.is_err());
+    assert!(matches!(
+        stores.log.append_body(b"b").await,
+        Err(LogError::Failed(_))
+    ));
+    assert_eq!(power.pending_batches(), 1, "nothing refused was written");
 }
 
 #[tokio::test]

@@ -132,19 +132,26 @@ async fn given_a_failed_fsync_then_the_commit_is_not_shown_and_the_store_fail_st
     let k = key("f", 1, 0);
     stores.offsets.commit(&k, 4).await.unwrap();
     power.fail_syncs(true);
+    // Written but not durable: its outcome is unknown, not "not applied".
     assert!(matches!(
         stores.offsets.commit(&k, 8).await,
-        Err(OffsetError::Failed(_))
+        Err(OffsetError::Indeterminate(_))
     ));
     power.fail_syncs(false);
     assert!(
         matches!(stores.offsets.get(&k).await, Err(OffsetError::Failed(_))),
         "a fail-stopped store serves nothing"
     );
+    // Refused, unwritten.
     assert!(matches!(
         stores.offsets.commit(&k, 9).await,
         Err(OffsetError::Failed(_))
     ));
+    assert_eq!(
+        power.pending_batches(),
+        1,
+        "only the unknown commit was written"
+    );
 }
 
 #[tokio::test]

@@ -218,9 +218,14 @@ pub enum DeadLetterError {
     /// A stored record failed to decode; it is reported, never guessed at. (HTTP 500)
     #[error("corrupt dead-letter record at {key}: {reason}")]
     Corrupt { key: String, reason: String },
-    /// Meta refused the request or fail-stopped. (HTTP 500)
+    /// Meta refused the request in a way this store never asks for (a bug). (HTTP 500)
     #[error("meta failed: {0}")]
     Failed(String),
+    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
+    /// own or of the Local engine it shares) and refuses every request until meshd is
+    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
+    #[error("meta fail-stopped, not applied: {0}")]
+    FailStopped(String),
 }
 
 impl DeadLetterError {
@@ -238,6 +243,8 @@ impl DeadLetterError {
             DeadLetterError::Invalid(_) => "invalid",
             DeadLetterError::Corrupt { .. } => "corrupt",
             DeadLetterError::Failed(_) => "failed",
+            // The label of Meta's own fail-stop, and of the Local stores'.
+            DeadLetterError::FailStopped(_) => "failed",
         }
     }
 
@@ -391,6 +398,7 @@ impl MetaDeadLetterStore {
             | DeadLetterError::BodyMissing { .. }
             | DeadLetterError::Log(_)
             | DeadLetterError::Corrupt { .. }
+            | DeadLetterError::FailStopped(_)
             | DeadLetterError::Failed(_) => tracing::warn!(
                 store = STORE,
                 backend = self.backend(),

@@ -47,16 +47,34 @@ pub struct DeliveryRecord {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeliveryError {
-    /// The store fail-stopped after a failed write or fsync: no new deliveries until a
-    /// restart.
+    /// Refused: the store fail-stopped after an earlier failed write or fsync (or
+    /// could not read): no new deliveries until a restart. Nothing of this call was
+    /// written.
     #[error("delivery state store failed (fail-stopped): {0}")]
     Poisoned(String),
+    /// This call's write or fsync failed: it may or may not be on disk after a
+    /// restart. The store fail-stopped.
+    #[error("delivery write outcome unknown (the store fail-stopped): {0}")]
+    Indeterminate(String),
     #[error("corrupt delivery record at {key}: {reason}")]
     Corrupt { key: String, reason: String },
     #[error("invalid delivery store request: {0}")]
     Invalid(String),
     #[error("offset: {0}")]
     Offset(#[from] crate::offsets::OffsetError),
+}
+
+impl DeliveryError {
+    /// What failed, without this error's own "fail-stopped" / "outcome unknown"
+    /// prefix: for a message that says the store stopped in its own words.
+    pub fn reason(&self) -> String {
+        match self {
+            DeliveryError::Poisoned(reason) | DeliveryError::Indeterminate(reason) => {
+                reason.clone()
+            }
+            other => other.to_string(),
+        }
+    }
 }
 
 /// What one `resolve` does to the committed offset.
@@ -74,8 +92,9 @@ pub struct OffsetAdvance {
 ///   durable within the flush interval (a background flusher; `flush` forces it).
 /// * `resolve` removes records and advances the committed offset in one atomic, durable
 ///   batch (the OffsetStore shares the RocksDB).
-/// * After a failed write or fsync the store is poisoned: every later write fails with
-///   [`DeliveryError::Poisoned`], and `health` says so.
+/// * A write whose own write or fsync fails answers [`DeliveryError::Indeterminate`];
+///   the store is then poisoned: every later write fails with
+///   [`DeliveryError::Poisoned`] (nothing written), and `health` says so.
 /// * `load_all` reads every record in one pass (recovery); `due` serves "what is due by
 ///   `now`" from a deadline index without scanning all records.
 #[async_trait]

@@ -33,9 +33,16 @@ pub enum LogError {
     },
     #[error("unknown partition {topic}/{partition}")]
     UnknownPartition { topic: String, partition: u32 },
-    /// The log fail-stopped after a failed write or fsync; it refuses every later write.
+    /// Refused: the log (or the engine it shares) fail-stopped after an earlier failed
+    /// write or fsync. Nothing of this call was written; every later write is refused
+    /// too, until a restart.
     #[error("log failed (fail-stopped): {0}")]
     Failed(String),
+    /// This call's write reached the log but its fsync (or the write itself) failed:
+    /// the events may or may not be there after a restart, and are never readable
+    /// before one. The log fail-stopped.
+    #[error("log write outcome unknown (the log fail-stopped): {0}")]
+    Indeterminate(String),
     /// A stored record failed its checksum or version check.
     #[error("corrupt log record at {key}: {reason}")]
     Corrupt { key: String, reason: String },
@@ -116,7 +123,9 @@ pub struct RetentionReport {
 ///   event after a crash.
 /// * `read` from an offset below the retained start is [`LogError::BelowRetention`],
 ///   never a silent skip; from the end or beyond it returns nothing.
-/// * After a failed write or fsync the log fail-stops ([`LogError::Failed`]).
+/// * A write whose own write or fsync fails answers [`LogError::Indeterminate`] (its
+///   events may or may not survive a restart); the log then fail-stops and refuses
+///   every later write with [`LogError::Failed`] (nothing written).
 /// * All methods may be called concurrently.
 ///
 /// The trait leaves room for a shared log (JetStream) in cluster mode: offsets are

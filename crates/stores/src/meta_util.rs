@@ -22,6 +22,8 @@ pub(crate) trait FromMeta: Sized {
     fn indeterminate(message: String) -> Self;
     /// A record Meta holds is unreadable.
     fn corrupt(key: String, reason: String) -> Self;
+    /// Meta fail-stopped; nothing was applied, and nothing will be until a restart.
+    fn fail_stopped(message: String) -> Self;
     /// Anything this store does not expect from Meta.
     fn failed(message: String) -> Self;
     /// The store's own answer to the other errors (fenced, conflict, ...); `Err`
@@ -36,14 +38,16 @@ pub(crate) trait FromMeta: Sized {
             MetaError::Unavailable(m) => Self::unavailable(m),
             MetaError::Indeterminate(m) => Self::indeterminate(m),
             MetaError::Corrupt { key, reason } => Self::corrupt(key, reason),
+            MetaError::Failed(m) => Self::fail_stopped(m),
             other => Self::special(other).unwrap_or_else(|e| Self::failed(e.to_string())),
         }
     }
 }
 
-/// The four [`FromMeta`] constructors of a store error whose variants are named
-/// `Unavailable(String)`, `Indeterminate(String)`, `Corrupt { key, reason }` and
-/// `Failed(String)`, as every store's are. Used inside `impl FromMeta for …`.
+/// The five [`FromMeta`] constructors of a store error whose variants are named
+/// `Unavailable(String)`, `Indeterminate(String)`, `Corrupt { key, reason }`,
+/// `FailStopped(String)` and `Failed(String)`, as every store's are. Used inside
+/// `impl FromMeta for …`.
 macro_rules! meta_classes {
     ($error:ident) => {
         fn unavailable(message: String) -> Self {
@@ -54,6 +58,9 @@ macro_rules! meta_classes {
         }
         fn corrupt(key: String, reason: String) -> Self {
             $error::Corrupt { key, reason }
+        }
+        fn fail_stopped(message: String) -> Self {
+            $error::FailStopped(message)
         }
         fn failed(message: String) -> Self {
             $error::Failed(message)

@@ -31,9 +31,14 @@ pub enum OffsetError {
     /// explicit reset. Nothing was written; the rejection is counted.
     #[error("commit of {requested} is below the committed offset {current}")]
     Backwards { current: u64, requested: u64 },
-    /// The store fail-stopped after a failed write or fsync.
+    /// Refused: the store fail-stopped after an earlier failed write or fsync.
+    /// Nothing of this call was written.
     #[error("offset store failed (fail-stopped): {0}")]
     Failed(String),
+    /// This call's write or fsync failed: the new value may or may not be on disk
+    /// after a restart (it is never shown before). The store fail-stopped.
+    #[error("offset write outcome unknown (the store fail-stopped): {0}")]
+    Indeterminate(String),
     #[error("corrupt offset record at {key}: {reason}")]
     Corrupt { key: String, reason: String },
     /// A fenced checkpoint failed in Meta (see the error for what to do).

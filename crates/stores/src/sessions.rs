@@ -139,9 +139,14 @@ pub enum SessionError {
     /// A stored record is unreadable; reported, never decoded into a default.
     #[error("corrupt session record at {key}: {reason}")]
     Corrupt { key: String, reason: String },
-    /// The backend fail-stopped or answered something this store never asks for.
+    /// Meta answered something this store never asks for (a bug). (HTTP 500)
     #[error("session store failed: {0}")]
     Failed(String),
+    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
+    /// own or of the Local engine it shares) and refuses every request until meshd is
+    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
+    #[error("session store fail-stopped, not applied: {0}")]
+    FailStopped(String),
 }
 
 impl SessionError {
@@ -157,6 +162,8 @@ impl SessionError {
             Self::Indeterminate(_) => "indeterminate",
             Self::Corrupt { .. } => "corrupt",
             Self::Failed(_) => "failed",
+            // The label of Meta's own fail-stop, and of the Local stores'.
+            Self::FailStopped(_) => "failed",
         }
     }
 
@@ -733,6 +740,7 @@ impl MetaSessionStore {
             SessionError::Unavailable(_)
             | SessionError::Indeterminate(_)
             | SessionError::Corrupt { .. }
+            | SessionError::FailStopped(_)
             | SessionError::Failed(_) => tracing::warn!(
                 store = STORE,
                 backend = self.backend(),

@@ -306,10 +306,15 @@ pub enum SubscriptionError {
     /// The stored record is unreadable; it is reported, never decoded into a default.
     #[error("corrupt subscription record at {key}: {reason}")]
     Corrupt { key: String, reason: String },
-    /// The backend fail-stopped or answered something this store never asks for.
-    /// Not retryable; alert.
+    /// Meta answered something this store never asks for (a bug). Not retryable;
+    /// alert. (HTTP 500)
     #[error("subscription store failed: {0}")]
     Failed(String),
+    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
+    /// own or of the Local engine it shares) and refuses every request until meshd is
+    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
+    #[error("subscription store fail-stopped, not applied: {0}")]
+    FailStopped(String),
 }
 
 impl SubscriptionError {
@@ -325,6 +330,8 @@ impl SubscriptionError {
             Self::Indeterminate(_) => "indeterminate",
             Self::Corrupt { .. } => "corrupt",
             Self::Failed(_) => "failed",
+            // The label of Meta's own fail-stop, and of the Local stores'.
+            Self::FailStopped(_) => "failed",
         }
     }
 
@@ -729,6 +736,7 @@ impl MetaSubscriptionStore {
             SubscriptionError::Unavailable(_)
             | SubscriptionError::Indeterminate(_)
             | SubscriptionError::Corrupt { .. }
+            | SubscriptionError::FailStopped(_)
             | SubscriptionError::Failed(_) => tracing::warn!(
                 store = STORE,
                 backend = self.backend(),

@@ -366,9 +366,14 @@ pub enum TaskError {
     /// A stored record failed to decode; it is reported, never guessed at. (HTTP 500)
     #[error("corrupt task record at {key}: {reason}")]
     Corrupt { key: String, reason: String },
-    /// Meta refused the request or fail-stopped. (HTTP 500)
+    /// Meta refused the request in a way this store never asks for (a bug). (HTTP 500)
     #[error("meta failed: {0}")]
     Failed(String),
+    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
+    /// own or of the Local engine it shares) and refuses every request until meshd is
+    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
+    #[error("meta fail-stopped, not applied: {0}")]
+    FailStopped(String),
 }
 
 impl TaskError {
@@ -389,6 +394,8 @@ impl TaskError {
             TaskError::Invalid(_) => "invalid",
             TaskError::Corrupt { .. } => "corrupt",
             TaskError::Failed(_) => "failed",
+            // The label of Meta's own fail-stop, and of the Local stores'.
+            TaskError::FailStopped(_) => "failed",
         }
     }
 
@@ -538,6 +545,7 @@ impl MetaTaskStore {
             TaskError::Unavailable(_)
             | TaskError::Indeterminate(_)
             | TaskError::Corrupt { .. }
+            | TaskError::FailStopped(_)
             | TaskError::Failed(_) => tracing::warn!(
                 store = STORE,
                 backend = self.backend(),

@@ -121,9 +121,14 @@ pub enum TopicError {
     /// A stored record is unreadable; it is reported, never decoded into a default.
     #[error("corrupt topic record at {key}: {reason}")]
     Corrupt { key: String, reason: String },
-    /// The backend fail-stopped or answered something this store never asks for.
+    /// Meta answered something this store never asks for (a bug). (HTTP 500)
     #[error("topic store failed: {0}")]
     Failed(String),
+    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
+    /// own or of the Local engine it shares) and refuses every request until meshd is
+    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
+    #[error("topic store fail-stopped, not applied: {0}")]
+    FailStopped(String),
 }
 
 impl TopicError {
@@ -138,6 +143,8 @@ impl TopicError {
             Self::Indeterminate(_) => "indeterminate",
             Self::Corrupt { .. } => "corrupt",
             Self::Failed(_) => "failed",
+            // The label of Meta's own fail-stop, and of the Local stores'.
+            Self::FailStopped(_) => "failed",
         }
     }
 
@@ -544,6 +551,7 @@ impl MetaTopicStore {
             TopicError::Unavailable(_)
             | TopicError::Indeterminate(_)
             | TopicError::Corrupt { .. }
+            | TopicError::FailStopped(_)
             | TopicError::Failed(_) => tracing::warn!(
                 store = STORE, backend = self.backend(), op, name, kind = e.kind(), error = %e,
                 "topic operation failed"

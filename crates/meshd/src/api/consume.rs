@@ -38,7 +38,13 @@ pub fn runtime_problem(e: RuntimeError, meta_backend: &str) -> Problem {
             "subscription {name:?} has no partition {partition}"
         ))
         .with("field", "partition"),
-        RuntimeError::StoreFailed(d) => Problem::unavailable("deliveries", "rocksdb", d),
+        // A pull on a stopped partition included: nothing was handed out, so the
+        // pull was not applied, even when the attempt record that stopped the
+        // partition may have reached the disk (an attempt counted is never a lie).
+        RuntimeError::StoreFailed(d) => Problem::fail_stopped("deliveries", "rocksdb", d),
+        RuntimeError::Indeterminate { store, detail } => {
+            Problem::indeterminate(store, "rocksdb", detail)
+        }
         RuntimeError::Unavailable { store, detail } => {
             Problem::unavailable(store, meta_backend, detail)
         }

@@ -9,6 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterError, MAX_LIST_LIMIT};
+use meshd_stores::log::LogError;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -29,8 +30,18 @@ pub fn deadletter_problem(e: DeadLetterError, backend: &str) -> Problem {
             Problem::conflict(e.to_string())
         }
         DeadLetterError::Fenced => Problem::new(StatusCode::CONFLICT, "fenced", e.to_string()),
-        DeadLetterError::Log(ref l) if matches!(l, meshd_stores::log::LogError::Unavailable(_)) => {
+        DeadLetterError::FailStopped(reason) => {
+            Problem::fail_stopped("deadletters", backend, reason)
+        }
+        DeadLetterError::Log(LogError::Unavailable(_)) => {
             Problem::unavailable("deadletters", "rocksdb", e.to_string())
+        }
+        // The dead-letter stream shares the log's fail-stop.
+        DeadLetterError::Log(LogError::Failed(reason)) => {
+            Problem::fail_stopped("deadletters", "rocksdb", reason)
+        }
+        DeadLetterError::Log(LogError::Indeterminate(_)) => {
+            Problem::indeterminate("deadletters", "rocksdb", e.to_string())
         }
         other => Problem::internal("deadletters", backend, other.to_string()),
     }

@@ -82,6 +82,7 @@ pub fn session_problem(e: SessionError, backend: &str) -> Problem {
             backend,
             format!("corrupt session record {key}: {reason}"),
         ),
+        SessionError::FailStopped(reason) => Problem::fail_stopped(STORE, backend, reason),
         SessionError::Failed(d) => Problem::internal(STORE, backend, d),
     }
 }
@@ -273,6 +274,7 @@ mod tests {
                 500,
                 "internal",
             ),
+            (SessionError::FailStopped("f".into()), 503, "unavailable"),
             (SessionError::Failed("f".into()), 500, "internal"),
         ];
         for (e, status, kind) in cases {

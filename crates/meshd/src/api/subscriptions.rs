@@ -52,6 +52,9 @@ pub fn subscription_problem(e: SubscriptionError, backend: &str) -> Problem {
             backend,
             format!("corrupt subscription record {key}: {reason}"),
         ),
+        SubscriptionError::FailStopped(reason) => {
+            Problem::fail_stopped("subscriptions", backend, reason)
+        }
         SubscriptionError::Failed(d) => Problem::internal("subscriptions", backend, d),
     }
 }

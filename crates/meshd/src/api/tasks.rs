@@ -87,6 +87,7 @@ pub fn task_problem(e: TaskError, backend: &str) -> Problem {
         TaskError::Forbidden { .. } => Problem::new(StatusCode::FORBIDDEN, "forbidden", detail),
         TaskError::TooLarge { what, .. } => Problem::too_large(detail).with("field", what),
         TaskError::Invalid(_) => Problem::bad_request(detail),
+        TaskError::FailStopped(reason) => Problem::fail_stopped(STORE, backend, reason),
         TaskError::Corrupt { .. } | TaskError::Failed(_) => {
             Problem::internal(STORE, backend, detail)
         }
@@ -102,6 +103,7 @@ fn task_failed(api: &Api, e: TaskError) -> Problem {
         TaskError::Unavailable(_)
             | TaskError::Indeterminate(_)
             | TaskError::Corrupt { .. }
+            | TaskError::FailStopped(_)
             | TaskError::Failed(_)
     ) {
         api.metrics.store_error(STORE, api.meta_backend, e.kind());

@@ -50,6 +50,7 @@ pub fn topic_problem(e: TopicError, backend: &str) -> Problem {
             backend,
             format!("corrupt topic record {key}: {reason}"),
         ),
+        TopicError::FailStopped(reason) => Problem::fail_stopped("topics", backend, reason),
         TopicError::Failed(d) => Problem::internal("topics", backend, d),
     }
 }
@@ -70,7 +71,13 @@ pub fn log_problem(e: LogError) -> Problem {
             Problem::not_found(format!("topic {topic:?} has no partition {partition}"))
         }
         LogError::Invalid(d) => Problem::bad_request(d),
-        LogError::Unavailable(d) | LogError::Failed(d) => Problem::unavailable("log", "rocksdb", d),
+        LogError::Unavailable(d) => Problem::unavailable("log", "rocksdb", d),
+        LogError::Failed(reason) => Problem::fail_stopped("log", "rocksdb", reason),
+        LogError::Indeterminate(reason) => Problem::indeterminate(
+            "log",
+            "rocksdb",
+            format!("the write reached the log but was not made durable: it may or may not be kept (a retry may store it twice); the log has fail-stopped until meshd is restarted: {reason}"),
+        ),
         LogError::Corrupt { key, reason } => {
             Problem::internal("log", "rocksdb", format!("corrupt log record {key}: {reason}"))
         }

@@ -82,9 +82,14 @@ pub enum RuntimeError {
     NotFound(String),
     #[error("subscription {name:?} has no partition {partition}")]
     NoPartition { name: String, partition: u32 },
-    /// A Local store write failed; the partition stopped until a restart.
+    /// A Local store fail-stopped (a write failed); the request was refused before
+    /// anything of it was written, and the partition stopped until a restart.
     #[error("store failed (fail-stopped): {0}")]
     StoreFailed(String),
+    /// A Local store write of this request failed after it reached the engine: it may
+    /// or may not be on disk after a restart. The store fail-stopped.
+    #[error("{store} write outcome unknown: {detail}")]
+    Indeterminate { store: &'static str, detail: String },
     /// A store could not be reached (Meta, the log); nothing was changed.
     #[error("{store} unavailable: {detail}")]
     Unavailable { store: &'static str, detail: String },
@@ -969,17 +974,43 @@ impl Runtime {
                 tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, entry = %id, error = %e, "returning a redrive to dead at an offset reset failed");
             }
         }
-        let remove = records.iter().map(|r| (key.clone(), r.offset)).collect();
+        let remove: Vec<_> = records.iter().map(|r| (key.clone(), r.offset)).collect();
+        // From here on the reset writes: a write whose outcome is unknown makes the
+        // whole reset's outcome unknown (504), only a refusal before any of it was
+        // written is "not applied" (503).
+        let dropped_deliveries = !remove.is_empty();
         self.deps
             .deliveries
             .resolve(remove, None)
             .await
-            .map_err(failed)?;
+            .map_err(|e| match e {
+                meshd_stores::delivery::DeliveryError::Indeterminate(detail) => {
+                    RuntimeError::Indeterminate {
+                        store: "deliveries",
+                        detail,
+                    }
+                }
+                e => failed(e),
+            })?;
         self.deps
             .offsets
             .reset(key, offset)
             .await
-            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))
+            .map_err(|e| match e {
+                meshd_stores::offsets::OffsetError::Indeterminate(detail) => {
+                    RuntimeError::Indeterminate {
+                        store: "offsets",
+                        detail,
+                    }
+                }
+                e if dropped_deliveries => RuntimeError::Indeterminate {
+                    store: "offsets",
+                    detail: format!(
+                        "the partition's in-flight deliveries were dropped, then the offset reset failed: {e}"
+                    ),
+                },
+                e => RuntimeError::StoreFailed(e.to_string()),
+            })
     }
 
     /// Gauges per subscription: in flight, waiting, backlog, committed.

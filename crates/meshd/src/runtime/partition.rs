@@ -522,7 +522,7 @@ impl PartitionTask {
                     self.deps
                         .metrics
                         .store_error("deliveries", "rocksdb", "write_failed");
-                    self.fail("deliveries", e.to_string());
+                    self.fail("deliveries", e.reason());
                     inputs.push(Input::PersistFailed {
                         offset: r.offset,
                         attempt: r.attempt,
@@ -579,7 +579,7 @@ impl PartitionTask {
                     self.deps
                         .metrics
                         .store_error("deliveries", "rocksdb", "write_failed");
-                    self.fail("deliveries", e.to_string());
+                    self.fail("deliveries", e.reason());
                 }
                 vec![]
             }
@@ -597,7 +597,7 @@ impl PartitionTask {
                     self.deps
                         .metrics
                         .store_error("deliveries", "rocksdb", "write_failed");
-                    self.fail("deliveries", e.to_string());
+                    self.fail("deliveries", e.reason());
                 }
                 vec![]
             }
@@ -837,6 +837,7 @@ pub fn kind_of(e: &LogError) -> &'static str {
         LogError::BelowRetention { .. } => "below_retention",
         LogError::UnknownPartition { .. } => "unknown_partition",
         LogError::Failed(_) => "failed",
+        LogError::Indeterminate(_) => "indeterminate",
         LogError::Corrupt { .. } => "corrupt",
         LogError::Invalid(_) => "invalid",
         LogError::Unavailable(_) => "unavailable",
