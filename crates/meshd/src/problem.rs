@@ -9,6 +9,9 @@ const TYPE_BASE: &str = "https://meshd.dev/problems/";
 
 /// Seconds a client should wait before retrying a 503 or 429.
 const RETRY_AFTER_SECS: &str = "1";
+/// `Retry-After` of a fail-stop's 503: the contract gives every 503 one, but only a
+/// restart ends a fail-stop, so clients are told to come back slowly.
+const FAIL_STOP_RETRY_AFTER_SECS: &str = "30";
 
 #[derive(Debug, Clone)]
 pub struct Problem {
@@ -19,7 +22,8 @@ pub struct Problem {
     pub extra: Map<String, Value>,
     /// Whether the answer carries `Retry-After`: every 503 and 429 does, except a
     /// [fail-stop](Problem::fail_stopped), which only a restart cures.
-    pub retry_after: bool,
+    /// `Retry-After` seconds (503 and 429 only).
+    pub retry_after: Option<&'static str>,
 }
 
 impl Problem {
@@ -32,7 +36,8 @@ impl Problem {
             retry_after: matches!(
                 status,
                 StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
-            ),
+            )
+            .then_some(RETRY_AFTER_SECS),
         }
     }
 
@@ -79,9 +84,10 @@ impl Problem {
 
     /// A store that fail-stopped after a failed disk write (a Local store, or the
     /// embedded Meta on the same RocksDB) refused the request: not applied (503, type
-    /// `unavailable`, like any backend that cannot serve). Without `Retry-After`: the
-    /// store does not come back by itself — only a restart of meshd (once the disk is
-    /// healthy) does — so no retry time would be honest; the detail says so.
+    /// `unavailable`, like any backend that cannot serve). The store does not come
+    /// back by itself — only a restart of meshd (once the disk is healthy) does — so
+    /// the detail says so and `Retry-After` (which the contract gives every 503) asks
+    /// for a slow retry.
     pub fn fail_stopped(store: &str, backend: &str, reason: impl std::fmt::Display) -> Self {
         let mut p = Self::unavailable(
             store,
@@ -90,7 +96,7 @@ impl Problem {
                 "the {store} store ({backend}) has fail-stopped after a failed disk write and stays stopped until meshd is restarted; this request was not applied: {reason}"
             ),
         );
-        p.retry_after = false;
+        p.retry_after = Some(FAIL_STOP_RETRY_AFTER_SECS);
         p
     }
 
@@ -127,11 +133,8 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if self.retry_after {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from_static(RETRY_AFTER_SECS),
-            );
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static(secs));
         }
         response
     }
@@ -149,7 +152,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fail_stop_is_a_503_without_retry_after_and_says_what_stopped() {
+    fn a_fail_stop_is_a_503_with_a_slow_retry_after_and_says_what_stopped() {
         let p = Problem::fail_stopped("log", "rocksdb", "fsync failed: EIO");
         assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(p.kind, "unavailable");
@@ -162,7 +165,11 @@ mod tests {
         );
         assert!(p.detail.contains("not applied"), "{}", p.detail);
         assert!(p.detail.ends_with(": fsync failed: EIO"), "{}", p.detail);
-        assert_eq!(retry_after(p), None, "only a restart cures a fail-stop");
+        assert_eq!(
+            retry_after(p).as_deref(),
+            Some(FAIL_STOP_RETRY_AFTER_SECS),
+            "every 503 has one; only a restart cures a fail-stop"
+        );
     }
 
     #[test]

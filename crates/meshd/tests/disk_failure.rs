@@ -12,8 +12,8 @@
 //! failed has an unknown outcome: after a restart (which replays RocksDB's WAL from
 //! the page cache) it may be there or not, and it is answered 504 (`indeterminate`).
 //! A write refused *after* the store fail-stopped never reached RocksDB and is never
-//! there: it is answered 503 (`unavailable`, not applied) without `Retry-After`, since
-//! only a restart brings the store back. Each story then heals the disk, SIGKILLs
+//! there: it is answered 503 (`unavailable`, not applied) with a slow `Retry-After`
+//! (30 s), since only a restart brings the store back. Each story then heals the disk, SIGKILLs
 //! meshd and starts it again on the same data dir: every write that was acknowledged
 //! survives and the instance serves again.
 
@@ -111,8 +111,8 @@ async fn metric(a: &str, sample: &str) -> anyhow::Result<f64> {
 }
 
 /// A fail-stop's refusal: 503 `unavailable` (not applied) naming `store` on
-/// `backend`, saying that a restart is needed, without `Retry-After` (no retry time
-/// is honest: only a restart cures it), and naming the failure once.
+/// `backend`, saying that a restart is needed, with the slow `Retry-After` every
+/// fail-stop 503 carries (only a restart cures it), and naming the failure once.
 fn fail_stopped(r: &Response, store: &str, backend: &str) -> Value {
     let p = problem(r, 503);
     assert_eq!(p["type"], "https://meshd.dev/problems/unavailable", "{p}");
@@ -123,8 +123,8 @@ fn fail_stopped(r: &Response, store: &str, backend: &str) -> Value {
     );
     assert_eq!(
         r.header("retry-after"),
-        None,
-        "a fail-stop does not end by waiting: {p}"
+        Some("30"),
+        "a fail-stop does not end by waiting soon: {p}"
     );
     let detail = p["detail"].as_str().unwrap();
     assert!(detail.contains("until meshd is restarted"), "{p}");
@@ -353,7 +353,7 @@ async fn given_embedded_meta_when_a_subscription_write_fails_fsync_then_it_is_no
     indeterminate(&r, "subscriptions", "embedded");
 
     // Meta fail-stopped: later writes are refused before they are applied (503, not
-    // applied; no Retry-After: only a restart cures it), never a 2xx.
+    // applied; a slow Retry-After: only a restart cures it), never a 2xx.
     let r = send_json(
         &a,
         "PUT",
