@@ -13,6 +13,8 @@
 //!    entry's move to `redriving` and the redrive's first record would strand it).
 //! 3. Only then is the runtime `recovered` (part of `/readyz`).
 //!
+//! Recovery starts only once the log ownership below is held.
+//!
 //! Dead-letter entries are written on behalf of this instance's **log ownership**: the
 //! Meta key `owners/standalone/{log id}`, taken over at boot. Its `mod_revision` fences
 //! the writes, so a stale process of the same log (which the data-dir lock already
@@ -194,12 +196,16 @@ impl Runtime {
     }
 
     /// Starts the background work: the log ownership, then recovery once the
-    /// subscription cache is loaded, then following subscription changes.
+    /// subscription cache is loaded, then following subscription changes. In that
+    /// order: a recovered delivery that is due for the dead-letter store writes its
+    /// entry at once, which needs the ownership (and `/readyz` says `recovery = ok`
+    /// only after both).
     pub fn start(self: &Arc<Self>) {
         let rt = self.clone();
-        tokio::spawn(async move { rt.acquire_ownership().await });
-        let rt = self.clone();
-        tokio::spawn(async move { rt.follow_subscriptions().await });
+        tokio::spawn(async move {
+            rt.acquire_ownership().await;
+            rt.follow_subscriptions().await
+        });
     }
 
     async fn acquire_ownership(&self) {
