@@ -4,17 +4,22 @@
 //! When the lease is lost (expired while Meta was unreachable) a new one is granted and
 //! the key written again.
 
+use crate::cluster::ownership::LeaseState;
+use meshd_meta::fence::LeaseDeadline;
 use meshd_meta::keys::{key, prefix, KeyKind};
 use meshd_meta::{LeaseId, Meta, Precondition, RangeOptions};
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub struct Membership {
     meta: Arc<dyn Meta>,
     instance_id: String,
     addr: String,
     ttl: Duration,
+    /// The current lease and the local deadline to stop acting under it (partition
+    /// owner keys hang on this lease in cluster mode).
+    lease: tokio::sync::watch::Sender<Option<LeaseState>>,
 }
 
 impl Membership {
@@ -24,15 +29,25 @@ impl Membership {
             instance_id,
             addr,
             ttl,
+            lease: tokio::sync::watch::channel(None).0,
         }
     }
 
-    /// Registers and keeps the membership alive until the process ends.
-    pub fn spawn(self) {
-        tokio::spawn(async move { self.run().await });
+    /// Follows the membership lease (for the partition ownership controller of
+    /// cluster mode, which is not wired yet).
+    #[allow(dead_code)]
+    pub fn lease(&self) -> tokio::sync::watch::Receiver<Option<LeaseState>> {
+        self.lease.subscribe()
+    }
+
+    /// Registers and keeps the membership alive until the process ends (or the
+    /// task is aborted).
+    pub fn spawn(self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move { self.run().await })
     }
 
     async fn register(&self) -> Result<LeaseId, meshd_meta::MetaError> {
+        let sent_at = Instant::now();
         let lease = self.meta.grant(self.ttl).await?;
         let value = json!({
             "instance": self.instance_id,
@@ -48,6 +63,14 @@ impl Membership {
                 Some(lease.id),
             )
             .await?;
+        self.lease.send_replace(Some(LeaseState {
+            id: lease.id,
+            deadline: LeaseDeadline::new(
+                lease.ttl,
+                LeaseDeadline::default_margin(lease.ttl),
+                sent_at,
+            ),
+        }));
         Ok(lease.id)
     }
 
@@ -66,11 +89,20 @@ impl Membership {
                     }
                 },
                 Some(id) => {
-                    if let Err(e) = self.meta.keep_alive(id).await {
-                        tracing::warn!(store = "members", backend = self.meta.backend(), error = %e, "membership keep-alive failed");
-                        if matches!(e, meshd_meta::MetaError::LeaseNotFound(_)) {
-                            lease = None;
-                            continue;
+                    let sent_at = Instant::now();
+                    match self.meta.keep_alive(id).await {
+                        Ok(ttl) => self.lease.send_modify(|l| {
+                            if let Some(l) = l.as_mut().filter(|l| l.id == id) {
+                                l.deadline.renewed(sent_at, ttl);
+                            }
+                        }),
+                        Err(e) => {
+                            tracing::warn!(store = "members", backend = self.meta.backend(), error = %e, "membership keep-alive failed");
+                            if matches!(e, meshd_meta::MetaError::LeaseNotFound(_)) {
+                                self.lease.send_replace(None);
+                                lease = None;
+                                continue;
+                            }
                         }
                     }
                 }

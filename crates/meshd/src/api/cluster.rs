@@ -1,7 +1,8 @@
 //! `GET /v1/cluster`: this instance, the Meta backend and its health, the members
 //! (instances holding a membership lease in Meta) and every partition of every topic
-//! with its owner. Until cluster mode exists each instance serves its own embedded
-//! log, so no partition has a cluster-wide owner: `owner` and `epoch` are null.
+//! with its owner and epoch, read from the partition owner keys in Meta
+//! (`owners/partition/{topic}/{partition}`). An instance serving its own embedded log
+//! owns no partition cluster-wide, so there `owner` and `epoch` are null.
 
 use super::Api;
 use crate::problem::Problem;
@@ -52,10 +53,37 @@ async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
         .list()
         .await
         .map_err(|e| super::topics::topic_problem(e, api.meta_backend))?;
+    let owners = match tokio::time::timeout(
+        META_TIMEOUT,
+        crate::cluster::ownership::owners(api.meta.as_ref()),
+    )
+    .await
+    {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => {
+            return Err(Problem::unavailable(
+                "owners",
+                api.meta_backend,
+                e.to_string(),
+            ))
+        }
+        Err(_) => {
+            return Err(Problem::unavailable(
+                "owners",
+                api.meta_backend,
+                "Meta did not answer in time",
+            ))
+        }
+    };
     let mut partitions: Vec<Value> = Vec::new();
     for t in &topics {
         for p in 0..t.partitions {
-            partitions.push(json!({"topic": t.name, "partition": p, "owner": null, "epoch": null}));
+            let (owner, epoch) = match owners.get(&(t.name.clone(), p)) {
+                Some((holder, epoch)) => (json!(holder), json!(epoch)),
+                None => (Value::Null, Value::Null),
+            };
+            partitions
+                .push(json!({"topic": t.name, "partition": p, "owner": owner, "epoch": epoch}));
         }
     }
     Ok(Json(json!({

@@ -1,0 +1,472 @@
+//! Partition ownership in cluster mode (issue 7, item 2).
+//!
+//! Each instance holds `members/{instance}` under its membership lease. The designated
+//! owner of every (topic, partition) follows from the member list ([`super::assign`]).
+//! An instance *acquires* a partition by creating `owners/partition/{topic}/{partition}`
+//! with put-if-absent under its membership lease; the key's `mod_revision` is the
+//! ownership's epoch, and every Meta write made as owner compares it
+//! ([`meshd_meta::fence::Ownership`]). A partition whose designated owner changed is
+//! handed over by **release → drain → acquire**: the old owner stops dispatching it,
+//! checkpoints its state and deletes its owner key (fenced); only then can the new
+//! owner's put-if-absent succeed. An owner that dies simply lets its lease expire,
+//! which deletes its keys.
+//!
+//! An owner stops acting before the server can expire its lease: when the membership
+//! lease's local deadline ([`meshd_meta::fence::LeaseDeadline`]) passes without a
+//! successful keep-alive, every ownership is dropped locally at once. After `Fenced` or
+//! `Indeterminate` on an owner key the partition is dropped and re-acquired before it is
+//! acted on again.
+//!
+//! [`plan`] is the pure decision; [`Controller`] runs it against Meta.
+
+use super::assign;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A partition of a topic.
+pub type PartitionId = (String, u32);
+
+/// What to do next, from what is known now.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Held here but designated to another member: drain, then release.
+    pub release: Vec<PartitionId>,
+    /// Designated here and free: acquire.
+    pub acquire: Vec<PartitionId>,
+    /// Designated here but still held by another instance (draining, or dead with a
+    /// lease that has not expired yet): wait.
+    pub waiting: Vec<PartitionId>,
+}
+
+/// Decides releases and acquisitions for instance `me`.
+///
+/// * `members`: the instances holding a membership lease (`me` among them, or nothing
+///   is acquired: an instance that is not a member must not own anything).
+/// * `partitions`: every partition of every topic.
+/// * `holders`: the current holder of each owner key that exists.
+pub fn plan(
+    me: &str,
+    members: &[String],
+    partitions: &[PartitionId],
+    holders: &BTreeMap<PartitionId, String>,
+) -> Plan {
+    let member = members.iter().any(|m| m == me);
+    let mut out = Plan::default();
+    let known: BTreeSet<&PartitionId> = partitions.iter().collect();
+    for p in partitions {
+        let designated = assign::owner(members, &p.0, p.1);
+        let holder = holders.get(p).map(String::as_str);
+        let mine = member && designated == Some(me);
+        match (holder, mine) {
+            (Some(h), false) if h == me => out.release.push(p.clone()),
+            (Some(h), true) if h != me => out.waiting.push(p.clone()),
+            (None, true) => out.acquire.push(p.clone()),
+            _ => {}
+        }
+    }
+    // Owner keys of partitions that no longer exist (a deleted topic) are released.
+    for (p, h) in holders {
+        if h == me && !known.contains(p) {
+            out.release.push(p.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(topic: &str, n: u32) -> Vec<PartitionId> {
+        (0..n).map(|p| (topic.to_string(), p)).collect()
+    }
+
+    fn members(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_lone_member_acquires_everything_free() {
+        let ps = parts("t", 8);
+        let p = plan("a", &members(&["a"]), &ps, &BTreeMap::new());
+        assert_eq!(p.acquire, ps);
+        assert!(p.release.is_empty() && p.waiting.is_empty());
+    }
+
+    #[test]
+    fn an_instance_that_is_not_a_member_acquires_nothing_and_releases_what_it_holds() {
+        let ps = parts("t", 4);
+        let holders: BTreeMap<_, _> = ps.iter().map(|p| (p.clone(), "a".to_string())).collect();
+        let p = plan("a", &members(&["b"]), &ps, &holders);
+        assert!(p.acquire.is_empty());
+        assert_eq!(p.release, ps);
+    }
+
+    #[test]
+    fn a_new_member_waits_for_the_old_owner_to_release_and_then_acquires() {
+        let ps = parts("t", 64);
+        let all_a: BTreeMap<_, _> = ps.iter().map(|p| (p.clone(), "a".to_string())).collect();
+        let both = members(&["a", "b"]);
+        let at_a = plan("a", &both, &ps, &all_a);
+        let at_b = plan("b", &both, &ps, &all_a);
+        assert!(!at_a.release.is_empty());
+        assert_eq!(
+            at_a.release, at_b.waiting,
+            "b waits for exactly what a releases"
+        );
+        assert!(at_b.acquire.is_empty(), "nothing is taken while held");
+        // a released them: b acquires exactly those.
+        let mut after = all_a.clone();
+        for p in &at_a.release {
+            after.remove(p);
+        }
+        let at_b = plan("b", &both, &ps, &after);
+        assert_eq!(at_b.acquire, at_a.release);
+        assert!(
+            plan("a", &both, &ps, &after).release.is_empty(),
+            "a is done"
+        );
+    }
+
+    #[test]
+    fn partitions_of_a_deleted_topic_are_released() {
+        let mut holders = BTreeMap::new();
+        holders.insert(("gone".to_string(), 0), "a".to_string());
+        let p = plan("a", &members(&["a"]), &parts("t", 1), &holders);
+        assert_eq!(p.release, vec![("gone".to_string(), 0)]);
+        assert_eq!(p.acquire, parts("t", 1));
+    }
+
+    #[test]
+    fn every_partition_has_exactly_one_designated_taker_among_members() {
+        let ps = parts("t", 100);
+        let ms = members(&["a", "b", "c"]);
+        let mut taken = BTreeMap::new();
+        for m in &ms {
+            for p in plan(m, &ms, &ps, &BTreeMap::new()).acquire {
+                assert!(taken.insert(p, m.clone()).is_none(), "two takers");
+            }
+        }
+        assert_eq!(taken.len(), ps.len());
+    }
+}
+
+/// The membership lease as the owner side sees it: which lease owner keys are attached
+/// to, and until when this instance may act on them.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseState {
+    pub id: meshd_meta::LeaseId,
+    pub deadline: meshd_meta::fence::LeaseDeadline,
+}
+
+/// What the runtime does with a partition it is about to give up: stop dispatching
+/// it and checkpoint its state as `owner` (fenced), before the owner key is deleted.
+#[async_trait::async_trait]
+pub trait Drain: Send + Sync + 'static {
+    async fn drain(&self, partition: &PartitionId, owner: &meshd_meta::fence::Ownership);
+}
+
+/// The partitions this instance owns now, with their ownership (epoch) — what the
+/// runtime may act on.
+pub type Owned = std::sync::Arc<BTreeMap<PartitionId, meshd_meta::fence::Ownership>>;
+
+/// The owner key of a partition: `owners/partition/{topic}/{partition}`.
+pub fn owner_key(p: &PartitionId) -> Vec<u8> {
+    use meshd_meta::keys::{key, KeyKind};
+    key(KeyKind::Owners, &["partition", &p.0, &p.1.to_string()])
+}
+
+/// Runs [`plan`] against Meta: reads members, topics and owner keys, releases
+/// (after [`Drain`]) and acquires, and publishes what is owned. Drops everything at
+/// once when the membership lease's local deadline passes.
+pub struct Controller {
+    pub meta: std::sync::Arc<dyn meshd_meta::Meta>,
+    pub me: String,
+    pub lease: tokio::sync::watch::Receiver<Option<LeaseState>>,
+    pub topics: std::sync::Arc<dyn meshd_stores::topics::TopicStore>,
+    pub drain: std::sync::Arc<dyn Drain>,
+    pub owned: tokio::sync::watch::Sender<Owned>,
+    /// How often Meta is read again without another reason to.
+    pub tick: std::time::Duration,
+}
+
+impl Controller {
+    pub fn spawn(self) {
+        tokio::spawn(async move { self.run().await });
+    }
+
+    async fn run(self) {
+        let mut lease = self.lease.clone();
+        loop {
+            let current = *lease.borrow_and_update();
+            match current {
+                Some(l) if l.deadline.is_live(std::time::Instant::now()) => {
+                    if let Err(e) = self.step(l).await {
+                        tracing::warn!(store = "owners", backend = self.meta.backend(), error = %e, "partition ownership step failed; retrying");
+                    }
+                }
+                _ => self.drop_all("the membership lease is not live"),
+            }
+            let wake = current.map(|l| l.deadline.deadline());
+            tokio::select! {
+                r = lease.changed() => if r.is_err() {
+                    self.drop_all("the membership stopped");
+                    return;
+                },
+                _ = tokio::time::sleep(self.tick) => {}
+                // Stop acting the moment the local deadline passes.
+                _ = async {
+                    match wake {
+                        Some(d) => tokio::time::sleep_until(d.into()).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
+        }
+    }
+
+    fn drop_all(&self, why: &str) {
+        if !self.owned.borrow().is_empty() {
+            tracing::warn!(
+                store = "owners",
+                backend = self.meta.backend(),
+                owned = self.owned.borrow().len(),
+                reason = why,
+                "dropping every partition ownership"
+            );
+            self.owned
+                .send_replace(std::sync::Arc::new(BTreeMap::new()));
+        }
+    }
+
+    async fn step(&self, lease: LeaseState) -> Result<(), String> {
+        let members: Vec<String> = crate::membership::members(self.meta.as_ref())
+            .await
+            .map_err(|e| e.to_string())?
+            .iter()
+            .filter_map(|m| m["instance"].as_str().map(str::to_string))
+            .collect();
+        let partitions: Vec<PartitionId> = self
+            .topics
+            .list()
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .flat_map(|t| (0..t.partitions).map(move |p| (t.name.clone(), p)))
+            .collect();
+        let mut holders = BTreeMap::new();
+        let mut epochs = BTreeMap::new();
+        for (p, (holder, epoch)) in owners(self.meta.as_ref())
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if holder == self.me {
+                epochs.insert(p.clone(), epoch);
+            }
+            holders.insert(p, holder);
+        }
+        // What Meta no longer shows as ours (expired lease, taken) is dropped first.
+        let mut owned: BTreeMap<_, _> = (**self.owned.borrow()).clone();
+        owned.retain(|p, o| epochs.get(p) == Some(&o.epoch()));
+        // Keys under our name that this process did not acquire (an earlier run of
+        // this instance, under a lease that is ending) are deleted, fenced by their
+        // epoch, and acquired again under the current lease in the next step.
+        for (p, epoch) in &epochs {
+            if owned.contains_key(p) {
+                continue;
+            }
+            let stale = meshd_meta::fence::Ownership::from_parts(owner_key(p), *epoch, None);
+            match stale.release(self.meta.as_ref()).await {
+                Ok(()) => {
+                    tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch, "released an owner key of an earlier run");
+                    holders.remove(p);
+                }
+                Err(e) => {
+                    tracing::warn!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "releasing an owner key of an earlier run failed")
+                }
+            }
+        }
+        let todo = plan(&self.me, &members, &partitions, &holders);
+        for p in &todo.release {
+            let Some(o) = owned.remove(p) else { continue };
+            // Stop acting on it before anything else.
+            self.owned.send_replace(std::sync::Arc::new(owned.clone()));
+            self.drain.drain(p, &o).await;
+            match o.release(self.meta.as_ref()).await {
+                Ok(()) => {
+                    tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition released")
+                }
+                Err(e) => {
+                    tracing::warn!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "releasing a partition failed; its lease ends it")
+                }
+            }
+        }
+        for p in &todo.acquire {
+            match meshd_meta::fence::Ownership::acquire(
+                self.meta.as_ref(),
+                &owner_key(p),
+                self.me.as_bytes(),
+                Some(lease.id),
+            )
+            .await
+            {
+                Ok(o) => {
+                    tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition acquired");
+                    owned.insert(p.clone(), o);
+                }
+                Err(e) => {
+                    tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "partition not acquired yet")
+                }
+            }
+        }
+        if std::time::Instant::now() >= lease.deadline.deadline() {
+            self.drop_all("the membership lease deadline passed during the step");
+        } else {
+            self.owned.send_replace(std::sync::Arc::new(owned));
+        }
+        Ok(())
+    }
+}
+
+/// Every partition owner key in Meta: holder and epoch (`mod_revision`).
+pub async fn owners(
+    meta: &dyn meshd_meta::Meta,
+) -> Result<BTreeMap<PartitionId, (String, i64)>, meshd_meta::MetaError> {
+    use meshd_meta::keys::{prefix, KeyKind};
+    let r = meta
+        .range(
+            &prefix(KeyKind::Owners, &["partition"]),
+            meshd_meta::RangeOptions::default(),
+        )
+        .await?;
+    Ok(r.kvs
+        .iter()
+        .filter_map(|kv| {
+            let p = parse_owner_key(&kv.key)?;
+            Some((
+                p,
+                (
+                    String::from_utf8_lossy(&kv.value).into_owned(),
+                    kv.mod_revision,
+                ),
+            ))
+        })
+        .collect())
+}
+
+/// The partition of an owner key, `None` for other owner kinds.
+fn parse_owner_key(k: &[u8]) -> Option<PartitionId> {
+    let base = meshd_meta::keys::prefix(meshd_meta::keys::KeyKind::Owners, &["partition"]);
+    let rest = std::str::from_utf8(k.strip_prefix(base.as_slice())?).ok()?;
+    let (topic, partition) = rest.rsplit_once('/')?;
+    Some((meshd_meta::keys::unescape(topic)?, partition.parse().ok()?))
+}
+
+#[cfg(test)]
+mod controller_tests {
+    //! Two controllers with real memberships on one embedded Meta in one process: a
+    //! test of the controller's logic (the cluster properties themselves are proven
+    //! with real processes on etcd).
+    use super::*;
+    use crate::membership::Membership;
+    use meshd_meta::Meta;
+    use meshd_stores::topics::{MetaTopicStore, TopicStore};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    #[derive(Default)]
+    struct Drains(Mutex<Vec<(PartitionId, i64)>>);
+
+    #[async_trait::async_trait]
+    impl Drain for Drains {
+        async fn drain(&self, p: &PartitionId, o: &meshd_meta::fence::Ownership) {
+            self.0.lock().unwrap().push((p.clone(), o.epoch()));
+        }
+    }
+
+    struct Node {
+        owned: tokio::sync::watch::Receiver<Owned>,
+        drains: Arc<Drains>,
+        membership: tokio::task::JoinHandle<()>,
+    }
+
+    fn node(meta: &Arc<dyn Meta>, topics: &Arc<MetaTopicStore>, me: &str) -> Node {
+        let m = Membership::new(
+            meta.clone(),
+            me.into(),
+            "127.0.0.1:1".into(),
+            Duration::from_secs(1),
+        );
+        let lease = m.lease();
+        let membership = m.spawn();
+        let (tx, owned) = tokio::sync::watch::channel(Owned::default());
+        let drains = Arc::new(Drains::default());
+        Controller {
+            meta: meta.clone(),
+            me: me.into(),
+            lease,
+            topics: topics.clone(),
+            drain: drains.clone(),
+            owned: tx,
+            tick: Duration::from_millis(50),
+        }
+        .spawn();
+        Node {
+            owned,
+            drains,
+            membership,
+        }
+    }
+
+    fn set(n: &Node) -> BTreeSet<PartitionId> {
+        n.owned.borrow().keys().cloned().collect()
+    }
+
+    async fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let end = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(tokio::time::Instant::now() < end, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partitions_move_by_release_then_acquire_and_a_lost_lease_drops_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta: Arc<dyn Meta> = Arc::new(
+            meshd_meta_embedded::EmbeddedMeta::open_dir(dir.path(), Default::default()).unwrap(),
+        );
+        let topics = Arc::new(MetaTopicStore::start(meta.clone()).await.unwrap());
+        topics.ensure("t", 16).await.unwrap();
+        let all: BTreeSet<PartitionId> = (0..16).map(|p| ("t".to_string(), p)).collect();
+
+        let a = node(&meta, &topics, "a");
+        until("a owns every partition", || set(&a) == all).await;
+        let b = node(&meta, &topics, "b");
+        until("a and b split the partitions", || {
+            let (sa, sb) = (set(&a), set(&b));
+            !sb.is_empty()
+                && sa.is_disjoint(&sb)
+                && sa.union(&sb).cloned().collect::<BTreeSet<_>>() == all
+        })
+        .await;
+        // What moved was drained by a first, with a's epoch, and b's epoch is newer.
+        let drained = a.drains.0.lock().unwrap().clone();
+        let moved: BTreeSet<PartitionId> = drained.iter().map(|(p, _)| p.clone()).collect();
+        assert_eq!(moved, set(&b));
+        for (p, old) in &drained {
+            assert!(b.owned.borrow()[p].epoch() > *old);
+        }
+        // The designated split is the rendezvous one.
+        let members = vec!["a".to_string(), "b".to_string()];
+        for p in &all {
+            let want = assign::owner(&members, &p.0, p.1).unwrap();
+            assert_eq!(set(&a).contains(p), want == "a", "{p:?}");
+        }
+
+        // b stops renewing its membership: it drops everything at its local deadline
+        // (before the lease can expire), then a takes it all back.
+        b.membership.abort();
+        until("b drops its partitions", || set(&b).is_empty()).await;
+        until("a owns every partition again", || set(&a) == all).await;
+    }
+}
