@@ -208,11 +208,14 @@ pub async fn put_subscription(
         .map_err(|e| subscription_problem(e, api.meta_backend))?;
     // The runtime starts (or, for new settings, rebuilds) its partitions before the
     // answer, so a pull right after it is served; a new subscription's offsets are
-    // set at its start position here.
-    api.runtime
-        .ensure(&sub)
-        .await
-        .map_err(|e| super::consume::runtime_problem(e, api.meta_backend))?;
+    // set at its start position here. The subscription is written either way: when
+    // its partitions cannot start (a fail-stopped Local store, the topic cache
+    // unreachable) the answer still says so truthfully — an error here would claim
+    // nothing was applied — and the runtime, which follows the subscription cache,
+    // keeps trying; readiness shows the failure.
+    if let Err(e) = api.runtime.ensure(&sub).await {
+        tracing::warn!(store = "subscriptions", backend = api.meta_backend, subscription = %name, error = %e, "subscription written, but its partitions could not start yet; the runtime retries");
+    }
     let status = if created {
         StatusCode::CREATED
     } else {
