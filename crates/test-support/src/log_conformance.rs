@@ -1,0 +1,208 @@
+//! The partition-log conformance suite: what every [`PartitionLog`] (and its
+//! [`DeadLetterBodies`]) must do whatever the engine, one async function per case.
+//! The RocksDB log runs it in `crates/stores-local/tests/log_conformance.rs`, the
+//! JetStream log in `crates/log-nats/tests/conformance.rs`. Engine-specific stories
+//! (power cuts, SIGKILL of the server, retention, batch atomicity across partitions)
+//! stay with each engine.
+//!
+//! Cases that take several handles (`logs`) append through all of them concurrently:
+//! for a shared log they are separate clients (as separate processes would be), for
+//! an embedded log clones of one.
+
+use meshd_stores::log::{BodyRef, DeadLetterBodies, LogError, PartitionLog};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Concurrent appenders (8 tasks spread over `logs`, 25 appends each over 3
+/// partitions) get every offset once, contiguous from 0 per partition, and read back
+/// exactly what they appended; reads page, cap bytes (at least one event) and return
+/// nothing from beyond the end.
+pub async fn concurrent_appends_get_contiguous_offsets_and_read_back_exactly(
+    logs: &[Arc<dyn PartitionLog>],
+) {
+    assert!(!logs.is_empty());
+    let topic = "orders";
+    let mut tasks = Vec::new();
+    for t in 0..8u32 {
+        let log = logs[t as usize % logs.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            for i in 0..25u32 {
+                let payload = format!("{t}-{i}").into_bytes();
+                let got = log
+                    .append(topic, vec![(i % 3, payload.clone())])
+                    .await
+                    .expect("append");
+                mine.push((got[0], payload));
+            }
+            mine
+        }));
+    }
+    let mut by_offset: BTreeMap<(u32, u64), Vec<u8>> = BTreeMap::new();
+    for t in tasks {
+        for (pos, payload) in t.await.expect("appender") {
+            assert!(
+                by_offset.insert(pos, payload).is_none(),
+                "offset {pos:?} given twice"
+            );
+        }
+    }
+    let log = &logs[0];
+    for p in 0..3u32 {
+        let offsets: Vec<u64> = by_offset
+            .keys()
+            .filter(|(q, _)| *q == p)
+            .map(|(_, o)| *o)
+            .collect();
+        assert_eq!(
+            offsets,
+            (0..offsets.len() as u64).collect::<Vec<_>>(),
+            "partition {p} contiguous from 0"
+        );
+        let b = log.bounds(topic, p).await.expect("bounds");
+        assert_eq!((b.start, b.end), (0, offsets.len() as u64));
+        let events = log.read(topic, p, 0, 1000, usize::MAX).await.expect("read");
+        assert_eq!(events.len(), offsets.len());
+        for e in events {
+            assert_eq!(Some(&e.payload), by_offset.get(&(p, e.offset)));
+            assert!(e.appended_at_ms > 0, "appended_at_ms is set");
+        }
+    }
+    // Paging and the byte cap (always at least one event).
+    let page = log.read(topic, 0, 3, 2, usize::MAX).await.expect("page");
+    assert_eq!(
+        page.iter().map(|e| e.offset).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    assert_eq!(
+        log.read(topic, 0, 0, 100, 1).await.expect("capped").len(),
+        1
+    );
+    let two = page[0].payload.len() + page[1].payload.len();
+    assert_eq!(
+        log.read(topic, 0, 3, 100, two).await.expect("capped").len(),
+        2,
+        "the cap counts payload bytes"
+    );
+    assert!(log
+        .read(topic, 0, 10_000, 10, usize::MAX)
+        .await
+        .expect("beyond the end")
+        .is_empty());
+}
+
+/// One call's events get offsets in call order per partition, interleaved across
+/// partitions; a partition never written has bounds {0, 0} and reads nothing.
+pub async fn batch_offsets_follow_call_order(log: &dyn PartitionLog) {
+    let got = log
+        .append(
+            "t",
+            vec![(0, b"a".to_vec()), (1, b"b".to_vec()), (0, b"c".to_vec())],
+        )
+        .await
+        .expect("append");
+    assert_eq!(got, vec![(0, 0), (1, 0), (0, 1)]);
+    let got = log
+        .append("t", vec![(0, b"d".to_vec())])
+        .await
+        .expect("append");
+    assert_eq!(got, vec![(0, 2)]);
+    let events = log.read("t", 0, 0, 10, usize::MAX).await.expect("read");
+    assert_eq!(
+        events.iter().map(|e| e.payload.clone()).collect::<Vec<_>>(),
+        vec![b"a".to_vec(), b"c".to_vec(), b"d".to_vec()]
+    );
+    assert_eq!(log.append("t", Vec::new()).await.expect("empty"), vec![]);
+    let never = log.bounds("t", 7).await.expect("bounds");
+    assert_eq!((never.start, never.end), (0, 0));
+    assert!(log
+        .read("t", 7, 0, 10, usize::MAX)
+        .await
+        .expect("read")
+        .is_empty());
+    assert!(matches!(
+        log.append("", vec![(0, b"x".to_vec())]).await,
+        Err(LogError::Invalid(_))
+    ));
+}
+
+/// Deleting a topic removes its events and no other topic's; appends start again at
+/// offset 0.
+pub async fn deleting_a_topic_removes_its_events_only(log: &dyn PartitionLog) {
+    log.append("gone", vec![(0, b"1".to_vec()), (1, b"2".to_vec())])
+        .await
+        .expect("append");
+    log.append("gone2", vec![(0, b"3".to_vec())])
+        .await
+        .expect("append");
+    // A topic whose name extends the other's is another topic.
+    log.append("gone.x", vec![(0, b"4".to_vec())])
+        .await
+        .expect("append");
+    log.delete_topic("gone").await.expect("delete");
+    for p in 0..2 {
+        assert_eq!(log.bounds("gone", p).await.expect("bounds").end, 0);
+        assert!(log
+            .read("gone", p, 0, 10, usize::MAX)
+            .await
+            .expect("read")
+            .is_empty());
+    }
+    assert_eq!(
+        log.read("gone2", 0, 0, 10, usize::MAX)
+            .await
+            .expect("read")
+            .len(),
+        1
+    );
+    assert_eq!(log.bounds("gone.x", 0).await.expect("bounds").end, 1);
+    log.delete_topic("never-written").await.expect("idempotent");
+    let got = log
+        .append("gone", vec![(1, b"again".to_vec())])
+        .await
+        .expect("append");
+    assert_eq!(got, vec![(1, 0)], "a deleted topic starts again at 0");
+}
+
+/// Bodies are appended, listed in order from a position, read (`None` for another
+/// log's reference or a deleted body) and deleted (twice is fine).
+pub async fn dead_letter_bodies_are_listed_read_and_deleted(bodies: &dyn DeadLetterBodies) {
+    let a = bodies.append_body(b"a").await.expect("append");
+    let b = bodies.append_body(b"b").await.expect("append");
+    assert_eq!(a.log_id, bodies.log_id());
+    assert!(b.seq > a.seq);
+    assert_eq!(
+        bodies.list_bodies(None, 10).await.expect("list"),
+        vec![a.clone(), b.clone()]
+    );
+    assert_eq!(
+        bodies.list_bodies(Some(a.seq), 10).await.expect("list"),
+        vec![b.clone()]
+    );
+    assert_eq!(
+        bodies.list_bodies(None, 1).await.expect("list"),
+        vec![a.clone()]
+    );
+    let foreign = BodyRef {
+        log_id: format!("not-{}", bodies.log_id()),
+        seq: a.seq,
+    };
+    assert_eq!(
+        bodies.read_body(&foreign).await.expect("read"),
+        None,
+        "another log's reference is not ours"
+    );
+    assert_eq!(
+        bodies.read_body(&b).await.expect("read"),
+        Some(b"b".to_vec())
+    );
+    bodies.delete_body(&a).await.expect("delete");
+    bodies.delete_body(&a).await.expect("delete twice");
+    assert_eq!(bodies.read_body(&a).await.expect("read"), None);
+    assert_eq!(
+        bodies.list_bodies(None, 10).await.expect("list"),
+        vec![b.clone()]
+    );
+    let c = bodies.append_body(b"c").await.expect("append");
+    assert!(c.seq > b.seq, "sequences are never reused");
+}

