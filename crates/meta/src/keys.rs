@@ -17,6 +17,7 @@
 //! | `meshd/v1/deadletters/` | `deadletters/ids/{id}` | `{subscription}`: find an entry by id | with its entry |
 //! | `meshd/v1/tasks/` | `tasks/{id}` | task record; `version` = `mod_revision` | until retention after a terminal state |
 //! | `meshd/v1/checkpoints/` | `checkpoints/{subscription incarnation}/{partition}` | offset checkpoint | with the subscription |
+//! | `meshd/v1/attempts/` | `attempts/{subscription}/{incarnation}/{topic}/{partition}` | attempt ledger: the attempt count of every in-flight delivery, rewritten whole, fenced by the partition owner | with the subscription, or until nothing of the partition is in flight |
 //!
 //! A fixed first component (`client`/`id`, `entries`/`ids`) keeps two key families
 //! under one kind apart whatever the names are. Retired prefixes stay listed as
@@ -36,11 +37,14 @@ pub enum KeyKind {
     DeadLetters,
     Tasks,
     Checkpoints,
+    /// Cluster mode: in-flight attempt counts per subscription incarnation and
+    /// partition (`meshd_stores::attempts`).
+    Attempts,
 }
 
 impl KeyKind {
     /// Every kind (the key catalog test checks each is documented).
-    pub const ALL: [KeyKind; 8] = [
+    pub const ALL: [KeyKind; 9] = [
         KeyKind::Members,
         KeyKind::Owners,
         KeyKind::Topics,
@@ -49,6 +53,7 @@ impl KeyKind {
         KeyKind::DeadLetters,
         KeyKind::Tasks,
         KeyKind::Checkpoints,
+        KeyKind::Attempts,
     ];
 
     pub fn segment(self) -> &'static str {
@@ -61,6 +66,7 @@ impl KeyKind {
             KeyKind::DeadLetters => "deadletters",
             KeyKind::Tasks => "tasks",
             KeyKind::Checkpoints => "checkpoints",
+            KeyKind::Attempts => "attempts",
         }
     }
 }

@@ -13,10 +13,12 @@
 //! | SessionStore ([`sessions`]) | L2 cluster-shared | Meta + lease + cache | here |
 //! | DeadLetterStore ([`deadletters`]) | L3 durable | Meta (ledger) + the log's dead-letter stream (bodies) | here |
 //! | TaskStore ([`tasks`]) | L3 durable | Meta | here |
+//! | attempt ledger ([`attempts`]) | L3 durable, cluster mode | Meta (fenced by the partition owner) | here |
 //!
 //! The stores on Meta depend only on the [`meshd_meta::Meta`] contract, so they run on
 //! etcd and on the embedded Meta alike, and their conformance suites run on both.
 
+pub mod attempts;
 pub mod deadletters;
 pub mod delivery;
 pub mod log;
