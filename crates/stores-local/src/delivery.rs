@@ -16,7 +16,7 @@ use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::delivery::{
     DeliveryError, DeliveryRecord, DeliveryState, DeliveryStateStore, OffsetAdvance, SessionBinding,
 };
-use meshd_stores::offsets::{OffsetError, OffsetKey};
+use meshd_stores::offsets::{Committed, OffsetError, OffsetKey};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -385,6 +385,33 @@ impl DeliveryStateStore for RocksDeliveryStore {
                 }
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn adopt_partition(
+        &self,
+        key: &OffsetKey,
+        committed: Committed,
+    ) -> Result<(), DeliveryError> {
+        let key = key.clone();
+        let prefix = keys::deliveries_of_partition(&key);
+        self.blocking(move |s| {
+            let staged = s.group.commit_with::<_, Closure>(|engine| {
+                let rows = engine.scan(CF_DELIVERIES, &prefix, Some(&keys::end_of(&prefix)), 0)?;
+                let mut batch = Batch::new();
+                for (k, v) in &rows {
+                    let (rkey, offset) = parse_key(k).map_err(Closure::Delivery)?;
+                    if let Ok(r) = decode(rkey, offset, v) {
+                        batch.delete(CF_DELIVERIES, keys::deadline_key(r.deadline_ms, k));
+                    }
+                    batch.delete(CF_DELIVERIES, k.clone());
+                }
+                let staged = s.offsets.stage_adopt(&key, committed, &mut batch)?;
+                Ok((batch, staged))
+            })?;
+            s.offsets.publish_adopted(&staged);
+            Ok(())
         })
         .await
     }

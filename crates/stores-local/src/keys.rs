@@ -151,6 +151,13 @@ pub fn delivery_key(key: &OffsetKey, offset: u64) -> Vec<u8> {
     k
 }
 
+/// Every delivery record of one partition of a subscription incarnation.
+pub fn deliveries_of_partition(key: &OffsetKey) -> Vec<u8> {
+    let mut k = vec![DELIVERY];
+    partition_part(&mut k, key);
+    k
+}
+
 pub fn deliveries_of_subscription(subscription: &str, incarnation: i64) -> Vec<u8> {
     let mut k = vec![DELIVERY];
     subscription_part(&mut k, subscription, incarnation);

@@ -173,6 +173,31 @@ impl RocksOffsetStore {
         Ok(Staged::Write(key.clone(), next))
     }
 
+    /// Stages `committed` exactly as given (Meta's checkpoint, which is authoritative on
+    /// acquiring a partition in cluster mode): the local value may be ahead or behind.
+    /// Must run inside a group-commit closure. Publish with [`Self::publish_adopted`].
+    pub(crate) fn stage_adopt(
+        &self,
+        key: &OffsetKey,
+        committed: Committed,
+        batch: &mut Batch,
+    ) -> Result<Staged, OffsetError> {
+        keys::check_name("subscription", &key.subscription)
+            .and_then(|_| keys::check_name("topic", &key.topic))
+            .map_err(|e| OffsetError::Failed(format!("invalid offset key: {e}")))?;
+        batch.put(CF_OFFSETS, keys::offset_key(key), encode(&committed));
+        lock(&self.inner.staged).insert(key.clone(), committed);
+        Ok(Staged::Write(key.clone(), committed))
+    }
+
+    /// Publishes an adopted value once its batch is durable, replacing whatever the
+    /// cache shows (it may move backwards: Meta is authoritative).
+    pub(crate) fn publish_adopted(&self, staged: &Staged) {
+        if let Staged::Write(key, c) = staged {
+            lock(&self.inner.durable).insert(key.clone(), *c);
+        }
+    }
+
     /// Publishes a staged value once its batch is durable.
     pub(crate) fn publish(&self, staged: &Staged) -> Committed {
         match staged {

@@ -6,7 +6,7 @@ mod common;
 use meshd_stores::delivery::{
     DeliveryError, DeliveryRecord, DeliveryState, DeliveryStateStore, OffsetAdvance,
 };
-use meshd_stores::offsets::{OffsetKey, OffsetStore};
+use meshd_stores::offsets::{Committed, OffsetKey, OffsetStore};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -184,6 +184,72 @@ async fn resolve_removes_records_and_advances_the_offset_in_one_durable_batch() 
         .unwrap_err();
     assert!(matches!(err, DeliveryError::Offset(_)), "{err:?}");
     assert_eq!(stores.deliveries.load_all().await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopting_a_partition_drops_its_records_and_sets_metas_offset_in_one_durable_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let d = &stores.deliveries;
+    // This instance owned partition 0 earlier: records and an offset of its own.
+    for offset in 5..9 {
+        d.record_attempt(record(0, offset, 2, 100 + offset))
+            .await
+            .unwrap();
+    }
+    d.record_attempt(record(1, 3, 1, 50)).await.unwrap();
+    stores.offsets.commit(&pkey(0), 5).await.unwrap();
+    // Meta's checkpoint (another owner moved on meanwhile; it may also be behind).
+    for meta_offset in [12, 7] {
+        let meta = Committed {
+            offset: meta_offset,
+            epoch: 3,
+            at_ms: 42,
+        };
+        d.adopt_partition(&pkey(0), meta).await.unwrap();
+        assert_eq!(stores.offsets.get(&pkey(0)).await.unwrap(), Some(meta));
+    }
+    let image = power.cut();
+    drop(stores);
+    let rebooted = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, rebooted.path());
+    let left: Vec<(u32, u64)> = stores
+        .deliveries
+        .load_all()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.key.partition, r.offset))
+        .collect();
+    assert_eq!(
+        left,
+        vec![(1, 3)],
+        "only the other partition's record is left"
+    );
+    let due: Vec<(u32, u64)> = stores
+        .deliveries
+        .due(u64::MAX - 1, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.key.partition, r.offset))
+        .collect();
+    assert_eq!(
+        due,
+        vec![(1, 3)],
+        "the deadline index went with the records"
+    );
+    assert_eq!(
+        stores.offsets.get(&pkey(0)).await.unwrap(),
+        Some(Committed {
+            offset: 7,
+            epoch: 3,
+            at_ms: 42
+        }),
+        "Meta's value exactly, durable"
+    );
+    // Commits go on from the adopted value.
+    stores.offsets.commit(&pkey(0), 8).await.unwrap();
 }
 
 #[tokio::test]

@@ -122,6 +122,16 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
         incarnation: i64,
     ) -> Result<Vec<DeliveryRecord>, DeliveryError>;
     async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<DeliveryRecord>, DeliveryError>;
+    /// Cluster mode, on acquiring a partition: Meta is authoritative. In one atomic,
+    /// durable batch, drops every local record of the partition (from an earlier
+    /// ownership of this instance) and sets its committed offset to `committed`
+    /// exactly (Meta's checkpoint; it may be below or above the local value). Call it
+    /// only while no partition task runs for `key`.
+    async fn adopt_partition(
+        &self,
+        key: &OffsetKey,
+        committed: crate::offsets::Committed,
+    ) -> Result<(), DeliveryError>;
     /// Drops every record of a subscription incarnation.
     async fn drop_subscription(
         &self,
