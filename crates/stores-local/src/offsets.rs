@@ -383,6 +383,40 @@ impl OffsetStore for RocksOffsetStore {
         }
         Ok(Some(rec.committed))
     }
+
+    async fn init_checkpoint(
+        &self,
+        meta: &dyn Meta,
+        key: &OffsetKey,
+        offset: u64,
+    ) -> Result<Committed, OffsetError> {
+        let start = Committed {
+            offset,
+            epoch: 0,
+            at_ms: now_ms(),
+        };
+        let value = serde_json::to_vec(&CheckpointRecord {
+            v: 1,
+            committed: start,
+        })
+        .map_err(|e| OffsetError::Failed(format!("encoding checkpoint: {e}")))?;
+        match meta
+            .put(
+                &Self::checkpoint_key(key),
+                &value,
+                meshd_meta::Precondition::Absent,
+                None,
+            )
+            .await
+        {
+            Ok(_) => Ok(start),
+            Err(MetaError::Conflict { .. }) => self
+                .load_checkpoint(meta, key)
+                .await?
+                .ok_or_else(|| OffsetError::Failed("checkpoint vanished while being read".into())),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 /// A partition's committed offset in Meta (cluster mode).

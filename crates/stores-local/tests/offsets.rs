@@ -195,3 +195,26 @@ async fn checkpoints_are_fenced_by_the_owner_epoch() {
         "a stale owner's checkpoint is not applied"
     );
 }
+
+#[tokio::test]
+async fn the_first_start_written_to_meta_wins_and_a_checkpoint_replaces_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let meta_dir = tempfile::tempdir().unwrap();
+    let meta = EmbeddedMeta::open_dir(meta_dir.path(), EmbeddedConfig::default()).unwrap();
+    let k = key("init", 9, 0);
+    // The creator writes the start (the log's end when it created the subscription);
+    // a later owner computing another start gets the first one back.
+    let first = stores.offsets.init_checkpoint(&meta, &k, 17).await.unwrap();
+    assert_eq!((first.offset, first.epoch), (17, 0));
+    let again = stores.offsets.init_checkpoint(&meta, &k, 40).await.unwrap();
+    assert_eq!(again, first, "put-if-absent: one start for everyone");
+    // An owner's checkpoint moves it on; init never moves it back.
+    stores.offsets.commit(&k, 30).await.unwrap();
+    let owner = Ownership::acquire(&meta, b"meshd/v1/owners/partition/t/0", b"A", None)
+        .await
+        .unwrap();
+    stores.offsets.checkpoint(&meta, &owner, &k).await.unwrap();
+    let after = stores.offsets.init_checkpoint(&meta, &k, 0).await.unwrap();
+    assert_eq!(after.offset, 30);
+}

@@ -54,7 +54,8 @@ pub enum OffsetError {
 /// * `reset` is the only way backwards: it records a new epoch.
 /// * `get`/`list` serve durable values from an in-memory cache.
 /// * `checkpoint` writes the partition's committed offset to Meta fenced by the owner's
-///   epoch (cluster mode); `load_checkpoint` reads it back.
+///   epoch (cluster mode); `load_checkpoint` reads it back; `init_checkpoint` writes a
+///   start only where there is none.
 #[async_trait]
 pub trait OffsetStore: Send + Sync + 'static {
     async fn get(&self, key: &OffsetKey) -> Result<Option<Committed>, OffsetError>;
@@ -85,4 +86,14 @@ pub trait OffsetStore: Send + Sync + 'static {
         meta: &dyn Meta,
         key: &OffsetKey,
     ) -> Result<Option<Committed>, OffsetError>;
+    /// Cluster mode: the partition's start, written to Meta only if it has no
+    /// checkpoint yet (put-if-absent, so the instance that creates a subscription and
+    /// the first owner of each partition agree on one start); returns the checkpoint
+    /// Meta holds afterwards.
+    async fn init_checkpoint(
+        &self,
+        meta: &dyn Meta,
+        key: &OffsetKey,
+        offset: u64,
+    ) -> Result<Committed, OffsetError>;
 }
