@@ -68,12 +68,17 @@
 //!   are still reported as [`LogError::BelowRetention`]. The report counts how far the
 //!   retained starts moved since the previous pass; `bytes_removed` is 0 (unknown).
 //!   The dead-letter stream has no limits.
-//! * **`appends()` sees other processes' appends too**: every partition stream
-//!   republishes a headers-only notice of each stored message to `ns.appended.…`
-//!   (JetStream does it after the store, so a woken reader finds the event), and the
-//!   log keeps one core subscription to `ns.appended.>`; the counter also moves after
-//!   this process's own appends and on every reconnect (a notice may be lost while
-//!   disconnected, so readers look again).
+//! * **`appends(topic, partition)` sees other processes' appends too**: every
+//!   partition stream republishes a headers-only notice of each stored message to
+//!   `ns.appended.{topic}.{partition}` (JetStream does it after the store, so a woken
+//!   reader finds the event), and the log keeps one core subscription to
+//!   `ns.appended.>` that routes each notice, by its subject, to that partition's
+//!   receivers only, raising their value to the notice's `Nats-Sequence` (= the end
+//!   after that event). This process's own appends notify the partitions they stored
+//!   to once acknowledged. After a *re*connect every partition with receivers is
+//!   notified (notices sent while disconnected are lost, so readers look again).
+//!   Notices of other processes cost this one a subject parse and a map lookup each;
+//!   only a partition somebody here listens to wakes anyone.
 //! * **Every request has a deadline** (`request_timeout`, default 5 s), so nothing hangs
 //!   when nats-server is paused (SIGSTOP) or unreachable. Errors: nothing was sent or
 //!   the server refused it → [`LogError::Unavailable`] (HTTP 503, safe to retry); a
@@ -132,14 +137,14 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use js::{Fail, Js, STREAM_NAME_IN_USE, STREAM_NOT_FOUND};
 use meshd_stores::log::{
-    BodyRef, DeadLetterBodies, LogError, LogEvent, PartitionBounds, PartitionLog, Retention,
-    RetentionReport,
+    AppendNotifier, BodyRef, DeadLetterBodies, LogError, LogEvent, PartitionBounds, PartitionLog,
+    Retention, RetentionReport,
 };
 use names::Names;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -180,8 +185,10 @@ struct Inner {
     /// Unique per process, so atomic batch ids of two instances never collide.
     batch_prefix: String,
     next_batch: AtomicU64,
-    appends: Arc<watch::Sender<u64>>,
-    /// The task that turns "stored" notices into `appends` ticks; aborted on drop.
+    /// Per-partition append notifications; shared with the notice task and the
+    /// connection-event callback.
+    appends: Arc<AppendNotifier>,
+    /// The task that routes "stored" notices to `appends`; aborted on drop.
     notices: tokio::task::JoinHandle<()>,
 }
 
@@ -308,8 +315,11 @@ impl NatsLog {
             .validate()
             .map_err(|e| LogError::Invalid(e.to_string()))?;
         let names = Names::new(&config.namespace);
-        let appends = Arc::new(watch::channel(0u64).0);
+        let appends = Arc::new(AppendNotifier::default());
         let on_event = appends.clone();
+        // Set by a disconnect, so the next `Connected` (a reconnect, not the first
+        // connect) wakes every reader.
+        let lost = Arc::new(AtomicBool::new(false));
         let options = async_nats::ConnectOptions::new()
             .name(format!("meshd log ({})", config.namespace))
             .connection_timeout(config.connect_timeout)
@@ -317,14 +327,18 @@ impl NatsLog {
             .ping_interval(config.ping_interval)
             .event_callback(move |event| {
                 let appends = on_event.clone();
+                let lost = lost.clone();
                 async move {
                     match event {
                         async_nats::Event::Connected => {
-                            // Notices sent while we were away are lost: wake readers.
-                            appends.send_modify(|n| *n += 1);
+                            if lost.swap(false, Ordering::AcqRel) {
+                                // Notices sent while we were away are lost: wake readers.
+                                appends.notify_all();
+                            }
                             tracing::info!(store = "log", backend = "nats", "connected to nats-server");
                         }
                         async_nats::Event::Disconnected => {
+                            lost.store(true, Ordering::Release);
                             tracing::warn!(store = "log", backend = "nats", "disconnected from nats-server")
                         }
                         other => tracing::info!(store = "log", backend = "nats", event = %other, "nats client event"),
@@ -364,11 +378,22 @@ impl NatsLog {
             .subscribe(names.appended_filter())
             .await
             .map_err(|e| LogError::Unavailable(format!("nats: subscribing to notices: {e}")))?;
-        let ticks = appends.clone();
+        let routes = appends.clone();
+        let notice_names = names.clone();
         let notices = tokio::spawn(async move {
             use futures::StreamExt;
-            while sub.next().await.is_some() {
-                ticks.send_modify(|n| *n += 1);
+            while let Some(m) = sub.next().await {
+                let Some((topic, partition)) = notice_names.parse_appended_subject(&m.subject)
+                else {
+                    continue;
+                };
+                // The stream sequence of the stored event = the partition's end after it.
+                let end = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(async_nats::header::NATS_SEQUENCE))
+                    .and_then(|v| v.as_str().parse::<u64>().ok());
+                routes.notify(&topic, partition, end);
             }
         });
         let retention = config.retention;
@@ -722,13 +747,18 @@ impl Inner {
                 }
             }
         }
-        if refused.is_empty() && unknown.is_empty() {
-            self.appends.send_modify(|n| *n += 1);
-            return Ok(placed);
+        // Acknowledged, so durable: readers of those partitions may look (the
+        // republished notices follow, possibly later).
+        for partition in &stored {
+            let share = &shares[partition];
+            let end = share
+                .last()
+                .map(|(i, _)| placed[*i].1 + 1)
+                .unwrap_or_default();
+            self.appends.notify(topic, *partition, Some(end));
         }
-        if !stored.is_empty() {
-            // Readers may see the stored shares.
-            self.appends.send_modify(|n| *n += 1);
+        if refused.is_empty() && unknown.is_empty() {
+            return Ok(placed);
         }
         let detail = reasons.join("; ");
         tracing::warn!(
@@ -823,6 +853,8 @@ impl Inner {
                 "stream deleted"
             );
         }
+        // Receivers of the deleted partitions see their sender closed.
+        self.appends.forget_topic(topic);
         Ok(())
     }
 
@@ -939,8 +971,10 @@ impl PartitionLog for NatsLog {
         self.inner.enforce_retention(retention).await
     }
 
-    fn appends(&self) -> watch::Receiver<u64> {
-        self.inner.appends.subscribe()
+    /// The value starts at 0 (the end is not known without a request) and is raised
+    /// by this process's appends and by "stored" notices.
+    fn appends(&self, topic: &str, partition: u32) -> watch::Receiver<u64> {
+        self.inner.appends.subscribe(topic, partition, || 0)
     }
 }
 

@@ -123,7 +123,16 @@ impl Names {
 
     /// (topic, partition) of a partition subject of this namespace.
     pub fn parse_partition_subject(&self, subject: &str) -> Option<(String, u32)> {
-        let rest = subject.strip_prefix(&self.ns)?.strip_prefix(".log.")?;
+        self.parse(subject, ".log.")
+    }
+
+    /// (topic, partition) of a "stored" notice subject of this namespace.
+    pub fn parse_appended_subject(&self, subject: &str) -> Option<(String, u32)> {
+        self.parse(subject, ".appended.")
+    }
+
+    fn parse(&self, subject: &str, kind: &str) -> Option<(String, u32)> {
+        let rest = subject.strip_prefix(&self.ns)?.strip_prefix(kind)?;
         let (esc, partition) = rest.rsplit_once('.')?;
         Some((unescape(esc)?, partition.parse().ok()?))
     }
@@ -178,6 +187,12 @@ mod tests {
             Some(("orders.eu_1".to_string(), 3))
         );
         assert_eq!(n.parse_partition_subject("other.log.a.1"), None);
+        assert_eq!(
+            n.parse_appended_subject(&n.appended_subject("orders.eu_1", 3)),
+            Some(("orders.eu_1".to_string(), 3))
+        );
+        assert_eq!(n.parse_appended_subject("meshd.log.o.0"), None);
+        assert_eq!(n.parse_appended_subject("meshd.appended.o.x"), None);
         assert_eq!(n.dlq_stream(), "meshd_dlq");
     }
 

@@ -31,6 +31,12 @@ async fn deleting_a_topic_removes_its_events_only() {
 }
 
 #[tokio::test]
+async fn appends_notify_only_the_partitions_appended_to() {
+    let nats = common::server().await;
+    suite::appends_notify_only_the_partitions_appended_to(&common::connect(&nats).await).await;
+}
+
+#[tokio::test]
 async fn dead_letter_bodies_are_listed_read_and_deleted() {
     let nats = common::server().await;
     suite::dead_letter_bodies_are_listed_read_and_deleted(&common::connect(&nats).await).await;

@@ -1,9 +1,10 @@
 //! The JetStream log against a real nats-server (`sync_interval: always`): what the
 //! conformance suite cannot say about a shared log — atomic batches per partition and
-//! the weaker promise across partitions, appends seen by other clients, retention by
-//! JetStream limits reported as `BelowRetention`, a SIGKILLed server that keeps every
-//! acknowledged event, and a paused server that gets answers within the deadline and a
-//! client that recovers by itself.
+//! the weaker promise across partitions, appends seen by other clients (per partition;
+//! a reconnect wakes every receiver), retention by JetStream limits reported as
+//! `BelowRetention`, a SIGKILLed server that keeps every acknowledged event, and a
+//! paused server that gets answers within the deadline and a client that recovers by
+//! itself.
 
 mod common;
 
@@ -143,10 +144,8 @@ async fn appends_notices_an_append_made_by_another_client() {
     let nats = common::server().await;
     let reader = common::connect(&nats).await;
     let writer = common::connect(&nats).await;
-    let mut appends = reader.appends();
-    // Let the reader's own connection events pass; then only notices move it.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let seen = *appends.borrow_and_update();
+    let mut appends = reader.appends("shared", 2);
+    let mut own = reader.appends("shared", 0);
     let mut at = Vec::new();
     for i in 0..3u8 {
         at = writer
@@ -154,9 +153,10 @@ async fn appends_notices_an_append_made_by_another_client() {
             .await
             .unwrap();
     }
+    assert_eq!(at, vec![(2, 2)]);
     tokio::time::timeout(Duration::from_secs(5), async {
-        // One notice per stored event, republished by JetStream after the store.
-        while *appends.borrow_and_update() < seen + 3 {
+        // Each notice carries its stream sequence: the partition's end after it.
+        while *appends.borrow_and_update() < 3 {
             appends.changed().await.expect("sender alive");
         }
     })
@@ -166,14 +166,16 @@ async fn appends_notices_an_append_made_by_another_client() {
     let events = reader.read("shared", 2, 0, 10, usize::MAX).await.unwrap();
     assert_eq!(events.len(), 3);
     assert_eq!(events[2].payload, b"e\x02");
-    assert_eq!(at, vec![(2, 2)]);
-    // Its own appends tick too.
-    let before = *appends.borrow_and_update();
+    // The writer's appends to partition 2 did not wake the reader's partition 0.
+    assert!(!own.has_changed().unwrap());
+    // Its own appends notify their partition as soon as they are acknowledged.
+    own.borrow_and_update();
     reader
         .append("shared", vec![(0, b"own".to_vec())])
         .await
         .unwrap();
-    assert!(*appends.borrow() > before);
+    assert!(own.has_changed().unwrap());
+    assert!(*own.borrow_and_update() >= 1);
 }
 
 #[tokio::test]
@@ -315,6 +317,8 @@ async fn given_acknowledged_appends_when_nats_server_is_sigkilled_then_every_one
             acked
         }));
     }
+    // A partition nobody appends to: only the reconnect can wake it.
+    let mut quiet = log.appends("quiet", 0);
     tokio::time::sleep(Duration::from_millis(500)).await;
     nats.kill();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -364,6 +368,11 @@ async fn given_acknowledged_appends_when_nats_server_is_sigkilled_then_every_one
         .await
         .unwrap();
     }
+    // Notices sent while disconnected are lost: the reconnect wakes every receiver.
+    tokio::time::timeout(Duration::from_secs(15), quiet.changed())
+        .await
+        .expect("the reconnect wakes a receiver within 15 s")
+        .expect("the sender is open");
     // Offsets continue after what survived; none is given twice.
     for p in 0..2u32 {
         let end = fresh.bounds("kill", p).await.unwrap().end;

@@ -12,8 +12,8 @@ use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::GroupCommit;
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::log::{
-    BodyRef, DeadLetterBodies, LogError, LogEvent, PartitionBounds, PartitionLog, Retention,
-    RetentionReport,
+    AppendNotifier, BodyRef, DeadLetterBodies, LogError, LogEvent, PartitionBounds, PartitionLog,
+    Retention, RetentionReport,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -110,7 +110,10 @@ struct Inner {
     heads: Mutex<HashMap<(String, u32), Head>>,
     /// Next dead-letter body sequence; changed only under the group-commit lock.
     next_body: Mutex<u64>,
-    appends: watch::Sender<u64>,
+    /// Per-partition append notifications. Lock order: `appends` before `heads`
+    /// (a new sender reads the durable end under its lock); `notify` is called only
+    /// after `heads` is released.
+    appends: AppendNotifier,
 }
 
 fn now_ms() -> u64 {
@@ -183,14 +186,13 @@ impl RocksLog {
             log_id,
             "log opened"
         );
-        let (appends, _) = watch::channel(0);
         Ok(Self {
             inner: Arc::new(Inner {
                 log_id: log_id.to_string(),
                 group,
                 heads: Mutex::new(heads),
                 next_body: Mutex::new(next_body),
-                appends,
+                appends: AppendNotifier::default(),
             }),
         })
     }
@@ -268,15 +270,21 @@ impl Inner {
             })
             .map_err(write_err)?;
         // Durable now (and so is every earlier append: fsyncs cover the WAL in order).
+        let mut ends: HashMap<u32, u64> = HashMap::new();
         {
             let mut heads = self.heads();
             for (partition, offset) in &assigned {
                 if let Some(h) = heads.get_mut(&(topic.to_string(), *partition)) {
                     h.durable_end = h.durable_end.max(offset + 1);
+                    ends.insert(*partition, h.durable_end);
                 }
             }
         }
-        self.appends.send_modify(|n| *n += 1);
+        // Only the partitions this call appended to, once durable (and `heads`
+        // released: see the lock order on `appends`).
+        for (partition, end) in ends {
+            self.appends.notify(topic, partition, Some(end));
+        }
         Ok(assigned)
     }
 
@@ -476,7 +484,10 @@ impl Inner {
                 });
                 Ok((batch, ()))
             })
-            .map_err(write_err)
+            .map_err(write_err)?;
+        // Receivers of the deleted partitions see their sender closed.
+        self.appends.forget_topic(topic);
+        Ok(())
     }
 
     fn next_body(&self) -> MutexGuard<'_, u64> {
@@ -568,8 +579,11 @@ impl PartitionLog for RocksLog {
             .await
     }
 
-    fn appends(&self) -> watch::Receiver<u64> {
-        self.inner.appends.subscribe()
+    fn appends(&self, topic: &str, partition: u32) -> watch::Receiver<u64> {
+        let inner = &self.inner;
+        inner
+            .appends
+            .subscribe(topic, partition, || inner.bounds(topic, partition).end)
     }
 }
 

@@ -30,6 +30,13 @@ async fn deleting_a_topic_removes_its_events_only() {
 }
 
 #[tokio::test]
+async fn appends_notify_only_the_partitions_appended_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    suite::appends_notify_only_the_partitions_appended_to(&stores.log).await;
+}
+
+#[tokio::test]
 async fn dead_letter_bodies_are_listed_read_and_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let stores = common::open(dir.path());

@@ -2,7 +2,10 @@
 //! stream that keeps the bodies of dead-lettered events.
 
 use async_trait::async_trait;
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Mutex, MutexGuard};
+use tokio::sync::watch;
 
 /// Where a dead-lettered event's body is kept: the dead-letter stream of one log.
 /// `log_id` is the instance id for an embedded log, the stream name for a shared one,
@@ -166,7 +169,175 @@ pub trait PartitionLog: Send + Sync + 'static {
         now_ms: u64,
     ) -> Result<RetentionReport, LogError>;
 
-    /// A counter that grows with every durable append, for long polls: wait for it to
-    /// change, then read.
-    fn appends(&self) -> tokio::sync::watch::Receiver<u64>;
+    /// Notifications of durable appends to one partition, for the task that serves it:
+    /// take the receiver, read [`bounds`](Self::bounds), then wait for `changed()` and
+    /// read `bounds` again. Appends to other partitions (of this topic or another)
+    /// never mark it, so a reader wakes for its own partition only.
+    ///
+    /// * **Durable only**: the receiver is marked changed after an append to
+    ///   (`topic`, `partition`) only once its events are durable (after the group fsync;
+    ///   for a shared log after the server's acknowledgement or its "stored" notice), so
+    ///   a woken reader finds them with `bounds` and `read`.
+    /// * **Never misses the last change, may coalesce**: every durable append that
+    ///   completes after the receiver was taken marks it changed (`watch` semantics:
+    ///   several appends may make one change, nothing after the last `changed()` is
+    ///   lost). Appends made *before* it was taken are found by the `bounds` read that
+    ///   follows taking it.
+    /// * **Spurious changes are allowed**: a shared log marks every receiver changed
+    ///   after a reconnect (notices may have been lost meanwhile).
+    /// * **The value** is the highest durable end of the partition the log has learned
+    ///   of since this notifier was created (never decreasing; at creation the durable
+    ///   end if known cheaply, else 0). It is a hint: `bounds` is the truth (a
+    ///   partition deleted and re-created elsewhere may be below it).
+    /// * **Closed**: after `delete_topic(topic)` on this log, and when the log is
+    ///   dropped, the topic's receivers see the sender closed (`changed()` is `Err`). A
+    ///   caller that still serves the partition takes a new receiver after a short
+    ///   pause (never in a tight loop) and reads `bounds` again.
+    /// * **Memory**: one sender per (topic, partition) that has had a receiver, made on
+    ///   the first call; dropped by `delete_topic`, and by the next append (or
+    ///   reconnect) that finds it without receivers. See [`AppendNotifier`].
+    fn appends(&self, topic: &str, partition: u32) -> watch::Receiver<u64>;
+}
+
+/// The per-partition senders behind [`PartitionLog::appends`], shared by the log
+/// engines so they keep that contract the same way.
+///
+/// The engine calls [`notify`](Self::notify) only once an append is durable,
+/// [`notify_all`](Self::notify_all) when it may have missed appends (a reconnect), and
+/// [`forget_topic`](Self::forget_topic) when a topic is deleted.
+#[derive(Default)]
+pub struct AppendNotifier {
+    /// topic → partition → sender. Nested so a lookup by `&str` allocates nothing and
+    /// `forget_topic` drops a topic at once. Holds only partitions that have had a
+    /// receiver; a sender without receivers is removed by the next `notify` of its
+    /// partition or the next `notify_all`.
+    senders: Mutex<Senders>,
+}
+
+type Senders = HashMap<String, HashMap<u32, watch::Sender<u64>>>;
+
+impl AppendNotifier {
+    fn senders(&self) -> MutexGuard<'_, Senders> {
+        // Every change is one insert or remove: consistent after a panic elsewhere.
+        self.senders.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A receiver for (`topic`, `partition`). When the partition has no sender yet one
+    /// is made with the value `durable_end()`, called under this notifier's lock: an
+    /// engine that reads its durable end there and calls `notify` only after updating
+    /// it (never holding its own lock across `notify`) cannot lose an append that
+    /// completes while the sender is being made.
+    pub fn subscribe(
+        &self,
+        topic: &str,
+        partition: u32,
+        durable_end: impl FnOnce() -> u64,
+    ) -> watch::Receiver<u64> {
+        let mut senders = self.senders();
+        if let Some(s) = senders.get(topic).and_then(|m| m.get(&partition)) {
+            return s.subscribe();
+        }
+        let (tx, rx) = watch::channel(durable_end());
+        senders
+            .entry(topic.to_string())
+            .or_default()
+            .insert(partition, tx);
+        rx
+    }
+
+    /// Marks the receivers of (`topic`, `partition`) changed, the value raised to `end`
+    /// when that is higher (`None`: end unknown, wake only). Call only once the append
+    /// is durable. A partition nobody listens to costs one lookup.
+    pub fn notify(&self, topic: &str, partition: u32, end: Option<u64>) {
+        let mut senders = self.senders();
+        let Some(topic_senders) = senders.get_mut(topic) else {
+            return;
+        };
+        let Some(s) = topic_senders.get(&partition) else {
+            return;
+        };
+        if s.receiver_count() == 0 {
+            topic_senders.remove(&partition);
+            if topic_senders.is_empty() {
+                senders.remove(topic);
+            }
+            return;
+        }
+        s.send_modify(|v| *v = (*v).max(end.unwrap_or(0)));
+    }
+
+    /// Marks every receiver changed (values unchanged): appends may have been missed.
+    pub fn notify_all(&self) {
+        let mut senders = self.senders();
+        senders.retain(|_, partitions| {
+            partitions.retain(|_, s| {
+                let live = s.receiver_count() > 0;
+                if live {
+                    s.send_modify(|_| {});
+                }
+                live
+            });
+            !partitions.is_empty()
+        });
+    }
+
+    /// Drops the senders of `topic`: its receivers see the channel closed.
+    pub fn forget_topic(&self, topic: &str) {
+        self.senders().remove(topic);
+    }
+
+    /// Partitions that have a sender (for tests of the memory bound).
+    pub fn len(&self) -> usize {
+        self.senders().values().map(|m| m.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AppendNotifier;
+
+    #[test]
+    fn notify_wakes_one_partition_and_raises_its_value() {
+        let n = AppendNotifier::default();
+        let mut a = n.subscribe("t", 0, || 4);
+        let b = n.subscribe("t", 1, || 0);
+        let c = n.subscribe("u", 0, || 0);
+        assert_eq!(*a.borrow(), 4);
+        n.notify("t", 0, Some(6));
+        assert!(a.has_changed().unwrap());
+        assert_eq!(*a.borrow_and_update(), 6);
+        assert!(!b.has_changed().unwrap());
+        assert!(!c.has_changed().unwrap());
+        // A lower or unknown end wakes without lowering the value.
+        n.notify("t", 0, Some(2));
+        n.notify("t", 0, None);
+        assert!(a.has_changed().unwrap());
+        assert_eq!(*a.borrow_and_update(), 6);
+        // A second receiver shares the sender (the closure is not called).
+        let a2 = n.subscribe("t", 0, || unreachable!("sender exists"));
+        assert_eq!(*a2.borrow(), 6);
+        n.notify_all();
+        assert!(a.has_changed().unwrap() && b.has_changed().unwrap() && c.has_changed().unwrap());
+    }
+
+    #[test]
+    fn forgetting_a_topic_closes_its_receivers_and_unused_senders_are_dropped() {
+        let n = AppendNotifier::default();
+        let a = n.subscribe("t", 0, || 0);
+        let other = n.subscribe("u", 0, || 0);
+        n.forget_topic("t");
+        assert!(a.has_changed().is_err(), "closed");
+        assert!(!other.has_changed().unwrap());
+        assert_eq!(n.len(), 1);
+        drop(other);
+        n.notify("u", 0, Some(1));
+        assert!(n.is_empty(), "a sender without receivers is dropped");
+        drop(n.subscribe("v", 3, || 0));
+        n.notify_all();
+        assert!(n.is_empty());
+    }
 }

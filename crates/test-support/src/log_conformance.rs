@@ -164,6 +164,90 @@ pub async fn deleting_a_topic_removes_its_events_only(log: &dyn PartitionLog) {
     assert_eq!(got, vec![(1, 0)], "a deleted topic starts again at 0");
 }
 
+/// An append notifies the receivers of the partitions it appended to and no others
+/// (another partition of the topic, the same partition of another topic, a topic whose
+/// name extends it): a receiver taken before the append sees, within a deadline, a
+/// value at least the new durable end and finds the events with `bounds`. Deleting the
+/// topic closes its receivers and no other topic's.
+///
+/// The negative checks are deterministic: everything is appended before the positive
+/// case is observed, and nothing touches the other partitions at all.
+pub async fn appends_notify_only_the_partitions_appended_to(log: &dyn PartitionLog) {
+    let mut a = log.appends("notify", 0);
+    let b = log.appends("notify", 1);
+    let other_topic = log.appends("notify2", 0);
+    let longer_name = log.appends("notify.x", 0);
+    a.borrow_and_update();
+    let got = log
+        .append("notify", vec![(0, b"1".to_vec()), (0, b"2".to_vec())])
+        .await
+        .expect("append");
+    assert_eq!(got, vec![(0, 0), (0, 1)]);
+    let end = 2;
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while *a.borrow_and_update() < end {
+            a.changed().await.expect("the sender is open");
+        }
+    })
+    .await
+    .expect("the receiver of partition 0 sees the new end within 10 s");
+    assert_eq!(log.bounds("notify", 0).await.expect("bounds").end, end);
+    for (name, rx) in [
+        ("partition 1 of the topic", &b),
+        ("partition 0 of another topic", &other_topic),
+        ("partition 0 of a topic whose name extends it", &longer_name),
+    ] {
+        assert!(
+            !rx.has_changed().expect("the sender is open"),
+            "{name} was notified of an append to notify/0"
+        );
+    }
+    // Two receivers of one partition share its notifications.
+    let mut a2 = log.appends("notify", 0);
+    a2.borrow_and_update();
+    log.append("notify", vec![(0, b"3".to_vec())])
+        .await
+        .expect("append");
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while *a2.borrow_and_update() < 3 {
+            a2.changed().await.expect("the sender is open");
+        }
+    })
+    .await
+    .expect("a second receiver sees the new end within 10 s");
+    assert!(!b.has_changed().expect("the sender is open"));
+
+    log.delete_topic("notify").await.expect("delete");
+    assert!(
+        a.has_changed().is_err(),
+        "deleting the topic closes its receivers"
+    );
+    assert!(
+        b.has_changed().is_err(),
+        "deleting the topic closes its receivers"
+    );
+    assert!(
+        !other_topic
+            .has_changed()
+            .expect("another topic's sender stays open"),
+        "deleting a topic does not wake another"
+    );
+    assert!(!longer_name.has_changed().expect("open"));
+    // A new receiver of the deleted topic works again.
+    let mut again = log.appends("notify", 0);
+    again.borrow_and_update();
+    log.append("notify", vec![(0, b"new".to_vec())])
+        .await
+        .expect("append");
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while *again.borrow_and_update() < 1 {
+            again.changed().await.expect("the sender is open");
+        }
+    })
+    .await
+    .expect("a receiver taken after the delete is notified within 10 s");
+}
+
 /// Bodies are appended, listed in order from a position, read (`None` for another
 /// log's reference or a deleted body) and deleted (twice is fine).
 pub async fn dead_letter_bodies_are_listed_read_and_deleted(bodies: &dyn DeadLetterBodies) {

@@ -30,6 +30,12 @@ const STATS_EVERY: Duration = Duration::from_millis(250);
 /// The most payload bytes one log read brings into memory.
 const READ_BYTES: usize = 4 * 1024 * 1024;
 
+/// How long a task waits before it takes a new append receiver when the log closed
+/// the old one (its topic was deleted): long enough that a topic deleted over and over
+/// never makes the task spin, short enough that appends to a re-created topic are
+/// noticed promptly (a pull looks at the log end itself anyway).
+const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(250);
+
 /// Requests to a partition task.
 pub enum Msg {
     Pull {
@@ -130,7 +136,11 @@ impl PartitionTask {
     }
 
     pub async fn run(mut self) {
-        let mut appends = self.deps.log.appends();
+        // Appends to this partition only (taken before the first look at the log end,
+        // so no append is missed in between).
+        let mut appends = self.subscribe_appends();
+        // Set while the log's sender is closed: when to take a new receiver.
+        let mut resubscribe_at: Option<tokio::time::Instant> = None;
         let mut fx = Effects::default();
         let initial = std::mem::take(&mut self.initial);
         self.execute(initial, &mut fx).await;
@@ -166,16 +176,34 @@ impl PartitionTask {
                     }
                     Some(msg) => self.request(msg).await,
                 },
-                changed = appends.changed() => {
+                changed = appends.changed(), if resubscribe_at.is_none() => {
                     if changed.is_err() {
-                        return;
+                        // The log dropped the sender (the topic was deleted). This
+                        // task may still be asked for; listen again after a pause.
+                        resubscribe_at = Some(tokio::time::Instant::now() + RESUBSCRIBE_AFTER);
+                        continue;
                     }
+                    self.refresh_log_end(&mut fx).await;
+                }
+                _ = async {
+                    match resubscribe_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    resubscribe_at = None;
+                    appends = self.subscribe_appends();
                     self.refresh_log_end(&mut fx).await;
                 }
                 _ = sleep => self.feed(Input::Tick, &mut fx).await,
             }
             self.publish();
         }
+    }
+
+    fn subscribe_appends(&self) -> watch::Receiver<u64> {
+        let key = self.key();
+        self.deps.log.appends(&key.topic, key.partition)
     }
 
     /// Shares `ready` and the stats, and wakes long polls when there is work.
