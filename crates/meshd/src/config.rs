@@ -23,7 +23,8 @@ pub struct ServeArgs {
     /// `embedded`, or `etcd://host:port[,host:port...]`.
     #[arg(long, env = "MESHD_META")]
     pub meta: Option<String>,
-    /// The event log backend (`embedded`).
+    /// The event log backend: `embedded`, or `nats://host:port[,host:port...][?...]`
+    /// (NATS JetStream, shared by the instances of a cluster).
     #[arg(long, env = "MESHD_LOG")]
     pub log: Option<String>,
     /// This instance's name in the cluster (default: a stable id stored in the data dir).
@@ -84,12 +85,27 @@ pub enum MetaBackend {
     Etcd(String),
 }
 
+/// Where the event log lives. A JetStream log is shared: instances on it run in
+/// cluster mode and split its partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogBackend {
+    Embedded,
+    Nats(String),
+}
+
+impl LogBackend {
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, LogBackend::Nats(_))
+    }
+}
+
 /// The effective configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub meta: MetaBackend,
+    pub log: LogBackend,
     pub instance_id: Option<String>,
     pub lease_ttl_ms: u64,
     pub delivery_flush_ms: u64,
@@ -161,13 +177,18 @@ impl Config {
             ));
         };
         let log = args.log.or(file.log).unwrap_or_else(|| "embedded".into());
-        if log != "embedded" {
+        let log = if log == "embedded" {
+            LogBackend::Embedded
+        } else if log.starts_with("nats://") {
+            meshd_log_nats::NatsConfig::parse(&log).map_err(|e| invalid("--log", &log, e))?;
+            LogBackend::Nats(log)
+        } else {
             return Err(invalid(
                 "--log",
                 &log,
-                "only the `embedded` log is available in this version",
+                "expected `embedded` or `nats://host:port[,host:port...]`",
             ));
-        }
+        };
         let config = Config {
             listen,
             data_dir: args
@@ -175,6 +196,7 @@ impl Config {
                 .or(file.data_dir)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
             meta,
+            log,
             instance_id: args.instance_id.or(file.instance_id),
             lease_ttl_ms: args
                 .lease_ttl_ms
@@ -238,6 +260,14 @@ impl Config {
                 "--max-in-flight",
                 self.max_in_flight,
                 "must be between 1 and 100000",
+            ));
+        }
+        let ledger_cap = meshd_stores::attempts::MAX_ENTRIES as u64;
+        if self.log.is_cluster() && self.max_in_flight > ledger_cap {
+            return Err(invalid(
+                "--max-in-flight",
+                self.max_in_flight,
+                format!("in cluster mode (a JetStream log) at most {ledger_cap}: every in-flight attempt count of a partition is kept in one Meta record"),
             ));
         }
         if !(100..=600_000).contains(&self.checkpoint_ms) {
@@ -345,6 +375,33 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("--lease-ttl-ms"), "{err}");
+    }
+
+    #[test]
+    fn the_log_is_embedded_or_a_jetstream_url_and_cluster_mode_caps_in_flight() {
+        let c = Config::resolve(ServeArgs::default()).unwrap();
+        assert_eq!(c.log, LogBackend::Embedded);
+        let c = Config::resolve(ServeArgs {
+            log: Some("nats://127.0.0.1:4222".into()),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert!(c.log.is_cluster());
+        for bad in ["kafka://x", "nats://", "nats://h:1?replicas=9"] {
+            let err = Config::resolve(ServeArgs {
+                log: Some(bad.into()),
+                ..ServeArgs::default()
+            })
+            .unwrap_err();
+            assert!(err.to_string().contains("--log"), "{bad}: {err}");
+        }
+        let err = Config::resolve(ServeArgs {
+            log: Some("nats://127.0.0.1:4222".into()),
+            max_in_flight: Some(50_000),
+            ..ServeArgs::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--max-in-flight"), "{err}");
     }
 
     #[test]

@@ -33,9 +33,8 @@ impl Membership {
         }
     }
 
-    /// Follows the membership lease (for the partition ownership controller of
-    /// cluster mode, which is not wired yet).
-    #[allow(dead_code)]
+    /// Follows the membership lease (partition owner keys hang on it in cluster
+    /// mode).
     pub fn lease(&self) -> tokio::sync::watch::Receiver<Option<LeaseState>> {
         self.lease.subscribe()
     }

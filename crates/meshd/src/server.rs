@@ -5,7 +5,7 @@
 //! the effective backends and serves `/healthz`, `/readyz` and `/metrics`. The event
 //! API arrives with the runtime.
 
-use crate::config::{Config, MetaBackend};
+use crate::config::{Config, LogBackend, MetaBackend};
 use crate::metered::MeteredMeta;
 use crate::metrics::Metrics;
 use crate::runtime::{Deps, Runtime};
@@ -95,7 +95,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let meta = Arc::new(MeteredMeta::new(meta));
     let meta_backend = meta.backend();
-    collect_orphan_bodies(meta.clone(), &local).await;
+    // In cluster mode the bodies live in the shared log, where another instance may
+    // have appended a body it has not referenced yet: no collection there.
+    if !config.log.is_cluster() {
+        collect_orphan_bodies(meta.clone(), &local).await;
+    }
     // The topic cache loads in the background; it is part of readiness.
     let topics = Arc::new(
         MetaTopicStore::start(meta.clone())
@@ -122,9 +126,41 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 
     let local = Arc::new(local);
-    let log: Arc<meshd_stores_local::log::RocksLog> = Arc::new(local.log.clone());
+    // The log (and the dead-letter bodies): this instance's RocksDB, or a JetStream
+    // shared by the instances of a cluster.
+    let (log, bodies, log_backend): (
+        Arc<dyn PartitionLog>,
+        Arc<dyn meshd_stores::log::DeadLetterBodies>,
+        &'static str,
+    ) = match &config.log {
+        LogBackend::Embedded => {
+            let l = Arc::new(local.log.clone());
+            (l.clone(), l, "rocksdb")
+        }
+        LogBackend::Nats(url) => {
+            let mut cfg = meshd_log_nats::NatsConfig::parse(url)
+                .map_err(|e| anyhow::anyhow!("--log {url}: {e}"))?;
+            cfg.retention = retention_of(&config);
+            let l = Arc::new(
+                meshd_log_nats::NatsLog::connect(cfg)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot open the JetStream log at {url}: {e}"))?,
+            );
+            (l.clone(), l, "nats")
+        }
+    };
     let deadletters: Arc<dyn DeadLetterStore> =
-        Arc::new(MetaDeadLetterStore::new(meta.clone(), log.clone()));
+        Arc::new(MetaDeadLetterStore::new(meta.clone(), bodies));
+    let (owned_tx, owned_rx) =
+        tokio::sync::watch::channel(crate::cluster::ownership::Owned::default());
+    let cluster = config
+        .log
+        .is_cluster()
+        .then(|| crate::runtime::cluster::ClusterDeps {
+            owned: owned_rx,
+            ledger: Arc::new(meshd_stores::attempts::MetaAttemptLedger::new(meta.clone())),
+            checkpoint_every: Duration::from_millis(config.checkpoint_ms),
+        });
     let metrics = Arc::new(Metrics::default());
     let tasks: Arc<dyn meshd_stores::tasks::TaskStore> = Arc::new(
         meshd_stores::tasks::MetaTaskStore::new(
@@ -146,6 +182,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         subscriptions: subscriptions.clone(),
         max_in_flight: config.max_in_flight as usize,
         metrics: metrics.clone(),
+        cluster,
     });
     // Recovery (re-arming every delivery) runs once the subscription cache is loaded;
     // /readyz stays 503 until it is done.
@@ -168,7 +205,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "meshd listening on http://{addr} instance={instance_id} meta={meta_backend} log=embedded local=rocksdb:{}",
+            "meshd listening on http://{addr} instance={instance_id} meta={meta_backend} log={} local=rocksdb:{}",
+            if log_backend == "nats" { "nats" } else { "embedded" },
             config.data_dir.display()
         )?;
         out.flush()?;
@@ -189,7 +227,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let api = Arc::new(crate::api::Api {
         topics,
         subscriptions: subscriptions.clone(),
-        log: local.log.clone(),
+        log: log.clone(),
+        log_backend,
         meta_backend,
         runtime,
         deadletters,
@@ -199,13 +238,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         instance_id: state.instance_id.clone(),
         tasks: tasks.clone(),
     });
-    crate::membership::Membership::new(
+    let membership = crate::membership::Membership::new(
         meta.clone(),
         state.instance_id.clone(),
         addr.to_string(),
         Duration::from_millis(config.lease_ttl_ms),
-    )
-    .spawn();
+    );
+    let lease = membership.lease();
+    membership.spawn();
+    if config.log.is_cluster() {
+        // Cluster mode: partitions are owned under the membership lease.
+        crate::cluster::ownership::Controller {
+            meta: meta.clone(),
+            me: state.instance_id.clone(),
+            lease,
+            topics: state.topics.clone(),
+            drain: Arc::new(crate::runtime::cluster::RuntimeDrain(Arc::downgrade(
+                &state.runtime,
+            ))),
+            owned: owned_tx,
+            tick: (Duration::from_millis(config.lease_ttl_ms) / 10).max(Duration::from_millis(100)),
+        }
+        .spawn();
+    }
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -255,16 +310,21 @@ async fn collect_orphan_bodies(meta: Arc<MeteredMeta>, local: &LocalStores) {
 }
 
 /// Log retention and dead-letter expiry, in the background.
+/// Log retention from the flags.
+fn retention_of(config: &Config) -> Retention {
+    Retention {
+        max_age_ms: Some(config.log_retention_hours.saturating_mul(3_600_000)),
+        max_bytes: config.log_retention_bytes,
+    }
+}
+
 fn spawn_housekeeping(
     config: &Config,
-    log: Arc<meshd_stores_local::log::RocksLog>,
+    log: Arc<dyn PartitionLog>,
     deadletters: Arc<dyn DeadLetterStore>,
     tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
 ) {
-    let retention = Retention {
-        max_age_ms: Some(config.log_retention_hours.saturating_mul(3_600_000)),
-        max_bytes: config.log_retention_bytes,
-    };
+    let retention = retention_of(config);
     let keep_dead = Duration::from_secs(config.deadletter_retention_hours.saturating_mul(3600));
     let keep_tasks = Duration::from_secs(config.task_retention_hours.saturating_mul(3600));
     tokio::spawn(async move {

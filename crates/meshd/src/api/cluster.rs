@@ -89,7 +89,10 @@ async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
     Ok(Json(json!({
         "instance": api.instance_id,
         "meta": {"backend": api.meta_backend, "healthy": healthy, "db_size_bytes": db_size},
-        "log": {"backend": "embedded", "id": meshd_stores::log::PartitionLog::log_id(&api.log)},
+        "log": {
+            "backend": if api.log_backend == "nats" { "nats" } else { "embedded" },
+            "id": api.log.log_id(),
+        },
         "members": members,
         "partitions": partitions,
     }))

@@ -24,7 +24,6 @@ use meshd_stores::deadletters::DeadLetterStore;
 use meshd_stores::sessions::SessionStore;
 use meshd_stores::subscriptions::MetaSubscriptionStore;
 use meshd_stores::topics::MetaTopicStore;
-use meshd_stores_local::log::RocksLog;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
@@ -35,7 +34,9 @@ pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 pub struct Api {
     pub topics: Arc<MetaTopicStore>,
     pub subscriptions: Arc<MetaSubscriptionStore>,
-    pub log: RocksLog,
+    pub log: Arc<dyn meshd_stores::log::PartitionLog>,
+    /// `embedded` or `nats`.
+    pub log_backend: &'static str,
     pub meta_backend: &'static str,
     pub runtime: Arc<Runtime>,
     pub deadletters: Arc<dyn DeadLetterStore>,

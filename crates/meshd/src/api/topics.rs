@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_events::{parse_publish, partition_for, Event, EventError, Limits};
-use meshd_stores::log::{LogError, PartitionLog};
+use meshd_stores::log::LogError;
 use meshd_stores::topics::{Topic, TopicError, TopicStore};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -55,7 +55,8 @@ pub fn topic_problem(e: TopicError, backend: &str) -> Problem {
     }
 }
 
-pub fn log_problem(e: LogError) -> Problem {
+/// A log error as a problem; `backend` is `rocksdb` (the embedded log) or `nats`.
+pub fn log_problem(e: LogError, backend: &'static str) -> Problem {
     match e {
         LogError::BelowRetention {
             topic,
@@ -71,15 +72,20 @@ pub fn log_problem(e: LogError) -> Problem {
             Problem::not_found(format!("topic {topic:?} has no partition {partition}"))
         }
         LogError::Invalid(d) => Problem::bad_request(d),
-        LogError::Unavailable(d) => Problem::unavailable("log", "rocksdb", d),
-        LogError::Failed(reason) => Problem::fail_stopped("log", "rocksdb", reason),
-        LogError::Indeterminate(reason) => Problem::indeterminate(
+        LogError::Unavailable(d) => Problem::unavailable("log", backend, d),
+        LogError::Failed(reason) => Problem::fail_stopped("log", backend, reason),
+        LogError::Indeterminate(reason) if backend == "rocksdb" => Problem::indeterminate(
             "log",
-            "rocksdb",
+            backend,
             format!("the write reached the log but was not made durable: it may or may not be kept (a retry may store it twice); the log has fail-stopped until meshd is restarted: {reason}"),
         ),
+        LogError::Indeterminate(reason) => Problem::indeterminate(
+            "log",
+            backend,
+            format!("the write may or may not have been stored (a retry may store it twice): {reason}"),
+        ),
         LogError::Corrupt { key, reason } => {
-            Problem::internal("log", "rocksdb", format!("corrupt log record {key}: {reason}"))
+            Problem::internal("log", backend, format!("corrupt log record {key}: {reason}"))
         }
     }
 }
@@ -155,9 +161,10 @@ pub async fn delete_topic(
         .map_err(|e| topic_problem(e, api.meta_backend))?;
     // The definition is gone from Meta; the data goes in the background.
     let log = api.log.clone();
+    let backend = api.log_backend;
     tokio::spawn(async move {
         if let Err(e) = log.delete_topic(&name).await {
-            tracing::warn!(store = "log", backend = "rocksdb", topic = %name, error = %e, "removing a deleted topic's events failed; retried at the next delete");
+            tracing::warn!(store = "log", backend, topic = %name, error = %e, "removing a deleted topic's events failed; retried at the next delete");
         }
     });
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -183,7 +190,13 @@ pub async fn get_topic(
     let topic = existing_topic(&api, &name).await?;
     let mut ends = Vec::with_capacity(topic.partitions as usize);
     for p in 0..topic.partitions {
-        ends.push(api.log.bounds(&name, p).await.map_err(log_problem)?.end);
+        ends.push(
+            api.log
+                .bounds(&name, p)
+                .await
+                .map_err(|e| log_problem(e, api.log_backend))?
+                .end,
+        );
     }
     Ok(
         Json(json!({"name": topic.name, "partitions": topic.partitions, "end_offsets": ends}))
@@ -215,12 +228,15 @@ pub async fn publish(
     // One atomic, durable append for the whole request: 201 only once all are on disk.
     let started = std::time::Instant::now();
     let placed = api.log.append(&name, batch).await.map_err(|e| {
-        api.metrics
-            .store_error("log", "rocksdb", crate::runtime::partition::kind_of(&e));
-        log_problem(e)
+        api.metrics.store_error(
+            "log",
+            api.log_backend,
+            crate::runtime::partition::kind_of(&e),
+        );
+        log_problem(e, api.log_backend)
     })?;
     api.metrics
-        .write_latency("log", "rocksdb", "append", started.elapsed());
+        .write_latency("log", api.log_backend, "append", started.elapsed());
     api.metrics.published(&name, placed.len() as u64);
     let out: Vec<Value> = events
         .iter()
@@ -280,7 +296,7 @@ pub async fn browse(
         .log
         .read(&name, partition, from, limit as usize, usize::MAX)
         .await
-        .map_err(log_problem)?;
+        .map_err(|e| log_problem(e, api.log_backend))?;
     // Built as text: a `serde_json::Value` would re-format the events, and they go
     // back exactly as published (number formats, key order, spacing).
     let mut out = String::from("{\"events\":[");

@@ -20,6 +20,7 @@
 //! the writes, so a stale process of the same log (which the data-dir lock already
 //! prevents locally) cannot write entries after a newer one started.
 
+pub mod cluster;
 pub mod partition;
 pub mod push;
 
@@ -66,6 +67,8 @@ pub struct Deps {
     /// In-flight deliveries per subscription and partition.
     pub max_in_flight: usize,
     pub metrics: Arc<Metrics>,
+    /// Cluster mode (a shared log): which partitions run here, and their Meta state.
+    pub cluster: Option<cluster::ClusterDeps>,
 }
 
 /// One handed-out delivery with its event body (raw JSON, exactly as published).
@@ -112,12 +115,20 @@ struct PartitionHandle {
     tx: mpsc::Sender<Msg>,
     shared: Arc<Shared>,
     join: tokio::task::JoinHandle<()>,
+    /// The owner epoch it runs under (0 in standalone mode).
+    epoch: i64,
+    /// Set by the task when a write under its epoch was fenced (cluster mode).
+    lost: Arc<AtomicBool>,
 }
+
+/// One partition's task when it runs here: always in standalone mode; in cluster mode
+/// only while this instance owns the partition.
+type Slot = RwLock<Option<Arc<PartitionHandle>>>;
 
 /// The running partitions of one subscription incarnation.
 pub struct SubRuntime {
     pub sub: Subscription,
-    parts: Vec<PartitionHandle>,
+    parts: Vec<Slot>,
     notify: watch::Sender<u64>,
     rr: AtomicUsize,
     /// The push worker of a push subscription.
@@ -133,6 +144,21 @@ pub struct Runtime {
     owner: Arc<RwLock<Option<Ownership>>>,
     /// Itself, for the push workers it starts.
     me: std::sync::Weak<Runtime>,
+}
+
+impl SubRuntime {
+    /// The task of partition `p` when it runs here.
+    fn part(&self, p: usize) -> Option<Arc<PartitionHandle>> {
+        self.parts
+            .get(p)?
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn running_parts(&self) -> Vec<Arc<PartitionHandle>> {
+        (0..self.parts.len()).filter_map(|p| self.part(p)).collect()
+    }
 }
 
 /// The offset a delivery id names (`{incarnation}-{partition}-{offset}-{attempt}-{nonce}`).
@@ -174,7 +200,11 @@ impl Runtime {
     pub fn failures(&self) -> Vec<String> {
         self.all()
             .iter()
-            .flat_map(|s| s.parts.iter().filter_map(|p| p.shared.failed()))
+            .flat_map(|s| {
+                s.running_parts()
+                    .into_iter()
+                    .filter_map(|p| p.shared.failed())
+            })
             .collect()
     }
 
@@ -202,6 +232,14 @@ impl Runtime {
     /// only after both).
     pub fn start(self: &Arc<Self>) {
         let rt = self.clone();
+        if self.deps.cluster.is_some() {
+            // Cluster mode: dead letters are fenced by each partition's owner key, and
+            // nothing local is authoritative: partitions start from Meta as they are
+            // acquired.
+            tokio::spawn(rt.clone().follow_ownership());
+            tokio::spawn(async move { rt.follow_subscriptions().await });
+            return;
+        }
         tokio::spawn(async move {
             rt.acquire_ownership().await;
             rt.follow_subscriptions().await
@@ -348,16 +386,20 @@ impl Runtime {
             if let Some(w) = &sub.push {
                 w.abort();
             }
-            for p in &sub.parts {
-                let (tx, rx) = oneshot::channel();
-                if p.tx.send(Msg::Stop { reply: tx }).await.is_ok() {
-                    let _ = rx.await;
-                }
-            }
-            for p in &sub.parts {
-                p.join.abort();
+            for p in sub.running_parts() {
+                Self::stop_handle(&p).await;
             }
         }
+    }
+
+    /// Stops one partition task: it finishes the request at hand (its state is in
+    /// the stores) and ends.
+    async fn stop_handle(p: &PartitionHandle) {
+        let (tx, rx) = oneshot::channel();
+        if p.tx.send(Msg::Stop { reply: tx }).await.is_ok() {
+            let _ = rx.await;
+        }
+        p.join.abort();
     }
 
     async fn drop_state(&self, sub: &Subscription) {
@@ -365,6 +407,11 @@ impl Runtime {
     }
 
     async fn drop_incarnation(&self, name: &str, incarnation: i64) {
+        if let Some(cluster) = &self.deps.cluster {
+            if let Err(e) = cluster.ledger.drop_subscription(name, incarnation).await {
+                tracing::warn!(store = "attempts", backend = self.deps.meta_backend, subscription = %name, error = %e, "dropping a deleted subscription's attempt ledgers failed");
+            }
+        }
         if let Err(e) = self.deps.offsets.drop_subscription(name, incarnation).await {
             tracing::warn!(store = "offsets", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's offsets failed");
         }
@@ -430,6 +477,22 @@ impl Runtime {
 
     async fn start_locked(&self, sub: &Subscription) -> Result<u64, RuntimeError> {
         let partitions = self.partitions_of(sub).await?;
+        if self.deps.cluster.is_some() {
+            self.init_checkpoints(sub, partitions).await?;
+            let running = Arc::new(SubRuntime {
+                sub: sub.clone(),
+                parts: (0..partitions).map(|_| RwLock::new(None)).collect(),
+                notify: watch::channel(0u64).0,
+                rr: AtomicUsize::new(0),
+                push: self.push_worker(sub),
+            });
+            self.apply_ownership(&running).await;
+            self.subs
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(sub.name().to_string(), running);
+            return Ok(0);
+        }
         self.deps
             .deliveries
             .flush()
@@ -453,31 +516,17 @@ impl Runtime {
             let key = Self::key(sub, p);
             let committed = self.committed_or_start(sub, &key).await?;
             let records = by_partition.remove(&p).unwrap_or_default();
-            parts.push(self.spawn_partition(
+            parts.push(RwLock::new(Some(Arc::new(self.spawn_partition(
                 sub,
                 key,
                 committed,
                 records,
                 counters.clone(),
                 notify.clone(),
-            )?);
+                None,
+            )?))));
         }
-        let push = match &sub.spec.push {
-            None => None,
-            Some(p) => match push::Target::parse(&p.url) {
-                Ok(target) => Some(tokio::spawn(push::worker(
-                    self.me.clone(),
-                    sub.name().to_string(),
-                    target,
-                    Duration::from_millis(sub.spec.ack_timeout_ms),
-                    counters.clone(),
-                ))),
-                Err(e) => {
-                    tracing::error!(subscription = %sub.name(), error = %e, "push URL cannot be served; the subscription is not pushed (pull still works)");
-                    None
-                }
-            },
-        };
+        let push = self.push_worker(sub);
         let running = Arc::new(SubRuntime {
             sub: sub.clone(),
             parts,
@@ -492,6 +541,28 @@ impl Runtime {
         Ok(total)
     }
 
+    /// The push worker of a push subscription.
+    fn push_worker(&self, sub: &Subscription) -> Option<tokio::task::JoinHandle<()>> {
+        let p = sub.spec.push.as_ref()?;
+        match push::Target::parse(&p.url) {
+            Ok(target) => Some(tokio::spawn(push::worker(
+                self.me.clone(),
+                sub.name().to_string(),
+                target,
+                Duration::from_millis(sub.spec.ack_timeout_ms),
+                self.deps.metrics.subscription(sub.name()),
+            ))),
+            Err(e) => {
+                tracing::error!(subscription = %sub.name(), error = %e, "push URL cannot be served; the subscription is not pushed (pull still works)");
+                None
+            }
+        }
+    }
+
+    /// Spawns a partition task. `owned`: in cluster mode, the ownership it runs under
+    /// and its Meta state (dead letters are then fenced by that ownership instead of
+    /// the log's).
+    #[allow(clippy::too_many_arguments)]
     fn spawn_partition(
         &self,
         sub: &Subscription,
@@ -500,13 +571,15 @@ impl Runtime {
         records: Vec<DeliveryRecord>,
         counters: Arc<SubCounters>,
         notify: watch::Sender<u64>,
+        owned: Option<(Ownership, cluster::PartitionCluster)>,
     ) -> Result<PartitionHandle, RuntimeError> {
         let mut config = Config::from_spec(&sub.spec);
         config.max_in_flight = self.deps.max_in_flight;
+        let epoch = owned.as_ref().map(|(o, _)| o.epoch()).unwrap_or(0);
         let partition = Partition {
             key,
             log_id: self.deps.log.log_id().to_string(),
-            owner_epoch: 0,
+            owner_epoch: epoch,
         };
         let (core, initial) = PartitionCore::recover(
             partition,
@@ -520,10 +593,15 @@ impl Runtime {
         let (tx, rx) = mpsc::channel(QUEUE);
         let shared = Arc::new(Shared::default());
         shared.committed.store(committed, Ordering::Release);
+        let (owner, cluster) = match owned {
+            Some((o, c)) => (Arc::new(RwLock::new(Some(o))), Some(c)),
+            None => (self.owner.clone(), None),
+        };
+        let lost = cluster.as_ref().map(|c| c.lost.clone()).unwrap_or_default();
         let task = PartitionTask {
             core,
             deps: self.deps.clone(),
-            owner: self.owner.clone(),
+            owner,
             counters,
             shared: shared.clone(),
             notify,
@@ -532,9 +610,16 @@ impl Runtime {
             next_pull: 1,
             stats_at: None,
             stats_dirty: false,
+            cluster,
         };
         let join = tokio::spawn(task.run());
-        Ok(PartitionHandle { tx, shared, join })
+        Ok(PartitionHandle {
+            tx,
+            shared,
+            join,
+            epoch,
+            lost,
+        })
     }
 
     /// Re-injects every `redriving` entry of this log whose subscription runs here.
@@ -652,13 +737,16 @@ impl Runtime {
                     break;
                 }
                 let p = (first + i) % n;
-                let part = &sub.parts[p];
+                // Cluster mode: a partition owned elsewhere is not served here.
+                let Some(part) = sub.part(p) else {
+                    continue;
+                };
                 if let Some(reason) = part.shared.failed() {
                     failed.get_or_insert(reason);
                     continue;
                 }
                 if part.shared.ready.load(Ordering::Acquire) == 0
-                    && !self.log_has_more(&sub.sub, p as u32, part).await
+                    && !self.log_has_more(&sub.sub, p as u32, &part).await
                 {
                     continue;
                 }
@@ -743,8 +831,16 @@ impl Runtime {
             .extend(unknown.into_iter().map(|id| ("unknown", id)));
         let mut waiting = Vec::new();
         for (p, ids) in routed {
+            let Some(part) = sub.part(p as usize) else {
+                return Err(RuntimeError::Unavailable {
+                    store: "owners",
+                    detail: format!(
+                        "partition {p} of subscription {name:?} is owned by another instance; send its acks there"
+                    ),
+                });
+            };
             let (tx, rx) = oneshot::channel();
-            if sub.parts[p as usize].tx.send(make(ids, tx)).await.is_err() {
+            if part.tx.send(make(ids, tx)).await.is_err() {
                 return Err(RuntimeError::Restarting(name.to_string()));
             }
             waiting.push(rx);
@@ -816,7 +912,9 @@ impl Runtime {
     /// belongs to another instance's log.
     pub async fn inject_redrive(&self, entry: &DeadLetterEntry) -> Result<(), RuntimeError> {
         let (sub, partition) = self.check_redrive_target(entry).await?;
-        let part = &sub.parts[partition];
+        let part = sub
+            .part(partition)
+            .ok_or_else(|| RuntimeError::Restarting(entry.subscription.clone()))?;
         let (tx, rx) = oneshot::channel();
         part.tx
             .send(Msg::Redrive {
@@ -852,11 +950,17 @@ impl Runtime {
             }
             Err(e) => return Err(e),
         };
-        let Some(part) = sub.parts.get(entry.partition as usize) else {
+        if entry.partition as usize >= sub.parts.len() {
             return Err(RuntimeError::NoPartition {
                 name: entry.subscription.clone(),
                 partition: entry.partition,
             });
+        }
+        let Some(part) = sub.part(entry.partition as usize) else {
+            return Err(RuntimeError::Conflict(format!(
+                "partition {} of subscription {:?} is owned by another instance; redrive it there",
+                entry.partition, entry.subscription
+            )));
         };
         // A dead-lettered offset counts as resolved, but the committed offset passes
         // it only once every lower offset is resolved too; a redrive waits for that
@@ -877,12 +981,23 @@ impl Runtime {
         let mut out = Vec::with_capacity(sub.parts.len());
         for p in 0..sub.parts.len() as u32 {
             let key = Self::key(&sub.sub, p);
-            let c = self
-                .deps
-                .offsets
-                .get(&key)
-                .await
-                .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?;
+            let c = if self.deps.cluster.is_some() && sub.part(p as usize).is_none() {
+                // Owned elsewhere: its last checkpoint in Meta.
+                self.deps
+                    .offsets
+                    .load_checkpoint(self.deps.meta.as_ref(), &key)
+                    .await
+                    .map_err(|e| RuntimeError::Unavailable {
+                        store: "checkpoints",
+                        detail: e.to_string(),
+                    })?
+            } else {
+                self.deps
+                    .offsets
+                    .get(&key)
+                    .await
+                    .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?
+            };
             out.push((
                 p,
                 c.unwrap_or(Committed {
@@ -911,6 +1026,11 @@ impl Runtime {
                 name: name.to_string(),
                 partition,
             });
+        }
+        if self.deps.cluster.is_some() {
+            return Err(RuntimeError::Conflict(
+                "offset resets are not available in cluster mode yet".into(),
+            ));
         }
         let key = Self::key(&sub.sub, partition);
         let bounds = self
@@ -1029,7 +1149,7 @@ impl Runtime {
             let mut waiting = 0u64;
             let mut backlog = 0u64;
             let mut held = 0u64;
-            for p in &s.parts {
+            for p in s.running_parts() {
                 let st = p.shared.stats();
                 in_flight += (st.in_flight + st.persisting) as u64;
                 waiting += st.waiting as u64;

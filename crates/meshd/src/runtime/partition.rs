@@ -124,6 +124,8 @@ pub struct PartitionTask {
     pub next_pull: u64,
     pub stats_at: Option<Instant>,
     pub stats_dirty: bool,
+    /// Cluster mode: the ownership this task runs under and its Meta state.
+    pub cluster: Option<super::cluster::PartitionCluster>,
 }
 
 pub fn now_ms() -> u64 {
@@ -146,7 +148,19 @@ impl PartitionTask {
         self.execute(initial, &mut fx).await;
         self.refresh_log_end(&mut fx).await;
         self.publish();
+        let checkpoint_every = self
+            .cluster
+            .as_ref()
+            .map(|c| c.checkpoint_every)
+            .unwrap_or(Duration::from_secs(3600));
+        let mut checkpoints = tokio::time::interval(checkpoint_every);
+        checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            if self.cluster.as_ref().is_some_and(|c| c.is_lost()) {
+                // Fenced: another instance owns the partition now. Nothing more is
+                // done under this epoch; the runtime re-acquires before acting again.
+                return;
+            }
             let wake = self.core.next_wakeup();
             let sleep = async {
                 match wake {
@@ -196,8 +210,46 @@ impl PartitionTask {
                     self.refresh_log_end(&mut fx).await;
                 }
                 _ = sleep => self.feed(Input::Tick, &mut fx).await,
+                _ = checkpoints.tick(), if self.cluster.is_some() => self.checkpoint().await,
             }
             self.publish();
+        }
+    }
+
+    /// Cluster mode: writes the committed offset to Meta, fenced by the owner epoch,
+    /// when it moved since the last checkpoint.
+    async fn checkpoint(&mut self) {
+        let committed = self.core.committed();
+        let key = self.key().clone();
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        if committed <= c.checkpointed {
+            return;
+        }
+        match self
+            .deps
+            .offsets
+            .checkpoint(self.deps.meta.as_ref(), &c.owner, &key)
+            .await
+        {
+            Ok(()) => c.checkpointed = committed,
+            Err(e) => {
+                let fenced = matches!(
+                    e,
+                    meshd_stores::offsets::OffsetError::Meta(meshd_meta::MetaError::Fenced)
+                );
+                self.deps.metrics.store_error(
+                    "checkpoints",
+                    self.deps.meta_backend,
+                    if fenced { "fenced" } else { "unavailable" },
+                );
+                if fenced {
+                    c.lose("offset checkpoint fenced");
+                } else {
+                    tracing::warn!(store = "checkpoints", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "offset checkpoint failed; retried at the next interval");
+                }
+            }
         }
     }
 
@@ -525,7 +577,16 @@ impl PartitionTask {
 
     /// Write-ahead: the attempt records of one pull, durable (they share fsyncs)
     /// before any of them is handed out.
-    async fn persist(&self, records: Vec<DeliveryRecord>) -> Vec<Input> {
+    async fn persist(&mut self, records: Vec<DeliveryRecord>) -> Vec<Input> {
+        if !self.record_in_ledger(&records).await {
+            return records
+                .iter()
+                .map(|r| Input::PersistFailed {
+                    offset: r.offset,
+                    attempt: r.attempt,
+                })
+                .collect();
+        }
         let started = Instant::now();
         let writes = records.iter().map(|r| {
             let store = self.deps.deliveries.clone();
@@ -559,6 +620,48 @@ impl PartitionTask {
             }
         }
         inputs
+    }
+
+    /// Cluster mode: the attempt counts of this pull (with every other unresolved
+    /// one) written to Meta, fenced by the owner epoch, before anything is recorded
+    /// locally or handed out, so a new owner continues the counts. `false`: not
+    /// written (nothing may be handed out; the core tries again later).
+    async fn record_in_ledger(&mut self, records: &[DeliveryRecord]) -> bool {
+        let committed = self.core.committed();
+        let key = self.key().clone();
+        let Some(c) = self.cluster.as_mut() else {
+            return true;
+        };
+        let mut next = c.attempts.clone();
+        next.retain(|offset, _| *offset >= committed);
+        for r in records {
+            next.insert(r.offset, r.attempt);
+        }
+        let started = Instant::now();
+        let result = c.ledger.record(&key, &c.owner, &next).await;
+        self.deps.metrics.write_latency(
+            "attempts",
+            self.deps.meta_backend,
+            "record",
+            started.elapsed(),
+        );
+        match result {
+            Ok(()) => {
+                c.attempts = next;
+                true
+            }
+            Err(e) => {
+                self.deps
+                    .metrics
+                    .store_error("attempts", self.deps.meta_backend, e.kind());
+                if matches!(e, meshd_stores::attempts::AttemptError::Fenced) {
+                    c.lose("attempt ledger write fenced");
+                } else {
+                    tracing::warn!(store = "attempts", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "attempt ledger write failed; nothing handed out, retried");
+                }
+                false
+            }
+        }
     }
 
     async fn run_one(&mut self, cmd: Command, fx: &mut Effects) -> Vec<Input> {
@@ -613,6 +716,11 @@ impl PartitionTask {
             }
             Command::Resolve { remove, advance } => {
                 let started = Instant::now();
+                if let Some(c) = self.cluster.as_mut() {
+                    for o in &remove {
+                        c.attempts.remove(o);
+                    }
+                }
                 let remove = remove.into_iter().map(|o| (key.clone(), o)).collect();
                 let r = self.deps.deliveries.resolve(remove, advance).await;
                 self.deps.metrics.write_latency(

@@ -1,0 +1,301 @@
+//! Cluster mode in the runtime (a shared JetStream log; see `crate::cluster` for
+//! membership and ownership): a partition runs here only while this instance owns it,
+//! under that ownership's epoch.
+//!
+//! * **Acquiring** a partition: Meta is authoritative. The committed offset is the
+//!   checkpoint (or the start written when the subscription was created); the
+//!   attempt counts come from the attempt ledger; local records of an earlier
+//!   ownership are dropped and the offset adopted in one batch. Every delivery the
+//!   ledger lists is due at once and goes out again with its next attempt (or to the
+//!   dead-letter store when it had its last).
+//! * **While owning**: every pull batch's attempt counts are written to the ledger,
+//!   fenced, before the hand-out; the committed offset is checkpointed, fenced, every
+//!   `--checkpoint-ms`; dead letters are fenced by the partition's owner key.
+//! * **Releasing** (the controller's drain): the task stops, then a last checkpoint.
+//!   **Losing** it (the lease's local deadline, or a `Fenced` write): the task stops at
+//!   once, without writing anything more under the old epoch.
+
+use super::{PartitionHandle, Runtime, RuntimeError, SubRuntime};
+use crate::cluster::ownership::{Drain, Owned, PartitionId};
+use meshd_meta::fence::Ownership;
+use meshd_stores::attempts::AttemptLedger;
+use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
+use meshd_stores::offsets::{Committed, OffsetKey};
+use meshd_stores::subscriptions::StartPosition;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, Weak};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// What the runtime needs in cluster mode.
+pub struct ClusterDeps {
+    /// The partitions this instance owns now (from the ownership controller).
+    pub owned: watch::Receiver<Owned>,
+    pub ledger: Arc<dyn AttemptLedger>,
+    pub checkpoint_every: Duration,
+}
+
+/// The cluster side of one partition task.
+pub struct PartitionCluster {
+    pub owner: Ownership,
+    pub ledger: Arc<dyn AttemptLedger>,
+    /// The attempt counts of the unresolved deliveries, as last written to the ledger
+    /// (minus what was resolved since).
+    pub attempts: BTreeMap<u64, u32>,
+    pub checkpoint_every: Duration,
+    /// The committed offset of the last checkpoint.
+    pub checkpointed: u64,
+    /// Set when a write under this epoch was fenced: the task ends.
+    pub lost: Arc<AtomicBool>,
+}
+
+impl PartitionCluster {
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    pub fn lose(&self, why: &str) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                store = "owners",
+                epoch = self.owner.epoch(),
+                reason = why,
+                "partition ownership lost; this partition stops here until it is acquired again"
+            );
+        }
+    }
+}
+
+/// The start of a partition for a subscription that has no checkpoint yet.
+async fn start_of(
+    rt: &Runtime,
+    start: StartPosition,
+    key: &OffsetKey,
+) -> Result<u64, RuntimeError> {
+    let b = rt
+        .deps
+        .log
+        .bounds(&key.topic, key.partition)
+        .await
+        .map_err(|e| RuntimeError::Unavailable {
+            store: "log",
+            detail: e.to_string(),
+        })?;
+    Ok(match start {
+        StartPosition::Latest => b.end,
+        StartPosition::Earliest => b.start,
+    })
+}
+
+fn unavailable(store: &'static str) -> impl Fn(String) -> RuntimeError {
+    move |detail| RuntimeError::Unavailable { store, detail }
+}
+
+impl Runtime {
+    /// Cluster mode: writes every partition's start to Meta where there is no
+    /// checkpoint yet (the instance that creates the subscription does it before its
+    /// PUT answers, so an owner acquiring a partition later skips nothing).
+    pub(super) async fn init_checkpoints(
+        &self,
+        sub: &meshd_stores::subscriptions::Subscription,
+        partitions: u32,
+    ) -> Result<(), RuntimeError> {
+        for p in 0..partitions {
+            let key = Self::key(sub, p);
+            let start = start_of(self, sub.spec.start, &key).await?;
+            self.deps
+                .offsets
+                .init_checkpoint(self.deps.meta.as_ref(), &key, start)
+                .await
+                .map_err(|e| unavailable("checkpoints")(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The state of a partition just acquired, from Meta, adopted locally; spawns its
+    /// task.
+    async fn start_owned(
+        &self,
+        sub: &SubRuntime,
+        partition: u32,
+        owner: Ownership,
+    ) -> Result<Arc<PartitionHandle>, RuntimeError> {
+        let Some(cluster) = &self.deps.cluster else {
+            return Err(RuntimeError::Invalid("not in cluster mode".into()));
+        };
+        let key = Self::key(&sub.sub, partition);
+        let meta = self.deps.meta.as_ref();
+        let committed = match self
+            .deps
+            .offsets
+            .load_checkpoint(meta, &key)
+            .await
+            .map_err(|e| unavailable("checkpoints")(e.to_string()))?
+        {
+            Some(c) => c,
+            None => {
+                let start = start_of(self, sub.sub.spec.start, &key).await?;
+                self.deps
+                    .offsets
+                    .init_checkpoint(meta, &key, start)
+                    .await
+                    .map_err(|e| unavailable("checkpoints")(e.to_string()))?
+            }
+        };
+        let mut attempts = cluster
+            .ledger
+            .load(&key)
+            .await
+            .map_err(|e| unavailable("attempts")(e.to_string()))?;
+        attempts.retain(|offset, _| *offset >= committed.offset);
+        self.deps
+            .deliveries
+            .adopt_partition(
+                &key,
+                Committed {
+                    at_ms: super::partition::now_ms(),
+                    ..committed
+                },
+            )
+            .await
+            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?;
+        let now = super::partition::now_ms();
+        let records: Vec<DeliveryRecord> = attempts
+            .iter()
+            .map(|(offset, attempt)| DeliveryRecord {
+                key: key.clone(),
+                offset: *offset,
+                attempt: *attempt,
+                delivery_id: format!(
+                    "{}-{}-{}-{}-acquired",
+                    sub.sub.incarnation, partition, offset, attempt
+                ),
+                // Due now: it was handed out under the previous owner, whose
+                // consumers' acks cannot reach this one.
+                deadline_ms: now,
+                last_reason: Some("partition owner changed".into()),
+                first_delivered_at_ms: now,
+                state: DeliveryState::InFlight,
+                owner_epoch: owner.epoch(),
+                session: None,
+            })
+            .collect();
+        tracing::info!(store = "owners", subscription = %sub.sub.name(), topic = %key.topic, partition, epoch = owner.epoch(), committed = committed.offset, in_flight = records.len(), "partition acquired: state taken from Meta");
+        let lost = Arc::new(AtomicBool::new(false));
+        let part = PartitionCluster {
+            owner: owner.clone(),
+            ledger: cluster.ledger.clone(),
+            attempts,
+            checkpoint_every: cluster.checkpoint_every,
+            checkpointed: committed.offset,
+            lost: lost.clone(),
+        };
+        let counters = self.deps.metrics.subscription(sub.sub.name());
+        let handle = self.spawn_partition(
+            &sub.sub,
+            key,
+            committed.offset,
+            records,
+            counters,
+            sub.notify.clone(),
+            Some((owner, part)),
+        )?;
+        Ok(Arc::new(handle))
+    }
+
+    /// Starts what this instance owns and does not run, stops what it runs and no
+    /// longer owns (or runs under an older epoch, or lost). Callers hold `ops`.
+    pub(super) async fn apply_ownership(&self, sub: &SubRuntime) {
+        let Some(cluster) = &self.deps.cluster else {
+            return;
+        };
+        let owned: Owned = cluster.owned.borrow().clone();
+        for p in 0..sub.parts.len() {
+            let id: PartitionId = (sub.sub.spec.topic.clone(), p as u32);
+            let want = owned.get(&id).cloned();
+            let have = sub.part(p);
+            let current = |h: &PartitionHandle, o: &Ownership| {
+                h.epoch == o.epoch() && !h.lost.load(Ordering::Acquire) && !h.join.is_finished()
+            };
+            match (want, have) {
+                (Some(o), Some(h)) if current(&h, &o) => {}
+                (Some(o), have) => {
+                    if let Some(h) = have {
+                        Self::stop_handle(&h).await;
+                        *sub.parts[p].write().unwrap_or_else(PoisonError::into_inner) = None;
+                    }
+                    match self.start_owned(sub, p as u32, o).await {
+                        Ok(h) => {
+                            *sub.parts[p].write().unwrap_or_else(PoisonError::into_inner) = Some(h)
+                        }
+                        Err(e) => {
+                            tracing::warn!(store = "owners", subscription = %sub.sub.name(), partition = p, error = %e, "starting an owned partition failed; retried")
+                        }
+                    }
+                }
+                (None, Some(h)) => {
+                    Self::stop_handle(&h).await;
+                    *sub.parts[p].write().unwrap_or_else(PoisonError::into_inner) = None;
+                }
+                (None, None) => {}
+            }
+        }
+    }
+
+    /// Follows the ownership controller (and looks again every second for tasks
+    /// that lost their epoch).
+    pub(super) async fn follow_ownership(self: Arc<Self>) {
+        let Some(cluster) = &self.deps.cluster else {
+            return;
+        };
+        let mut owned = cluster.owned.clone();
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                r = owned.changed() => if r.is_err() { return },
+                _ = every.tick() => {}
+            }
+            let _ops = self.ops.lock().await;
+            for sub in self.all() {
+                self.apply_ownership(&sub).await;
+            }
+        }
+    }
+}
+
+/// The runtime's part of a release: stop the partition's tasks, then checkpoint them
+/// as the (still current) owner.
+pub struct RuntimeDrain(pub Weak<Runtime>);
+
+#[async_trait::async_trait]
+impl Drain for RuntimeDrain {
+    async fn drain(&self, partition: &PartitionId, owner: &Ownership) {
+        let Some(rt) = self.0.upgrade() else {
+            return;
+        };
+        let _ops = rt.ops.lock().await;
+        for sub in rt.all() {
+            if sub.sub.spec.topic != partition.0 || partition.1 as usize >= sub.parts.len() {
+                continue;
+            }
+            let p = partition.1 as usize;
+            let taken = sub.parts[p]
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(h) = taken {
+                Runtime::stop_handle(&h).await;
+            }
+            let key = Runtime::key(&sub.sub, partition.1);
+            if let Err(e) = rt
+                .deps
+                .offsets
+                .checkpoint(rt.deps.meta.as_ref(), owner, &key)
+                .await
+            {
+                tracing::warn!(store = "checkpoints", backend = rt.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition = key.partition, error = %e, "the checkpoint at release failed; the next owner resumes from the previous one");
+            }
+        }
+    }
+}

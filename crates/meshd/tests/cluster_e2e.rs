@@ -1,0 +1,433 @@
+//! Cluster mode through real processes: three `meshd` instances on one etcd (Meta) and
+//! one nats-server with JetStream (the shared log) split the partitions. Owners are
+//! SIGKILLed, SIGSTOPped and restarted; the tests check that every partition has one
+//! owner, that takeovers happen within the lease TTL plus slack, that nothing
+//! acknowledged is lost and no committed offset goes back, and that attempt counts
+//! continue across takeovers.
+//!
+//! Consumers pull from every instance: a pull on an instance serves the partitions it
+//! owns.
+
+mod common;
+
+use common::*;
+use meshd_test_support::etcd::EtcdProcess;
+use meshd_test_support::http::get;
+use meshd_test_support::meshd::MeshdProcess;
+use meshd_test_support::nats::NatsProcess;
+use meshd_test_support::wait::wait_until;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// The membership (and owner key) lease of every instance.
+const LEASE_TTL: Duration = Duration::from_millis(2000);
+const DEADLINE: Duration = Duration::from_secs(60);
+
+struct Cluster {
+    nodes: Vec<Option<MeshdProcess>>,
+    ids: Vec<String>,
+    _dirs: Vec<tempfile::TempDir>,
+    _etcd: EtcdProcess,
+    _nats: NatsProcess,
+    args: Vec<String>,
+}
+
+impl Cluster {
+    async fn start(n: usize) -> Self {
+        let etcd = EtcdProcess::start().await.unwrap();
+        let nats = NatsProcess::start().await.unwrap();
+        let args = vec![
+            "--meta".to_string(),
+            format!("etcd://{}", etcd.endpoint()),
+            "--log".to_string(),
+            nats.url(),
+            "--lease-ttl-ms".to_string(),
+            LEASE_TTL.as_millis().to_string(),
+            "--checkpoint-ms".to_string(),
+            "200".to_string(),
+        ];
+        let mut c = Cluster {
+            nodes: Vec::new(),
+            ids: Vec::new(),
+            _dirs: Vec::new(),
+            _etcd: etcd,
+            _nats: nats,
+            args,
+        };
+        for i in 0..n {
+            let dir = tempfile::tempdir().unwrap();
+            let id = format!("inst-{i}");
+            let mut args: Vec<&str> = c.args.iter().map(String::as_str).collect();
+            args.extend(["--instance-id", &id]);
+            let m = MeshdProcess::start(bin(), dir.path(), &args).await.unwrap();
+            c.nodes.push(Some(m));
+            c.ids.push(id);
+            c._dirs.push(dir);
+        }
+        c
+    }
+
+    fn addr(&self, i: usize) -> String {
+        self.nodes[i].as_ref().unwrap().addr().to_string()
+    }
+
+    fn live(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].is_some())
+            .collect()
+    }
+
+    fn index_of(&self, id: &str) -> usize {
+        self.ids.iter().position(|x| x == id).unwrap()
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut m) = self.nodes[i].take() {
+            m.kill();
+        }
+    }
+
+    async fn restart(&mut self, i: usize) {
+        let mut args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        args.extend(["--instance-id", &self.ids[i]]);
+        let m = MeshdProcess::start(bin(), self._dirs[i].path(), &args)
+            .await
+            .unwrap();
+        self.nodes[i] = Some(m);
+    }
+}
+
+/// (topic, partition) → (owner, epoch) as instance `a` reports it.
+async fn owners(a: &str) -> anyhow::Result<BTreeMap<(String, u64), (String, i64)>> {
+    let v = get(a, "/v1/cluster").await?.json()?;
+    let mut out = BTreeMap::new();
+    for p in v["partitions"].as_array().into_iter().flatten() {
+        let (Some(t), Some(n)) = (p["topic"].as_str(), p["partition"].as_u64()) else {
+            anyhow::bail!("bad partition row {p}");
+        };
+        if let (Some(o), Some(e)) = (p["owner"].as_str(), p["epoch"].as_i64()) {
+            out.insert((t.to_string(), n), (o.to_string(), e));
+        }
+    }
+    Ok(out)
+}
+
+/// Waits until every partition of `topic` is owned by one of `allowed`.
+async fn all_owned_by(
+    a: &str,
+    topic: &str,
+    partitions: u64,
+    allowed: &BTreeSet<String>,
+    within: Duration,
+) -> BTreeMap<(String, u64), (String, i64)> {
+    wait_until(
+        within,
+        "every partition owned by a live instance",
+        || async {
+            let o = owners(a).await?;
+            for p in 0..partitions {
+                match o.get(&(topic.to_string(), p)) {
+                    Some((owner, _)) if allowed.contains(owner) => {}
+                    other => anyhow::bail!("partition {p}: {other:?}"),
+                }
+            }
+            Ok(o)
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Pulls from every live instance once; returns what came back.
+async fn pull_everywhere(c: &Cluster, sub: &str) -> Vec<Delivery> {
+    let mut out = Vec::new();
+    for i in c.live() {
+        if let Ok(mut d) = pull(&c.addr(i), sub, &json!({"max_events": 100, "wait_ms": 0})).await {
+            out.append(&mut d);
+        }
+    }
+    out
+}
+
+/// Acks `ds` on the instance that handed each out (tried on every live one).
+async fn ack_everywhere(c: &Cluster, sub: &str, ds: &[Delivery]) {
+    for d in ds {
+        for i in c.live() {
+            if let Ok(r) = ack(&c.addr(i), sub, &ids([d])).await {
+                if set(&r["acked"]).len() == 1 {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_three_instances_on_one_etcd_and_one_jetstream_then_each_partition_has_one_owner_and_every_instance_shows_the_same(
+) {
+    let c = Cluster::start(3).await;
+    create_topic(&c.addr(0), "t", 12).await;
+    let members: BTreeSet<String> = c.ids.iter().cloned().collect();
+    let o = all_owned_by(&c.addr(0), "t", 12, &members, DEADLINE).await;
+    for i in 1..3 {
+        wait_until(DEADLINE, "the same owners everywhere", || async {
+            anyhow::ensure!(owners(&c.addr(i)).await? == o);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    }
+    let per: BTreeSet<&String> = o.values().map(|(owner, _)| owner).collect();
+    assert!(
+        per.len() >= 2,
+        "12 partitions spread over several instances: {o:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_owner_killed_under_load_then_its_partitions_move_within_the_lease_ttl_and_every_201_event_is_delivered(
+) {
+    let mut c = Cluster::start(3).await;
+    let a0 = c.addr(0);
+    create_topic(&a0, "t", 4).await;
+    create_subscription(
+        &a0,
+        "s",
+        json!({"topic": "t", "ack_timeout_ms": 2000, "backoff": {"initial_ms": 10, "max_ms": 100}}),
+    )
+    .await;
+    let members: BTreeSet<String> = c.ids.iter().cloned().collect();
+    let before = all_owned_by(&a0, "t", 4, &members, DEADLINE).await;
+
+    let mut published = BTreeSet::new();
+    for i in 0..120 {
+        let id = format!("e{i}");
+        publish(&c.addr(i % 3), "t", &event(&id)).await.unwrap();
+        published.insert(id);
+    }
+    // Consume part of it, then kill the owner of partition 0.
+    let mut delivered = BTreeSet::new();
+    let mut committed_seen: BTreeMap<u64, u64> = BTreeMap::new();
+    let victim = c.index_of(&before[&("t".to_string(), 0)].0);
+    let start = Instant::now();
+    while delivered.len() < 40 && start.elapsed() < DEADLINE {
+        let ds = pull_everywhere(&c, "s").await;
+        ack_everywhere(&c, "s", &ds).await;
+        delivered.extend(
+            ds.iter()
+                .map(|d| d.event["id"].as_str().unwrap().to_string()),
+        );
+    }
+    let survivor = c.live().into_iter().find(|i| *i != victim).unwrap();
+    for (p, v) in offsets(&c.addr(survivor), "s")
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["partition"].as_u64().unwrap(),
+                o["committed"].as_u64().unwrap(),
+            )
+        })
+    {
+        committed_seen.insert(p, v);
+    }
+    c.kill(victim);
+    let killed_at = Instant::now();
+    let alive: BTreeSet<String> = c.live().iter().map(|i| c.ids[*i].clone()).collect();
+    let after = all_owned_by(&c.addr(survivor), "t", 4, &alive, DEADLINE).await;
+    let took = killed_at.elapsed();
+    eprintln!("takeover took {took:?}");
+    assert!(
+        took <= LEASE_TTL + Duration::from_secs(1) + Duration::from_secs(1),
+        "partitions moved within the lease TTL (+1 s, +1 s of polling slack on 2 cores): {took:?}"
+    );
+    for (p, (owner, epoch)) in &after {
+        if before[p].0 == c.ids[victim] {
+            assert!(*epoch > before[p].1, "a new epoch for {p:?}");
+            assert_ne!(owner, &c.ids[victim]);
+        }
+    }
+    // Everything acknowledged at publish is delivered in the end.
+    let start = Instant::now();
+    while !published.is_subset(&delivered) && start.elapsed() < DEADLINE {
+        let ds = pull_everywhere(&c, "s").await;
+        ack_everywhere(&c, "s", &ds).await;
+        delivered.extend(
+            ds.iter()
+                .map(|d| d.event["id"].as_str().unwrap().to_string()),
+        );
+        if ds.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let missing: Vec<_> = published.difference(&delivered).collect();
+    assert!(missing.is_empty(), "never delivered: {missing:?}");
+    // No committed offset went back, and every partition reaches its end.
+    let ends = end_offsets(&c.addr(survivor), "t").await;
+    let start = Instant::now();
+    loop {
+        let check = async {
+            let now = offsets(&c.addr(survivor), "s").await?;
+            for o in &now {
+                let p = o["partition"].as_u64().unwrap();
+                let v = o["committed"].as_u64().unwrap();
+                anyhow::ensure!(
+                    v >= committed_seen.get(&p).copied().unwrap_or(0),
+                    "partition {p} went back to {v}"
+                );
+                anyhow::ensure!(
+                    v == ends[p as usize],
+                    "partition {p} at {v} of {}",
+                    ends[p as usize]
+                );
+            }
+            Ok::<_, anyhow::Error>(())
+        };
+        match check.await {
+            Ok(()) => break,
+            Err(e) => assert!(
+                start.elapsed() < DEADLINE,
+                "every partition committed to its end: {e:#}"
+            ),
+        }
+        // Deliveries whose acks went to an instance that lost the partition come
+        // again: ack them where they are now.
+        let ds = pull_everywhere(&c, "s").await;
+        ack_everywhere(&c, "s", &ds).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_poison_event_handed_out_across_repeated_takeovers_then_it_is_dead_lettered_after_exactly_max_attempts_deliveries(
+) {
+    let mut c = Cluster::start(3).await;
+    let a0 = c.addr(0);
+    create_topic(&a0, "p", 1).await;
+    create_subscription(
+        &a0,
+        "s",
+        json!({"topic": "p", "max_attempts": 4, "ack_timeout_ms": 60000, "backoff": {"initial_ms": 10, "max_ms": 10}}),
+    )
+    .await;
+    publish(&a0, "p", &event("poison")).await.unwrap();
+    let mut attempts = Vec::new();
+    let start = Instant::now();
+    // Each round: the owner hands it out, then dies before any ack; the next owner
+    // continues the count from the ledger.
+    while attempts.len() < 4 && start.elapsed() < DEADLINE * 2 {
+        let live: BTreeSet<String> = c.live().iter().map(|i| c.ids[*i].clone()).collect();
+        let any = c.addr(c.live()[0]);
+        let o = all_owned_by(&any, "p", 1, &live, DEADLINE).await;
+        let owner = c.index_of(&o[&("p".to_string(), 0)].0);
+        let ds = pull_until(&c.addr(owner), "s", 1, Duration::from_secs(20)).await;
+        attempts.push(ds[0].attempt);
+        c.kill(owner);
+        // Keep three instances: the killed one comes back (a new process).
+        c.restart(owner).await;
+    }
+    assert_eq!(
+        attempts,
+        vec![1, 2, 3, 4],
+        "each takeover continues the count"
+    );
+    let any = c.addr(c.live()[0]);
+    wait_until(
+        DEADLINE,
+        "the poison event in the dead-letter store",
+        || async {
+            let r = get(&any, "/v1/deadletters?subscription=s").await?.json()?;
+            let e = r["entries"].as_array().cloned().unwrap_or_default();
+            anyhow::ensure!(e.len() == 1, "{r}");
+            anyhow::ensure!(e[0]["attempts"] == 4, "{r}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    for i in c.live() {
+        assert_no_delivery(&c.addr(i), "s", 300, "never delivered a fifth time").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_owner_paused_past_its_lease_when_it_resumes_then_it_hands_out_nothing_from_the_partitions_it_lost(
+) {
+    let c = Cluster::start(3).await;
+    let a0 = c.addr(0);
+    create_topic(&a0, "t", 3).await;
+    create_subscription(&a0, "s", json!({"topic": "t", "ack_timeout_ms": 60000})).await;
+    let members: BTreeSet<String> = c.ids.iter().cloned().collect();
+    let before = all_owned_by(&a0, "t", 3, &members, DEADLINE).await;
+    let victim = c.index_of(&before[&("t".to_string(), 0)].0);
+    let lost: BTreeSet<u64> = before
+        .iter()
+        .filter(|(_, (o, _))| *o == c.ids[victim])
+        .map(|((_, p), _)| *p)
+        .collect();
+    let observer = (0..3).find(|i| *i != victim).unwrap();
+    c.nodes[victim].as_ref().unwrap().pause();
+    let others: BTreeSet<String> = (0..3)
+        .filter(|i| *i != victim)
+        .map(|i| c.ids[i].clone())
+        .collect();
+    all_owned_by(&c.addr(observer), "t", 3, &others, DEADLINE).await;
+    // Events for the lost partitions, published while the old owner is frozen.
+    for i in 0..30 {
+        publish(&c.addr(observer), "t", &event(&format!("x{i}")))
+            .await
+            .unwrap();
+    }
+    c.nodes[victim].as_ref().unwrap().resume();
+    // At once, before anything else runs on it: its old partition tasks may still
+    // exist, but every hand-out writes the attempt ledger fenced by the old epoch,
+    // which etcd refuses. Nothing of a lost partition may come out under it.
+    let stale = c.addr(victim);
+    let mut got = Vec::new();
+    let until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < until {
+        got.extend(
+            pull(&stale, "s", &json!({"max_events": 100, "wait_ms": 0}))
+                .await
+                .unwrap_or_default(),
+        );
+    }
+    // A partition the old owner got back legitimately (it rejoined and the
+    // rendezvous gave it back, under a new epoch) is not a lost one any more.
+    let now = owners(&c.addr(observer)).await.unwrap();
+    let from_lost: Vec<_> = got
+        .iter()
+        .filter(|d| {
+            lost.contains(&d.partition)
+                && now
+                    .get(&("t".to_string(), d.partition))
+                    .is_some_and(|(o, _)| *o != c.ids[victim])
+        })
+        .collect();
+    assert!(
+        from_lost.is_empty(),
+        "the resumed old owner handed out events of partitions it lost: {from_lost:?}"
+    );
+    // Every event is delivered by the current owners in the end.
+    let mut seen: BTreeSet<String> = got
+        .iter()
+        .map(|d| d.event["id"].as_str().unwrap().to_string())
+        .collect();
+    let _ = ack(&stale, "s", &ids(&got)).await;
+    let start = Instant::now();
+    while seen.len() < 30 && start.elapsed() < DEADLINE {
+        for i in 0..3 {
+            let ds = pull(&c.addr(i), "s", &json!({"max_events": 100, "wait_ms": 200}))
+                .await
+                .unwrap_or_default();
+            seen.extend(
+                ds.iter()
+                    .map(|d| d.event["id"].as_str().unwrap().to_string()),
+            );
+            let _ = ack(&c.addr(i), "s", &ids(&ds)).await;
+        }
+    }
+    assert_eq!(seen.len(), 30, "every event delivered: {seen:?}");
+}
