@@ -39,6 +39,10 @@ pub struct ServeArgs {
     /// Listen on a non-loopback address without access tokens.
     #[arg(long, env = "MESHD_INSECURE_LISTEN")]
     pub insecure_listen: bool,
+    /// Cluster mode: a file whose first line is the secret of the routes between
+    /// instances (default: a random secret the first instance stores in Meta).
+    #[arg(long, env = "MESHD_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
     /// In-flight deliveries per subscription and partition (1-100000).
     #[arg(long, env = "MESHD_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<u64>,
@@ -71,6 +75,7 @@ struct FileConfig {
     lease_ttl_ms: Option<u64>,
     delivery_flush_ms: Option<u64>,
     insecure_listen: Option<bool>,
+    cluster_secret_file: Option<PathBuf>,
     max_in_flight: Option<u64>,
     log_retention_hours: Option<u64>,
     log_retention_bytes: Option<u64>,
@@ -110,6 +115,7 @@ pub struct Config {
     pub lease_ttl_ms: u64,
     pub delivery_flush_ms: u64,
     pub insecure_listen: bool,
+    pub cluster_secret_file: Option<PathBuf>,
     pub max_in_flight: u64,
     pub log_retention_hours: u64,
     pub log_retention_bytes: Option<u64>,
@@ -207,6 +213,7 @@ impl Config {
                 .or(file.delivery_flush_ms)
                 .unwrap_or(DEFAULT_DELIVERY_FLUSH_MS),
             insecure_listen: args.insecure_listen || file.insecure_listen.unwrap_or(false),
+            cluster_secret_file: args.cluster_secret_file.or(file.cluster_secret_file),
             max_in_flight: args
                 .max_in_flight
                 .or(file.max_in_flight)

@@ -153,11 +153,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Arc::new(MetaDeadLetterStore::new(meta.clone(), bodies));
     let (owned_tx, owned_rx) =
         tokio::sync::watch::channel(crate::cluster::ownership::Owned::default());
-    let cluster = config
-        .log
-        .is_cluster()
-        .then(|| crate::runtime::cluster::ClusterDeps {
+    let (directory_tx, directory_rx) =
+        tokio::sync::watch::channel(Arc::new(crate::cluster::ownership::Directory::default()));
+    let cluster_secret = match config.log.is_cluster() {
+        true => Some(
+            crate::cluster::forward::load_secret(
+                config.cluster_secret_file.as_deref(),
+                meta.as_ref(),
+            )
+            .await?,
+        ),
+        false => None,
+    };
+    let cluster = cluster_secret
+        .clone()
+        .map(|secret| crate::runtime::cluster::ClusterDeps {
             owned: owned_rx,
+            directory: directory_rx,
+            secret,
             ledger: Arc::new(meshd_stores::attempts::MetaAttemptLedger::new(meta.clone())),
             checkpoint_every: Duration::from_millis(config.checkpoint_ms),
         });
@@ -229,6 +242,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         subscriptions: subscriptions.clone(),
         log: log.clone(),
         log_backend,
+        cluster_secret,
         meta_backend,
         runtime,
         deadletters,
@@ -257,6 +271,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 &state.runtime,
             ))),
             owned: owned_tx,
+            directory: directory_tx,
             tick: (Duration::from_millis(config.lease_ttl_ms) / 10).max(Duration::from_millis(100)),
         }
         .spawn();

@@ -431,3 +431,71 @@ async fn given_an_owner_paused_past_its_lease_when_it_resumes_then_it_hands_out_
     }
     assert_eq!(seen.len(), 30, "every event delivered: {seen:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_consumer_on_one_instance_then_it_gets_the_events_of_every_partition_and_its_acks_reach_their_owners(
+) {
+    let c = Cluster::start(3).await;
+    let a0 = c.addr(0);
+    create_topic(&a0, "t", 6).await;
+    create_subscription(&a0, "s", json!({"topic": "t", "ack_timeout_ms": 60000})).await;
+    let members: BTreeSet<String> = c.ids.iter().cloned().collect();
+    let o = all_owned_by(&a0, "t", 6, &members, DEADLINE).await;
+    assert!(
+        o.values().any(|(owner, _)| owner != &c.ids[0]),
+        "some partitions are owned elsewhere: {o:?}"
+    );
+    let mut published = BTreeSet::new();
+    for i in 0..60 {
+        let id = format!("e{i}");
+        publish(&c.addr(i % 3), "t", &event(&id)).await.unwrap();
+        published.insert(id);
+    }
+    // One consumer, on instance 0 only, long-polling.
+    let mut got = BTreeSet::new();
+    let mut partitions = BTreeSet::new();
+    let start = Instant::now();
+    while got.len() < 60 && start.elapsed() < DEADLINE {
+        let ds = pull(&a0, "s", &json!({"max_events": 25, "wait_ms": 2000}))
+            .await
+            .unwrap();
+        assert!(ds.len() <= 25, "never more than max_events: {}", ds.len());
+        let r = ack(&a0, "s", &ids(&ds)).await.unwrap();
+        assert_eq!(
+            set(&r["acked"]).len(),
+            ds.len(),
+            "every ack reached its owner: {r}"
+        );
+        for d in &ds {
+            got.insert(d.event["id"].as_str().unwrap().to_string());
+            partitions.insert(d.partition);
+        }
+    }
+    assert_eq!(got, published);
+    assert_eq!(
+        partitions.len(),
+        6,
+        "every partition was served through one instance"
+    );
+    // The owners committed them: every partition at its end, as any instance reports.
+    let ends = end_offsets(&c.addr(1), "t").await;
+    wait_until(DEADLINE, "committed at the end everywhere", || async {
+        for o in offsets(&c.addr(1), "s").await? {
+            let p = o["partition"].as_u64().unwrap() as usize;
+            anyhow::ensure!(o["committed"].as_u64() == Some(ends[p]), "{o}");
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    // The internal routes need the cluster secret.
+    let r = meshd_test_support::http::send_json(
+        &a0,
+        "POST",
+        "/internal/v1/subscriptions/s/pull",
+        &json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 401, "{}", r.body);
+}

@@ -17,6 +17,7 @@
 //! | `meshd/v1/deadletters/` | `deadletters/ids/{id}` | `{subscription}`: find an entry by id | with its entry |
 //! | `meshd/v1/tasks/` | `tasks/{id}` | task record; `version` = `mod_revision` | until retention after a terminal state |
 //! | `meshd/v1/checkpoints/` | `checkpoints/{subscription incarnation}/{partition}` | offset checkpoint | with the subscription |
+//! | `meshd/v1/secrets/` | `secrets/cluster` | the cluster secret of the internal routes (when no `--cluster-secret-file` is given) | forever |
 //! | `meshd/v1/attempts/` | `attempts/{subscription}/{incarnation}/{topic}/{partition}` | attempt ledger: the attempt count of every in-flight delivery, rewritten whole, fenced by the partition owner | with the subscription, or until nothing of the partition is in flight |
 //!
 //! A fixed first component (`client`/`id`, `entries`/`ids`) keeps two key families
@@ -40,11 +41,13 @@ pub enum KeyKind {
     /// Cluster mode: in-flight attempt counts per subscription incarnation and
     /// partition (`meshd_stores::attempts`).
     Attempts,
+    /// Cluster mode: the shared secret of the routes between instances.
+    Secrets,
 }
 
 impl KeyKind {
     /// Every kind (the key catalog test checks each is documented).
-    pub const ALL: [KeyKind; 9] = [
+    pub const ALL: [KeyKind; 10] = [
         KeyKind::Members,
         KeyKind::Owners,
         KeyKind::Topics,
@@ -54,6 +57,7 @@ impl KeyKind {
         KeyKind::Tasks,
         KeyKind::Checkpoints,
         KeyKind::Attempts,
+        KeyKind::Secrets,
     ];
 
     pub fn segment(self) -> &'static str {
@@ -67,6 +71,7 @@ impl KeyKind {
             KeyKind::Tasks => "tasks",
             KeyKind::Checkpoints => "checkpoints",
             KeyKind::Attempts => "attempts",
+            KeyKind::Secrets => "secrets",
         }
     }
 }

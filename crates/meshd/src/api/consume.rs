@@ -80,6 +80,24 @@ pub async fn pull(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
+    pull_with(api, name, headers, body, Reach::Cluster).await
+}
+
+/// Which partitions a request reaches: all of them (in cluster mode through their
+/// owners), or only this instance's (the internal routes).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    Cluster,
+    Local,
+}
+
+pub async fn pull_with(
+    api: Arc<Api>,
+    name: String,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    reach: Reach,
+) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
     let f = Fields::parse(&headers, body, &["max_events", "wait_ms", "session"])?;
     let max = f
@@ -115,11 +133,12 @@ pub async fn pull(
             }
         },
     };
-    let handed = api
-        .runtime
-        .pull(&name, max, Duration::from_millis(wait), session)
-        .await
-        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    let wait = Duration::from_millis(wait);
+    let handed = match reach {
+        Reach::Cluster => api.runtime.pull(&name, max, wait, session).await,
+        Reach::Local => api.runtime.pull_local(&name, max, wait, session).await,
+    }
+    .map_err(|e| runtime_problem(e, api.meta_backend))?;
     // Built as text: events go back exactly as published.
     let mut out = String::from("{\"deliveries\":[");
     let mut first = true;
@@ -154,15 +173,31 @@ pub async fn ack(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
+    ack_with(api, name, headers, body, Reach::Cluster).await
+}
+
+pub async fn ack_with(
+    api: Arc<Api>,
+    name: String,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    reach: Reach,
+) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
     let f = Fields::parse(&headers, body, &["delivery_ids"])?;
     let ids = ids_of(&f)?;
     let n = ids.len();
-    let answers = api
-        .runtime
-        .ack(&name, ids)
-        .await
-        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    let answers = match reach {
+        Reach::Cluster => api.runtime.ack(&name, ids).await,
+        Reach::Local => {
+            api.runtime
+                .subscription_runs(&name)
+                .await
+                .map_err(|e| runtime_problem(e, api.meta_backend))?;
+            api.runtime.ack_running(&name, ids).await
+        }
+    }
+    .map_err(|e| runtime_problem(e, api.meta_backend))?;
     all_fenced_or(n, answers, &["acked", "unknown", "fenced", "failed"])
 }
 
@@ -185,6 +220,16 @@ pub async fn nack(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
+    nack_with(api, name, headers, body, Reach::Cluster).await
+}
+
+pub async fn nack_with(
+    api: Arc<Api>,
+    name: String,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    reach: Reach,
+) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
     let f = Fields::parse(&headers, body, &["delivery_ids", "reason"])?;
     let ids = ids_of(&f)?;
@@ -192,11 +237,17 @@ pub async fn nack(
         .string("reason", MAX_REASON_BYTES)?
         .unwrap_or_else(|| "nacked".to_string());
     let n = ids.len();
-    let answers = api
-        .runtime
-        .nack(&name, ids, reason)
-        .await
-        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    let answers = match reach {
+        Reach::Cluster => api.runtime.nack(&name, ids, reason).await,
+        Reach::Local => {
+            api.runtime
+                .subscription_runs(&name)
+                .await
+                .map_err(|e| runtime_problem(e, api.meta_backend))?;
+            api.runtime.nack_running(&name, ids, reason).await
+        }
+    }
+    .map_err(|e| runtime_problem(e, api.meta_backend))?;
     all_fenced_or(
         n,
         answers,
@@ -216,6 +267,16 @@ pub async fn extend(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
+    extend_with(api, name, headers, body, Reach::Cluster).await
+}
+
+pub async fn extend_with(
+    api: Arc<Api>,
+    name: String,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    reach: Reach,
+) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
     let f = Fields::parse(&headers, body, &["delivery_ids", "ack_timeout_ms"])?;
     let ids = ids_of(&f)?;
@@ -223,7 +284,7 @@ pub async fn extend(
     let n = ids.len();
     let answers = api
         .runtime
-        .extend(&name, ids, ms)
+        .extend(&name, ids, ms, reach == Reach::Local)
         .await
         .map_err(|e| runtime_problem(e, api.meta_backend))?;
     all_fenced_or(n, answers, &["extended", "unknown", "fenced"])

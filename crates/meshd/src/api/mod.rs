@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod consume;
 pub mod deadletters;
 pub mod fields;
+pub mod internal;
 pub mod sessions;
 pub mod subscriptions;
 pub mod tasks;
@@ -35,8 +36,10 @@ pub struct Api {
     pub topics: Arc<MetaTopicStore>,
     pub subscriptions: Arc<MetaSubscriptionStore>,
     pub log: Arc<dyn meshd_stores::log::PartitionLog>,
-    /// `embedded` or `nats`.
+    /// `rocksdb` (the embedded log) or `nats`.
     pub log_backend: &'static str,
+    /// Cluster mode: the secret of the internal routes.
+    pub cluster_secret: Option<String>,
     pub meta_backend: &'static str,
     pub runtime: Arc<Runtime>,
     pub deadletters: Arc<dyn DeadLetterStore>,
@@ -87,6 +90,7 @@ pub fn router(api: Arc<Api>) -> Router {
         )
         .route("/v1/deadletters/{id}/redrive", post(deadletters::redrive))
         .merge(cluster::routes())
+        .merge(internal::routes())
         .merge(sessions::routes())
         .merge(tasks::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

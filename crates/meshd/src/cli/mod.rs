@@ -9,7 +9,7 @@
 
 mod dlq;
 mod error;
-mod http;
+pub(crate) mod http;
 mod output;
 mod subs;
 mod tasks;

@@ -2,4 +2,5 @@
 //! `assign` says which instance should own a partition.
 
 pub mod assign;
+pub mod forward;
 pub mod ownership;

@@ -169,6 +169,36 @@ pub trait Drain: Send + Sync + 'static {
 /// runtime may act on.
 pub type Owned = std::sync::Arc<BTreeMap<PartitionId, meshd_meta::fence::Ownership>>;
 
+/// Who holds which partition and where the members listen, as of the controller's last
+/// look at Meta: where a pull or an ack for a partition owned elsewhere goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Directory {
+    pub holders: BTreeMap<PartitionId, String>,
+    /// Instance id → `host:port` of its HTTP listener.
+    pub addrs: BTreeMap<String, String>,
+}
+
+impl Directory {
+    /// The other instances holding partitions of `topic`, with their addresses.
+    pub fn peers_for(&self, topic: &str, me: &str) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for ((t, _), holder) in &self.holders {
+            if t == topic && holder != me && !out.iter().any(|(h, _)| h == holder) {
+                if let Some(addr) = self.addrs.get(holder) {
+                    out.push((holder.clone(), addr.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// The holder of a partition and its address.
+    pub fn owner_of(&self, topic: &str, partition: u32) -> Option<(String, String)> {
+        let holder = self.holders.get(&(topic.to_string(), partition))?;
+        Some((holder.clone(), self.addrs.get(holder)?.clone()))
+    }
+}
+
 /// The owner key of a partition: `owners/partition/{topic}/{partition}`.
 pub fn owner_key(p: &PartitionId) -> Vec<u8> {
     use meshd_meta::keys::{key, KeyKind};
@@ -185,6 +215,8 @@ pub struct Controller {
     pub topics: std::sync::Arc<dyn meshd_stores::topics::TopicStore>,
     pub drain: std::sync::Arc<dyn Drain>,
     pub owned: tokio::sync::watch::Sender<Owned>,
+    /// Published after every look at Meta.
+    pub directory: tokio::sync::watch::Sender<std::sync::Arc<Directory>>,
     /// How often Meta is read again without another reason to.
     pub tick: std::time::Duration,
 }
@@ -239,11 +271,21 @@ impl Controller {
     }
 
     async fn step(&self, lease: LeaseState) -> Result<(), String> {
-        let members: Vec<String> = crate::membership::members(self.meta.as_ref())
+        let listed = crate::membership::members(self.meta.as_ref())
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let members: Vec<String> = listed
             .iter()
             .filter_map(|m| m["instance"].as_str().map(str::to_string))
+            .collect();
+        let addrs: BTreeMap<String, String> = listed
+            .iter()
+            .filter_map(|m| {
+                Some((
+                    m["instance"].as_str()?.to_string(),
+                    m["addr"].as_str()?.to_string(),
+                ))
+            })
             .collect();
         let partitions: Vec<PartitionId> = self
             .topics
@@ -311,6 +353,7 @@ impl Controller {
             {
                 Ok(o) => {
                     tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition acquired");
+                    holders.insert(p.clone(), self.me.clone());
                     owned.insert(p.clone(), o);
                 }
                 Err(e) => {
@@ -318,6 +361,8 @@ impl Controller {
                 }
             }
         }
+        self.directory
+            .send_replace(std::sync::Arc::new(Directory { holders, addrs }));
         if std::time::Instant::now() >= lease.deadline.deadline() {
             self.drop_all("the membership lease deadline passed during the step");
         } else {
@@ -407,6 +452,7 @@ mod controller_tests {
             topics: topics.clone(),
             drain: drains.clone(),
             owned: tx,
+            directory: tokio::sync::watch::channel(Default::default()).0,
             tick: Duration::from_millis(50),
         }
         .spawn();

@@ -15,8 +15,11 @@
 //!   **Losing** it (the lease's local deadline, or a `Fenced` write): the task stops at
 //!   once, without writing anything more under the old epoch.
 
+use super::Handed;
 use super::{PartitionHandle, Runtime, RuntimeError, SubRuntime};
-use crate::cluster::ownership::{Drain, Owned, PartitionId};
+use crate::cluster::forward;
+use crate::cluster::ownership::{Directory, Drain, Owned, PartitionId};
+use meshd_dispatch::SessionBinding;
 use meshd_meta::fence::Ownership;
 use meshd_stores::attempts::AttemptLedger;
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
@@ -32,8 +35,87 @@ use tokio::sync::watch;
 pub struct ClusterDeps {
     /// The partitions this instance owns now (from the ownership controller).
     pub owned: watch::Receiver<Owned>,
+    /// Who owns the other partitions, and where they listen.
+    pub directory: watch::Receiver<Arc<Directory>>,
+    /// Authenticates the internal routes of the other instances.
+    pub secret: String,
     pub ledger: Arc<dyn AttemptLedger>,
     pub checkpoint_every: Duration,
+}
+
+/// How long a call to another instance may take (a forwarded pull asks with no wait).
+const PEER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a waiting pull asks the other owners again.
+const PEER_POLL: Duration = Duration::from_millis(200);
+
+/// An ack, nack or extend as the owner's internal route takes it.
+pub struct Forward {
+    op: &'static str,
+    fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Forward {
+    pub fn ack() -> Self {
+        Self {
+            op: "ack",
+            fields: Default::default(),
+        }
+    }
+
+    pub fn nack(reason: &str) -> Self {
+        let mut fields = serde_json::Map::new();
+        fields.insert("reason".into(), reason.into());
+        Self { op: "nack", fields }
+    }
+
+    pub fn extend(ack_timeout_ms: u64) -> Self {
+        let mut fields = serde_json::Map::new();
+        fields.insert("ack_timeout_ms".into(), ack_timeout_ms.into());
+        Self {
+            op: "extend",
+            fields,
+        }
+    }
+}
+
+/// The answer lists an internal route can name, as `Answers` keeps them.
+const LISTS: [&str; 8] = [
+    "acked",
+    "unknown",
+    "fenced",
+    "failed",
+    "retrying",
+    "dead_lettered",
+    "dead_lettering",
+    "extended",
+];
+
+/// One delivery as the internal pull route answers it (the event exactly as stored).
+#[derive(serde::Deserialize)]
+struct WireDelivery {
+    delivery_id: String,
+    partition: u32,
+    offset: u64,
+    attempt: u32,
+    event: Box<serde_json::value::RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct WirePull {
+    deliveries: Vec<WireDelivery>,
+}
+
+fn peer_error(peer: &str, status: u16, body: &[u8]) -> RuntimeError {
+    RuntimeError::Unavailable {
+        store: "owners",
+        detail: format!(
+            "instance {peer} answered {status}: {}",
+            String::from_utf8_lossy(body)
+                .chars()
+                .take(300)
+                .collect::<String>()
+        ),
+    }
 }
 
 /// The cluster side of one partition task.
@@ -93,6 +175,185 @@ fn unavailable(store: &'static str) -> impl Fn(String) -> RuntimeError {
 }
 
 impl Runtime {
+    /// Cluster mode: a pull takes what this instance's partitions have, then asks the
+    /// owners of the others (internal route, no wait), until it has `max` events or
+    /// the wait is over.
+    pub(super) async fn pull_cluster(
+        &self,
+        name: &str,
+        max: usize,
+        wait: Duration,
+        session: Option<SessionBinding>,
+    ) -> Result<Vec<Handed>, RuntimeError> {
+        let Some(cluster) = &self.deps.cluster else {
+            return Err(RuntimeError::Invalid("not in cluster mode".into()));
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let sub = self.running_now(name)?;
+            let mut woken = sub.notify.subscribe();
+            woken.borrow_and_update();
+            let mut got = self
+                .pull_running(name, max, Duration::ZERO, session.clone())
+                .await?;
+            let peers = cluster
+                .directory
+                .borrow()
+                .peers_for(&sub.sub.spec.topic, &self.deps.instance_id);
+            for (peer, addr) in peers {
+                if got.len() >= max {
+                    break;
+                }
+                match self
+                    .forward_pull(
+                        &addr,
+                        name,
+                        max - got.len(),
+                        session.as_ref(),
+                        &cluster.secret,
+                    )
+                    .await
+                {
+                    Ok(mut d) => got.append(&mut d),
+                    Err(e) => {
+                        self.deps
+                            .metrics
+                            .store_error("owners", "http", "forward_failed");
+                        tracing::warn!(store = "owners", peer = %peer, subscription = %name, error = %e, "a forwarded pull failed; that instance's partitions are asked again at the next pull");
+                    }
+                }
+            }
+            if !got.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(got);
+            }
+            let step = deadline.min(tokio::time::Instant::now() + PEER_POLL);
+            let _ = tokio::time::timeout_at(step, woken.changed()).await;
+        }
+    }
+
+    async fn forward_pull(
+        &self,
+        addr: &str,
+        name: &str,
+        max: usize,
+        session: Option<&SessionBinding>,
+        secret: &str,
+    ) -> Result<Vec<Handed>, RuntimeError> {
+        let mut body = serde_json::json!({"max_events": max, "wait_ms": 0});
+        if let Some(s) = session {
+            body["session"] = s.session_id.clone().into();
+        }
+        let path = format!(
+            "/internal/v1/subscriptions/{}/pull",
+            crate::cli::http::segment(name)
+        );
+        let (status, answer) = forward::post(
+            addr,
+            &path,
+            secret,
+            body.to_string().as_bytes(),
+            PEER_TIMEOUT,
+        )
+        .await
+        .map_err(|detail| RuntimeError::Unavailable {
+            store: "owners",
+            detail,
+        })?;
+        if status != 200 {
+            return Err(peer_error(addr, status, &answer));
+        }
+        let wire: WirePull =
+            serde_json::from_slice(&answer).map_err(|e| RuntimeError::Unavailable {
+                store: "owners",
+                detail: format!("instance {addr} answered a pull with {e}"),
+            })?;
+        Ok(wire
+            .deliveries
+            .into_iter()
+            .map(|d| Handed {
+                delivery_id: d.delivery_id,
+                partition: d.partition,
+                offset: d.offset,
+                attempt: d.attempt,
+                body: d.event.get().as_bytes().to_vec(),
+            })
+            .collect())
+    }
+
+    /// Sends ids of partitions owned elsewhere to their owners; merges the answers.
+    pub(super) async fn forward_to_owners(
+        &self,
+        name: &str,
+        topic: &str,
+        by_partition: BTreeMap<u32, Vec<String>>,
+        f: &Forward,
+    ) -> Result<super::Answers, RuntimeError> {
+        let Some(cluster) = &self.deps.cluster else {
+            return Err(RuntimeError::Invalid("not in cluster mode".into()));
+        };
+        let mut by_owner: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (p, ids) in by_partition {
+            let owner = cluster.directory.borrow().owner_of(topic, p);
+            match owner {
+                Some((holder, addr)) if holder != self.deps.instance_id => {
+                    by_owner.entry(addr).or_default().extend(ids)
+                }
+                _ => {
+                    return Err(RuntimeError::Unavailable {
+                        store: "owners",
+                        detail: format!(
+                            "partition {p} of topic {topic:?} is changing owners; retry"
+                        ),
+                    })
+                }
+            }
+        }
+        let mut answers = super::Answers::default();
+        let path = format!(
+            "/internal/v1/subscriptions/{}/{}",
+            crate::cli::http::segment(name),
+            f.op
+        );
+        for (addr, ids) in by_owner {
+            let mut body = f.fields.clone();
+            body.insert("delivery_ids".into(), ids.clone().into());
+            let (status, answer) = forward::post(
+                &addr,
+                &path,
+                &cluster.secret,
+                serde_json::Value::Object(body).to_string().as_bytes(),
+                PEER_TIMEOUT,
+            )
+            .await
+            .map_err(|detail| RuntimeError::Unavailable {
+                store: "owners",
+                detail,
+            })?;
+            let v: serde_json::Value = match status {
+                200 => serde_json::from_slice(&answer).map_err(|e| RuntimeError::Unavailable {
+                    store: "owners",
+                    detail: format!("instance {addr} answered with {e}"),
+                })?,
+                // Every id sent there was fenced (the owner's all-fenced answer).
+                409 => {
+                    answers
+                        .lists
+                        .extend(ids.into_iter().map(|id| ("fenced", id)));
+                    continue;
+                }
+                _ => return Err(peer_error(&addr, status, &answer)),
+            };
+            for list in LISTS {
+                for id in v[list].as_array().into_iter().flatten() {
+                    if let Some(id) = id.as_str() {
+                        answers.lists.push((list, id.to_string()));
+                    }
+                }
+            }
+        }
+        Ok(answers)
+    }
+
     /// Cluster mode: writes every partition's start to Meta where there is no
     /// checkpoint yet (the instance that creates the subscription does it before its
     /// PUT answers, so an owner acquiring a partition later skips nothing).

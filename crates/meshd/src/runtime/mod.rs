@@ -684,6 +684,27 @@ impl Runtime {
         session: Option<SessionBinding>,
     ) -> Result<Vec<Handed>, RuntimeError> {
         self.subscription(name).await?;
+        if self.deps.cluster.is_some() {
+            return self.pull_cluster(name, max, wait, session).await;
+        }
+        self.pull_running(name, max, wait, session).await
+    }
+
+    /// Makes sure the subscription runs here (started from the cache when it is not
+    /// yet).
+    pub async fn subscription_runs(&self, name: &str) -> Result<(), RuntimeError> {
+        self.subscription(name).await.map(|_| ())
+    }
+
+    /// [`Runtime::pull`] from this instance's partitions only (the internal route).
+    pub async fn pull_local(
+        &self,
+        name: &str,
+        max: usize,
+        wait: Duration,
+        session: Option<SessionBinding>,
+    ) -> Result<Vec<Handed>, RuntimeError> {
+        self.subscription(name).await?;
         self.pull_running(name, max, wait, session).await
     }
 
@@ -816,12 +837,16 @@ impl Runtime {
         Ok((sub, by_partition))
     }
 
-    /// Sends one request per partition and merges the answers.
+    /// Sends one request per partition and merges the answers. Ids of a partition
+    /// this instance does not run (cluster mode) go to its owner when `forward` says
+    /// how (the internal route and the request's other fields); without it they are
+    /// `unknown` here (an internal call, or the push worker, whose partition moved).
     async fn per_partition(
         &self,
         name: &str,
         ids: Vec<String>,
         make: impl Fn(Vec<String>, oneshot::Sender<Result<Answers, RuntimeError>>) -> Msg,
+        forward: Option<cluster::Forward>,
     ) -> Result<Answers, RuntimeError> {
         let mut unknown = Vec::new();
         let (sub, routed) = self.route(name, ids, &mut unknown).await?;
@@ -830,20 +855,30 @@ impl Runtime {
             .lists
             .extend(unknown.into_iter().map(|id| ("unknown", id)));
         let mut waiting = Vec::new();
+        let mut elsewhere: BTreeMap<u32, Vec<String>> = BTreeMap::new();
         for (p, ids) in routed {
             let Some(part) = sub.part(p as usize) else {
-                return Err(RuntimeError::Unavailable {
-                    store: "owners",
-                    detail: format!(
-                        "partition {p} of subscription {name:?} is owned by another instance; send its acks there"
-                    ),
-                });
+                elsewhere.insert(p, ids);
+                continue;
             };
             let (tx, rx) = oneshot::channel();
             if part.tx.send(make(ids, tx)).await.is_err() {
                 return Err(RuntimeError::Restarting(name.to_string()));
             }
             waiting.push(rx);
+        }
+        if !elsewhere.is_empty() {
+            match &forward {
+                Some(f) if self.deps.cluster.is_some() => {
+                    let more = self
+                        .forward_to_owners(name, &sub.sub.spec.topic, elsewhere, f)
+                        .await?;
+                    answers.lists.extend(more.lists);
+                }
+                _ => answers
+                    .lists
+                    .extend(elsewhere.into_values().flatten().map(|id| ("unknown", id))),
+            }
         }
         for rx in waiting {
             match rx.await {
@@ -857,12 +892,19 @@ impl Runtime {
 
     pub async fn ack(&self, name: &str, ids: Vec<String>) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
-        self.ack_running(name, ids).await
+        self.per_partition(
+            name,
+            ids,
+            |ids, reply| Msg::Ack { ids, reply },
+            Some(cluster::Forward::ack()),
+        )
+        .await
     }
 
-    /// [`Runtime::ack`] on a subscription that runs already.
+    /// [`Runtime::ack`] on a subscription that runs already, for this instance's
+    /// partitions only (the push worker, the internal route).
     pub async fn ack_running(&self, name: &str, ids: Vec<String>) -> Result<Answers, RuntimeError> {
-        self.per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply })
+        self.per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply }, None)
             .await
     }
 
@@ -873,37 +915,62 @@ impl Runtime {
         reason: String,
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
-        self.nack_running(name, ids, reason).await
+        let forward = cluster::Forward::nack(&reason);
+        self.per_partition(
+            name,
+            ids,
+            |ids, reply| Msg::Nack {
+                ids,
+                reason: reason.clone(),
+                reply,
+            },
+            Some(forward),
+        )
+        .await
     }
 
-    /// [`Runtime::nack`] on a subscription that runs already.
+    /// [`Runtime::nack`] on a subscription that runs already, for this instance's
+    /// partitions only.
     pub async fn nack_running(
         &self,
         name: &str,
         ids: Vec<String>,
         reason: String,
     ) -> Result<Answers, RuntimeError> {
-        self.per_partition(name, ids, |ids, reply| Msg::Nack {
+        self.per_partition(
+            name,
             ids,
-            reason: reason.clone(),
-            reply,
-        })
+            |ids, reply| Msg::Nack {
+                ids,
+                reason: reason.clone(),
+                reply,
+            },
+            None,
+        )
         .await
     }
 
+    /// Extends leases; `local`: this instance's partitions only (the internal route).
     pub async fn extend(
         &self,
         name: &str,
         ids: Vec<String>,
         ack_timeout_ms: Option<u64>,
+        local: bool,
     ) -> Result<Answers, RuntimeError> {
         let sub = self.subscription(name).await?;
         let ack_timeout_ms = ack_timeout_ms.unwrap_or(sub.sub.spec.ack_timeout_ms);
-        self.per_partition(name, ids, |ids, reply| Msg::Extend {
+        let forward = (!local).then(|| cluster::Forward::extend(ack_timeout_ms));
+        self.per_partition(
+            name,
             ids,
-            ack_timeout_ms,
-            reply,
-        })
+            |ids, reply| Msg::Extend {
+                ids,
+                ack_timeout_ms,
+                reply,
+            },
+            forward,
+        )
         .await
     }
 

@@ -1,0 +1,204 @@
+//! Calls between the instances of one cluster: a consumer on any instance gets the
+//! events of every partition, and its acks reach their partition's owner.
+//!
+//! The internal routes (`/internal/v1/...`) serve only this instance's own partitions
+//! and are authenticated by the cluster secret in the `meshd-cluster-secret` header
+//! (compared in constant time, never logged): from `--cluster-secret-file` (its first
+//! non-empty line), or else a random secret that the first instance writes to Meta
+//! (`secrets/cluster`, put-if-absent) and every later one reads.
+
+use meshd_meta::keys::{key, KeyKind};
+use meshd_meta::{Meta, MetaError, Precondition};
+use std::path::Path;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The header that carries the cluster secret.
+pub const SECRET_HEADER: &str = "meshd-cluster-secret";
+
+/// The largest answer read from a peer (a pull of 1000 events of 1 MiB would be more;
+/// a forwarded pull asks for at most what the client asked, capped by the event cap).
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The secret from `file` (its first non-empty line), or Meta's (created when absent).
+pub async fn load_secret(file: Option<&Path>, meta: &dyn Meta) -> anyhow::Result<String> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--cluster-secret-file {}: {e}", path.display()))?;
+        let secret = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--cluster-secret-file {}: the file is empty",
+                    path.display()
+                )
+            })?;
+        return Ok(secret.to_string());
+    }
+    let k = key(KeyKind::Secrets, &["cluster"]);
+    let fresh: String = {
+        use rand::RngCore;
+        let mut bytes = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut bytes);
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    };
+    match meta
+        .put(&k, fresh.as_bytes(), Precondition::Absent, None)
+        .await
+    {
+        Ok(_) => Ok(fresh),
+        Err(MetaError::Conflict { .. }) => {
+            let got = meta.get(&k).await?;
+            let kv = got
+                .kv
+                .ok_or_else(|| anyhow::anyhow!("the cluster secret vanished from Meta"))?;
+            Ok(String::from_utf8(kv.value)
+                .map_err(|_| anyhow::anyhow!("the cluster secret in Meta is not text"))?)
+        }
+        Err(e) => Err(anyhow::anyhow!("reading the cluster secret from Meta: {e}")),
+    }
+}
+
+/// Whether `given` is the secret (constant time in the secret's length).
+pub fn secret_matches(secret: &str, given: &str) -> bool {
+    let (a, b) = (secret.as_bytes(), given.as_bytes());
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+/// POSTs `body` (JSON) to `path` on the peer at `addr` with the secret; returns the
+/// status and the body. One connection per call.
+pub async fn post(
+    addr: &str,
+    path: &str,
+    secret: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), String> {
+    let exchange = async {
+        let mut s = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{SECRET_HEADER}: {secret}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes())
+            .await
+            .map_err(|e| format!("sending to {addr}: {e}"))?;
+        s.write_all(body)
+            .await
+            .map_err(|e| format!("sending to {addr}: {e}"))?;
+        let mut answer = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = s
+                .read(&mut buf)
+                .await
+                .map_err(|e| format!("reading from {addr}: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+            if answer.len() > MAX_ANSWER_BYTES {
+                return Err(format!("the answer of {addr} is too large"));
+            }
+        }
+        parse_answer(&answer).ok_or_else(|| format!("{addr} did not answer HTTP"))
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "{addr} did not answer within {} ms",
+            timeout.as_millis()
+        )),
+    }
+}
+
+/// Status and body of a complete HTTP/1.1 answer (`Connection: close`; a
+/// `Content-Length` when present bounds the body, chunked bodies are decoded).
+fn parse_answer(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let mut length = None;
+    let mut chunked = false;
+    for l in lines {
+        let (k, v) = l.split_once(':')?;
+        if k.trim().eq_ignore_ascii_case("content-length") {
+            length = v.trim().parse::<usize>().ok();
+        }
+        if k.trim().eq_ignore_ascii_case("transfer-encoding")
+            && v.trim().eq_ignore_ascii_case("chunked")
+        {
+            chunked = true;
+        }
+    }
+    let rest = &raw[end + 4..];
+    let body = if chunked {
+        let mut out = Vec::new();
+        let mut r = rest;
+        loop {
+            let line_end = r.windows(2).position(|w| w == b"\r\n")?;
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&r[..line_end]).ok()?.trim(), 16).ok()?;
+            r = &r[line_end + 2..];
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(r.get(..size)?);
+            r = r.get(size + 2..)?;
+        }
+        out
+    } else {
+        match length {
+            Some(n) => rest.get(..n)?.to_vec(),
+            None => rest.to_vec(),
+        }
+    };
+    Some((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_exactly() {
+        assert!(secret_matches("abc", "abc"));
+        assert!(!secret_matches("abc", "abd"));
+        assert!(!secret_matches("abc", "ab"));
+        assert!(!secret_matches("abc", "abcd"));
+        assert!(!secret_matches("abc", ""));
+    }
+
+    #[test]
+    fn answers_parse_with_length_or_chunks() {
+        let raw = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(parse_answer(raw), Some((200, b"{}".to_vec())));
+        let raw = b"HTTP/1.1 503 Service Unavailable\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+        assert_eq!(parse_answer(raw), Some((503, b"{}".to_vec())));
+        assert_eq!(parse_answer(b"garbage"), None);
+    }
+
+    #[tokio::test]
+    async fn the_first_secret_in_meta_is_everyones() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta =
+            meshd_meta_embedded::EmbeddedMeta::open_dir(dir.path(), Default::default()).unwrap();
+        let a = load_secret(None, &meta).await.unwrap();
+        let b = load_secret(None, &meta).await.unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 64);
+        let f = dir.path().join("secret");
+        std::fs::write(&f, "\n  from-file \nother\n").unwrap();
+        assert_eq!(load_secret(Some(&f), &meta).await.unwrap(), "from-file");
+    }
+}
