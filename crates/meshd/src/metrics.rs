@@ -59,6 +59,68 @@ pub struct Metrics {
     tasks_requeued: AtomicU64,
     tasks_refused: Mutex<BTreeMap<String, u64>>,
     tasks_by_state: Mutex<Option<BTreeMap<&'static str, u64>>>,
+    /// Cluster mode only (rendered when `cluster` is set).
+    pub ownership: OwnershipCounters,
+}
+
+/// Partition ownership in cluster mode.
+#[derive(Default)]
+pub struct OwnershipCounters {
+    pub cluster: std::sync::atomic::AtomicBool,
+    pub acquired: AtomicU64,
+    pub released: AtomicU64,
+    /// Partitions dropped without a release (the lease's local deadline passed, the
+    /// membership stopped, an owner key was no longer ours).
+    pub lost: AtomicU64,
+    pub owned: AtomicU64,
+    /// From the moment this instance was designated a partition's owner to its
+    /// acquisition (the previous owner's drain, or its lease running out): the
+    /// takeover time as this instance sees it.
+    pub takeover_ms_sum: AtomicU64,
+    pub takeover_count: AtomicU64,
+    pub takeover_ms_max: AtomicU64,
+}
+
+impl OwnershipCounters {
+    pub fn takeover(&self, took: Duration) {
+        let ms = took.as_millis() as u64;
+        self.takeover_ms_sum.fetch_add(ms, Ordering::Relaxed);
+        self.takeover_count.fetch_add(1, Ordering::Relaxed);
+        self.takeover_ms_max.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        if !self.cluster.load(Ordering::Relaxed) {
+            return;
+        }
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let _ = writeln!(out, "# HELP meshd_owned_partitions Partitions this instance owns now.\n# TYPE meshd_owned_partitions gauge\nmeshd_owned_partitions {}", get(&self.owned));
+        let _ = writeln!(out, "# HELP meshd_ownership_changes_total Partition ownership changes on this instance, by kind (acquired, released, lost).\n# TYPE meshd_ownership_changes_total counter");
+        for (kind, c) in [
+            ("acquired", &self.acquired),
+            ("released", &self.released),
+            ("lost", &self.lost),
+        ] {
+            let _ = writeln!(
+                out,
+                "meshd_ownership_changes_total{{kind=\"{kind}\"}} {}",
+                get(c)
+            );
+        }
+        let _ = writeln!(out, "# HELP meshd_partition_takeover_seconds From being designated a partition's owner to acquiring it.\n# TYPE meshd_partition_takeover_seconds summary");
+        let _ = writeln!(
+            out,
+            "meshd_partition_takeover_seconds_sum {}",
+            get(&self.takeover_ms_sum) as f64 / 1000.0
+        );
+        let _ = writeln!(
+            out,
+            "meshd_partition_takeover_seconds_count {}",
+            get(&self.takeover_count)
+        );
+        let _ = writeln!(out, "# HELP meshd_partition_takeover_seconds_max The longest takeover seen.\n# TYPE meshd_partition_takeover_seconds_max gauge\nmeshd_partition_takeover_seconds_max {}", get(&self.takeover_ms_max) as f64 / 1000.0);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -129,6 +191,7 @@ impl Metrics {
 
     /// Appends the counters (gauges are rendered by the runtime, which knows them).
     pub fn render(&self, out: &mut String) {
+        self.ownership.render(out);
         let subs = lock(&self.subs);
         type Field = fn(&SubCounters) -> &AtomicU64;
         let families: [(&str, &str, Field); 8] = [

@@ -46,6 +46,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(2);
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(60);
 
 struct AppState {
+    /// Cluster mode: the membership lease partitions are owned under.
+    cluster_lease:
+        Option<tokio::sync::watch::Receiver<Option<crate::cluster::ownership::LeaseState>>>,
     instance_id: String,
     meta: Arc<MeteredMeta>,
     meta_backend: &'static str,
@@ -226,7 +229,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!(%addr, instance = %instance_id, meta = meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
 
+    let membership = crate::membership::Membership::new(
+        meta.clone(),
+        instance_id.clone(),
+        addr.to_string(),
+        Duration::from_millis(config.lease_ttl_ms),
+    );
+    let lease = membership.lease();
     let state = Arc::new(AppState {
+        cluster_lease: config.log.is_cluster().then(|| lease.clone()),
         instance_id,
         meta: meta.clone(),
         meta_backend,
@@ -252,15 +263,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         instance_id: state.instance_id.clone(),
         tasks: tasks.clone(),
     });
-    let membership = crate::membership::Membership::new(
-        meta.clone(),
-        state.instance_id.clone(),
-        addr.to_string(),
-        Duration::from_millis(config.lease_ttl_ms),
-    );
-    let lease = membership.lease();
     membership.spawn();
     if config.log.is_cluster() {
+        state
+            .metrics
+            .ownership
+            .cluster
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         // Cluster mode: partitions are owned under the membership lease.
         crate::cluster::ownership::Controller {
             meta: meta.clone(),
@@ -272,6 +281,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             ))),
             owned: owned_tx,
             directory: directory_tx,
+            metrics: state.metrics.clone(),
+            waiting_since: Default::default(),
             tick: (Duration::from_millis(config.lease_ttl_ms) / 10).max(Duration::from_millis(100)),
         }
         .spawn();
@@ -451,14 +462,20 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     } else {
         "failed"
     };
+    // Cluster mode: an instance without a live membership lease owns nothing.
+    let cluster = state.cluster_lease.as_ref().map(|l| match *l.borrow() {
+        Some(l) if l.deadline.is_live(std::time::Instant::now()) => "ok",
+        _ => "no lease",
+    });
     let ready = meta == "ok"
+        && cluster.is_none_or(|c| c == "ok")
         && local == "ok"
         && topics == "ok"
         && subscriptions == "ok"
         && sessions == "ok"
         && recovery == "ok"
         && dispatch == "ok";
-    let body = json!({
+    let mut body = json!({
         "status": if ready { "ready" } else { "unavailable" },
         "instance": state.instance_id,
         "checks": {
@@ -471,6 +488,9 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             "dispatch": dispatch,
         },
     });
+    if let Some(c) = cluster {
+        body["checks"]["cluster"] = c.into();
+    }
     let code = if ready {
         StatusCode::OK
     } else {

@@ -499,3 +499,100 @@ async fn given_a_consumer_on_one_instance_then_it_gets_the_events_of_every_parti
     .unwrap();
     assert_eq!(r.status, 401, "{}", r.body);
 }
+
+/// A sample of `name` from `/metrics` of the instance at `a`.
+async fn metric(a: &str, name: &str) -> anyhow::Result<f64> {
+    let text = get(a, "/metrics").await?.body;
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no {name} in /metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_one_instance_cut_off_from_etcd_then_it_stops_owning_and_is_not_ready_and_the_others_take_its_partitions(
+) {
+    use meshd_test_support::proxy::TcpProxy;
+    let etcd = EtcdProcess::start().await.unwrap();
+    let nats = NatsProcess::start().await.unwrap();
+    let proxy = TcpProxy::start(etcd.endpoint().parse().unwrap())
+        .await
+        .unwrap();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let meta = if i == 2 {
+            format!("etcd://{}", proxy.addr())
+        } else {
+            format!("etcd://{}", etcd.endpoint())
+        };
+        let id = format!("inst-{i}");
+        let ttl = LEASE_TTL.as_millis().to_string();
+        let args = [
+            "--meta",
+            &meta,
+            "--log",
+            &nats.url(),
+            "--instance-id",
+            &id,
+            "--lease-ttl-ms",
+            &ttl,
+        ];
+        nodes.push(MeshdProcess::start(bin(), dir.path(), &args).await.unwrap());
+    }
+    let a0 = nodes[0].addr().to_string();
+    let cut = nodes[2].addr().to_string();
+    create_topic(&a0, "t", 12).await;
+    let all: BTreeSet<String> = (0..3).map(|i| format!("inst-{i}")).collect();
+    let before = all_owned_by(&a0, "t", 12, &all, DEADLINE).await;
+    let held: usize = before.values().filter(|(o, _)| o == "inst-2").count();
+    assert!(held > 0, "the instance to cut owns partitions: {before:?}");
+    wait_until(DEADLINE, "inst-2 reports what it owns", || async {
+        anyhow::ensure!(metric(&cut, "meshd_owned_partitions").await? == held as f64);
+        Ok(())
+    })
+    .await
+    .unwrap();
+
+    proxy.cut();
+    let cut_at = Instant::now();
+    // The others take every partition over once its lease has run out.
+    let two: BTreeSet<String> = ["inst-0".to_string(), "inst-1".to_string()].into();
+    all_owned_by(&a0, "t", 12, &two, DEADLINE).await;
+    eprintln!("taken over {:?} after the cut", cut_at.elapsed());
+    // The cut-off instance stopped owning (it cannot renew its lease) and says so.
+    wait_until(DEADLINE, "inst-2 owns nothing and is not ready", || async {
+        let owned = metric(&cut, "meshd_owned_partitions").await?;
+        let rz = get(&cut, "/readyz").await?.body;
+        let lost = metric(&cut, "meshd_ownership_changes_total{kind=\"lost\"}").await?;
+        anyhow::ensure!(
+            owned == 0.0,
+            "inst-2 still owns {owned}; lost {lost}; readyz {rz}"
+        );
+        let r = get(&cut, "/readyz").await?;
+        anyhow::ensure!(r.status == 503, "{}", r.body);
+        anyhow::ensure!(r.json()?["checks"]["cluster"] == "no lease", "{}", r.body);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let lost = metric(&cut, "meshd_ownership_changes_total{kind=\"lost\"}")
+        .await
+        .unwrap();
+    assert!(
+        lost >= held as f64,
+        "the dropped partitions are counted as lost: {lost}"
+    );
+
+    // Reconnected, it rejoins and gets its share back, without a restart.
+    proxy.restore();
+    wait_until(DEADLINE, "inst-2 ready and owning again", || async {
+        let r = get(&cut, "/readyz").await?;
+        anyhow::ensure!(r.status == 200, "{}", r.body);
+        anyhow::ensure!(metric(&cut, "meshd_owned_partitions").await? > 0.0);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    all_owned_by(&a0, "t", 12, &all, DEADLINE).await;
+}

@@ -22,14 +22,20 @@ where
     let end = start + deadline;
     let mut pause = Duration::from_millis(10);
     let mut attempts = 0u32;
+    let mut previous: Option<String> = None;
     loop {
         attempts += 1;
         let left = end.saturating_duration_since(Instant::now());
         let last = match tokio::time::timeout(left, f()).await {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(e)) => format!("{e:#}"),
-            Err(_) => "the last attempt did not finish before the deadline".to_string(),
+            Err(_) => match &previous {
+                // The one before says what was wrong; the cut-off one cannot.
+                Some(p) => format!("{p} (and the last attempt did not finish before the deadline)"),
+                None => "the last attempt did not finish before the deadline".to_string(),
+            },
         };
+        previous = Some(last.clone());
         let now = Instant::now();
         if now >= end {
             return Err(anyhow!(

@@ -219,6 +219,9 @@ pub struct Controller {
     pub directory: tokio::sync::watch::Sender<std::sync::Arc<Directory>>,
     /// How often Meta is read again without another reason to.
     pub tick: std::time::Duration,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// When each partition designated here but still held elsewhere was first seen.
+    pub waiting_since: std::sync::Mutex<BTreeMap<PartitionId, std::time::Instant>>,
 }
 
 impl Controller {
@@ -257,16 +260,24 @@ impl Controller {
     }
 
     fn drop_all(&self, why: &str) {
-        if !self.owned.borrow().is_empty() {
+        let n = self.owned.borrow().len();
+        if n > 0 {
             tracing::warn!(
                 store = "owners",
                 backend = self.meta.backend(),
-                owned = self.owned.borrow().len(),
+                owned = n,
                 reason = why,
                 "dropping every partition ownership"
             );
             self.owned
                 .send_replace(std::sync::Arc::new(BTreeMap::new()));
+            let counters = &self.metrics.ownership;
+            counters
+                .lost
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            counters
+                .owned
+                .store(0, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -308,7 +319,13 @@ impl Controller {
         }
         // What Meta no longer shows as ours (expired lease, taken) is dropped first.
         let mut owned: BTreeMap<_, _> = (**self.owned.borrow()).clone();
+        let before = owned.len();
         owned.retain(|p, o| epochs.get(p) == Some(&o.epoch()));
+        let counters = &self.metrics.ownership;
+        counters.lost.fetch_add(
+            (before - owned.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         // Keys under our name that this process did not acquire (an earlier run of
         // this instance, under a lease that is ending) are deleted, fenced by their
         // epoch, and acquired again under the current lease in the next step.
@@ -328,13 +345,29 @@ impl Controller {
             }
         }
         let todo = plan(&self.me, &members, &partitions, &holders);
+        {
+            let mut waiting = self
+                .waiting_since
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            waiting.retain(|p, _| todo.waiting.contains(p) || todo.acquire.contains(p));
+            for p in &todo.waiting {
+                waiting
+                    .entry(p.clone())
+                    .or_insert_with(std::time::Instant::now);
+            }
+        }
         for p in &todo.release {
             let Some(o) = owned.remove(p) else { continue };
             // Stop acting on it before anything else.
             self.owned.send_replace(std::sync::Arc::new(owned.clone()));
             self.drain.drain(p, &o).await;
+            holders.remove(p);
             match o.release(self.meta.as_ref()).await {
                 Ok(()) => {
+                    counters
+                        .released
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition released")
                 }
                 Err(e) => {
@@ -352,6 +385,17 @@ impl Controller {
             .await
             {
                 Ok(o) => {
+                    counters
+                        .acquired
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let since = self
+                        .waiting_since
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .remove(p);
+                    if let Some(since) = since {
+                        counters.takeover(since.elapsed());
+                    }
                     tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition acquired");
                     holders.insert(p.clone(), self.me.clone());
                     owned.insert(p.clone(), o);
@@ -364,8 +408,13 @@ impl Controller {
         self.directory
             .send_replace(std::sync::Arc::new(Directory { holders, addrs }));
         if std::time::Instant::now() >= lease.deadline.deadline() {
+            // Publish what is held so far, then drop it: it is counted as lost.
+            self.owned.send_replace(std::sync::Arc::new(owned));
             self.drop_all("the membership lease deadline passed during the step");
         } else {
+            counters
+                .owned
+                .store(owned.len() as u64, std::sync::atomic::Ordering::Relaxed);
             self.owned.send_replace(std::sync::Arc::new(owned));
         }
         Ok(())
@@ -454,6 +503,8 @@ mod controller_tests {
             owned: tx,
             directory: tokio::sync::watch::channel(Default::default()).0,
             tick: Duration::from_millis(50),
+            metrics: Default::default(),
+            waiting_since: Default::default(),
         }
         .spawn();
         Node {

@@ -593,6 +593,9 @@ impl Runtime {
         let (tx, rx) = mpsc::channel(QUEUE);
         let shared = Arc::new(Shared::default());
         shared.committed.store(committed, Ordering::Release);
+        if owned.is_some() {
+            shared.checkpointed_at_ms.store(now_ms(), Ordering::Release);
+        }
         let (owner, cluster) = match owned {
             Some((o, c)) => (Arc::new(RwLock::new(Some(o))), Some(c)),
             None => (self.owner.clone(), None),
@@ -1210,6 +1213,27 @@ impl Runtime {
     pub fn render(&self, out: &mut String) {
         let mut subs = self.all();
         subs.sort_by(|a, b| a.sub.name().cmp(b.sub.name()));
+        if self.deps.cluster.is_some() {
+            let _ = writeln!(out, "# HELP meshd_checkpoint_age_seconds Cluster mode: the oldest offset checkpoint among this instance's partitions of the subscription (how much a takeover may redeliver).\n# TYPE meshd_checkpoint_age_seconds gauge");
+            let now = now_ms();
+            for s in &subs {
+                let oldest = s
+                    .running_parts()
+                    .iter()
+                    .map(|p| p.shared.checkpointed_at_ms.load(Ordering::Acquire))
+                    .filter(|at| *at > 0)
+                    .map(|at| now.saturating_sub(at))
+                    .max();
+                if let Some(age) = oldest {
+                    let _ = writeln!(
+                        out,
+                        "meshd_checkpoint_age_seconds{{subscription=\"{}\"}} {}",
+                        s.sub.name(),
+                        age as f64 / 1000.0
+                    );
+                }
+            }
+        }
         let mut rows = Vec::new();
         for s in &subs {
             let mut in_flight = 0u64;

@@ -86,6 +86,9 @@ pub struct Shared {
     pub stats: Mutex<Stats>,
     /// Set when a store write failed: the task stopped feeding its core.
     pub failed: Mutex<Option<String>>,
+    /// Cluster mode: when the committed offset was last checkpointed to Meta (or the
+    /// partition acquired), unix ms; 0 in standalone mode.
+    pub checkpointed_at_ms: AtomicU64,
 }
 
 impl Shared {
@@ -225,6 +228,10 @@ impl PartitionTask {
             return;
         };
         if committed <= c.checkpointed {
+            // Nothing new: the checkpoint in Meta is current.
+            self.shared
+                .checkpointed_at_ms
+                .store(now_ms(), Ordering::Release);
             return;
         }
         match self
@@ -233,7 +240,12 @@ impl PartitionTask {
             .checkpoint(self.deps.meta.as_ref(), &c.owner, &key)
             .await
         {
-            Ok(()) => c.checkpointed = committed,
+            Ok(()) => {
+                c.checkpointed = committed;
+                self.shared
+                    .checkpointed_at_ms
+                    .store(now_ms(), Ordering::Release);
+            }
             Err(e) => {
                 let fenced = matches!(
                     e,
