@@ -6,14 +6,13 @@
 //! etcd must be installed (`/usr/bin/etcd` from Debian's `etcd-server`); when it is not
 //! on `PATH`, [`EtcdProcess::start`] fails with instructions. Tests never skip.
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// The error [`EtcdProcess::start`] reports when etcd is not installed.
 pub const ETCD_NOT_FOUND: &str = "etcd not found on PATH: install Debian's etcd-server \
@@ -228,28 +227,7 @@ impl EtcdProcess {
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.client_port));
-        let deadline = Instant::now() + READY_DEADLINE;
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Some(status) = child.try_wait().context("polling the etcd process")? {
-                    self.child = None;
-                    bail!("etcd exited during startup with {status}");
-                }
-            } else {
-                bail!("etcd is not running");
-            }
-            let last = match tokio::task::spawn_blocking(move || health(addr)).await {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => format!("{e:#}"),
-                Err(e) => format!("health check task: {e}"),
-            };
-            if Instant::now() >= deadline {
-                bail!(
-                    "etcd on {addr} did not become healthy within {READY_DEADLINE:?}; last: {last}"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        crate::process::wait_healthy(&mut self.child, "etcd", addr, READY_DEADLINE, health).await
     }
 }
 
@@ -269,24 +247,7 @@ impl Drop for EtcdProcess {
 
 /// A blocking `GET /health` with short timeouts: `Ok` when etcd says it is healthy.
 fn health(addr: SocketAddr) -> anyhow::Result<()> {
-    let timeout = Duration::from_millis(500);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)
-        .with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream
-        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .context("sending GET /health")?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .context("reading the /health response")?;
-    let response = String::from_utf8_lossy(&response);
-    let healthy = response.starts_with("HTTP/1.1 200") && response.contains(r#""health":"true""#);
-    if !healthy {
-        bail!("/health answered: {}", response.trim());
-    }
-    Ok(())
+    crate::process::http_health(addr, "/health", r#""health":"true""#)
 }
 
 /// The etcd binary on `PATH`, or the install instructions.
@@ -347,7 +308,7 @@ mod tests {
         etcd.kill();
         etcd.kill();
         assert_eq!(etcd.pid(), None);
-        assert!(TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err());
+        assert!(std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err());
 
         etcd.restart().await.expect("restarts on the same port");
         assert_ne!(etcd.pid(), Some(first_pid));

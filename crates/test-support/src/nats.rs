@@ -13,11 +13,10 @@
 use anyhow::{anyhow, bail, Context};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// Where `scripts/test` installs nats-server (see `scripts/env.sh`).
 pub const VENV_NATS_SERVER: &str = "/var/tmp/meshd-tools/venv/bin/nats-server";
@@ -236,28 +235,8 @@ impl NatsProcess {
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.monitor_port));
-        let deadline = Instant::now() + READY_DEADLINE;
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Some(status) = child.try_wait().context("polling the nats process")? {
-                    self.child = None;
-                    bail!("nats-server exited during startup with {status}");
-                }
-            } else {
-                bail!("nats-server is not running");
-            }
-            let last = match tokio::task::spawn_blocking(move || health(addr)).await {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => format!("{e:#}"),
-                Err(e) => format!("health check task: {e}"),
-            };
-            if Instant::now() >= deadline {
-                bail!(
-                    "nats-server on {addr} did not become healthy within {READY_DEADLINE:?}; last: {last}"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        crate::process::wait_healthy(&mut self.child, "nats-server", addr, READY_DEADLINE, health)
+            .await
     }
 }
 
@@ -277,25 +256,7 @@ impl Drop for NatsProcess {
 /// A blocking `GET /healthz?js-enabled-only=true` on the monitoring port: `Ok` once
 /// the server (and JetStream) is ready.
 fn health(addr: SocketAddr) -> anyhow::Result<()> {
-    let timeout = Duration::from_millis(500);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)
-        .with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream
-        .write_all(
-            b"GET /healthz?js-enabled-only=true HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-        )
-        .context("sending GET /healthz")?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .context("reading the /healthz response")?;
-    let response = String::from_utf8_lossy(&response);
-    if !(response.starts_with("HTTP/1.1 200") && response.contains(r#""status":"ok""#)) {
-        bail!("/healthz answered: {}", response.trim());
-    }
-    Ok(())
+    crate::process::http_health(addr, "/healthz?js-enabled-only=true", r#""status":"ok""#)
 }
 
 /// `(major, minor)` of `nats-server --version` output (`nats-server: v2.15.1`).
@@ -422,7 +383,7 @@ mod tests {
         nats.kill();
         nats.kill();
         assert_eq!(nats.pid(), None);
-        assert!(TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err());
+        assert!(std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err());
 
         nats.restart().await.expect("restarts on the same port");
         assert_ne!(nats.pid(), Some(first_pid));

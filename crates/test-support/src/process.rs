@@ -46,3 +46,66 @@ pub fn spawn_tied_to_test(mut cmd: Command) -> std::io::Result<Child> {
     spawner.send((cmd, reply)).map_err(|_| gone())?;
     answer.recv().map_err(|_| gone())?
 }
+
+/// Waits until `healthy(addr)` (a blocking probe) says the server `name` serves,
+/// failing at once when its process exits and after `deadline` otherwise.
+pub async fn wait_healthy(
+    child: &mut Option<Child>,
+    name: &str,
+    addr: std::net::SocketAddr,
+    deadline: std::time::Duration,
+    healthy: fn(std::net::SocketAddr) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    use anyhow::{bail, Context};
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        match child.as_mut() {
+            Some(c) => {
+                if let Some(status) = c
+                    .try_wait()
+                    .with_context(|| format!("polling the {name} process"))?
+                {
+                    *child = None;
+                    bail!("{name} exited during startup with {status}");
+                }
+            }
+            None => bail!("{name} is not running"),
+        }
+        let last = match tokio::task::spawn_blocking(move || healthy(addr)).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(e) => format!("health check task: {e}"),
+        };
+        if tokio::time::Instant::now() >= end {
+            bail!("{name} on {addr} did not become healthy within {deadline:?}; last: {last}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+/// A blocking `GET path` with short timeouts: `Ok` when the answer is 200 and its body
+/// contains `expect`.
+pub fn http_health(addr: std::net::SocketAddr, path: &str, expect: &str) -> anyhow::Result<()> {
+    use anyhow::{bail, Context};
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_millis(500);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .with_context(|| format!("sending GET {path}"))?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .with_context(|| format!("reading the {path} response"))?;
+    let response = String::from_utf8_lossy(&response);
+    if !(response.starts_with("HTTP/1.1 200") && response.contains(expect)) {
+        bail!("{path} answered: {}", response.trim());
+    }
+    Ok(())
+}

@@ -17,11 +17,7 @@ use axum::Router;
 use std::sync::Arc;
 
 pub fn routes() -> Router<Arc<Api>> {
-    Router::new()
-        .route("/internal/v1/subscriptions/{name}/pull", post(pull))
-        .route("/internal/v1/subscriptions/{name}/ack", post(ack))
-        .route("/internal/v1/subscriptions/{name}/nack", post(nack))
-        .route("/internal/v1/subscriptions/{name}/extend", post(extend))
+    Router::new().route("/internal/v1/subscriptions/{name}/{op}", post(call))
 }
 
 fn authenticate(api: &Api, headers: &HeaderMap) -> Result<(), Problem> {
@@ -43,42 +39,19 @@ fn authenticate(api: &Api, headers: &HeaderMap) -> Result<(), Problem> {
     }
 }
 
-async fn pull(
+/// One pull, ack, nack or extend on this instance's partitions.
+async fn call(
     State(api): State<Arc<Api>>,
-    Path(name): Path<String>,
+    Path((name, op)): Path<(String, String)>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     authenticate(&api, &headers)?;
-    consume::pull_with(api, name, headers, body, Reach::Local).await
-}
-
-async fn ack(
-    State(api): State<Arc<Api>>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, Problem> {
-    authenticate(&api, &headers)?;
-    consume::ack_with(api, name, headers, body, Reach::Local).await
-}
-
-async fn nack(
-    State(api): State<Arc<Api>>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, Problem> {
-    authenticate(&api, &headers)?;
-    consume::nack_with(api, name, headers, body, Reach::Local).await
-}
-
-async fn extend(
-    State(api): State<Arc<Api>>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, Problem> {
-    authenticate(&api, &headers)?;
-    consume::extend_with(api, name, headers, body, Reach::Local).await
+    match op.as_str() {
+        "pull" => consume::pull_with(api, name, headers, body, Reach::Local).await,
+        "ack" => consume::ack_with(api, name, headers, body, Reach::Local).await,
+        "nack" => consume::nack_with(api, name, headers, body, Reach::Local).await,
+        "extend" => consume::extend_with(api, name, headers, body, Reach::Local).await,
+        _ => Err(Problem::not_found(format!("no internal operation {op:?}"))),
+    }
 }
