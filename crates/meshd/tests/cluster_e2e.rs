@@ -240,8 +240,8 @@ async fn given_an_owner_killed_under_load_then_its_partitions_move_within_the_le
     let took = killed_at.elapsed();
     eprintln!("takeover took {took:?}");
     assert!(
-        took <= LEASE_TTL + Duration::from_secs(1) + Duration::from_secs(1),
-        "partitions moved within the lease TTL (+1 s, +1 s of polling slack on 2 cores): {took:?}"
+        took <= LEASE_TTL + Duration::from_secs(1),
+        "partitions moved within the lease TTL + 1 s: {took:?}"
     );
     for (p, (owner, epoch)) in &after {
         if before[p].0 == c.ids[victim] {
@@ -488,6 +488,30 @@ async fn given_a_consumer_on_one_instance_then_it_gets_the_events_of_every_parti
     })
     .await
     .unwrap();
+    // An offset reset through instance 0 of a partition another instance owns runs on
+    // the owner (new epoch) and the events come again.
+    let (&(_, p), _) = o.iter().find(|(_, (owner, _))| owner != &c.ids[0]).unwrap();
+    let r = meshd_test_support::http::send_json(
+        &a0,
+        "PUT",
+        &format!("/v1/subscriptions/s/offsets/{p}"),
+        &json!({"offset": 0}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json().unwrap();
+    assert_eq!(
+        (v["committed"].as_u64(), v["epoch"].as_u64()),
+        (Some(0), Some(1)),
+        "{v}"
+    );
+    let again = pull_until(&a0, "s", ends[p as usize] as usize, DEADLINE).await;
+    assert!(
+        again.iter().all(|d| d.partition == p) && again.len() == ends[p as usize] as usize,
+        "exactly partition {p} comes again: {:?}",
+        summary(&again)
+    );
     // The internal routes need the cluster secret.
     let r = meshd_test_support::http::send_json(
         &a0,

@@ -317,6 +317,17 @@ pub async fn put_offset(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
+    put_offset_with(api, name, partition, headers, body, Reach::Cluster).await
+}
+
+pub async fn put_offset_with(
+    api: Arc<Api>,
+    name: String,
+    partition: String,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    reach: Reach,
+) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
     let partition: u32 = partition.parse().map_err(|_| {
         Problem::invalid_field(
@@ -330,7 +341,7 @@ pub async fn put_offset(
         .ok_or_else(|| Problem::invalid_field("offset", "offset is required"))?;
     let c = api
         .runtime
-        .reset_offset(&name, partition, offset)
+        .reset_offset(&name, partition, offset, reach == Reach::Local)
         .await
         .map_err(|e| match e {
             RuntimeError::Invalid(d) => Problem::invalid_field("offset", d),

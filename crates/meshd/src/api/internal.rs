@@ -17,7 +17,12 @@ use axum::Router;
 use std::sync::Arc;
 
 pub fn routes() -> Router<Arc<Api>> {
-    Router::new().route("/internal/v1/subscriptions/{name}/{op}", post(call))
+    Router::new()
+        .route("/internal/v1/subscriptions/{name}/{op}", post(call))
+        .route(
+            "/internal/v1/subscriptions/{name}/offsets/{partition}",
+            post(reset),
+        )
 }
 
 fn authenticate(api: &Api, headers: &HeaderMap) -> Result<(), Problem> {
@@ -54,4 +59,15 @@ async fn call(
         "extend" => consume::extend_with(api, name, headers, body, Reach::Local).await,
         _ => Err(Problem::not_found(format!("no internal operation {op:?}"))),
     }
+}
+
+/// An offset reset of a partition this instance owns.
+async fn reset(
+    State(api): State<Arc<Api>>,
+    Path((name, partition)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    authenticate(&api, &headers)?;
+    consume::put_offset_with(api, name, partition, headers, body, Reach::Local).await
 }

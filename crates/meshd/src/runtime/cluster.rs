@@ -354,6 +354,110 @@ impl Runtime {
         Ok(answers)
     }
 
+    /// Cluster mode: an offset reset runs on the partition's owner: its task stops, the
+    /// reset is made locally (new epoch; in-flight deliveries dropped), the attempt
+    /// ledger is emptied and the checkpoint written (both fenced), and the partition
+    /// starts again from Meta. Elsewhere the request goes to the owner.
+    pub(super) async fn reset_in_cluster(
+        &self,
+        sub: &SubRuntime,
+        partition: u32,
+        offset: u64,
+        local: bool,
+    ) -> Result<Committed, RuntimeError> {
+        let Some(cluster) = &self.deps.cluster else {
+            return Err(RuntimeError::Invalid("not in cluster mode".into()));
+        };
+        let id: PartitionId = (sub.sub.spec.topic.clone(), partition);
+        let owner = cluster.owned.borrow().get(&id).cloned();
+        let Some(owner) = owner else {
+            if local {
+                return Err(RuntimeError::Unavailable {
+                    store: "owners",
+                    detail: format!("partition {partition} moved to another instance; retry"),
+                });
+            }
+            return self.forward_reset(sub, partition, offset).await;
+        };
+        let _ops = self.ops.lock().await;
+        let key = Self::key(&sub.sub, partition);
+        let running = sub.parts[partition as usize]
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = running {
+            Self::stop_handle(&h).await;
+        }
+        let result = async {
+            let committed = self.reset_locked(&sub.sub, &key, offset).await?;
+            let meta_err = |store: &'static str| {
+                move |e: String| RuntimeError::Indeterminate { store, detail: e }
+            };
+            cluster
+                .ledger
+                .record(&key, &owner, &BTreeMap::new())
+                .await
+                .map_err(|e| meta_err("attempts")(e.to_string()))?;
+            self.deps
+                .offsets
+                .checkpoint(self.deps.meta.as_ref(), &owner, &key)
+                .await
+                .map_err(|e| meta_err("checkpoints")(e.to_string()))?;
+            Ok(committed)
+        }
+        .await;
+        self.apply_ownership(sub).await;
+        result
+    }
+
+    async fn forward_reset(
+        &self,
+        sub: &SubRuntime,
+        partition: u32,
+        offset: u64,
+    ) -> Result<Committed, RuntimeError> {
+        let Some(cluster) = &self.deps.cluster else {
+            return Err(RuntimeError::Invalid("not in cluster mode".into()));
+        };
+        let owner = cluster
+            .directory
+            .borrow()
+            .owner_of(&sub.sub.spec.topic, partition);
+        let Some((holder, addr)) = owner.filter(|(h, _)| *h != self.deps.instance_id) else {
+            return Err(RuntimeError::Unavailable {
+                store: "owners",
+                detail: format!("partition {partition} is changing owners; retry"),
+            });
+        };
+        let path = format!(
+            "/internal/v1/subscriptions/{}/offsets/{partition}",
+            crate::cli::http::segment(sub.sub.name())
+        );
+        let body = serde_json::json!({ "offset": offset }).to_string();
+        let (status, answer) =
+            forward::post(&addr, &path, &cluster.secret, body.as_bytes(), PEER_TIMEOUT)
+                .await
+                .map_err(|detail| RuntimeError::Unavailable {
+                    store: "owners",
+                    detail,
+                })?;
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+        match status {
+            200 => match (v["committed"].as_u64(), v["epoch"].as_u64()) {
+                (Some(offset), Some(epoch)) => Ok(Committed {
+                    offset,
+                    epoch,
+                    at_ms: super::partition::now_ms(),
+                }),
+                _ => Err(peer_error(&holder, status, &answer)),
+            },
+            400 => Err(RuntimeError::Invalid(
+                v["detail"].as_str().unwrap_or("invalid offset").to_string(),
+            )),
+            _ => Err(peer_error(&holder, status, &answer)),
+        }
+    }
+
     /// Cluster mode: writes every partition's start to Meta where there is no
     /// checkpoint yet (the instance that creates the subscription does it before its
     /// PUT answers, so an owner acquiring a partition later skips nothing).

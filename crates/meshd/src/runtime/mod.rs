@@ -1084,11 +1084,14 @@ impl Runtime {
     /// the partition stops, its in-flight deliveries are dropped (their ids become
     /// `unknown`; redrives under way go back to `dead`), the offset is reset with a new
     /// epoch, and the partition restarts from it.
+    /// In cluster mode the partition's owner does it (`local`: this instance must own
+    /// it; otherwise the request goes to the owner).
     pub async fn reset_offset(
         &self,
         name: &str,
         partition: u32,
         offset: u64,
+        local: bool,
     ) -> Result<Committed, RuntimeError> {
         let sub = self.subscription(name).await?;
         if partition as usize >= sub.parts.len() {
@@ -1096,11 +1099,6 @@ impl Runtime {
                 name: name.to_string(),
                 partition,
             });
-        }
-        if self.deps.cluster.is_some() {
-            return Err(RuntimeError::Conflict(
-                "offset resets are not available in cluster mode yet".into(),
-            ));
         }
         let key = Self::key(&sub.sub, partition);
         let bounds = self
@@ -1115,6 +1113,9 @@ impl Runtime {
                 bounds.start, bounds.end
             )));
         }
+        if self.deps.cluster.is_some() {
+            return self.reset_in_cluster(&sub, partition, offset, local).await;
+        }
         let _ops = self.ops.lock().await;
         // Stop the whole subscription, reset, start it again: the other partitions
         // recover exactly where they were.
@@ -1126,7 +1127,7 @@ impl Runtime {
         Ok(committed)
     }
 
-    async fn reset_locked(
+    pub(super) async fn reset_locked(
         &self,
         sub: &Subscription,
         key: &OffsetKey,

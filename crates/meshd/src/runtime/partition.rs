@@ -247,17 +247,15 @@ impl PartitionTask {
                     .store(now_ms(), Ordering::Release);
             }
             Err(e) => {
-                let fenced = matches!(
-                    e,
-                    meshd_stores::offsets::OffsetError::Meta(meshd_meta::MetaError::Fenced)
-                );
-                self.deps.metrics.store_error(
-                    "checkpoints",
-                    self.deps.meta_backend,
-                    if fenced { "fenced" } else { "unavailable" },
-                );
-                if fenced {
-                    c.lose("offset checkpoint fenced");
+                let kind = match &e {
+                    meshd_stores::offsets::OffsetError::Meta(m) => m.kind(),
+                    _ => "failed",
+                };
+                self.deps
+                    .metrics
+                    .store_error("checkpoints", self.deps.meta_backend, kind);
+                if matches!(kind, "fenced" | "indeterminate") {
+                    c.lose(&format!("offset checkpoint: {e}"));
                 } else {
                     tracing::warn!(store = "checkpoints", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "offset checkpoint failed; retried at the next interval");
                 }
@@ -666,8 +664,15 @@ impl PartitionTask {
                 self.deps
                     .metrics
                     .store_error("attempts", self.deps.meta_backend, e.kind());
-                if matches!(e, meshd_stores::attempts::AttemptError::Fenced) {
-                    c.lose("attempt ledger write fenced");
+                if matches!(
+                    e,
+                    meshd_stores::attempts::AttemptError::Fenced
+                        | meshd_stores::attempts::AttemptError::Indeterminate(_)
+                ) {
+                    // Fenced: another owner. Indeterminate: this owner no longer
+                    // knows what Meta holds. Either way it stops and the partition is
+                    // started again from Meta (if still owned) before it acts again.
+                    c.lose(&format!("attempt ledger write: {e}"));
                 } else {
                     tracing::warn!(store = "attempts", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "attempt ledger write failed; nothing handed out, retried");
                 }
