@@ -350,6 +350,39 @@ async fn given_a_poison_event_handed_out_across_repeated_takeovers_then_it_is_de
     for i in c.live() {
         assert_no_delivery(&c.addr(i), "s", 300, "never delivered a fifth time").await;
     }
+    // A redrive sent to an instance that does not own the partition runs on the owner:
+    // delivered afresh (attempt 1), and its ack removes the entry.
+    let live: BTreeSet<String> = c.live().iter().map(|i| c.ids[*i].clone()).collect();
+    let o = all_owned_by(&any, "p", 1, &live, DEADLINE).await;
+    let owner = c.index_of(&o[&("p".to_string(), 0)].0);
+    let other = c.addr(c.live().into_iter().find(|i| *i != owner).unwrap());
+    let entry = dead_letters(&other, "s").await.remove(0);
+    let r = meshd_test_support::http::send_json(
+        &other,
+        "POST",
+        &format!("/v1/deadletters/{}/redrive", entry["id"].as_str().unwrap()),
+        &json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 202, "{}", r.body);
+    let again = pull_until(&other, "s", 1, DEADLINE).await;
+    assert_eq!(summary(&again), vec![(0, 0, 1)]);
+    let r = ack(&other, "s", &ids(&again)).await.unwrap();
+    assert_eq!(set(&r["acked"]).len(), 1, "{r}");
+    wait_until(
+        DEADLINE,
+        "the entry is gone after the redrive's ack",
+        || async {
+            let r = get(&other, "/v1/deadletters?subscription=s")
+                .await?
+                .json()?;
+            anyhow::ensure!(r["entries"].as_array().is_some_and(Vec::is_empty), "{r}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -165,6 +165,16 @@ pub async fn redrive(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
+    redrive_with(api, id, super::consume::Reach::Cluster).await
+}
+
+/// A redrive; in cluster mode it runs on the owner of the entry's partition (`reach`
+/// `Local`: the internal route, this instance must own it).
+pub async fn redrive_with(
+    api: Arc<Api>,
+    id: String,
+    reach: super::consume::Reach,
+) -> Result<Response, Problem> {
     valid_id(&id)?;
     let backend = api.meta_backend;
     let entry = api
@@ -172,6 +182,22 @@ pub async fn redrive(
         .get(&id)
         .await
         .map_err(|e| deadletter_problem(e, backend))?;
+    if reach == super::consume::Reach::Cluster {
+        if let Some((status, body)) = api
+            .runtime
+            .forward_redrive(&entry)
+            .await
+            .map_err(|e| runtime_problem(e, backend))?
+        {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            let kind = if status.is_success() {
+                "application/json"
+            } else {
+                "application/problem+json"
+            };
+            return Ok((status, [(header::CONTENT_TYPE, kind)], body).into_response());
+        }
+    }
     // Check the subscription before moving the entry, so a 409 changes nothing.
     api.runtime
         .check_redrive_target(&entry)

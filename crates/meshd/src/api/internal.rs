@@ -23,6 +23,7 @@ pub fn routes() -> Router<Arc<Api>> {
             "/internal/v1/subscriptions/{name}/offsets/{partition}",
             post(reset),
         )
+        .route("/internal/v1/deadletters/{id}/redrive", post(redrive))
 }
 
 fn authenticate(api: &Api, headers: &HeaderMap) -> Result<(), Problem> {
@@ -70,4 +71,14 @@ async fn reset(
 ) -> Result<Response, Problem> {
     authenticate(&api, &headers)?;
     consume::put_offset_with(api, name, partition, headers, body, Reach::Local).await
+}
+
+/// A redrive of a dead letter of a partition this instance owns.
+async fn redrive(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    authenticate(&api, &headers)?;
+    super::deadletters::redrive_with(api, id, Reach::Local).await
 }

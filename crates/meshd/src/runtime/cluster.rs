@@ -458,6 +458,45 @@ impl Runtime {
         }
     }
 
+    /// Cluster mode: a redrive of an entry whose partition another instance owns is
+    /// sent there; returns its answer (status and body), or `None` when it runs here.
+    pub async fn forward_redrive(
+        &self,
+        entry: &meshd_stores::deadletters::DeadLetterEntry,
+    ) -> Result<Option<(u16, Vec<u8>)>, RuntimeError> {
+        let Some(cluster) = &self.deps.cluster else {
+            return Ok(None);
+        };
+        let here = cluster
+            .owned
+            .borrow()
+            .contains_key(&(entry.topic.clone(), entry.partition));
+        if here {
+            return Ok(None);
+        }
+        let owner = cluster
+            .directory
+            .borrow()
+            .owner_of(&entry.topic, entry.partition);
+        let Some((_, addr)) = owner.filter(|(h, _)| *h != self.deps.instance_id) else {
+            return Err(RuntimeError::Unavailable {
+                store: "owners",
+                detail: format!("partition {} is changing owners; retry", entry.partition),
+            });
+        };
+        let path = format!(
+            "/internal/v1/deadletters/{}/redrive",
+            crate::cli::http::segment(&entry.id)
+        );
+        forward::post(&addr, &path, &cluster.secret, b"", PEER_TIMEOUT)
+            .await
+            .map(Some)
+            .map_err(|detail| RuntimeError::Unavailable {
+                store: "owners",
+                detail,
+            })
+    }
+
     /// Cluster mode: writes every partition's start to Meta where there is no
     /// checkpoint yet (the instance that creates the subscription does it before its
     /// PUT answers, so an owner acquiring a partition later skips nothing).
