@@ -169,15 +169,28 @@ async fn given_three_instances_on_one_etcd_and_one_jetstream_then_each_partition
     let c = Cluster::start(3).await;
     create_topic(&c.addr(0), "t", 12).await;
     let members: BTreeSet<String> = c.ids.iter().cloned().collect();
-    let o = all_owned_by(&c.addr(0), "t", 12, &members, DEADLINE).await;
-    for i in 1..3 {
-        wait_until(DEADLINE, "the same owners everywhere", || async {
-            anyhow::ensure!(owners(&c.addr(i)).await? == o);
-            Ok(())
-        })
-        .await
-        .unwrap();
-    }
+    all_owned_by(&c.addr(0), "t", 12, &members, DEADLINE).await;
+    // Once every instance has joined and the moves are done, all three report the
+    // same owners and epochs, and each owns its share.
+    let o = wait_until(DEADLINE, "the same owners everywhere", || async {
+        let views = [
+            owners(&c.addr(0)).await?,
+            owners(&c.addr(1)).await?,
+            owners(&c.addr(2)).await?,
+        ];
+        anyhow::ensure!(views[0].len() == 12, "{:?}", views[0]);
+        anyhow::ensure!(views[0] == views[1] && views[1] == views[2], "{views:?}");
+        for m in &members {
+            anyhow::ensure!(
+                views[0].values().any(|(owner, _)| owner == m),
+                "{m} owns nothing yet: {:?}",
+                views[0]
+            );
+        }
+        Ok(views[0].clone())
+    })
+    .await
+    .unwrap();
     let per: BTreeSet<&String> = o.values().map(|(owner, _)| owner).collect();
     assert!(
         per.len() >= 2,
@@ -601,12 +614,20 @@ async fn given_one_instance_cut_off_from_etcd_then_it_stops_owning_and_is_not_re
     let cut = nodes[2].addr().to_string();
     create_topic(&a0, "t", 12).await;
     let all: BTreeSet<String> = (0..3).map(|i| format!("inst-{i}")).collect();
-    let before = all_owned_by(&a0, "t", 12, &all, DEADLINE).await;
-    let held: usize = before.values().filter(|(o, _)| o == "inst-2").count();
-    assert!(held > 0, "the instance to cut owns partitions: {before:?}");
-    wait_until(DEADLINE, "inst-2 reports what it owns", || async {
-        anyhow::ensure!(metric(&cut, "meshd_owned_partitions").await? == held as f64);
-        Ok(())
+    all_owned_by(&a0, "t", 12, &all, DEADLINE).await;
+    // Once it has joined, the rendezvous gives the instance to cut its share (with
+    // these ids and 12 partitions it is never empty).
+    let held = wait_until(DEADLINE, "inst-2 owns its share and says so", || async {
+        let o = owners(&a0).await?;
+        anyhow::ensure!(o.len() == 12, "{o:?}");
+        let held = o.values().filter(|(owner, _)| owner == "inst-2").count();
+        anyhow::ensure!(held > 0, "{o:?}");
+        let reported = metric(&cut, "meshd_owned_partitions").await?;
+        anyhow::ensure!(
+            reported == held as f64,
+            "inst-2 reports {reported}, Meta {held}"
+        );
+        Ok(held)
     })
     .await
     .unwrap();
