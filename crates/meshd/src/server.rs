@@ -201,8 +201,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         cluster,
     });
     // Recovery (re-arming every delivery) runs once the subscription cache is loaded;
-    // /readyz stays 503 until it is done.
+    // /readyz stays 503 until it is done. Boot waits for it (bounded, like the caches),
+    // so an instance whose stores answer is ready once it prints its start-up line.
     runtime.start();
+    if loaded_topics && loaded_subscriptions {
+        let until = tokio::time::Instant::now() + CACHE_LOAD_WAIT;
+        while !runtime.is_recovered() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     spawn_housekeeping(&config, log.clone(), deadletters.clone(), tasks.clone());
     crate::requeue::spawn(
         tasks.clone(),
