@@ -1,0 +1,279 @@
+//! The servers under test, each started by the bench on a free loopback port and a
+//! fresh temporary directory, and what the kernel says they cost: CPU seconds from
+//! `/proc/PID/stat` (utime + stime) and peak resident memory from `/proc/PID/status`
+//! (`VmHWM`). Every measured run gets its own fresh server, so `VmHWM` is the peak of
+//! that run (start-up included) and nothing carries over between systems.
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// CPU time (user + system) a process has used so far, in seconds.
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The command name (field 2) may contain spaces and parentheses: fields are
+    // counted after its closing parenthesis. Field 3 (state) is index 0 there, so
+    // utime (field 14) is index 11 and stime (field 15) index 12.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow!("malformed /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| -> Result<u64> {
+        fields
+            .get(i)
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| anyhow!("malformed /proc/{pid}/stat (field {})", i + 3))
+    };
+    let ticks = field(11)? + field(12)?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as f64 } else { 100.0 };
+    Ok(ticks as f64 / hz)
+}
+
+/// Peak resident set size (`VmHWM`) of a process, in bytes.
+pub fn peak_rss_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    for line in status.lines() {
+        if let Some(v) = line.strip_prefix("VmHWM:") {
+            let kb: u64 = v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .with_context(|| format!("malformed VmHWM line {line:?}"))?;
+            return Ok(kb * 1024);
+        }
+    }
+    bail!("no VmHWM in /proc/{pid}/status")
+}
+
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("binding a free loopback port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A child process that is killed (and reaped) when dropped, with its temp dir.
+pub struct Server {
+    child: Child,
+    pub addr: SocketAddr,
+    /// Holds the server's data and config; removed when the server is dropped.
+    _dir: TempDir,
+    stderr_path: PathBuf,
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines the server wrote to stderr, for error messages.
+    pub fn stderr_tail(&self) -> String {
+        tail(&self.stderr_path)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// Where the meshd binary is: `--meshd`, else `$CARGO_TARGET_DIR/release/meshd`, else
+/// `target/release/meshd` under the workspace, else next to this binary.
+pub fn locate_meshd(flag: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = flag {
+        if p.is_file() {
+            return Ok(p.to_path_buf());
+        }
+        bail!("--meshd {}: no such file", p.display());
+    }
+    let mut candidates = Vec::new();
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        candidates.push(PathBuf::from(t).join("release/meshd"));
+    }
+    // crates/bench -> the workspace root.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    candidates.push(root.join("target/release/meshd"));
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            candidates.push(dir.join("meshd"));
+        }
+    }
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| {
+            anyhow!(
+                "no meshd binary (looked at {}); build it with `cargo build --release -p meshd` or pass --meshd PATH",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+}
+
+/// Starts `meshd serve --listen 127.0.0.1:0 --data-dir <tmp>` and reads the address
+/// from its start-up line `meshd listening on http://ADDR ...`.
+pub fn start_meshd(binary: &Path) -> Result<Server> {
+    let dir = tempfile::Builder::new()
+        .prefix("meshd-bench-")
+        .tempdir()
+        .context("creating a temp dir for meshd")?;
+    let data = dir.path().join("data");
+    let stderr_path = dir.path().join("meshd.stderr");
+    let stderr = std::fs::File::create(&stderr_path).context("creating meshd's stderr file")?;
+    let mut child = Command::new(binary)
+        .arg("serve")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(&data)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr))
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("meshd has no stdout pipe"))?;
+    // Read the first line on a thread so a silent meshd cannot hang the bench; the
+    // thread keeps draining stdout afterwards so meshd never blocks on a full pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        let first = reader.read_line(&mut line).map(|_| line);
+        let _ = tx.send(first);
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink);
+    });
+    let mut server = Server {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        _dir: dir,
+        stderr_path,
+    };
+    let line = match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(Ok(line)) => line,
+        Ok(Err(e)) => bail!("reading meshd's stdout: {e}"),
+        Err(_) => bail!(
+            "meshd printed no start-up line within 30 s; stderr:\n{}",
+            server.stderr_tail()
+        ),
+    };
+    let addr = line
+        .strip_prefix("meshd listening on http://")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .ok_or_else(|| {
+            anyhow!(
+                "unexpected meshd start-up line {line:?}; stderr:\n{}",
+                server.stderr_tail()
+            )
+        })?;
+    server.addr = addr;
+    Ok(server)
+}
+
+/// JetStream's file-store durability for a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JsSync {
+    /// `sync_interval: always`: every ack is fsynced (equal to meshd's promise).
+    Always,
+    /// nats-server's default: fsync every 2 minutes; acks come from the page cache.
+    Default,
+}
+
+impl JsSync {
+    pub fn label(self) -> &'static str {
+        match self {
+            JsSync::Always => "fsync every ack (sync_interval: always)",
+            JsSync::Default => "relaxed: fsync every 2 min (default sync_interval)",
+        }
+    }
+}
+
+/// Starts `nats-server -js` with its store in a temp dir.
+pub fn start_nats(binary: &Path, sync: JsSync) -> Result<Server> {
+    let dir = tempfile::Builder::new()
+        .prefix("meshd-bench-nats-")
+        .tempdir()
+        .context("creating a temp dir for nats-server")?;
+    let port = free_port()?;
+    let store = dir.path().join("store");
+    let sync_line = match sync {
+        JsSync::Always => "  sync_interval: always\n",
+        JsSync::Default => "",
+    };
+    let config = format!(
+        "# written by meshd-bench\nlisten: 127.0.0.1:{port}\njetstream {{\n  store_dir: {store:?}\n{sync_line}}}\n",
+        store = store.display().to_string(),
+    );
+    let config_path = dir.path().join("nats.conf");
+    std::fs::write(&config_path, config).context("writing nats-server's config")?;
+    let stderr_path = dir.path().join("nats.stderr");
+    let stderr = std::fs::File::create(&stderr_path).context("creating nats' stderr file")?;
+    let child = Command::new(binary)
+        .arg("-js")
+        .arg("-c")
+        .arg(&config_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(stderr))
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    Ok(Server {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        _dir: dir,
+        stderr_path,
+    })
+}
+
+/// The nats-server binary: `$MESHD_NATS_SERVER`, else the venv `scripts/env.sh` installs.
+pub fn locate_nats() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MESHD_NATS_SERVER") {
+        return Ok(PathBuf::from(p));
+    }
+    let venv = PathBuf::from("/var/tmp/meshd-tools/venv/bin/nats-server");
+    if venv.is_file() {
+        return Ok(venv);
+    }
+    bail!("no nats-server: set MESHD_NATS_SERVER (`source scripts/env.sh && meshd_need_nats`)")
+}
+
+/// Polls `f` until it succeeds or `within` passes, returning its last error.
+pub async fn retry<T, F, Fut>(within: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}

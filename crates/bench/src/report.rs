@@ -1,0 +1,270 @@
+//! Results: every run as measured, one row per system and configuration with the
+//! medians over its runs, and the ratios of medians that the comparisons are about.
+
+use crate::load::median;
+use crate::systems::{Config, Outcome, System};
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::fmt::Write;
+use std::path::Path;
+
+#[derive(Serialize)]
+pub struct Meta {
+    pub scenario: String,
+    pub seconds: f64,
+    pub warmup: f64,
+    /// Bytes of `data` per event.
+    pub data_bytes: usize,
+    /// Bytes of one stored CloudEvent document (what every system stores per event).
+    pub event_bytes: usize,
+    pub repeat: usize,
+    pub partitions: u32,
+    pub cpus: usize,
+    pub tiny: bool,
+    pub meshd: String,
+    pub nats_server: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct Run {
+    pub scenario: &'static str,
+    pub system: &'static str,
+    pub durability: &'static str,
+    pub concurrency: usize,
+    pub batch: usize,
+    pub repeat_index: usize,
+    pub event_bytes: usize,
+    pub events: u64,
+    pub requests: u64,
+    pub seconds: f64,
+    pub events_per_sec: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    /// CPU seconds over the measured window: the server's for meshd and JetStream, this
+    /// process's own (engine plus driver threads) for rocksdb.
+    pub cpu_s: Option<f64>,
+    pub peak_rss_bytes: Option<u64>,
+}
+
+impl Run {
+    pub fn new(
+        system: System,
+        cfg: &Config,
+        repeat_index: usize,
+        event_bytes: usize,
+        o: Outcome,
+    ) -> Self {
+        let m = o.measured;
+        Self {
+            scenario: system.scenario(),
+            system: system.name(),
+            durability: system.durability(),
+            concurrency: cfg.concurrency,
+            batch: cfg.batch,
+            repeat_index,
+            event_bytes,
+            events: m.events,
+            requests: m.requests,
+            seconds: m.seconds,
+            events_per_sec: m.events as f64 / m.seconds,
+            p50_us: m.p50_us,
+            p99_us: m.p99_us,
+            p999_us: m.p999_us,
+            cpu_s: m.cpu_s,
+            peak_rss_bytes: o.peak_rss_bytes,
+        }
+    }
+}
+
+/// The medians over a system's runs of one configuration.
+#[derive(Serialize)]
+pub struct Row {
+    pub scenario: &'static str,
+    pub system: &'static str,
+    pub durability: &'static str,
+    pub concurrency: usize,
+    pub batch: usize,
+    pub runs: usize,
+    pub events_per_sec: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub cpu_s: Option<f64>,
+    /// CPU microseconds per event (median over runs).
+    pub cpu_us_per_event: Option<f64>,
+    pub peak_rss_bytes: Option<f64>,
+}
+
+#[derive(Serialize)]
+pub struct Ratio {
+    pub concurrency: usize,
+    pub batch: usize,
+    pub numerator: &'static str,
+    pub denominator: &'static str,
+    /// Median events/s of `numerator` over the median of `denominator`.
+    pub throughput_ratio: f64,
+    pub p99_ratio: f64,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub meta: Meta,
+    pub rows: Vec<Row>,
+    pub ratios: Vec<Ratio>,
+    pub runs: Vec<Run>,
+}
+
+fn opt_median(v: Vec<Option<f64>>) -> Option<f64> {
+    let v: Option<Vec<f64>> = v.into_iter().collect();
+    v.map(|v| median(&v))
+}
+
+impl Report {
+    pub fn build(meta: Meta, runs: Vec<Run>) -> Self {
+        let mut keys: Vec<(&'static str, usize, usize)> = Vec::new();
+        for r in &runs {
+            let k = (r.system, r.concurrency, r.batch);
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        // Rows grouped by configuration, systems in the order they ran.
+        keys.sort_by_key(|&(_, c, b)| (b, c));
+        let rows: Vec<Row> = keys
+            .iter()
+            .map(|&(system, concurrency, batch)| {
+                let rs: Vec<&Run> = runs
+                    .iter()
+                    .filter(|r| (r.system, r.concurrency, r.batch) == (system, concurrency, batch))
+                    .collect();
+                let m = |f: fn(&Run) -> f64| median(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
+                Row {
+                    scenario: rs[0].scenario,
+                    system,
+                    durability: rs[0].durability,
+                    concurrency,
+                    batch,
+                    runs: rs.len(),
+                    events_per_sec: m(|r| r.events_per_sec),
+                    p50_us: m(|r| r.p50_us),
+                    p99_us: m(|r| r.p99_us),
+                    p999_us: m(|r| r.p999_us),
+                    cpu_s: opt_median(rs.iter().map(|r| r.cpu_s).collect()),
+                    cpu_us_per_event: opt_median(
+                        rs.iter()
+                            .map(|r| r.cpu_s.map(|c| c * 1e6 / r.events.max(1) as f64))
+                            .collect(),
+                    ),
+                    peak_rss_bytes: opt_median(
+                        rs.iter()
+                            .map(|r| r.peak_rss_bytes.map(|b| b as f64))
+                            .collect(),
+                    ),
+                }
+            })
+            .collect();
+        let mut ratios = Vec::new();
+        let pairs = [
+            ("meshd", "jetstream"),
+            ("meshd", "jetstream-relaxed"),
+            ("meshd", "rocksdb"),
+        ];
+        for &(_, concurrency, batch) in &keys {
+            for (num, den) in pairs {
+                let find = |s: &str| {
+                    rows.iter()
+                        .find(|r| (r.system, r.concurrency, r.batch) == (s, concurrency, batch))
+                };
+                if let (Some(n), Some(d)) = (find(num), find(den)) {
+                    if ratios.iter().any(|r: &Ratio| {
+                        (r.numerator, r.denominator, r.concurrency, r.batch)
+                            == (num, den, concurrency, batch)
+                    }) {
+                        continue;
+                    }
+                    ratios.push(Ratio {
+                        concurrency,
+                        batch,
+                        numerator: n.system,
+                        denominator: d.system,
+                        throughput_ratio: n.events_per_sec / d.events_per_sec,
+                        p99_ratio: n.p99_us / d.p99_us,
+                    });
+                }
+            }
+        }
+        Self {
+            meta,
+            rows,
+            ratios,
+            runs,
+        }
+    }
+
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let m = &self.meta;
+        let _ = writeln!(
+            s,
+            "meshd-bench {}: {} B events ({} B data), {} s measured after {} s warm-up, median of {} run(s), {} CPU(s), meshd topic partitions {}",
+            m.scenario, m.event_bytes, m.data_bytes, m.seconds, m.warmup, m.repeat, m.cpus, m.partitions
+        );
+        let _ = writeln!(
+            s,
+            "{:<18} {:>5} {:>5} {:>11} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8}  durability",
+            "system",
+            "conc",
+            "batch",
+            "events/s",
+            "p50 ms",
+            "p99 ms",
+            "p999 ms",
+            "cpu s",
+            "cpu us/ev",
+            "rss MiB"
+        );
+        for r in &self.rows {
+            let opt = |v: Option<f64>, prec: usize| {
+                v.map(|x| format!("{x:.prec$}"))
+                    .unwrap_or_else(|| "-".into())
+            };
+            let _ = writeln!(
+                s,
+                "{:<18} {:>5} {:>5} {:>11.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>8} {:>8}  {}",
+                r.system,
+                r.concurrency,
+                r.batch,
+                r.events_per_sec,
+                r.p50_us / 1000.0,
+                r.p99_us / 1000.0,
+                r.p999_us / 1000.0,
+                opt(r.cpu_s, 2),
+                opt(r.cpu_us_per_event, 1),
+                opt(r.peak_rss_bytes.map(|b| b / (1024.0 * 1024.0)), 0),
+                r.durability
+            );
+        }
+        if !self.ratios.is_empty() {
+            let _ = writeln!(s, "\nratios of medians (throughput; p99 latency):");
+            for r in &self.ratios {
+                let _ = writeln!(
+                    s,
+                    "  conc {:>3} batch {:>4}: {} / {:<18} throughput x{:.2}  p99 x{:.2}",
+                    r.concurrency,
+                    r.batch,
+                    r.numerator,
+                    r.denominator,
+                    r.throughput_ratio,
+                    r.p99_ratio
+                );
+            }
+        }
+        s
+    }
+
+    pub fn write_json(&self, path: &Path) -> Result<()> {
+        let json = serde_json::to_vec_pretty(self)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
+    }
+}

@@ -1,0 +1,413 @@
+//! The systems under test. Each measured run starts its own server on a fresh temp dir
+//! (so no run inherits another's data, caches or peak memory), sets it up, drives load,
+//! reads the server's costs and stops it.
+//!
+//! Every system stores the same bytes per event: one structured-mode CloudEvent JSON
+//! document whose `data` is `size` bytes (see [`Events`]). meshd receives it over HTTP,
+//! JetStream as the message payload, RocksDB as the value.
+
+use crate::load::{self, Measured, Op, Window};
+use crate::procs::{self, JsSync, Server};
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use futures::future::{join_all, BoxFuture};
+use futures::FutureExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum System {
+    Meshd,
+    JsAlways,
+    JsDefault,
+    Rocksdb,
+}
+
+impl System {
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Meshd => "meshd",
+            System::JsAlways => "jetstream",
+            System::JsDefault => "jetstream-relaxed",
+            System::Rocksdb => "rocksdb",
+        }
+    }
+
+    pub fn scenario(self) -> &'static str {
+        match self {
+            System::Rocksdb => "engine",
+            _ => "publish",
+        }
+    }
+
+    pub fn durability(self) -> &'static str {
+        match self {
+            System::Meshd => "fsync per group commit (201 after fsync)",
+            System::JsAlways => JsSync::Always.label(),
+            System::JsDefault => JsSync::Default.label(),
+            System::Rocksdb => "WriteBatch sync=true (RocksDB write group)",
+        }
+    }
+}
+
+/// Builds event documents: `{"specversion":"1.0","id":"<id>",...,"data":"xxx…"}` with
+/// `size` bytes of data.
+#[derive(Clone)]
+pub struct Events {
+    data: Arc<str>,
+}
+
+impl Events {
+    pub fn new(size: usize) -> Self {
+        Self {
+            data: "x".repeat(size).into(),
+        }
+    }
+
+    pub fn write(&self, out: &mut Vec<u8>, id: &str) {
+        out.extend_from_slice(br#"{"specversion":"1.0","id":""#);
+        out.extend_from_slice(id.as_bytes());
+        out.extend_from_slice(
+            br#"","source":"/meshd-bench","type":"bench.event","datacontenttype":"text/plain","data":""#,
+        );
+        out.extend_from_slice(self.data.as_bytes());
+        out.extend_from_slice(br#""}"#);
+    }
+
+    pub fn one(&self, id: &str) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.data.len() + 160);
+        self.write(&mut v, id);
+        v
+    }
+
+    /// The size of one document (ids of this bench are at most a few bytes longer).
+    pub fn doc_bytes(&self) -> usize {
+        self.one("0-0").len()
+    }
+}
+
+pub struct Config {
+    pub concurrency: usize,
+    pub batch: usize,
+    pub window: Window,
+    pub events: Events,
+    pub partitions: u32,
+}
+
+/// A measured run plus the server's peak memory.
+pub struct Outcome {
+    pub measured: Measured,
+    pub peak_rss_bytes: Option<u64>,
+}
+
+pub async fn run(
+    system: System,
+    cfg: &Config,
+    meshd: &Path,
+    nats: Option<&Path>,
+) -> Result<Outcome> {
+    match system {
+        System::Meshd => run_meshd(cfg, meshd).await,
+        System::JsAlways | System::JsDefault => {
+            let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
+            let sync = if system == System::JsAlways {
+                JsSync::Always
+            } else {
+                JsSync::Default
+            };
+            run_jetstream(cfg, nats, sync).await
+        }
+        System::Rocksdb => {
+            let (c, b, w, e) = (cfg.concurrency, cfg.batch, cfg.window, cfg.events.clone());
+            let measured = tokio::task::spawn_blocking(move || run_rocksdb(c, b, w, e))
+                .await
+                .context("the engine run panicked")??;
+            Ok(Outcome {
+                measured,
+                peak_rss_bytes: None,
+            })
+        }
+    }
+}
+
+// ---- meshd -------------------------------------------------------------------------
+
+const TOPIC: &str = "bench";
+
+struct MeshdOp {
+    conn: crate::http::Conn,
+    events: Events,
+    worker: usize,
+    seq: u64,
+    batch: usize,
+    body: Vec<u8>,
+    id: String,
+}
+
+impl Op for MeshdOp {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        async move {
+            use std::fmt::Write;
+            self.body.clear();
+            if self.batch > 1 {
+                self.body.push(b'[');
+            }
+            for i in 0..self.batch {
+                if i > 0 {
+                    self.body.push(b',');
+                }
+                self.id.clear();
+                write!(self.id, "{}-{}", self.worker, self.seq)?;
+                self.seq += 1;
+                self.events.write(&mut self.body, &self.id);
+            }
+            let ct = if self.batch > 1 {
+                self.body.push(b']');
+                "application/cloudevents-batch+json"
+            } else {
+                "application/cloudevents+json"
+            };
+            let path = format!("/v1/topics/{TOPIC}/events");
+            let r = self
+                .conn
+                .request("POST", &path, Some(ct), &self.body)
+                .await?;
+            if r.status != 201 {
+                bail!(
+                    "meshd answered {} to a publish: {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body)
+                );
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
+    let server = procs::start_meshd(binary)?;
+    let addr = server.addr;
+    let setup = async {
+        procs::retry(Duration::from_secs(30), || async {
+            let mut c = crate::http::Conn::connect(addr).await?;
+            let r = c.request("GET", "/readyz", None, b"").await?;
+            if r.status != 200 {
+                bail!("/readyz {}: {}", r.status, String::from_utf8_lossy(&r.body));
+            }
+            Ok(())
+        })
+        .await?;
+        let mut c = crate::http::Conn::connect(addr).await?;
+        let body = format!(r#"{{"partitions":{}}}"#, cfg.partitions);
+        let r = c
+            .request(
+                "PUT",
+                &format!("/v1/topics/{TOPIC}"),
+                Some("application/json"),
+                body.as_bytes(),
+            )
+            .await?;
+        if r.status != 201 && r.status != 200 {
+            bail!(
+                "creating the topic: {} {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        let mut ops: Vec<Box<dyn Op>> = Vec::new();
+        for worker in 0..cfg.concurrency {
+            ops.push(Box::new(MeshdOp {
+                conn: crate::http::Conn::connect(addr).await?,
+                events: cfg.events.clone(),
+                worker,
+                seq: 0,
+                batch: cfg.batch,
+                body: Vec::new(),
+                id: String::new(),
+            }));
+        }
+        anyhow::Ok(ops)
+    };
+    let ops = with_stderr(&server, setup.await)?;
+    let measured = with_stderr(
+        &server,
+        load::drive_async(ops, cfg.batch as u64, cfg.window, Some(server.pid())).await,
+    )?;
+    let peak = procs::peak_rss_bytes(server.pid())?;
+    Ok(Outcome {
+        measured,
+        peak_rss_bytes: Some(peak),
+    })
+}
+
+fn with_stderr<T>(server: &Server, r: Result<T>) -> Result<T> {
+    r.map_err(|e| {
+        anyhow!(
+            "{e:#}\n--- server stderr (last lines) ---\n{}",
+            server.stderr_tail()
+        )
+    })
+}
+
+// ---- NATS JetStream ------------------------------------------------------------------
+
+const SUBJECT: &str = "bench.events";
+
+/// Publish with ack through the core client: a JetStream publish is a request to a
+/// stream's subject, answered by a PubAck once stored (and, with `sync_interval:
+/// always`, fsynced). A batch is `batch` such requests awaited together, which is how
+/// a JetStream client pipelines; all workers share one connection, as a NATS
+/// application would.
+struct JsOp {
+    client: async_nats::Client,
+    events: Events,
+    worker: usize,
+    seq: u64,
+    batch: usize,
+}
+
+async fn js_publish(client: &async_nats::Client, payload: Bytes) -> Result<()> {
+    let m = client
+        .request(SUBJECT, payload)
+        .await
+        .context("JetStream publish")?;
+    if m.payload.windows(8).any(|w| w == b"\"error\":") {
+        bail!(
+            "JetStream refused a publish: {}",
+            String::from_utf8_lossy(&m.payload)
+        );
+    }
+    Ok(())
+}
+
+impl Op for JsOp {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        async move {
+            let mut payloads = Vec::with_capacity(self.batch);
+            for _ in 0..self.batch {
+                let id = format!("{}-{}", self.worker, self.seq);
+                self.seq += 1;
+                payloads.push(Bytes::from(self.events.one(&id)));
+            }
+            if payloads.len() == 1 {
+                js_publish(&self.client, payloads.remove(0)).await
+            } else {
+                let client = &self.client;
+                for r in join_all(payloads.into_iter().map(|p| js_publish(client, p))).await {
+                    r?;
+                }
+                Ok(())
+            }
+        }
+        .boxed()
+    }
+}
+
+async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync) -> Result<Outcome> {
+    let server = procs::start_nats(binary, sync)?;
+    let url = format!("nats://{}", server.addr);
+    let setup = async {
+        let client = procs::retry(Duration::from_secs(30), || async {
+            async_nats::connect(&url)
+                .await
+                .map_err(|e| anyhow!("connecting to {url}: {e}"))
+        })
+        .await?;
+        let stream = serde_json::json!({
+            "name": "BENCH",
+            "subjects": [SUBJECT],
+            "storage": "file",
+            "num_replicas": 1,
+            "retention": "limits",
+            "discard": "old",
+        });
+        let body = Bytes::from(serde_json::to_vec(&stream)?);
+        // JetStream may still be starting: retry until the stream exists.
+        procs::retry(Duration::from_secs(30), || async {
+            let m = client
+                .request("$JS.API.STREAM.CREATE.BENCH", body.clone())
+                .await
+                .map_err(|e| anyhow!("creating the stream: {e}"))?;
+            if m.payload.windows(8).any(|w| w == b"\"error\":") {
+                bail!(
+                    "creating the stream: {}",
+                    String::from_utf8_lossy(&m.payload)
+                );
+            }
+            Ok(())
+        })
+        .await?;
+        let ops: Vec<Box<dyn Op>> = (0..cfg.concurrency)
+            .map(|worker| {
+                Box::new(JsOp {
+                    client: client.clone(),
+                    events: cfg.events.clone(),
+                    worker,
+                    seq: 0,
+                    batch: cfg.batch,
+                }) as Box<dyn Op>
+            })
+            .collect();
+        anyhow::Ok((client, ops))
+    };
+    let (client, ops) = with_stderr(&server, setup.await)?;
+    let measured = with_stderr(
+        &server,
+        load::drive_async(ops, cfg.batch as u64, cfg.window, Some(server.pid())).await,
+    )?;
+    let peak = procs::peak_rss_bytes(server.pid())?;
+    drop(client);
+    Ok(Outcome {
+        measured,
+        peak_rss_bytes: Some(peak),
+    })
+}
+
+// ---- raw RocksDB ---------------------------------------------------------------------
+
+/// The engine ceiling: `concurrency` threads each writing a WriteBatch of `batch`
+/// values with `sync=true`, on the options meshd's Local engine opens RocksDB with
+/// (`crates/local/src/rocks.rs`: default options, `use_fsync(false)`, so a sync is
+/// fdatasync). RocksDB joins concurrent synced writers into one write group with one
+/// sync, the same trick as meshd's group commit.
+fn run_rocksdb(
+    concurrency: usize,
+    batch: usize,
+    window: Window,
+    events: Events,
+) -> Result<Measured> {
+    let dir = tempfile::Builder::new()
+        .prefix("meshd-bench-rocksdb-")
+        .tempdir()
+        .context("creating a temp dir for RocksDB")?;
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    opts.set_use_fsync(false);
+    let db = Arc::new(
+        rocksdb::DB::open(&opts, dir.path()).map_err(|e| anyhow!("opening RocksDB: {e}"))?,
+    );
+    let measured = load::drive_threads(concurrency, batch as u64, window, |worker| {
+        let db = Arc::clone(&db);
+        let events = events.clone();
+        let mut seq: u64 = 0;
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(true);
+        Box::new(move || {
+            let mut wb = rocksdb::WriteBatch::default();
+            for _ in 0..batch {
+                let mut key = Vec::with_capacity(16);
+                key.extend_from_slice(&(worker as u64).to_be_bytes());
+                key.extend_from_slice(&seq.to_be_bytes());
+                let id = format!("{worker}-{seq}");
+                seq += 1;
+                wb.put(&key, events.one(&id));
+            }
+            db.write_opt(wb, &wo)
+                .map_err(|e| anyhow!("synced RocksDB write: {e}"))
+        })
+    })?;
+    drop(db);
+    Ok(measured)
+}
