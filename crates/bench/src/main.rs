@@ -11,12 +11,14 @@
 //! cargo build --release -p meshd -p meshd-bench
 //! cargo run --release -p meshd-bench -- publish --concurrency 1,16,64 --batch 1,100
 //! cargo run --release -p meshd-bench -- engine --compare
+//! cargo run --release -p meshd-bench -- meta --concurrency 1,16,64   # needs etcd on PATH
 //! cargo run --release -p meshd-bench -- all --json bench.json
 //! cargo run --release -p meshd-bench -- --tiny          # every scenario once, tiny
 //! ```
 
 mod http;
 mod load;
+mod meta;
 mod procs;
 mod report;
 mod systems;
@@ -33,7 +35,10 @@ enum Scenario {
     Publish,
     /// The raw RocksDB synced-WriteBatch ceiling (`--compare` adds meshd's publish).
     Engine,
-    /// publish and engine, alternating, with meshd as a fraction of the engine.
+    /// Meta: conditional put and fenced transaction through meshd's etcd backend vs
+    /// the raw etcd client, and through the embedded backend (needs `etcd` on PATH).
+    Meta,
+    /// publish, engine and meta; systems alternate within each scenario.
     All,
 }
 
@@ -61,6 +66,10 @@ struct Args {
     /// Bytes of `data` per event (the stored CloudEvent is about 130 bytes more).
     #[arg(long, default_value_t = 1024)]
     size: usize,
+    /// meta: bytes of the value of every meta write (meshd's records, such as a
+    /// subscription or an offset checkpoint, are a few hundred bytes).
+    #[arg(long, default_value_t = 128)]
+    meta_value_size: usize,
     /// Runs per system and configuration, alternating between systems.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -78,8 +87,7 @@ struct Args {
     #[arg(long, default_value = "meshd-bench.json")]
     json: PathBuf,
     /// Every scenario once at tiny size (0.5 s, concurrency 1 and 4, batch 1 and 10,
-    /// repeat 1), so CI
-    /// can show the tool still works. Overrides the size flags.
+    /// repeat 1), so CI can show the tool still works. Overrides the size flags.
     #[arg(long)]
     tiny: bool,
 }
@@ -106,7 +114,9 @@ fn main() -> Result<()> {
     if !(args.seconds > 0.0 && args.warmup >= 0.0) || args.repeat == 0 {
         bail!("--seconds must be > 0, --warmup >= 0 and --repeat >= 1");
     }
-    let systems: Vec<System> = match scenario {
+    // Groups of systems that alternate with each other, and the batch sizes they run
+    // at: a meta write is one transaction, so the meta group runs at batch 1 only.
+    let publish: Vec<System> = match scenario {
         Scenario::Publish => vec![System::Meshd, System::JsAlways, System::JsDefault],
         Scenario::Engine if args.compare => vec![System::Rocksdb, System::Meshd],
         Scenario::Engine => vec![System::Rocksdb],
@@ -116,7 +126,20 @@ fn main() -> Result<()> {
             System::JsDefault,
             System::Rocksdb,
         ],
+        Scenario::Meta => vec![],
     };
+    let meta_systems = match scenario {
+        Scenario::Meta | Scenario::All => System::meta_all(),
+        _ => vec![],
+    };
+    let mut groups: Vec<(Vec<System>, Vec<usize>)> = Vec::new();
+    if !publish.is_empty() {
+        groups.push((publish, args.batch.clone()));
+    }
+    if !meta_systems.is_empty() {
+        groups.push((meta_systems, vec![1]));
+    }
+    let systems: Vec<System> = groups.iter().flat_map(|(s, _)| s.clone()).collect();
     let meshd = if systems.contains(&System::Meshd) {
         procs::locate_meshd(args.meshd.as_deref())?
     } else {
@@ -127,39 +150,51 @@ fn main() -> Result<()> {
     } else {
         None
     };
+    let etcd = if systems.iter().any(|s| matches!(s, System::Meta(..))) {
+        Some(procs::locate_etcd()?)
+    } else {
+        None
+    };
     let rt = tokio::runtime::Runtime::new()?;
+    let meta_value: std::sync::Arc<[u8]> = vec![b'v'; args.meta_value_size].into();
     let events = systems::Events::new(args.size);
     let window = load::Window {
         warmup: Duration::from_secs_f64(args.warmup),
         measure: Duration::from_secs_f64(args.seconds),
     };
     let mut runs = Vec::new();
-    for &batch in &args.batch {
-        for &concurrency in &args.concurrency {
-            let cfg = systems::Config {
-                concurrency,
-                batch,
-                window,
-                events: events.clone(),
-                partitions: args.partitions,
-            };
-            for rep in 0..args.repeat {
-                for &system in &systems {
-                    eprintln!(
-                        "meshd-bench: {} concurrency={concurrency} batch={batch} run {}/{}",
-                        system.name(),
-                        rep + 1,
-                        args.repeat
-                    );
-                    let outcome =
-                        rt.block_on(systems::run(system, &cfg, &meshd, nats.as_deref()))?;
-                    runs.push(report::Run::new(
-                        system,
-                        &cfg,
-                        rep,
-                        events.doc_bytes(),
-                        outcome,
-                    ));
+    for (systems, batches) in &groups {
+        for &batch in batches {
+            for &concurrency in &args.concurrency {
+                let cfg = systems::Config {
+                    concurrency,
+                    batch,
+                    window,
+                    events: events.clone(),
+                    partitions: args.partitions,
+                    meta_value: meta_value.clone(),
+                };
+                for rep in 0..args.repeat {
+                    for &system in systems {
+                        eprintln!(
+                            "meshd-bench: {} concurrency={concurrency} batch={batch} run {}/{}",
+                            system.name(),
+                            rep + 1,
+                            args.repeat
+                        );
+                        let outcome = rt.block_on(systems::run(
+                            system,
+                            &cfg,
+                            &meshd,
+                            nats.as_deref(),
+                            etcd.as_deref(),
+                        ))?;
+                        let bytes = match system {
+                            System::Meta(..) => args.meta_value_size,
+                            _ => events.doc_bytes(),
+                        };
+                        runs.push(report::Run::new(system, &cfg, rep, bytes, outcome));
+                    }
                 }
             }
         }
@@ -179,6 +214,8 @@ fn main() -> Result<()> {
             tiny: args.tiny,
             meshd: meshd.display().to_string(),
             nats_server: nats.map(|p| p.display().to_string()),
+            etcd: etcd.map(|p| p.display().to_string()),
+            meta_value_bytes: args.meta_value_size,
         },
         runs,
     );

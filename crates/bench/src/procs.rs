@@ -277,3 +277,77 @@ where
         }
     }
 }
+
+/// The error when etcd is missing: the meta scenario measures a real etcd.
+pub const ETCD_NOT_FOUND: &str = "etcd not found on PATH (the meta scenario starts its own): \
+     install Debian's etcd-server (`apt-get install etcd-server`, or `source scripts/env.sh`)";
+
+/// The etcd binary: the first `etcd` on `PATH`.
+pub fn locate_etcd() -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("etcd"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| anyhow!(ETCD_NOT_FOUND))
+}
+
+/// Starts a single-member etcd on free loopback ports with its data dir in a temp dir.
+/// Raft timing as meshd's test harness (`--heartbeat-interval 10 --election-timeout
+/// 100`) so it elects itself leader within a fraction of a second; a single member
+/// still appends and fsyncs its WAL before answering every write. The caller waits
+/// until it serves (a request that succeeds).
+pub fn start_etcd(binary: &Path) -> Result<Server> {
+    let dir = tempfile::Builder::new()
+        .prefix("meshd-bench-etcd-")
+        .tempdir()
+        .context("creating a temp dir for etcd")?;
+    let client_port = free_port()?;
+    let mut peer_port = free_port()?;
+    while peer_port == client_port {
+        peer_port = free_port()?;
+    }
+    let client_url = format!("http://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let stderr_path = dir.path().join("etcd.log");
+    let log = std::fs::File::create(&stderr_path).context("creating etcd's log file")?;
+    let log2 = log.try_clone().context("cloning etcd's log handle")?;
+    let mut cmd = Command::new(binary);
+    // ETCD_* variables would configure etcd behind the flags' back.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("ETCD") {
+            cmd.env_remove(key);
+        }
+    }
+    let child = cmd
+        .arg("--name")
+        .arg("bench")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--listen-client-urls")
+        .arg(&client_url)
+        .arg("--advertise-client-urls")
+        .arg(&client_url)
+        .arg("--listen-peer-urls")
+        .arg(&peer_url)
+        .arg("--initial-advertise-peer-urls")
+        .arg(&peer_url)
+        .arg("--initial-cluster")
+        .arg(format!("bench={peer_url}"))
+        .arg("--initial-cluster-state")
+        .arg("new")
+        .arg("--heartbeat-interval")
+        .arg("10")
+        .arg("--election-timeout")
+        .arg("100")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(log2))
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    Ok(Server {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], client_port)),
+        _dir: dir,
+        stderr_path,
+    })
+}

@@ -23,6 +23,9 @@ pub struct Meta {
     pub tiny: bool,
     pub meshd: String,
     pub nats_server: Option<String>,
+    pub etcd: Option<String>,
+    /// Bytes of the value of every meta write (scenario meta).
+    pub meta_value_bytes: usize,
 }
 
 #[derive(Serialize)]
@@ -104,6 +107,9 @@ pub struct Ratio {
     pub denominator: &'static str,
     /// Median events/s of `numerator` over the median of `denominator`.
     pub throughput_ratio: f64,
+    /// Median p50 latency of `numerator` over that of `denominator` (the meta
+    /// overhead target: at most 1.10 for meshd's etcd backend over the raw client).
+    pub p50_ratio: f64,
     pub p99_ratio: f64,
 }
 
@@ -129,8 +135,13 @@ impl Report {
                 keys.push(k);
             }
         }
-        // Rows grouped by configuration, systems in the order they ran.
-        keys.sort_by_key(|&(_, c, b)| (b, c));
+        // Rows grouped by scenario group (meta last) and configuration, systems in the
+        // order they ran.
+        let is_meta = |system: &str| {
+            runs.iter()
+                .any(|r| r.system == system && r.scenario == "meta")
+        };
+        keys.sort_by_key(|&(system, c, b)| (is_meta(system), b, c));
         let rows: Vec<Row> = keys
             .iter()
             .map(|&(system, concurrency, batch)| {
@@ -169,6 +180,8 @@ impl Report {
             ("meshd", "jetstream"),
             ("meshd", "jetstream-relaxed"),
             ("meshd", "rocksdb"),
+            ("meshd-etcd/cas", "raw-etcd/cas"),
+            ("meshd-etcd/fenced", "raw-etcd/fenced"),
         ];
         for &(_, concurrency, batch) in &keys {
             for (num, den) in pairs {
@@ -189,6 +202,7 @@ impl Report {
                         numerator: n.system,
                         denominator: d.system,
                         throughput_ratio: n.events_per_sec / d.events_per_sec,
+                        p50_ratio: n.p50_us / d.p50_us,
                         p99_ratio: n.p99_us / d.p99_us,
                     });
                 }
@@ -205,60 +219,34 @@ impl Report {
     pub fn table(&self) -> String {
         let mut s = String::new();
         let m = &self.meta;
-        let _ = writeln!(
-            s,
-            "meshd-bench {}: {} B events ({} B data), {} s measured after {} s warm-up, median of {} run(s), {} CPU(s), meshd topic partitions {}",
-            m.scenario, m.event_bytes, m.data_bytes, m.seconds, m.warmup, m.repeat, m.cpus, m.partitions
-        );
-        let _ = writeln!(
-            s,
-            "{:<18} {:>5} {:>5} {:>11} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8}  durability",
-            "system",
-            "conc",
-            "batch",
-            "events/s",
-            "p50 ms",
-            "p99 ms",
-            "p999 ms",
-            "cpu s",
-            "cpu us/ev",
-            "rss MiB"
-        );
-        for r in &self.rows {
-            let opt = |v: Option<f64>, prec: usize| {
-                v.map(|x| format!("{x:.prec$}"))
-                    .unwrap_or_else(|| "-".into())
-            };
+        let (meta_rows, rows): (Vec<&Row>, Vec<&Row>) =
+            self.rows.iter().partition(|r| r.scenario == "meta");
+        let (meta_ratios, ratios): (Vec<&Ratio>, Vec<&Ratio>) = self
+            .ratios
+            .iter()
+            .partition(|r| meta_rows.iter().any(|m| m.system == r.numerator));
+        if !rows.is_empty() {
             let _ = writeln!(
                 s,
-                "{:<18} {:>5} {:>5} {:>11.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>8} {:>8}  {}",
-                r.system,
-                r.concurrency,
-                r.batch,
-                r.events_per_sec,
-                r.p50_us / 1000.0,
-                r.p99_us / 1000.0,
-                r.p999_us / 1000.0,
-                opt(r.cpu_s, 2),
-                opt(r.cpu_us_per_event, 1),
-                opt(r.peak_rss_bytes.map(|b| b / (1024.0 * 1024.0)), 0),
-                r.durability
+                "meshd-bench {}: {} B events ({} B data), {} s measured after {} s warm-up, median of {} run(s), {} CPU(s), meshd topic partitions {}",
+                m.scenario, m.event_bytes, m.data_bytes, m.seconds, m.warmup, m.repeat, m.cpus, m.partitions
             );
+            table_rows(&mut s, "events/s", 18, &rows);
+            write_ratios(&mut s, &ratios, false);
         }
-        if !self.ratios.is_empty() {
-            let _ = writeln!(s, "\nratios of medians (throughput; p99 latency):");
-            for r in &self.ratios {
-                let _ = writeln!(
-                    s,
-                    "  conc {:>3} batch {:>4}: {} / {:<18} throughput x{:.2}  p99 x{:.2}",
-                    r.concurrency,
-                    r.batch,
-                    r.numerator,
-                    r.denominator,
-                    r.throughput_ratio,
-                    r.p99_ratio
-                );
+        if !meta_rows.is_empty() {
+            if !rows.is_empty() {
+                s.push('\n');
             }
+            let _ = writeln!(
+                s,
+                "meshd-bench meta: {} B values, {} s measured after {} s warm-up, median of {} run(s), {} CPU(s)\n\
+                 cas = put-if-absent on a fresh key; fenced = compare owner mod_revision + put; \
+                 one request per op (batch 1)",
+                m.meta_value_bytes, m.seconds, m.warmup, m.repeat, m.cpus
+            );
+            table_rows(&mut s, "ops/s", 21, &meta_rows);
+            write_ratios(&mut s, &meta_ratios, true);
         }
         s
     }
@@ -266,5 +254,67 @@ impl Report {
     pub fn write_json(&self, path: &Path) -> Result<()> {
         let json = serde_json::to_vec_pretty(self)?;
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+fn table_rows(s: &mut String, unit: &str, width: usize, rows: &[&Row]) {
+    let per = if unit == "ops/s" {
+        "cpu us/op"
+    } else {
+        "cpu us/ev"
+    };
+    let _ = writeln!(
+        s,
+        "{:<width$} {:>5} {:>5} {:>11} {:>9} {:>9} {:>9} {:>7} {:>8} {:>8}  durability",
+        "system", "conc", "batch", unit, "p50 ms", "p99 ms", "p999 ms", "cpu s", per, "rss MiB"
+    );
+    for r in rows {
+        let opt = |v: Option<f64>, prec: usize| {
+            v.map(|x| format!("{x:.prec$}"))
+                .unwrap_or_else(|| "-".into())
+        };
+        let _ = writeln!(
+            s,
+            "{:<width$} {:>5} {:>5} {:>11.0} {:>9.3} {:>9.3} {:>9.3} {:>7} {:>8} {:>8}  {}",
+            r.system,
+            r.concurrency,
+            r.batch,
+            r.events_per_sec,
+            r.p50_us / 1000.0,
+            r.p99_us / 1000.0,
+            r.p999_us / 1000.0,
+            opt(r.cpu_s, 2),
+            opt(r.cpu_us_per_event, 1),
+            opt(r.peak_rss_bytes.map(|b| b / (1024.0 * 1024.0)), 0),
+            r.durability
+        );
+    }
+}
+
+fn write_ratios(s: &mut String, ratios: &[&Ratio], meta: bool) {
+    if ratios.is_empty() {
+        return;
+    }
+    if meta {
+        let _ = writeln!(
+            s,
+            "\nratios of medians, meshd's etcd backend / raw etcd-client (target: overhead at most 10%, p50 x1.10):"
+        );
+    } else {
+        let _ = writeln!(s, "\nratios of medians (throughput; p50 and p99 latency):");
+    }
+    let width = if meta { 15 } else { 18 };
+    for r in ratios {
+        let _ = writeln!(
+            s,
+            "  conc {:>3} batch {:>4}: {} / {:<width$} throughput x{:.2}  p50 x{:.2}  p99 x{:.2}",
+            r.concurrency,
+            r.batch,
+            r.numerator,
+            r.denominator,
+            r.throughput_ratio,
+            r.p50_ratio,
+            r.p99_ratio
+        );
     }
 }

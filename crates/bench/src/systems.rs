@@ -7,6 +7,7 @@
 //! JetStream as the message payload, RocksDB as the value.
 
 use crate::load::{self, Measured, Op, Window};
+use crate::meta::{MetaOp, MetaPath};
 use crate::procs::{self, JsSync, Server};
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
@@ -22,6 +23,8 @@ pub enum System {
     JsAlways,
     JsDefault,
     Rocksdb,
+    /// Scenario 4: one Meta write through one path.
+    Meta(MetaPath, MetaOp),
 }
 
 impl System {
@@ -31,14 +34,39 @@ impl System {
             System::JsAlways => "jetstream",
             System::JsDefault => "jetstream-relaxed",
             System::Rocksdb => "rocksdb",
+            System::Meta(path, op) => match (path, op) {
+                (MetaPath::MeshdEtcd, MetaOp::Cas) => "meshd-etcd/cas",
+                (MetaPath::RawEtcd, MetaOp::Cas) => "raw-etcd/cas",
+                (MetaPath::MeshdEmbedded, MetaOp::Cas) => "meshd-embedded/cas",
+                (MetaPath::MeshdEtcd, MetaOp::Fenced) => "meshd-etcd/fenced",
+                (MetaPath::RawEtcd, MetaOp::Fenced) => "raw-etcd/fenced",
+                (MetaPath::MeshdEmbedded, MetaOp::Fenced) => "meshd-embedded/fenced",
+            },
         }
     }
 
     pub fn scenario(self) -> &'static str {
         match self {
             System::Rocksdb => "engine",
+            System::Meta(..) => "meta",
             _ => "publish",
         }
+    }
+
+    /// The meta scenario's systems, in the order they alternate: for each operation,
+    /// meshd's etcd backend next to the raw client it is compared with, then embedded.
+    pub fn meta_all() -> Vec<System> {
+        let mut v = Vec::new();
+        for op in [MetaOp::Cas, MetaOp::Fenced] {
+            for path in [
+                MetaPath::MeshdEtcd,
+                MetaPath::RawEtcd,
+                MetaPath::MeshdEmbedded,
+            ] {
+                v.push(System::Meta(path, op));
+            }
+        }
+        v
     }
 
     pub fn durability(self) -> &'static str {
@@ -47,6 +75,8 @@ impl System {
             System::JsAlways => JsSync::Always.label(),
             System::JsDefault => JsSync::Default.label(),
             System::Rocksdb => "WriteBatch sync=true (RocksDB write group)",
+            System::Meta(MetaPath::MeshdEmbedded, _) => crate::meta::EMBEDDED_DURABILITY,
+            System::Meta(..) => crate::meta::ETCD_DURABILITY,
         }
     }
 }
@@ -93,6 +123,8 @@ pub struct Config {
     pub window: Window,
     pub events: Events,
     pub partitions: u32,
+    /// The value of every meta write (scenario 4).
+    pub meta_value: Arc<[u8]>,
 }
 
 /// A measured run plus the server's peak memory.
@@ -106,8 +138,10 @@ pub async fn run(
     cfg: &Config,
     meshd: &Path,
     nats: Option<&Path>,
+    etcd: Option<&Path>,
 ) -> Result<Outcome> {
     match system {
+        System::Meta(path, op) => crate::meta::run(path, op, cfg, etcd).await,
         System::Meshd => run_meshd(cfg, meshd).await,
         System::JsAlways | System::JsDefault => {
             let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
@@ -242,7 +276,7 @@ async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
     })
 }
 
-fn with_stderr<T>(server: &Server, r: Result<T>) -> Result<T> {
+pub fn with_stderr<T>(server: &Server, r: Result<T>) -> Result<T> {
     r.map_err(|e| {
         anyhow!(
             "{e:#}\n--- server stderr (last lines) ---\n{}",

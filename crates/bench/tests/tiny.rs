@@ -6,7 +6,8 @@
 //! `cargo nextest run --workspace` builds every binary of the workspace first (meshd
 //! has integration tests, so its binary is built); with `-p meshd-bench` alone, run
 //! `cargo build -p meshd` first. And it needs nats-server (`source scripts/env.sh &&
-//! meshd_need_nats`).
+//! meshd_need_nats`) and etcd on PATH for the meta scenario (`scripts/test` installs
+//! Debian's etcd-server).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -26,9 +27,21 @@ fn meshd_binary() -> PathBuf {
     meshd
 }
 
+/// The meta scenario starts a real etcd; without one the bench (rightly) fails, so say
+/// what is missing before running it rather than after.
+fn require_etcd_on_path() {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    assert!(
+        std::env::split_paths(&path).any(|d| d.join("etcd").is_file()),
+        "etcd is not on PATH: the meta scenario of `meshd-bench --tiny` needs it; install \
+         Debian's etcd-server (`apt-get install etcd-server`) or run scripts/test"
+    );
+}
+
 #[test]
 fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput() {
     let meshd = meshd_binary();
+    require_etcd_on_path();
     let dir = tempfile::tempdir().expect("a temp dir");
     let json = dir.path().join("bench.json");
     let out = Command::new(env!("CARGO_BIN_EXE_meshd-bench"))
@@ -55,6 +68,12 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
         ("publish", "jetstream"),
         ("publish", "jetstream-relaxed"),
         ("engine", "rocksdb"),
+        ("meta", "meshd-etcd/cas"),
+        ("meta", "raw-etcd/cas"),
+        ("meta", "meshd-embedded/cas"),
+        ("meta", "meshd-etcd/fenced"),
+        ("meta", "raw-etcd/fenced"),
+        ("meta", "meshd-embedded/fenced"),
     ] {
         let mine: Vec<_> = rows
             .iter()
@@ -72,5 +91,20 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
             .iter()
             .any(|r| r["numerator"] == "meshd" && r["denominator"] == "rocksdb"),
         "meshd as a fraction of the engine: {ratios:#?}"
+    );
+    for (num, den) in [
+        ("meshd-etcd/cas", "raw-etcd/cas"),
+        ("meshd-etcd/fenced", "raw-etcd/fenced"),
+    ] {
+        assert!(
+            ratios
+                .iter()
+                .any(|r| r["numerator"] == num && r["denominator"] == den),
+            "the meta overhead ratio {num} / {den}: {ratios:#?}"
+        );
+    }
+    assert!(
+        stdout.contains("ops/s"),
+        "a meta table on stdout:\n{stdout}"
     );
 }

@@ -558,6 +558,40 @@ async fn given_a_consumer_on_one_instance_then_it_gets_the_events_of_every_parti
         "exactly partition {p} comes again: {:?}",
         summary(&again)
     );
+    // Deleting the subscription removes its checkpoints and attempt ledgers from Meta.
+    let r = meshd_test_support::http::request(
+        &a0,
+        "DELETE",
+        "/v1/subscriptions/s",
+        None,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 204, "{}", r.body);
+    let meta =
+        meshd_meta_etcd::EtcdMeta::connect(meshd_meta_etcd::EtcdConfig::new([c._etcd.endpoint()]))
+            .await
+            .unwrap();
+    wait_until(
+        DEADLINE,
+        "no checkpoint or ledger of s left in etcd",
+        || async {
+            use meshd_meta::keys::{prefix, KeyKind};
+            use meshd_meta::Meta;
+            for kind in [KeyKind::Checkpoints, KeyKind::Attempts] {
+                let left = meta
+                    .range(&prefix(kind, &["s"]), Default::default())
+                    .await?
+                    .kvs
+                    .len();
+                anyhow::ensure!(left == 0, "{left} {kind:?} keys of s left");
+            }
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
     // The internal routes need the cluster secret.
     let r = meshd_test_support::http::send_json(
         &a0,

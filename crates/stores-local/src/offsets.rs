@@ -417,6 +417,19 @@ impl OffsetStore for RocksOffsetStore {
             Err(e) => Err(e.into()),
         }
     }
+
+    async fn drop_checkpoints(
+        &self,
+        meta: &dyn Meta,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<u64, OffsetError> {
+        let prefix = meshd_meta::keys::prefix(
+            KeyKind::Checkpoints,
+            &[subscription, &incarnation.to_string()],
+        );
+        Ok(meshd_stores::delete_prefix(meta, prefix, 64).await?)
+    }
 }
 
 /// A partition's committed offset in Meta (cluster mode).

@@ -218,3 +218,50 @@ async fn the_first_start_written_to_meta_wins_and_a_checkpoint_replaces_it() {
     let after = stores.offsets.init_checkpoint(&meta, &k, 0).await.unwrap();
     assert_eq!(after.offset, 30);
 }
+
+#[tokio::test]
+async fn dropping_checkpoints_removes_exactly_that_incarnations() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let meta_dir = tempfile::tempdir().unwrap();
+    let meta = EmbeddedMeta::open_dir(meta_dir.path(), EmbeddedConfig::default()).unwrap();
+    // 150 partitions: more than one delete transaction.
+    for p in 0..150 {
+        stores
+            .offsets
+            .init_checkpoint(&meta, &key("gone", 1, p), 5)
+            .await
+            .unwrap();
+    }
+    let kept = [key("gone", 12, 0), key("gone2", 1, 0), key("other", 1, 0)];
+    for k in &kept {
+        stores.offsets.init_checkpoint(&meta, k, 7).await.unwrap();
+    }
+    let n = stores
+        .offsets
+        .drop_checkpoints(&meta, "gone", 1)
+        .await
+        .unwrap();
+    assert_eq!(n, 150);
+    for p in [0, 77, 149] {
+        assert_eq!(
+            stores
+                .offsets
+                .load_checkpoint(&meta, &key("gone", 1, p))
+                .await
+                .unwrap(),
+            None
+        );
+    }
+    for k in &kept {
+        assert!(
+            stores
+                .offsets
+                .load_checkpoint(&meta, k)
+                .await
+                .unwrap()
+                .is_some(),
+            "{k:?}"
+        );
+    }
+}

@@ -51,7 +51,7 @@
 //!   rather than an empty map, which would reset every count.
 
 use crate::codec::{decode_named, key_text};
-use crate::meta_util::{meta_classes, FromMeta, PrefixPages};
+use crate::meta_util::{meta_classes, FromMeta};
 use crate::offsets::OffsetKey;
 use crate::tasks::check_name_reason;
 use async_trait::async_trait;
@@ -348,31 +348,13 @@ impl AttemptLedger for MetaAttemptLedger {
         let what = format!("{subscription}/{incarnation}");
         check_name_reason("subscription", subscription)
             .map_err(|e| self.refuse("drop_subscription", &what, AttemptError::Invalid(e)))?;
-        let mut pages = PrefixPages::new(
+        let deleted = crate::meta_util::delete_prefix(
+            self.meta.as_ref(),
             incarnation_prefix(subscription, incarnation),
-            None,
             DROP_PAGE,
-        );
-        let mut deleted = 0u64;
-        while let Some(page) = pages
-            .next(self.meta.as_ref())
-            .await
-            .map_err(|e| self.meta_error("drop_subscription", &what, e))?
-        {
-            if page.kvs.is_empty() {
-                continue;
-            }
-            let txn = page
-                .kvs
-                .iter()
-                .fold(Txn::new(), |txn, kv| txn.delete(&kv.key));
-            let r = self
-                .meta
-                .txn(txn)
-                .await
-                .map_err(|e| self.meta_error("drop_subscription", &what, e))?;
-            deleted += r.deleted;
-        }
+        )
+        .await
+        .map_err(|e| self.meta_error("drop_subscription", &what, e))?;
         tracing::info!(
             store = STORE,
             backend = self.backend(),

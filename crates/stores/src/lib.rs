@@ -30,4 +30,5 @@ pub mod topics;
 
 mod codec;
 mod meta_util;
+pub use meta_util::delete_prefix;
 pub mod time;

@@ -152,3 +152,26 @@ impl PrefixPages {
         Ok(Some(page))
     }
 }
+
+/// Deletes every key under `prefix`, `page` keys per transaction (Meta has no range
+/// delete; etcd allows at most 128 operations per transaction by default). Not atomic
+/// across pages; repeating it is safe. Returns how many keys it deleted.
+pub async fn delete_prefix(
+    meta: &dyn Meta,
+    prefix: Vec<u8>,
+    page: usize,
+) -> Result<u64, MetaError> {
+    let mut pages = PrefixPages::new(prefix, None, page);
+    let mut deleted = 0u64;
+    while let Some(p) = pages.next(meta).await? {
+        if p.kvs.is_empty() {
+            continue;
+        }
+        let txn = p
+            .kvs
+            .iter()
+            .fold(meshd_meta::Txn::new(), |txn, kv| txn.delete(&kv.key));
+        deleted += meta.txn(txn).await?.deleted;
+    }
+    Ok(deleted)
+}

@@ -96,4 +96,11 @@ pub trait OffsetStore: Send + Sync + 'static {
         key: &OffsetKey,
         offset: u64,
     ) -> Result<Committed, OffsetError>;
+    /// Cluster mode: deletes the checkpoints of a deleted subscription incarnation.
+    async fn drop_checkpoints(
+        &self,
+        meta: &dyn Meta,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<u64, OffsetError>;
 }

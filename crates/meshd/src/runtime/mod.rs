@@ -411,6 +411,14 @@ impl Runtime {
             if let Err(e) = cluster.ledger.drop_subscription(name, incarnation).await {
                 tracing::warn!(store = "attempts", backend = self.deps.meta_backend, subscription = %name, error = %e, "dropping a deleted subscription's attempt ledgers failed");
             }
+            if let Err(e) = self
+                .deps
+                .offsets
+                .drop_checkpoints(self.deps.meta.as_ref(), name, incarnation)
+                .await
+            {
+                tracing::warn!(store = "checkpoints", backend = self.deps.meta_backend, subscription = %name, error = %e, "dropping a deleted subscription's checkpoints failed");
+            }
         }
         if let Err(e) = self.deps.offsets.drop_subscription(name, incarnation).await {
             tracing::warn!(store = "offsets", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's offsets failed");
