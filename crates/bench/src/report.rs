@@ -44,8 +44,9 @@ pub struct Run {
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
-    /// CPU seconds over the measured window: the server's for meshd and JetStream, this
-    /// process's own (engine plus driver threads) for rocksdb.
+    /// CPU seconds over the measured window: the server's for meshd, JetStream and etcd
+    /// (the meta rows through etcd), this process's own (engine plus driver) for rocksdb
+    /// and the embedded meta.
     pub cpu_s: Option<f64>,
     pub peak_rss_bytes: Option<u64>,
 }
