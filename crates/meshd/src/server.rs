@@ -190,6 +190,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         meta: meta.clone(),
         meta_backend,
         log: log.clone(),
+        log_backend,
         offsets: Arc::new(local.offsets.clone()),
         deliveries: Arc::new(local.deliveries.clone()),
         deadletters: deadletters.clone(),

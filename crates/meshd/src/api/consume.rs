@@ -146,7 +146,7 @@ pub async fn pull_with(
         let event = match super::raw_event(d.body) {
             Some(raw) => raw,
             None => {
-                tracing::error!(store = "log", backend = "rocksdb", subscription = %name, partition = d.partition, offset = d.offset, "stored event is not valid JSON; not handed out (its lease runs out)");
+                tracing::error!(store = "log", backend = api.log_backend, subscription = %name, partition = d.partition, offset = d.offset, "stored event is not valid JSON; not handed out (its lease runs out)");
                 continue;
             }
         };

@@ -58,6 +58,8 @@ pub struct Deps {
     pub meta: Arc<dyn Meta>,
     pub meta_backend: &'static str,
     pub log: Arc<dyn PartitionLog>,
+    /// The log's backend as metrics and logs name it (`rocksdb` or `nats`).
+    pub log_backend: &'static str,
     pub offsets: Arc<dyn OffsetStore>,
     pub deliveries: Arc<dyn DeliveryStateStore>,
     pub deadletters: Arc<dyn DeadLetterStore>,

@@ -526,7 +526,7 @@ impl PartitionTask {
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(store = "log", backend = "rocksdb", topic = %key.topic, partition = key.partition, error = %e, "reading partition bounds failed");
+                tracing::warn!(store = "log", backend = self.deps.log_backend, topic = %key.topic, partition = key.partition, error = %e, "reading partition bounds failed");
             }
         }
     }
@@ -703,8 +703,10 @@ impl PartitionTask {
                         )]
                     }
                     Err(e) => {
-                        self.deps.metrics.store_error("log", "rocksdb", kind_of(&e));
-                        tracing::warn!(store = "log", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the log for delivery failed; retried");
+                        self.deps
+                            .metrics
+                            .store_error("log", self.deps.log_backend, kind_of(&e));
+                        tracing::warn!(store = "log", backend = self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the log for delivery failed; retried");
                         vec![Input::ReadFailed]
                     }
                 }
@@ -918,8 +920,10 @@ impl PartitionTask {
                     }
                     Ok(_) => break,
                     Err(e) => {
-                        self.deps.metrics.store_error("log", "rocksdb", kind_of(&e));
-                        tracing::warn!(store = "log", backend = "rocksdb", topic = %key.topic, partition = key.partition, offset = next, error = %e, "reading a handed-out event failed; it is retried when its lease runs out");
+                        self.deps
+                            .metrics
+                            .store_error("log", self.deps.log_backend, kind_of(&e));
+                        tracing::warn!(store = "log", backend = self.deps.log_backend, topic = %key.topic, partition = key.partition, offset = next, error = %e, "reading a handed-out event failed; it is retried when its lease runs out");
                         break;
                     }
                 }
