@@ -4,7 +4,7 @@
 use super::fields::Fields;
 use super::{valid_name_or_400, Api};
 use crate::problem::Problem;
-use crate::runtime::{Answers, RuntimeError};
+use crate::runtime::{Answers, Reach, RuntimeError};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -83,14 +83,6 @@ pub async fn pull(
     pull_with(api, name, headers, body, Reach::Cluster).await
 }
 
-/// Which partitions a request reaches: all of them (in cluster mode through their
-/// owners), or only this instance's (the internal routes).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Reach {
-    Cluster,
-    Local,
-}
-
 pub async fn pull_with(
     api: Arc<Api>,
     name: String,
@@ -134,11 +126,11 @@ pub async fn pull_with(
         },
     };
     let wait = Duration::from_millis(wait);
-    let handed = match reach {
-        Reach::Cluster => api.runtime.pull(&name, max, wait, session).await,
-        Reach::Local => api.runtime.pull_local(&name, max, wait, session).await,
-    }
-    .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    let handed = api
+        .runtime
+        .pull(&name, max, wait, session, reach)
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
     // Built as text: events go back exactly as published.
     let mut out = String::from("{\"deliveries\":[");
     let mut first = true;
@@ -187,17 +179,11 @@ pub async fn ack_with(
     let f = Fields::parse(&headers, body, &["delivery_ids"])?;
     let ids = ids_of(&f)?;
     let n = ids.len();
-    let answers = match reach {
-        Reach::Cluster => api.runtime.ack(&name, ids).await,
-        Reach::Local => {
-            api.runtime
-                .subscription_runs(&name)
-                .await
-                .map_err(|e| runtime_problem(e, api.meta_backend))?;
-            api.runtime.ack_running(&name, ids).await
-        }
-    }
-    .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    let answers = api
+        .runtime
+        .ack(&name, ids, reach)
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
     all_fenced_or(n, answers, &["acked", "unknown", "fenced", "failed"])
 }
 
@@ -237,17 +223,11 @@ pub async fn nack_with(
         .string("reason", MAX_REASON_BYTES)?
         .unwrap_or_else(|| "nacked".to_string());
     let n = ids.len();
-    let answers = match reach {
-        Reach::Cluster => api.runtime.nack(&name, ids, reason).await,
-        Reach::Local => {
-            api.runtime
-                .subscription_runs(&name)
-                .await
-                .map_err(|e| runtime_problem(e, api.meta_backend))?;
-            api.runtime.nack_running(&name, ids, reason).await
-        }
-    }
-    .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    let answers = api
+        .runtime
+        .nack(&name, ids, reason, reach)
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
     all_fenced_or(
         n,
         answers,
@@ -284,7 +264,7 @@ pub async fn extend_with(
     let n = ids.len();
     let answers = api
         .runtime
-        .extend(&name, ids, ms, reach == Reach::Local)
+        .extend(&name, ids, ms, reach)
         .await
         .map_err(|e| runtime_problem(e, api.meta_backend))?;
     all_fenced_or(n, answers, &["extended", "unknown", "fenced"])
@@ -341,7 +321,7 @@ pub async fn put_offset_with(
         .ok_or_else(|| Problem::invalid_field("offset", "offset is required"))?;
     let c = api
         .runtime
-        .reset_offset(&name, partition, offset, reach == Reach::Local)
+        .reset_offset(&name, partition, offset, reach)
         .await
         .map_err(|e| match e {
             RuntimeError::Invalid(d) => Problem::invalid_field("offset", d),

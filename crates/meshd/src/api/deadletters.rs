@@ -165,7 +165,7 @@ pub async fn redrive(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    redrive_with(api, id, super::consume::Reach::Cluster).await
+    redrive_with(api, id, crate::runtime::Reach::Cluster).await
 }
 
 /// A redrive; in cluster mode it runs on the owner of the entry's partition (`reach`
@@ -173,7 +173,7 @@ pub async fn redrive(
 pub async fn redrive_with(
     api: Arc<Api>,
     id: String,
-    reach: super::consume::Reach,
+    reach: crate::runtime::Reach,
 ) -> Result<Response, Problem> {
     valid_id(&id)?;
     let backend = api.meta_backend;
@@ -182,7 +182,7 @@ pub async fn redrive_with(
         .get(&id)
         .await
         .map_err(|e| deadletter_problem(e, backend))?;
-    if reach == super::consume::Reach::Cluster {
+    if reach == crate::runtime::Reach::Cluster {
         if let Some((status, body)) = api
             .runtime
             .forward_redrive(&entry)

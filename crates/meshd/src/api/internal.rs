@@ -3,10 +3,11 @@
 //! client's request here (`crate::cluster::forward`). Authenticated by the cluster
 //! secret in the `meshd-cluster-secret` header; 404 outside cluster mode.
 
-use super::consume::{self, Reach};
+use super::consume;
 use super::Api;
 use crate::cluster::forward::{secret_matches, SECRET_HEADER};
 use crate::problem::Problem;
+use crate::runtime::Reach;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};

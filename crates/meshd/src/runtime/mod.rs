@@ -163,6 +163,14 @@ impl SubRuntime {
     }
 }
 
+/// Which partitions a request reaches: all of them (in cluster mode the ones owned
+/// elsewhere through their owners), or only this instance's (the internal routes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    Cluster,
+    Local,
+}
+
 /// The offset a delivery id names (`{incarnation}-{partition}-{offset}-{attempt}-{nonce}`).
 pub fn offset_of(delivery_id: &str) -> Option<u64> {
     delivery_id.rsplit('-').nth(2)?.parse().ok()
@@ -695,29 +703,12 @@ impl Runtime {
         max: usize,
         wait: Duration,
         session: Option<SessionBinding>,
+        reach: Reach,
     ) -> Result<Vec<Handed>, RuntimeError> {
         self.subscription(name).await?;
-        if self.deps.cluster.is_some() {
+        if self.deps.cluster.is_some() && reach == Reach::Cluster {
             return self.pull_cluster(name, max, wait, session).await;
         }
-        self.pull_running(name, max, wait, session).await
-    }
-
-    /// Makes sure the subscription runs here (started from the cache when it is not
-    /// yet).
-    pub async fn subscription_runs(&self, name: &str) -> Result<(), RuntimeError> {
-        self.subscription(name).await.map(|_| ())
-    }
-
-    /// [`Runtime::pull`] from this instance's partitions only (the internal route).
-    pub async fn pull_local(
-        &self,
-        name: &str,
-        max: usize,
-        wait: Duration,
-        session: Option<SessionBinding>,
-    ) -> Result<Vec<Handed>, RuntimeError> {
-        self.subscription(name).await?;
         self.pull_running(name, max, wait, session).await
     }
 
@@ -903,19 +894,20 @@ impl Runtime {
         Ok(answers)
     }
 
-    pub async fn ack(&self, name: &str, ids: Vec<String>) -> Result<Answers, RuntimeError> {
+    pub async fn ack(
+        &self,
+        name: &str,
+        ids: Vec<String>,
+        reach: Reach,
+    ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
-        self.per_partition(
-            name,
-            ids,
-            |ids, reply| Msg::Ack { ids, reply },
-            Some(cluster::Forward::ack()),
-        )
-        .await
+        let forward = (reach == Reach::Cluster).then(cluster::Forward::ack);
+        self.per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply }, forward)
+            .await
     }
 
     /// [`Runtime::ack`] on a subscription that runs already, for this instance's
-    /// partitions only (the push worker, the internal route).
+    /// partitions only (the push worker, which must not start a subscription).
     pub async fn ack_running(&self, name: &str, ids: Vec<String>) -> Result<Answers, RuntimeError> {
         self.per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply }, None)
             .await
@@ -926,9 +918,10 @@ impl Runtime {
         name: &str,
         ids: Vec<String>,
         reason: String,
+        reach: Reach,
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
-        let forward = cluster::Forward::nack(&reason);
+        let forward = (reach == Reach::Cluster).then(|| cluster::Forward::nack(&reason));
         self.per_partition(
             name,
             ids,
@@ -937,7 +930,7 @@ impl Runtime {
                 reason: reason.clone(),
                 reply,
             },
-            Some(forward),
+            forward,
         )
         .await
     }
@@ -963,17 +956,16 @@ impl Runtime {
         .await
     }
 
-    /// Extends leases; `local`: this instance's partitions only (the internal route).
     pub async fn extend(
         &self,
         name: &str,
         ids: Vec<String>,
         ack_timeout_ms: Option<u64>,
-        local: bool,
+        reach: Reach,
     ) -> Result<Answers, RuntimeError> {
         let sub = self.subscription(name).await?;
         let ack_timeout_ms = ack_timeout_ms.unwrap_or(sub.sub.spec.ack_timeout_ms);
-        let forward = (!local).then(|| cluster::Forward::extend(ack_timeout_ms));
+        let forward = (reach == Reach::Cluster).then(|| cluster::Forward::extend(ack_timeout_ms));
         self.per_partition(
             name,
             ids,
@@ -1094,14 +1086,14 @@ impl Runtime {
     /// the partition stops, its in-flight deliveries are dropped (their ids become
     /// `unknown`; redrives under way go back to `dead`), the offset is reset with a new
     /// epoch, and the partition restarts from it.
-    /// In cluster mode the partition's owner does it (`local`: this instance must own
-    /// it; otherwise the request goes to the owner).
+    /// In cluster mode the partition's owner does it (`Reach::Local`: this instance
+    /// must own it; otherwise the request goes to the owner).
     pub async fn reset_offset(
         &self,
         name: &str,
         partition: u32,
         offset: u64,
-        local: bool,
+        reach: Reach,
     ) -> Result<Committed, RuntimeError> {
         let sub = self.subscription(name).await?;
         if partition as usize >= sub.parts.len() {
@@ -1124,7 +1116,9 @@ impl Runtime {
             )));
         }
         if self.deps.cluster.is_some() {
-            return self.reset_in_cluster(&sub, partition, offset, local).await;
+            return self
+                .reset_in_cluster(&sub, partition, offset, reach == Reach::Local)
+                .await;
         }
         let _ops = self.ops.lock().await;
         // Stop the whole subscription, reset, start it again: the other partitions
