@@ -719,18 +719,7 @@ impl PartitionTask {
             Command::Update(record) => {
                 let started = Instant::now();
                 let r = self.deps.deliveries.update(record).await;
-                self.deps.metrics.write_latency(
-                    "deliveries",
-                    "rocksdb",
-                    "update",
-                    started.elapsed(),
-                );
-                if let Err(e) = r {
-                    self.deps
-                        .metrics
-                        .store_error("deliveries", "rocksdb", "write_failed");
-                    self.fail("deliveries", e.reason());
-                }
+                self.delivery_write_done("update", started, r);
                 vec![]
             }
             Command::Resolve { remove, advance } => {
@@ -742,18 +731,7 @@ impl PartitionTask {
                 }
                 let remove = remove.into_iter().map(|o| (key.clone(), o)).collect();
                 let r = self.deps.deliveries.resolve(remove, advance).await;
-                self.deps.metrics.write_latency(
-                    "deliveries",
-                    "rocksdb",
-                    "resolve",
-                    started.elapsed(),
-                );
-                if let Err(e) = r {
-                    self.deps
-                        .metrics
-                        .store_error("deliveries", "rocksdb", "write_failed");
-                    self.fail("deliveries", e.reason());
-                }
+                self.delivery_write_done("resolve", started, r);
                 vec![]
             }
             Command::DeadLetter(req) => {
@@ -809,6 +787,25 @@ impl PartitionTask {
                 fx.replies.push(r);
                 vec![]
             }
+        }
+    }
+
+    /// Records a DeliveryStateStore write's latency; a failed one fail-stops the
+    /// partition.
+    fn delivery_write_done(
+        &self,
+        op: &'static str,
+        started: Instant,
+        result: Result<(), meshd_stores::delivery::DeliveryError>,
+    ) {
+        self.deps
+            .metrics
+            .write_latency("deliveries", "rocksdb", op, started.elapsed());
+        if let Err(e) = result {
+            self.deps
+                .metrics
+                .store_error("deliveries", "rocksdb", "write_failed");
+            self.fail("deliveries", e.reason());
         }
     }
 
