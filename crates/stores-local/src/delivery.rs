@@ -285,6 +285,21 @@ impl DeliveryStateStore for RocksDeliveryStore {
         .await
     }
 
+    async fn record_attempts(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError> {
+        self.blocking(move |s| {
+            s.group.commit_with::<_, Closure>(|engine| {
+                let mut batch = Batch::new();
+                for record in &records {
+                    RocksDeliveryStore::stage(engine, record, &mut batch)
+                        .map_err(Closure::Delivery)?;
+                }
+                Ok((batch, ()))
+            })?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError> {
         self.blocking(move |s| {
             s.group.write_with::<_, Closure>(|engine| {

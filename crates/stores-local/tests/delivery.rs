@@ -332,3 +332,58 @@ async fn a_flush_interval_outside_its_range_is_refused() {
             .unwrap();
     assert!(err.to_string().contains("10-1000"), "{err}");
 }
+
+#[tokio::test]
+async fn given_the_attempts_of_one_pull_recorded_together_when_power_is_cut_then_all_of_them_survive(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let d = &stores.deliveries;
+    d.record_attempt(record(0, 1, 1, 500)).await.unwrap();
+    // One pull: offsets 1 (a redelivery: attempt 2, a later deadline), 2 and 3.
+    d.record_attempts(vec![
+        record(0, 1, 2, 900),
+        record(0, 2, 1, 600),
+        record(0, 3, 1, 700),
+    ])
+    .await
+    .unwrap();
+    // Durable on return: nothing may be pending when the power goes.
+    let image = power.cut();
+    drop(stores);
+    let rebooted = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, rebooted.path());
+    let mut all = stores.deliveries.load_all().await.unwrap();
+    all.sort_by_key(|r| r.offset);
+    assert_eq!(
+        all,
+        vec![
+            record(0, 1, 2, 900),
+            record(0, 2, 1, 600),
+            record(0, 3, 1, 700)
+        ]
+    );
+    // The deadline index follows: offset 1's old deadline (500) is gone.
+    let due: Vec<(u64, u32)> = stores
+        .deliveries
+        .due(650, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.offset, r.attempt))
+        .collect();
+    assert_eq!(due, vec![(2, 1)]);
+}
+
+#[tokio::test]
+async fn a_pull_with_one_invalid_record_records_none_of_its_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, _power) = common::open_with_power_cut(dir.path());
+    let d = &stores.deliveries;
+    let err = d
+        .record_attempts(vec![record(0, 1, 1, 500), record(0, 2, 0, 500)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DeliveryError::Invalid(_)), "{err:?}");
+    assert!(d.load_all().await.unwrap().is_empty());
+}

@@ -100,6 +100,10 @@ pub struct OffsetAdvance {
 #[async_trait]
 pub trait DeliveryStateStore: Send + Sync + 'static {
     async fn record_attempt(&self, record: DeliveryRecord) -> Result<(), DeliveryError>;
+
+    /// [`record_attempt`](Self::record_attempt) for the attempts of one pull, in one
+    /// atomic durable write: all of them or none.
+    async fn record_attempts(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError>;
     async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError>;
     async fn resolve(
         &self,

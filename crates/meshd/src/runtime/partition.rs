@@ -18,7 +18,7 @@ use meshd_stores::log::LogError;
 use meshd_stores::offsets::OffsetKey;
 use meshd_stores::sessions::SessionError;
 use meshd_stores::time::Timestamp;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -107,7 +107,7 @@ impl Shared {
 /// The effects of one request, collected while its commands run.
 #[derive(Default)]
 struct Effects {
-    handouts: Vec<meshd_dispatch::Delivery>,
+    handouts: Vec<(PullId, meshd_dispatch::Delivery)>,
     replies: Vec<Reply>,
     /// Offsets whose dead-letter entry (or failed-redrive write) became durable.
     dead_lettered: HashSet<u64>,
@@ -129,6 +129,62 @@ pub struct PartitionTask {
     pub stats_dirty: bool,
     /// Cluster mode: the ownership this task runs under and its Meta state.
     pub cluster: Option<super::cluster::PartitionCluster>,
+}
+
+/// Requests served together at most (pulls or acks queued while the task was busy).
+const BATCH_MAX: usize = 64;
+
+type PullRequest = (
+    usize,
+    Option<SessionBinding>,
+    oneshot::Sender<Result<Vec<Handed>, RuntimeError>>,
+);
+type AckRequest = (Vec<String>, oneshot::Sender<Result<Answers, RuntimeError>>);
+
+/// The delivery id a reply is about.
+fn reply_id(r: &Reply) -> &str {
+    match r {
+        Reply::Ack { delivery_id, .. }
+        | Reply::Nack { delivery_id, .. }
+        | Reply::Extend { delivery_id, .. } => delivery_id,
+    }
+}
+
+/// Merges consecutive `Resolve` commands (replies between them do not separate them:
+/// they write nothing) into one atomic write: the removals of all, the furthest
+/// advance. Every other command keeps its place, so a record's update never moves
+/// past the resolve that removes it.
+fn merge_resolves(cmds: Vec<Command>) -> Vec<Command> {
+    let mut out: Vec<Command> = Vec::with_capacity(cmds.len());
+    let mut replies = Vec::new();
+    for cmd in cmds {
+        match cmd {
+            Command::Reply(r) => replies.push(Command::Reply(r)),
+            Command::Resolve { remove, advance } => {
+                if let Some(Command::Resolve {
+                    remove: prev_remove,
+                    advance: prev_advance,
+                }) = out.last_mut()
+                {
+                    prev_remove.extend(remove);
+                    match (prev_advance.as_mut(), advance) {
+                        (Some(p), Some(a)) if a.to > p.to => *p = a,
+                        (None, Some(a)) => *prev_advance = Some(a),
+                        _ => {}
+                    }
+                } else {
+                    out.push(Command::Resolve { remove, advance });
+                }
+            }
+            other => {
+                // A write between resolves: replies so far stay before it.
+                out.append(&mut replies);
+                out.push(other);
+            }
+        }
+    }
+    out.append(&mut replies);
+    out
 }
 
 pub fn now_ms() -> u64 {
@@ -191,7 +247,22 @@ impl PartitionTask {
                         let _ = reply.send(());
                         return;
                     }
-                    Some(msg) => self.request(msg).await,
+                    Some(msg) => {
+                        // Requests that queued up while this task was busy are taken
+                        // together: consecutive pulls share one attempt write and
+                        // consecutive acks one resolve (one fsync each instead of one
+                        // per request, which serialised a busy partition on fsyncs).
+                        let mut batch = vec![msg];
+                        while batch.len() < BATCH_MAX {
+                            match self.rx.try_recv() {
+                                Ok(m) => batch.push(m),
+                                Err(_) => break,
+                            }
+                        }
+                        if self.requests(batch).await {
+                            return;
+                        }
+                    }
                 },
                 changed = appends.changed(), if resubscribe_at.is_none() => {
                     if changed.is_err() {
@@ -310,40 +381,8 @@ impl PartitionTask {
                 max,
                 session,
                 reply,
-            } => {
-                if let Some(e) = self.failed_error() {
-                    let _ = reply.send(Err(e));
-                    return;
-                }
-                let pull_id = PullId(self.next_pull);
-                self.next_pull += 1;
-                let mut fx = Effects::default();
-                // Events the log made durable before this pull are served by it,
-                // even when the append notification has not reached this task yet.
-                self.refresh_log_end(&mut fx).await;
-                self.feed(
-                    Input::Pull {
-                        pull_id,
-                        max_events: max,
-                        session,
-                    },
-                    &mut fx,
-                )
-                .await;
-                let handed = self.bodies(fx.handouts).await;
-                self.sync_shared();
-                // A pull whose attempt records could not be made durable hands
-                // nothing out: it says why instead of answering "nothing there".
-                let answer = match self.failed_error() {
-                    Some(e) if handed.is_empty() => Err(e),
-                    _ => Ok(handed),
-                };
-                let _ = reply.send(answer);
-            }
-            Msg::Ack { ids, reply } => {
-                let answer = self.resolve_ids(ids, "failed", Input::Ack).await;
-                let _ = reply.send(answer);
-            }
+            } => self.pulls(vec![(max, session, reply)]).await,
+            Msg::Ack { ids, reply } => self.acks(vec![(ids, reply)]).await,
             Msg::Nack { ids, reason, reply } => {
                 let answer = self
                     .resolve_ids(ids, "unknown", |deliveries| Input::Nack {
@@ -392,6 +431,159 @@ impl PartitionTask {
             Msg::Stop { reply } => {
                 let _ = reply.send(());
             }
+        }
+    }
+
+    /// Requests taken from the queue together, in order; runs of pulls and of acks
+    /// are served as one. `true`: a `Stop` was among them (answered after the
+    /// requests before it).
+    async fn requests(&mut self, batch: Vec<Msg>) -> bool {
+        let mut pulls = Vec::new();
+        let mut acks = Vec::new();
+        for msg in batch {
+            match msg {
+                Msg::Pull {
+                    max,
+                    session,
+                    reply,
+                } if acks.is_empty() => pulls.push((max, session, reply)),
+                Msg::Ack { ids, reply } if pulls.is_empty() => acks.push((ids, reply)),
+                other => {
+                    self.pulls(std::mem::take(&mut pulls)).await;
+                    self.acks(std::mem::take(&mut acks)).await;
+                    match other {
+                        Msg::Pull {
+                            max,
+                            session,
+                            reply,
+                        } => pulls.push((max, session, reply)),
+                        Msg::Ack { ids, reply } => acks.push((ids, reply)),
+                        Msg::Stop { reply } => {
+                            let _ = reply.send(());
+                            return true;
+                        }
+                        other => self.request(other).await,
+                    }
+                }
+            }
+        }
+        self.pulls(pulls).await;
+        self.acks(acks).await;
+        false
+    }
+
+    /// Pulls served together: the core picks each one's events in turn, their
+    /// attempt records go to disk in one atomic write, and each pull gets its own
+    /// hand-outs once that write is durable.
+    async fn pulls(&mut self, pulls: Vec<PullRequest>) {
+        if pulls.is_empty() {
+            return;
+        }
+        if let Some(e) = self.failed_error() {
+            for (_, _, reply) in pulls {
+                let _ = reply.send(Err(e.clone()));
+            }
+            return;
+        }
+        let mut fx = Effects::default();
+        // Events the log made durable before these pulls are served by them, even
+        // when the append notification has not reached this task yet.
+        self.refresh_log_end(&mut fx).await;
+        let mut cmds = Vec::new();
+        let mut replies = Vec::with_capacity(pulls.len());
+        for (max, session, reply) in pulls {
+            let pull_id = PullId(self.next_pull);
+            self.next_pull += 1;
+            replies.push((pull_id, reply));
+            if self.shared.failed().is_some() {
+                continue;
+            }
+            let input = Input::Pull {
+                pull_id,
+                max_events: max,
+                session,
+            };
+            match self.core.handle(input, now_ms()) {
+                Ok(more) => cmds.extend(more),
+                Err(e) => {
+                    let key = self.key();
+                    tracing::warn!(subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "dispatch core refused a pull");
+                }
+            }
+        }
+        self.execute(cmds, &mut fx).await;
+        let of_pull: HashMap<String, PullId> = fx
+            .handouts
+            .iter()
+            .map(|(p, d)| (d.delivery_id.clone(), *p))
+            .collect();
+        let handed = self
+            .bodies(fx.handouts.into_iter().map(|(_, d)| d).collect())
+            .await;
+        self.sync_shared();
+        let mut per_pull: HashMap<PullId, Vec<Handed>> = HashMap::new();
+        for h in handed {
+            if let Some(p) = of_pull.get(&h.delivery_id) {
+                per_pull.entry(*p).or_default().push(h);
+            }
+        }
+        let failed = self.failed_error();
+        for (pull_id, reply) in replies {
+            let handed = per_pull.remove(&pull_id).unwrap_or_default();
+            // A pull whose attempt records could not be made durable hands nothing
+            // out: it says why instead of answering "nothing there".
+            let answer = match &failed {
+                Some(e) if handed.is_empty() => Err(e.clone()),
+                _ => Ok(handed),
+            };
+            let _ = reply.send(answer);
+        }
+    }
+
+    /// Acks served together: every one's session checks, then the core, then their
+    /// store writes in order, consecutive resolves merged into one atomic write; each
+    /// ack is answered per id once those writes are done.
+    async fn acks(&mut self, acks: Vec<AckRequest>) {
+        if acks.is_empty() {
+            return;
+        }
+        let mut cmds = Vec::new();
+        let mut waiting = Vec::with_capacity(acks.len());
+        // Which request each fed id answers (an id acked twice: in order).
+        let mut of_id: HashMap<String, VecDeque<usize>> = HashMap::new();
+        for (i, (ids, reply)) in acks.into_iter().enumerate() {
+            let (refs, answers) = self.checked(ids, "failed").await;
+            if !refs.is_empty() && self.shared.failed().is_none() {
+                for r in &refs {
+                    of_id.entry(r.delivery_id.clone()).or_default().push_back(i);
+                }
+                match self.core.handle(Input::Ack(refs), now_ms()) {
+                    Ok(more) => cmds.extend(more),
+                    Err(e) => {
+                        let key = self.key();
+                        tracing::warn!(subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "dispatch core refused an ack");
+                    }
+                }
+            }
+            waiting.push((answers, reply));
+        }
+        let mut fx = Effects::default();
+        self.execute(merge_resolves(cmds), &mut fx).await;
+        self.sync_shared();
+        let failed = self.failed_error();
+        let mut per_request: Vec<Effects> = waiting.iter().map(|_| Effects::default()).collect();
+        for r in fx.replies {
+            // Every reply answers an id fed above (the core replies once per id).
+            if let Some(i) = of_id.get_mut(reply_id(&r)).and_then(|q| q.pop_front()) {
+                per_request[i].replies.push(r);
+            }
+        }
+        for ((mut answers, reply), fx) in waiting.into_iter().zip(per_request) {
+            let answer = match &failed {
+                Some(e) => Err(e.clone()),
+                None => self.answer(fx, &mut answers).map(|()| answers),
+            };
+            let _ = reply.send(answer);
         }
     }
 
@@ -597,39 +789,29 @@ impl PartitionTask {
                 })
                 .collect();
         }
+        // One atomic write (and one fsync wait) for the whole pull: the profile of
+        // a batched pull showed one blocking task, write and wake-up per record.
+        let ids: Vec<(u64, u32)> = records.iter().map(|r| (r.offset, r.attempt)).collect();
         let started = Instant::now();
-        let writes = records.iter().map(|r| {
-            let store = self.deps.deliveries.clone();
-            let r = r.clone();
-            async move { store.record_attempt(r).await }
-        });
-        let results = futures::future::join_all(writes).await;
+        let result = self.deps.deliveries.record_attempts(records).await;
         self.deps.metrics.write_latency(
             "deliveries",
             "rocksdb",
             "record_attempt",
             started.elapsed(),
         );
-        let mut inputs = Vec::with_capacity(records.len());
-        for (r, result) in records.iter().zip(results) {
-            match result {
-                Ok(()) => inputs.push(Input::AttemptPersisted {
-                    offset: r.offset,
-                    attempt: r.attempt,
-                }),
-                Err(e) => {
-                    self.deps
-                        .metrics
-                        .store_error("deliveries", "rocksdb", "write_failed");
-                    self.fail("deliveries", e.reason());
-                    inputs.push(Input::PersistFailed {
-                        offset: r.offset,
-                        attempt: r.attempt,
-                    });
-                }
-            }
+        if let Err(e) = &result {
+            self.deps
+                .metrics
+                .store_error("deliveries", "rocksdb", "write_failed");
+            self.fail("deliveries", e.reason());
         }
-        inputs
+        ids.into_iter()
+            .map(|(offset, attempt)| match result {
+                Ok(()) => Input::AttemptPersisted { offset, attempt },
+                Err(_) => Input::PersistFailed { offset, attempt },
+            })
+            .collect()
     }
 
     /// Cluster mode: the attempt counts of this pull (with every other unresolved
@@ -712,8 +894,8 @@ impl PartitionTask {
                 }
             }
             Command::PersistAttempt { record, .. } => self.persist(vec![record]).await,
-            Command::HandOut { delivery, .. } => {
-                fx.handouts.push(delivery);
+            Command::HandOut { pull_id, delivery } => {
+                fx.handouts.push((pull_id, delivery));
                 vec![]
             }
             Command::Update(record) => {
@@ -995,5 +1177,86 @@ pub fn kind_of(e: &LogError) -> &'static str {
         LogError::Corrupt { .. } => "corrupt",
         LogError::Invalid(_) => "invalid",
         LogError::Unavailable(_) => "unavailable",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshd_dispatch::{AckOutcome, DeliveryRecord, DeliveryState, OffsetAdvance};
+
+    fn key() -> OffsetKey {
+        OffsetKey {
+            subscription: "s".into(),
+            incarnation: 1,
+            topic: "t".into(),
+            partition: 0,
+        }
+    }
+
+    fn resolve(remove: Vec<u64>, to: Option<u64>) -> Command {
+        Command::Resolve {
+            remove,
+            advance: to.map(|to| OffsetAdvance { key: key(), to }),
+        }
+    }
+
+    fn acked(id: &str) -> Command {
+        Command::Reply(Reply::Ack {
+            delivery_id: id.into(),
+            outcome: AckOutcome::Acked,
+        })
+    }
+
+    fn update(offset: u64) -> Command {
+        Command::Update(DeliveryRecord {
+            key: key(),
+            offset,
+            attempt: 1,
+            delivery_id: format!("0-{offset}-1"),
+            deadline_ms: 0,
+            last_reason: None,
+            first_delivered_at_ms: 0,
+            state: DeliveryState::AckedAwaitingCommit,
+            owner_epoch: 0,
+            session: None,
+        })
+    }
+
+    #[test]
+    fn consecutive_resolves_become_one_with_every_removal_and_the_furthest_advance() {
+        let merged = merge_resolves(vec![
+            resolve(vec![1], Some(2)),
+            acked("a"),
+            resolve(vec![2, 3], Some(4)),
+            acked("b"),
+            resolve(vec![5], None),
+        ]);
+        assert_eq!(
+            merged,
+            vec![resolve(vec![1, 2, 3, 5], Some(4)), acked("a"), acked("b")]
+        );
+    }
+
+    #[test]
+    fn an_advance_never_goes_back_when_merged() {
+        let merged = merge_resolves(vec![resolve(vec![], Some(9)), resolve(vec![1], Some(4))]);
+        assert_eq!(merged, vec![resolve(vec![1], Some(9))]);
+        let merged = merge_resolves(vec![resolve(vec![], None), resolve(vec![1], Some(4))]);
+        assert_eq!(merged, vec![resolve(vec![1], Some(4))]);
+    }
+
+    #[test]
+    fn a_write_between_resolves_keeps_its_place() {
+        // The update of offset 7 must stay between the two resolves: moving the
+        // second resolve before it would let the update rewrite a removed record.
+        let cmds = vec![
+            resolve(vec![1], Some(2)),
+            acked("a"),
+            update(7),
+            resolve(vec![7], Some(8)),
+        ];
+        let merged = merge_resolves(cmds.clone());
+        assert_eq!(merged, cmds);
     }
 }
