@@ -8,6 +8,9 @@ use meshd_stores::subscriptions::{
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1000;
 /// Events held in memory per partition (from the committed offset on) by default.
 pub const DEFAULT_MAX_WINDOW: usize = 10_000;
+/// Events read ahead and waiting for their first hand-out, per partition, by
+/// default: as many as the largest pull takes (`max_events` is at most 1000).
+pub const DEFAULT_MAX_PENDING: usize = 1000;
 /// Events asked for by one `ReadLog` by default.
 pub const DEFAULT_READ_BATCH: usize = 256;
 /// How long after a failed read the core asks again, by default.
@@ -34,6 +37,10 @@ pub struct Config {
     /// (`next_to_read - committed <= max_window`), so a stuck lowest offset bounds
     /// memory instead of letting the window grow with the log.
     pub max_window: usize,
+    /// No more is read while this many events wait for their first hand-out: memory
+    /// follows what is in flight plus this read-ahead, not the backlog in the log
+    /// (every idle subscription would otherwise hold `max_window` events).
+    pub max_pending: usize,
     /// The most events one `ReadLog` asks for.
     pub read_batch: usize,
     /// After `ReadFailed`, the next `ReadLog` waits this long.
@@ -65,6 +72,7 @@ impl Config {
             backoff: spec.backoff,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_window: DEFAULT_MAX_WINDOW,
+            max_pending: DEFAULT_MAX_PENDING,
             read_batch: DEFAULT_READ_BATCH,
             read_retry_ms: DEFAULT_READ_RETRY_MS,
             filter: spec.filter.clone(),
@@ -99,6 +107,7 @@ impl Config {
         for (field, v) in [
             ("max_in_flight", self.max_in_flight),
             ("max_window", self.max_window),
+            ("max_pending", self.max_pending),
             ("read_batch", self.read_batch),
         ] {
             if v == 0 {

@@ -1351,7 +1351,9 @@ impl PartitionCore {
             }
             self.read_retry_at = None;
         }
-        if self.next_to_read >= self.log_end || self.index.outstanding >= self.config.max_in_flight
+        if self.next_to_read >= self.log_end
+            || self.index.outstanding >= self.config.max_in_flight
+            || self.index.pending.len() >= self.config.max_pending
         {
             return;
         }

@@ -69,24 +69,33 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn config() -> impl Strategy<Value = Config> {
-    (1u32..5, 1usize..5, 2usize..9, 1usize..5, any::<bool>()).prop_map(
-        |(max_attempts, max_in_flight, max_window, read_batch, filtered)| Config {
-            max_attempts,
-            ack_timeout_ms: 1000,
-            backoff: Backoff {
-                initial_ms: 100,
-                max_ms: 400,
-            },
-            max_in_flight,
-            max_window,
-            read_batch,
-            read_retry_ms: 200,
-            filter: filtered.then(|| Filter {
-                event_type: Some("keep".into()),
-                source: None,
-            }),
-        },
+    (
+        1u32..5,
+        1usize..5,
+        2usize..9,
+        1usize..5,
+        1usize..6,
+        any::<bool>(),
     )
+        .prop_map(
+            |(max_attempts, max_in_flight, max_window, read_batch, max_pending, filtered)| Config {
+                max_attempts,
+                ack_timeout_ms: 1000,
+                backoff: Backoff {
+                    initial_ms: 100,
+                    max_ms: 400,
+                },
+                max_in_flight,
+                max_window,
+                max_pending,
+                read_batch,
+                read_retry_ms: 200,
+                filter: filtered.then(|| Filter {
+                    event_type: Some("keep".into()),
+                    source: None,
+                }),
+            },
+        )
 }
 
 fn key() -> OffsetKey {
@@ -432,6 +441,15 @@ impl World {
             s.persisting + s.in_flight + s.waiting + s.dead_lettering <= self.config.max_in_flight
         );
         assert!(s.next_to_read <= self.committed + self.config.max_window as u64);
+        // Read-ahead stops at max_pending; one read may overshoot it by a batch.
+        // (Redriven entries wait as pending too; they have their own bound.)
+        assert!(
+            s.pending.saturating_sub(s.redrives) < self.config.max_pending + self.config.read_batch,
+            "pending {} beyond max_pending {} + read_batch {}",
+            s.pending,
+            self.config.max_pending,
+            self.config.read_batch
+        );
         if let Some(t) = self.core.next_wakeup() {
             assert!(
                 t >= self.now || s.in_flight > 0,

@@ -556,6 +556,24 @@ fn given_the_window_is_full_then_nothing_is_read_until_the_committed_offset_move
     assert_eq!(s.core.stats().backlog, 9);
 }
 
+#[test]
+fn given_a_long_backlog_and_no_pulls_then_only_max_pending_events_are_read_ahead() {
+    let mut cfg = config();
+    cfg.read_batch = 2;
+    cfg.max_pending = 3;
+    let mut s = Shell::new(cfg, 0);
+    // Reads stop once 3 or more events wait for a pull (2 + 2 here), whatever the log
+    // holds: an idle subscription holds its read-ahead, not its backlog.
+    s.publish(100);
+    assert_eq!(s.core.stats().pending, 4);
+    assert_eq!(s.core.stats().next_to_read, 4);
+    // A pull takes them and makes room: the reading goes on.
+    let d = s.deliver(4);
+    assert_eq!(offsets(&d), [0, 1, 2, 3]);
+    assert_eq!(s.core.stats().pending, 4);
+    assert_eq!(s.core.stats().next_to_read, 8);
+}
+
 // ---- sessions ----------------------------------------------------------------------
 
 #[test]

@@ -38,6 +38,7 @@ pub fn config() -> Config {
         },
         max_in_flight: 1000,
         max_window: 10_000,
+        max_pending: 1000,
         read_batch: 100,
         read_retry_ms: 500,
         filter: None,
