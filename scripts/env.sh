@@ -11,6 +11,8 @@ meshd_need_packages() {
     command -v curl >/dev/null 2>&1 || missing+=(curl)
     ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
     [ -e /usr/lib/x86_64-linux-gnu/librocksdb.so ] || [ -e /usr/lib/aarch64-linux-gnu/librocksdb.so ] || missing+=(librocksdb-dev)
+    # The TTF meshd-bench --plot draws its text with.
+    [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
     if [ ${#missing[@]} -eq 0 ]; then
         return 0
     fi

@@ -16,6 +16,13 @@ use std::time::{Duration, Instant};
 /// One request (of `events_per_op` events) against the system under test.
 pub trait Op: Send + 'static {
     fn call(&mut self) -> BoxFuture<'_, Result<()>>;
+
+    /// How many events the last call completed, for an op whose count varies (end to
+    /// end: the events a pull handed out and the ack confirmed); `None` is the fixed
+    /// `events_per_op` of the run.
+    fn completed(&self) -> Option<u64> {
+        None
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -73,7 +80,7 @@ pub async fn drive_async(
                 let done = Instant::now();
                 if done >= t0 && done <= end {
                     s.latencies_ns.push((done - start).as_nanos() as u64);
-                    s.events += events_per_op;
+                    s.events += op.completed().unwrap_or(events_per_op);
                 }
             }
             anyhow::Ok(s)

@@ -10,16 +10,23 @@
 //! ```sh
 //! cargo build --release -p meshd -p meshd-bench
 //! cargo run --release -p meshd-bench -- publish --concurrency 1,16,64 --batch 1,100
+//! cargo run --release -p meshd-bench -- e2e --concurrency 1,16,64 --batch 1,100
 //! cargo run --release -p meshd-bench -- engine --compare
 //! cargo run --release -p meshd-bench -- meta --concurrency 1,16,64   # needs etcd on PATH
+//! cargo run --release -p meshd-bench -- recovery   # 1000 subs x 1000 in flight, 10M events
+//! cargo run --release -p meshd-bench -- cluster --concurrency 4,16 --batch 1,100 --lease-ttl-ms 2000
 //! cargo run --release -p meshd-bench -- all --json bench.json
 //! cargo run --release -p meshd-bench -- --tiny          # every scenario once, tiny
 //! ```
 
+mod cluster;
+mod e2e;
 mod http;
 mod load;
 mod meta;
+mod plot;
 mod procs;
+mod recovery;
 mod report;
 mod systems;
 
@@ -33,13 +40,25 @@ use systems::System;
 enum Scenario {
     /// Durable publish: meshd vs JetStream (sync always, and its relaxed default).
     Publish,
+    /// End to end: publish → pull → ack, meshd vs a JetStream pull consumer with
+    /// explicit acks (sync always, and its relaxed default).
+    E2e,
     /// The raw RocksDB synced-WriteBatch ceiling (`--compare` adds meshd's publish).
     Engine,
     /// Meta: conditional put and fenced transaction through meshd's etcd backend vs
     /// the raw etcd client, and through the embedded backend (needs `etcd` on PATH).
     Meta,
-    /// publish, engine and meta; systems alternate within each scenario.
+    /// publish, e2e, engine and meta; systems alternate within each scenario.
     All,
+    /// Cluster mode (etcd + nats-server + N meshd): takeover time after SIGKILL of a
+    /// partition owner, and publish throughput with N instances vs 1. Needs etcd and
+    /// nats-server; not part of `all` (but `--tiny` runs it once).
+    Cluster,
+    /// Recovery: start → ready after SIGKILL with many in-flight delivery records
+    /// (default 1000 subscriptions × 1000) and a long log (default 10 000 000 events),
+    /// and peak RSS on the way. Long set-up; not part of `all` (but `--tiny` runs it
+    /// once).
+    Recovery,
 }
 
 #[derive(Parser, Debug)]
@@ -86,6 +105,36 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "meshd-bench.json")]
     json: PathBuf,
+    /// Also write a PNG plot of the results (throughput and p99 latency against
+    /// concurrency). Text needs a TTF font: DejaVu Sans (Debian's fonts-dejavu-core)
+    /// or the file named by MESHD_BENCH_FONT.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// cluster: meshd instances of the larger cluster (the one an owner is killed in,
+    /// and N of "N vs 1").
+    #[arg(long, default_value_t = 3)]
+    cluster_instances: usize,
+    /// cluster: partitions of the topic (takeover and throughput).
+    #[arg(long, default_value_t = 6)]
+    cluster_partitions: u32,
+    /// cluster: meshd's `--lease-ttl-ms` (membership and partition-ownership lease;
+    /// the takeover time follows it). 2000 as in meshd's cluster tests; at least 1000.
+    #[arg(long, default_value_t = 2000)]
+    lease_ttl_ms: u64,
+    /// recovery: subscriptions, each with `--recovery-in-flight` unacked deliveries.
+    #[arg(long, default_value_t = 1000)]
+    recovery_subscriptions: u64,
+    /// recovery: in-flight deliveries per subscription, comma-separated (one
+    /// configuration each).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    recovery_in_flight: Vec<u64>,
+    /// recovery: events in the log, comma-separated (one configuration each).
+    #[arg(long, value_delimiter = ',', default_value = "10000000")]
+    recovery_events: Vec<u64>,
+    /// recovery: bytes of `data` per event (small by default: 10 000 000 events of
+    /// 1 KiB would need 11 GB of disk).
+    #[arg(long, default_value_t = 64)]
+    recovery_data_bytes: usize,
     /// Every scenario once at tiny size (0.5 s, concurrency 1 and 4, batch 1 and 10,
     /// repeat 1), so CI can show the tool still works. Overrides the size flags.
     #[arg(long)]
@@ -103,8 +152,17 @@ fn main() -> Result<()> {
         args.seconds = 0.5;
         args.warmup = 0.1;
         args.repeat = 1;
+        args.cluster_partitions = 3;
+        args.lease_ttl_ms = 2000;
+        args.recovery_subscriptions = 10;
+        args.recovery_in_flight = vec![10];
+        args.recovery_events = vec![1000];
     }
     let scenario = args.scenario.unwrap_or(Scenario::All);
+    if args.plot.is_some() {
+        // Fail before the measurements, not after, when no font can be read.
+        plot::ensure_font()?;
+    }
     if args.concurrency.is_empty() || args.concurrency.contains(&0) {
         bail!("--concurrency: give one or more values of at least 1");
     }
@@ -117,16 +175,28 @@ fn main() -> Result<()> {
     // Groups of systems that alternate with each other, and the batch sizes they run
     // at: a meta write is one transaction, so the meta group runs at batch 1 only.
     let publish: Vec<System> = match scenario {
-        Scenario::Publish => vec![System::Meshd, System::JsAlways, System::JsDefault],
+        Scenario::Publish => vec![
+            System::Meshd,
+            System::JsAlways,
+            System::JsAtomic,
+            System::JsDefault,
+        ],
         Scenario::Engine if args.compare => vec![System::Rocksdb, System::Meshd],
         Scenario::Engine => vec![System::Rocksdb],
         Scenario::All => vec![
             System::Meshd,
             System::JsAlways,
+            System::JsAtomic,
             System::JsDefault,
             System::Rocksdb,
         ],
-        Scenario::Meta => vec![],
+        Scenario::Meta | Scenario::E2e | Scenario::Cluster | Scenario::Recovery => vec![],
+    };
+    let e2e = match scenario {
+        Scenario::E2e | Scenario::All => {
+            vec![System::E2eMeshd, System::E2eJsAlways, System::E2eJsDefault]
+        }
+        _ => vec![],
     };
     let meta_systems = match scenario {
         Scenario::Meta | Scenario::All => System::meta_all(),
@@ -136,16 +206,19 @@ fn main() -> Result<()> {
     if !publish.is_empty() {
         groups.push((publish, args.batch.clone()));
     }
+    if !e2e.is_empty() {
+        groups.push((e2e, args.batch.clone()));
+    }
     if !meta_systems.is_empty() {
         groups.push((meta_systems, vec![1]));
     }
     let systems: Vec<System> = groups.iter().flat_map(|(s, _)| s.clone()).collect();
-    let meshd = if systems.contains(&System::Meshd) {
+    let meshd = if systems.contains(&System::Meshd) || systems.contains(&System::E2eMeshd) {
         procs::locate_meshd(args.meshd.as_deref())?
     } else {
         PathBuf::new()
     };
-    let nats = if systems.contains(&System::JsAlways) {
+    let nats = if systems.contains(&System::JsAlways) || systems.contains(&System::E2eJsAlways) {
         Some(procs::locate_nats()?)
     } else {
         None
@@ -176,6 +249,9 @@ fn main() -> Result<()> {
                 };
                 for rep in 0..args.repeat {
                     for &system in systems {
+                        if system == System::JsAtomic && batch == 1 {
+                            continue; // a batch of one is a plain publish: the jetstream row
+                        }
                         eprintln!(
                             "meshd-bench: {} concurrency={concurrency} batch={batch} run {}/{}",
                             system.name(),
@@ -199,7 +275,57 @@ fn main() -> Result<()> {
             }
         }
     }
-    let report = report::Report::build(
+    // Scenario 6 runs after the others, on its own processes.
+    let cluster_report = if scenario == Scenario::Cluster || args.tiny {
+        let bins = (
+            procs::locate_meshd(args.meshd.as_deref())?,
+            procs::locate_nats()?,
+            procs::locate_etcd()?,
+        );
+        let largest = |v: &[usize]| v.iter().copied().max().unwrap_or(1);
+        let settings = cluster::Settings {
+            instances: args.cluster_instances,
+            partitions: args.cluster_partitions,
+            lease_ttl_ms: args.lease_ttl_ms,
+            // --tiny: one configuration (the largest), 1 vs N once.
+            concurrency: if args.tiny {
+                vec![largest(&args.concurrency)]
+            } else {
+                args.concurrency.clone()
+            },
+            batch: if args.tiny {
+                vec![largest(&args.batch)]
+            } else {
+                args.batch.clone()
+            },
+            window,
+            repeat: args.repeat,
+            events: events.clone(),
+        };
+        let bins = cluster::Binaries {
+            meshd: &bins.0,
+            nats: &bins.1,
+            etcd: &bins.2,
+        };
+        Some(rt.block_on(cluster::run(&bins, &settings))?)
+    } else {
+        None
+    };
+    // Scenario 5, on its own meshd and data dirs.
+    let recovery_report = if scenario == Scenario::Recovery || args.tiny {
+        let params = recovery::Params {
+            subscriptions: args.recovery_subscriptions,
+            in_flight: args.recovery_in_flight.clone(),
+            events: args.recovery_events.clone(),
+            data_bytes: args.recovery_data_bytes,
+            repeat: args.repeat,
+        };
+        let meshd = procs::locate_meshd(args.meshd.as_deref())?;
+        Some(rt.block_on(recovery::run(&meshd, &params))?)
+    } else {
+        None
+    };
+    let mut report = report::Report::build(
         report::Meta {
             scenario: format!("{scenario:?}").to_lowercase(),
             seconds: args.seconds,
@@ -219,8 +345,24 @@ fn main() -> Result<()> {
         },
         runs,
     );
+    report.cluster = cluster_report;
+    report.recovery = recovery_report;
     print!("{}", report.table());
+    if let Some(c) = &report.cluster {
+        if !report.rows.is_empty() {
+            println!();
+        }
+        print!("{}", c.table());
+    }
+    if let Some(r) = &report.recovery {
+        println!();
+        print!("{}", r.table());
+    }
     report.write_json(&args.json)?;
     eprintln!("meshd-bench: wrote {}", args.json.display());
+    if let Some(path) = &args.plot {
+        plot::write_png(&report, path)?;
+        eprintln!("meshd-bench: wrote {}", path.display());
+    }
     Ok(())
 }

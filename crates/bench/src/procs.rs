@@ -78,6 +78,17 @@ impl Server {
     pub fn stderr_tail(&self) -> String {
         tail(&self.stderr_path)
     }
+
+    /// SIGKILL and reap (the cluster scenario's crash); the temp dir stays until drop.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child
+            .kill()
+            .with_context(|| format!("SIGKILL of pid {}", self.child.id()))?;
+        self.child
+            .wait()
+            .with_context(|| format!("reaping pid {}", self.child.id()))?;
+        Ok(())
+    }
 }
 
 impl Drop for Server {
@@ -133,11 +144,31 @@ pub fn locate_meshd(flag: Option<&Path>) -> Result<PathBuf> {
 /// Starts `meshd serve --listen 127.0.0.1:0 --data-dir <tmp>` and reads the address
 /// from its start-up line `meshd listening on http://ADDR ...`.
 pub fn start_meshd(binary: &Path) -> Result<Server> {
+    start_meshd_with(binary, &[])
+}
+
+/// [`start_meshd`] with extra `serve` flags (cluster mode: `--meta etcd://...`,
+/// `--log nats://...`, `--instance-id`, `--lease-ttl-ms`).
+pub fn start_meshd_with(binary: &Path, extra: &[String]) -> Result<Server> {
     let dir = tempfile::Builder::new()
         .prefix("meshd-bench-")
         .tempdir()
         .context("creating a temp dir for meshd")?;
     let data = dir.path().join("data");
+    spawn_meshd(binary, dir, &data, extra)
+}
+
+/// [`start_meshd_with`] on a data dir the caller keeps (a restart on the same data:
+/// the recovery scenario); only stderr goes to the server's own temp dir.
+pub fn start_meshd_on(binary: &Path, data: &Path, extra: &[String]) -> Result<Server> {
+    let dir = tempfile::Builder::new()
+        .prefix("meshd-bench-")
+        .tempdir()
+        .context("creating a temp dir for meshd's stderr")?;
+    spawn_meshd(binary, dir, data, extra)
+}
+
+fn spawn_meshd(binary: &Path, dir: TempDir, data: &Path, extra: &[String]) -> Result<Server> {
     let stderr_path = dir.path().join("meshd.stderr");
     let stderr = std::fs::File::create(&stderr_path).context("creating meshd's stderr file")?;
     let mut child = Command::new(binary)
@@ -145,7 +176,8 @@ pub fn start_meshd(binary: &Path) -> Result<Server> {
         .arg("--listen")
         .arg("127.0.0.1:0")
         .arg("--data-dir")
-        .arg(&data)
+        .arg(data)
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

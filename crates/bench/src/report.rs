@@ -120,6 +120,12 @@ pub struct Report {
     pub rows: Vec<Row>,
     pub ratios: Vec<Ratio>,
     pub runs: Vec<Run>,
+    /// Scenario 6 (cluster mode: takeover and 1 vs N instances), when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster::ClusterReport>,
+    /// Scenario 5 (recovery time and memory), when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<crate::recovery::RecoveryReport>,
 }
 
 fn opt_median(v: Vec<Option<f64>>) -> Option<f64> {
@@ -179,8 +185,11 @@ impl Report {
         let mut ratios = Vec::new();
         let pairs = [
             ("meshd", "jetstream"),
+            ("meshd", "jetstream-atomic"),
             ("meshd", "jetstream-relaxed"),
             ("meshd", "rocksdb"),
+            ("meshd-e2e", "jetstream-e2e"),
+            ("meshd-e2e", "jetstream-relaxed-e2e"),
             ("meshd-etcd/cas", "raw-etcd/cas"),
             ("meshd-etcd/fenced", "raw-etcd/fenced"),
         ];
@@ -214,6 +223,8 @@ impl Report {
             rows,
             ratios,
             runs,
+            cluster: None,
+            recovery: None,
         }
     }
 

@@ -21,8 +21,15 @@ use std::time::Duration;
 pub enum System {
     Meshd,
     JsAlways,
+    /// JetStream at equal durability, a batch as one atomic batch publish.
+    JsAtomic,
     JsDefault,
     Rocksdb,
+    /// Scenario 2, end to end (publish → pull → ack): meshd, JetStream at equal
+    /// durability, JetStream relaxed.
+    E2eMeshd,
+    E2eJsAlways,
+    E2eJsDefault,
     /// Scenario 4: one Meta write through one path.
     Meta(MetaPath, MetaOp),
 }
@@ -32,8 +39,12 @@ impl System {
         match self {
             System::Meshd => "meshd",
             System::JsAlways => "jetstream",
+            System::JsAtomic => "jetstream-atomic",
             System::JsDefault => "jetstream-relaxed",
             System::Rocksdb => "rocksdb",
+            System::E2eMeshd => "meshd-e2e",
+            System::E2eJsAlways => "jetstream-e2e",
+            System::E2eJsDefault => "jetstream-relaxed-e2e",
             System::Meta(path, op) => match (path, op) {
                 (MetaPath::MeshdEtcd, MetaOp::Cas) => "meshd-etcd/cas",
                 (MetaPath::RawEtcd, MetaOp::Cas) => "raw-etcd/cas",
@@ -49,6 +60,7 @@ impl System {
         match self {
             System::Rocksdb => "engine",
             System::Meta(..) => "meta",
+            System::E2eMeshd | System::E2eJsAlways | System::E2eJsDefault => "e2e",
             _ => "publish",
         }
     }
@@ -73,8 +85,14 @@ impl System {
         match self {
             System::Meshd => "fsync per group commit (201 after fsync)",
             System::JsAlways => JsSync::Always.label(),
+            System::JsAtomic => {
+                "fsync every ack (sync_interval: always); a batch is one atomic batch publish"
+            }
             System::JsDefault => JsSync::Default.label(),
             System::Rocksdb => "WriteBatch sync=true (RocksDB write group)",
+            System::E2eMeshd => crate::e2e::MESHD_DURABILITY,
+            System::E2eJsAlways => crate::e2e::js_durability(JsSync::Always),
+            System::E2eJsDefault => crate::e2e::js_durability(JsSync::Default),
             System::Meta(MetaPath::MeshdEmbedded, _) => crate::meta::EMBEDDED_DURABILITY,
             System::Meta(..) => crate::meta::ETCD_DURABILITY,
         }
@@ -143,14 +161,24 @@ pub async fn run(
     match system {
         System::Meta(path, op) => crate::meta::run(path, op, cfg, etcd).await,
         System::Meshd => run_meshd(cfg, meshd).await,
-        System::JsAlways | System::JsDefault => {
+        System::JsAlways | System::JsAtomic | System::JsDefault => {
             let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
-            let sync = if system == System::JsAlways {
+            let sync = if system == System::JsDefault {
+                JsSync::Default
+            } else {
+                JsSync::Always
+            };
+            run_jetstream(cfg, nats, sync, system == System::JsAtomic).await
+        }
+        System::E2eMeshd => crate::e2e::run_meshd(cfg, meshd).await,
+        System::E2eJsAlways | System::E2eJsDefault => {
+            let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
+            let sync = if system == System::E2eJsAlways {
                 JsSync::Always
             } else {
                 JsSync::Default
             };
-            run_jetstream(cfg, nats, sync).await
+            crate::e2e::run_jetstream(cfg, nats, sync).await
         }
         System::Rocksdb => {
             let (c, b, w, e) = (cfg.concurrency, cfg.batch, cfg.window, cfg.events.clone());
@@ -167,9 +195,9 @@ pub async fn run(
 
 // ---- meshd -------------------------------------------------------------------------
 
-const TOPIC: &str = "bench";
+pub(crate) const TOPIC: &str = "bench";
 
-struct MeshdOp {
+pub(crate) struct MeshdOp {
     conn: crate::http::Conn,
     events: Events,
     worker: usize,
@@ -179,44 +207,69 @@ struct MeshdOp {
     id: String,
 }
 
+impl MeshdOp {
+    pub(crate) fn new(
+        conn: crate::http::Conn,
+        events: Events,
+        worker: usize,
+        batch: usize,
+    ) -> Self {
+        Self {
+            conn,
+            events,
+            worker,
+            seq: 0,
+            batch,
+            body: Vec::new(),
+            id: String::new(),
+        }
+    }
+
+    pub(crate) fn conn(&mut self) -> &mut crate::http::Conn {
+        &mut self.conn
+    }
+
+    /// One publish request of `batch` events (a batch request when more than one).
+    pub(crate) async fn publish(&mut self) -> Result<()> {
+        use std::fmt::Write;
+        self.body.clear();
+        if self.batch > 1 {
+            self.body.push(b'[');
+        }
+        for i in 0..self.batch {
+            if i > 0 {
+                self.body.push(b',');
+            }
+            self.id.clear();
+            write!(self.id, "{}-{}", self.worker, self.seq)?;
+            self.seq += 1;
+            self.events.write(&mut self.body, &self.id);
+        }
+        let ct = if self.batch > 1 {
+            self.body.push(b']');
+            "application/cloudevents-batch+json"
+        } else {
+            "application/cloudevents+json"
+        };
+        let path = format!("/v1/topics/{TOPIC}/events");
+        let r = self
+            .conn
+            .request("POST", &path, Some(ct), &self.body)
+            .await?;
+        if r.status != 201 {
+            bail!(
+                "meshd answered {} to a publish: {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Op for MeshdOp {
     fn call(&mut self) -> BoxFuture<'_, Result<()>> {
-        async move {
-            use std::fmt::Write;
-            self.body.clear();
-            if self.batch > 1 {
-                self.body.push(b'[');
-            }
-            for i in 0..self.batch {
-                if i > 0 {
-                    self.body.push(b',');
-                }
-                self.id.clear();
-                write!(self.id, "{}-{}", self.worker, self.seq)?;
-                self.seq += 1;
-                self.events.write(&mut self.body, &self.id);
-            }
-            let ct = if self.batch > 1 {
-                self.body.push(b']');
-                "application/cloudevents-batch+json"
-            } else {
-                "application/cloudevents+json"
-            };
-            let path = format!("/v1/topics/{TOPIC}/events");
-            let r = self
-                .conn
-                .request("POST", &path, Some(ct), &self.body)
-                .await?;
-            if r.status != 201 {
-                bail!(
-                    "meshd answered {} to a publish: {}",
-                    r.status,
-                    String::from_utf8_lossy(&r.body)
-                );
-            }
-            Ok(())
-        }
-        .boxed()
+        self.publish().boxed()
     }
 }
 
@@ -224,43 +277,21 @@ async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
     let server = procs::start_meshd(binary)?;
     let addr = server.addr;
     let setup = async {
-        procs::retry(Duration::from_secs(30), || async {
-            let mut c = crate::http::Conn::connect(addr).await?;
-            let r = c.request("GET", "/readyz", None, b"").await?;
-            if r.status != 200 {
-                bail!("/readyz {}: {}", r.status, String::from_utf8_lossy(&r.body));
-            }
-            Ok(())
-        })
+        meshd_ready(addr).await?;
+        meshd_put(
+            addr,
+            &format!("/v1/topics/{TOPIC}"),
+            &format!(r#"{{"partitions":{}}}"#, cfg.partitions),
+        )
         .await?;
-        let mut c = crate::http::Conn::connect(addr).await?;
-        let body = format!(r#"{{"partitions":{}}}"#, cfg.partitions);
-        let r = c
-            .request(
-                "PUT",
-                &format!("/v1/topics/{TOPIC}"),
-                Some("application/json"),
-                body.as_bytes(),
-            )
-            .await?;
-        if r.status != 201 && r.status != 200 {
-            bail!(
-                "creating the topic: {} {}",
-                r.status,
-                String::from_utf8_lossy(&r.body)
-            );
-        }
         let mut ops: Vec<Box<dyn Op>> = Vec::new();
         for worker in 0..cfg.concurrency {
-            ops.push(Box::new(MeshdOp {
-                conn: crate::http::Conn::connect(addr).await?,
-                events: cfg.events.clone(),
+            ops.push(Box::new(MeshdOp::new(
+                crate::http::Conn::connect(addr).await?,
+                cfg.events.clone(),
                 worker,
-                seq: 0,
-                batch: cfg.batch,
-                body: Vec::new(),
-                id: String::new(),
-            }));
+                cfg.batch,
+            )));
         }
         anyhow::Ok(ops)
     };
@@ -274,6 +305,35 @@ async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
         measured,
         peak_rss_bytes: Some(peak),
     })
+}
+
+/// Waits until meshd's `/readyz` answers 200.
+pub async fn meshd_ready(addr: std::net::SocketAddr) -> Result<()> {
+    procs::retry(Duration::from_secs(30), || async {
+        let mut c = crate::http::Conn::connect(addr).await?;
+        let r = c.request("GET", "/readyz", None, b"").await?;
+        if r.status != 200 {
+            bail!("/readyz {}: {}", r.status, String::from_utf8_lossy(&r.body));
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// A `PUT` of a JSON body (a topic, a subscription) that must answer 201 or 200.
+pub async fn meshd_put(addr: std::net::SocketAddr, path: &str, body: &str) -> Result<()> {
+    let mut c = crate::http::Conn::connect(addr).await?;
+    let r = c
+        .request("PUT", path, Some("application/json"), body.as_bytes())
+        .await?;
+    if r.status != 201 && r.status != 200 {
+        bail!(
+            "PUT {path}: {} {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    Ok(())
 }
 
 pub fn with_stderr<T>(server: &Server, r: Result<T>) -> Result<T> {
@@ -294,12 +354,15 @@ const SUBJECT: &str = "bench.events";
 /// always`, fsynced). A batch is `batch` such requests awaited together, which is how
 /// a JetStream client pipelines; all workers share one connection, as a NATS
 /// application would.
-struct JsOp {
-    client: async_nats::Client,
-    events: Events,
-    worker: usize,
-    seq: u64,
-    batch: usize,
+pub(crate) struct JsOp {
+    pub(crate) client: async_nats::Client,
+    pub(crate) events: Events,
+    pub(crate) worker: usize,
+    pub(crate) seq: u64,
+    pub(crate) batch: usize,
+    /// A batch is one atomic batch publish (stored whole at its commit, one PubAck)
+    /// instead of `batch` publishes awaited together.
+    pub(crate) atomic: bool,
 }
 
 async fn js_publish(client: &async_nats::Client, payload: Bytes) -> Result<()> {
@@ -316,63 +379,118 @@ async fn js_publish(client: &async_nats::Client, payload: Bytes) -> Result<()> {
     Ok(())
 }
 
-impl Op for JsOp {
-    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
-        async move {
-            let mut payloads = Vec::with_capacity(self.batch);
-            for _ in 0..self.batch {
-                let id = format!("{}-{}", self.worker, self.seq);
-                self.seq += 1;
-                payloads.push(Bytes::from(self.events.one(&id)));
-            }
-            if payloads.len() == 1 {
-                js_publish(&self.client, payloads.remove(0)).await
-            } else {
-                let client = &self.client;
-                for r in join_all(payloads.into_iter().map(|p| js_publish(client, p))).await {
-                    r?;
-                }
-                Ok(())
-            }
+impl JsOp {
+    /// `batch` publishes awaited together, each until its PubAck.
+    pub(crate) async fn publish(&mut self) -> Result<()> {
+        let mut payloads = Vec::with_capacity(self.batch);
+        for _ in 0..self.batch {
+            let id = format!("{}-{}", self.worker, self.seq);
+            self.seq += 1;
+            payloads.push(Bytes::from(self.events.one(&id)));
         }
-        .boxed()
+        if payloads.len() == 1 {
+            js_publish(&self.client, payloads.remove(0)).await
+        } else if self.atomic {
+            js_atomic_batch(&self.client, payloads, self.worker, self.seq).await
+        } else {
+            let client = &self.client;
+            for r in join_all(payloads.into_iter().map(|p| js_publish(client, p))).await {
+                r?;
+            }
+            Ok(())
+        }
     }
 }
 
-async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync) -> Result<Outcome> {
+/// An atomic batch publish (nats-server 2.12+, ADR-50): every message but the last is
+/// a plain publish the server stages, the last carries the commit and is answered by
+/// one PubAck once the whole batch is stored (fsynced with `sync_interval: always`).
+/// The same protocol meshd's JetStream log uses for a batch (`crates/log-nats`).
+async fn js_atomic_batch(
+    client: &async_nats::Client,
+    mut payloads: Vec<Bytes>,
+    worker: usize,
+    seq: u64,
+) -> Result<()> {
+    let n = payloads.len();
+    let last = payloads
+        .pop()
+        .ok_or_else(|| anyhow!("an empty atomic batch"))?;
+    let id = format!("bench-{worker}-{seq}");
+    let headers = |i: usize| {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Batch-Id", id.as_str());
+        h.insert("Nats-Batch-Sequence", i.to_string().as_str());
+        h
+    };
+    for (i, p) in payloads.into_iter().enumerate() {
+        client
+            .publish_with_headers(SUBJECT, headers(i + 1), p)
+            .await
+            .context("staging an atomic batch message")?;
+    }
+    let mut h = headers(n);
+    h.insert("Nats-Batch-Commit", "1");
+    let m = client
+        .request_with_headers(SUBJECT, h, last)
+        .await
+        .context("committing an atomic batch")?;
+    let ack: serde_json::Value =
+        serde_json::from_slice(&m.payload).context("the PubAck of an atomic batch")?;
+    if ack.get("error").is_some() || ack.get("count").and_then(|c| c.as_u64()) != Some(n as u64) {
+        bail!("JetStream refused an atomic batch of {n}: {ack}");
+    }
+    Ok(())
+}
+
+impl Op for JsOp {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        self.publish().boxed()
+    }
+}
+
+/// Connects to a fresh nats-server and creates the file-storage stream `BENCH` on
+/// `bench.events` (retrying while JetStream starts).
+pub(crate) async fn js_connect_with_stream(url: &str) -> Result<async_nats::Client> {
+    let client = procs::retry(Duration::from_secs(30), || async {
+        async_nats::connect(url)
+            .await
+            .map_err(|e| anyhow!("connecting to {url}: {e}"))
+    })
+    .await?;
+    let stream = serde_json::json!({
+        "name": "BENCH",
+        "subjects": [SUBJECT],
+        "storage": "file",
+        "num_replicas": 1,
+        "retention": "limits",
+        "discard": "old",
+        "allow_atomic": true,
+    });
+    let body = Bytes::from(serde_json::to_vec(&stream)?);
+    // JetStream may still be starting: retry until the stream exists.
+    procs::retry(Duration::from_secs(30), || async {
+        let m = client
+            .request("$JS.API.STREAM.CREATE.BENCH", body.clone())
+            .await
+            .map_err(|e| anyhow!("creating the stream: {e}"))?;
+        if m.payload.windows(8).any(|w| w == b"\"error\":") {
+            bail!(
+                "creating the stream: {}",
+                String::from_utf8_lossy(&m.payload)
+            );
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(client)
+}
+
+async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync, atomic: bool) -> Result<Outcome> {
     let server = procs::start_nats(binary, sync)?;
     let url = format!("nats://{}", server.addr);
     let setup = async {
-        let client = procs::retry(Duration::from_secs(30), || async {
-            async_nats::connect(&url)
-                .await
-                .map_err(|e| anyhow!("connecting to {url}: {e}"))
-        })
-        .await?;
-        let stream = serde_json::json!({
-            "name": "BENCH",
-            "subjects": [SUBJECT],
-            "storage": "file",
-            "num_replicas": 1,
-            "retention": "limits",
-            "discard": "old",
-        });
-        let body = Bytes::from(serde_json::to_vec(&stream)?);
-        // JetStream may still be starting: retry until the stream exists.
-        procs::retry(Duration::from_secs(30), || async {
-            let m = client
-                .request("$JS.API.STREAM.CREATE.BENCH", body.clone())
-                .await
-                .map_err(|e| anyhow!("creating the stream: {e}"))?;
-            if m.payload.windows(8).any(|w| w == b"\"error\":") {
-                bail!(
-                    "creating the stream: {}",
-                    String::from_utf8_lossy(&m.payload)
-                );
-            }
-            Ok(())
-        })
-        .await?;
+        let client = js_connect_with_stream(&url).await?;
         let ops: Vec<Box<dyn Op>> = (0..cfg.concurrency)
             .map(|worker| {
                 Box::new(JsOp {
@@ -381,6 +499,7 @@ async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync) -> Result<Outc
                     worker,
                     seq: 0,
                     batch: cfg.batch,
+                    atomic,
                 }) as Box<dyn Op>
             })
             .collect();

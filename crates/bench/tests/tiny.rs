@@ -6,8 +6,8 @@
 //! `cargo nextest run --workspace` builds every binary of the workspace first (meshd
 //! has integration tests, so its binary is built); with `-p meshd-bench` alone, run
 //! `cargo build -p meshd` first. And it needs nats-server (`source scripts/env.sh &&
-//! meshd_need_nats`) and etcd on PATH for the meta scenario (`scripts/test` installs
-//! Debian's etcd-server).
+//! meshd_need_nats`) and etcd on PATH for the meta and cluster scenarios
+//! (`scripts/test` installs Debian's etcd-server).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -44,12 +44,15 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
     require_etcd_on_path();
     let dir = tempfile::tempdir().expect("a temp dir");
     let json = dir.path().join("bench.json");
+    let plot = dir.path().join("bench.png");
     let out = Command::new(env!("CARGO_BIN_EXE_meshd-bench"))
         .arg("--tiny")
         .arg("--meshd")
         .arg(&meshd)
         .arg("--json")
         .arg(&json)
+        .arg("--plot")
+        .arg(&plot)
         .output()
         .expect("meshd-bench starts");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -66,7 +69,11 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
     for (scenario, system) in [
         ("publish", "meshd"),
         ("publish", "jetstream"),
+        ("publish", "jetstream-atomic"),
         ("publish", "jetstream-relaxed"),
+        ("e2e", "meshd-e2e"),
+        ("e2e", "jetstream-e2e"),
+        ("e2e", "jetstream-relaxed-e2e"),
         ("engine", "rocksdb"),
         ("meta", "meshd-etcd/cas"),
         ("meta", "raw-etcd/cas"),
@@ -107,4 +114,50 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
         stdout.contains("ops/s"),
         "a meta table on stdout:\n{stdout}"
     );
+    // Scenario 6 (cluster mode: etcd + nats-server + 3 meshd): one takeover after a
+    // SIGKILL and publish throughput with 1 and with 3 instances.
+    let cluster = &report["cluster"];
+    assert!(cluster.is_object(), "a cluster section in the JSON");
+    let takeovers = cluster["takeover"]["runs"]
+        .as_array()
+        .expect("takeover runs");
+    assert!(!takeovers.is_empty(), "a takeover run: {cluster:#}");
+    for t in takeovers {
+        let s = t["takeover_s"].as_f64().unwrap_or(0.0);
+        assert!(s > 0.0, "a measured takeover in {t:#}");
+    }
+    let throughput = cluster["throughput"]
+        .as_array()
+        .expect("cluster throughput rows");
+    for n in [1, 3] {
+        assert!(
+            throughput
+                .iter()
+                .any(|r| r["instances"] == n && r["events_per_sec"].as_f64().unwrap_or(0.0) > 0.0),
+            "a throughput row with {n} instance(s): {throughput:#?}"
+        );
+    }
+    assert!(
+        stdout.contains("takeover after SIGKILL"),
+        "a cluster table on stdout:\n{stdout}"
+    );
+    let png = std::fs::read(&plot).expect("the PNG plot");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG file");
+    // Scenario 5: a restart after SIGKILL re-arms every in-flight record.
+    let recovery = report["recovery"]["rows"]
+        .as_array()
+        .expect("a recovery section in the JSON");
+    assert!(!recovery.is_empty(), "a recovery row");
+    for r in recovery {
+        let expected = r["in_flight_records"].as_u64().unwrap_or(0);
+        assert!(expected > 0, "in-flight records were set up: {r:#}");
+        for restart in r["restarts"].as_array().expect("restarts") {
+            assert_eq!(
+                restart["recovery_records"].as_u64(),
+                Some(expected),
+                "every in-flight record re-armed: {restart:#}"
+            );
+            assert!(restart["ready_seconds"].as_f64().unwrap_or(0.0) > 0.0);
+        }
+    }
 }

@@ -1,0 +1,340 @@
+//! Scenario 2, end to end: publish → pull → ack, with durable delivery state.
+//!
+//! Every worker runs one closed loop: publish `batch` events (and wait until the
+//! publish is acknowledged), pull up to `batch` events from the one subscription, ack
+//! what it got (and wait until the acks are confirmed). The events that count are the
+//! ones acked inside the window; latency is one whole cycle. Workers share the
+//! subscription, so a pull may hand a worker events another one published: the
+//! throughput is of the pipeline, not of any worker's own events.
+//!
+//! meshd: `POST /v1/topics/bench/events`, `POST /v1/subscriptions/bench-e2e/pull`
+//! (`max_events` = batch, `wait_ms` 100: a pull whose events were taken by another
+//! worker waits for the next append instead of spinning), `POST .../ack`.
+//!
+//! JetStream: a batch is published as one atomic batch (one PubAck); a durable pull
+//! consumer with explicit acks; the fetch is a
+//! `$JS.API.CONSUMER.MSG.NEXT` request for `batch` messages with `no_wait` (answered by
+//! the messages there are, then a status), each message acked with an ack that waits
+//! for the server's reply (AckSync, what a client does when the ack must be known to
+//! have landed).
+
+use crate::load::{self, Op};
+use crate::procs::{self, JsSync};
+use crate::systems::{
+    js_connect_with_stream, meshd_put, meshd_ready, with_stderr, Config, JsOp, MeshdOp, Outcome,
+    TOPIC,
+};
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use futures::future::{join_all, BoxFuture};
+use futures::{FutureExt, StreamExt};
+use std::path::Path;
+use std::time::Duration;
+
+const SUBSCRIPTION: &str = "bench-e2e";
+const CONSUMER: &str = "E2E";
+/// How long a meshd pull waits for an event when none is there yet.
+const PULL_WAIT_MS: u64 = 100;
+/// How long a JetStream fetch may take before the bench calls it stuck.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Unacked deliveries allowed per subscription (meshd's `--max-in-flight`, JetStream's
+/// `max_ack_pending`, whose default of 1000 stalls a fetch at 16 workers × 100): both
+/// get the same cap, above what the largest configuration holds at once.
+const MAX_IN_FLIGHT: u64 = 10_000;
+
+pub const MESHD_DURABILITY: &str = "publish fsynced before 201; attempt fsynced before hand-out; ack fsynced (resolve) or within 100 ms (flush)";
+
+pub fn js_durability(sync: JsSync) -> &'static str {
+    match sync {
+        JsSync::Always => {
+            "publish fsynced (sync_interval: always), a batch as one atomic batch; AckSync"
+        }
+        JsSync::Default => {
+            "relaxed: fsync every 2 min (default sync_interval), a batch as one atomic batch; AckSync"
+        }
+    }
+}
+
+// ---- meshd -------------------------------------------------------------------------
+
+struct MeshdE2e {
+    publish: MeshdOp,
+    pull_body: Vec<u8>,
+    acked: u64,
+}
+
+/// The delivery ids of a pull answer.
+fn delivery_ids(body: &[u8]) -> Result<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_slice(body).context("a pull answer")?;
+    let ds = v
+        .get("deliveries")
+        .and_then(|d| d.as_array())
+        .ok_or_else(|| anyhow!("a pull answer without deliveries: {v}"))?;
+    ds.iter()
+        .map(|d| {
+            d.get("delivery_id")
+                .and_then(|i| i.as_str())
+                .map(str::to_owned)
+                .ok_or_else(|| anyhow!("a delivery without delivery_id: {d}"))
+        })
+        .collect()
+}
+
+impl MeshdE2e {
+    async fn cycle(&mut self) -> Result<()> {
+        self.acked = 0;
+        self.publish.publish().await?;
+        let pull = format!("/v1/subscriptions/{SUBSCRIPTION}/pull");
+        let r = self
+            .publish
+            .conn()
+            .request("POST", &pull, Some("application/json"), &self.pull_body)
+            .await?;
+        if r.status != 200 {
+            bail!(
+                "meshd answered {} to a pull: {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        let ids = delivery_ids(&r.body)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let body = serde_json::to_vec(&serde_json::json!({ "delivery_ids": ids }))?;
+        let ack = format!("/v1/subscriptions/{SUBSCRIPTION}/ack");
+        let r = self
+            .publish
+            .conn()
+            .request("POST", &ack, Some("application/json"), &body)
+            .await?;
+        if r.status != 200 {
+            bail!(
+                "meshd answered {} to an ack: {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        let v: serde_json::Value = serde_json::from_slice(&r.body).context("an ack answer")?;
+        let acked = v
+            .get("acked")
+            .and_then(|a| a.as_array())
+            .map(|a| a.len())
+            .ok_or_else(|| anyhow!("an ack answer without acked: {v}"))?;
+        if acked != ids.len() {
+            bail!(
+                "meshd acked {acked} of {} deliveries (a bench worker acks within the lease): {v}",
+                ids.len()
+            );
+        }
+        self.acked = acked as u64;
+        Ok(())
+    }
+}
+
+impl Op for MeshdE2e {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        self.cycle().boxed()
+    }
+
+    fn completed(&self) -> Option<u64> {
+        Some(self.acked)
+    }
+}
+
+pub async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
+    let server = procs::start_meshd_with(
+        binary,
+        &["--max-in-flight".to_string(), MAX_IN_FLIGHT.to_string()],
+    )?;
+    let addr = server.addr;
+    let setup = async {
+        meshd_ready(addr).await?;
+        meshd_put(
+            addr,
+            &format!("/v1/topics/{TOPIC}"),
+            &format!(r#"{{"partitions":{}}}"#, cfg.partitions),
+        )
+        .await?;
+        meshd_put(
+            addr,
+            &format!("/v1/subscriptions/{SUBSCRIPTION}"),
+            &format!(r#"{{"topic":"{TOPIC}","ack_timeout_ms":60000}}"#),
+        )
+        .await?;
+        let pull_body =
+            format!(r#"{{"max_events":{},"wait_ms":{PULL_WAIT_MS}}}"#, cfg.batch).into_bytes();
+        let mut ops: Vec<Box<dyn Op>> = Vec::new();
+        for worker in 0..cfg.concurrency {
+            let conn = crate::http::Conn::connect(addr).await?;
+            ops.push(Box::new(MeshdE2e {
+                publish: MeshdOp::new(conn, cfg.events.clone(), worker, cfg.batch),
+                pull_body: pull_body.clone(),
+                acked: 0,
+            }));
+        }
+        anyhow::Ok(ops)
+    };
+    let ops = with_stderr(&server, setup.await)?;
+    let measured = with_stderr(
+        &server,
+        load::drive_async(ops, cfg.batch as u64, cfg.window, Some(server.pid())).await,
+    )?;
+    let peak = procs::peak_rss_bytes(server.pid())?;
+    Ok(Outcome {
+        measured,
+        peak_rss_bytes: Some(peak),
+    })
+}
+
+// ---- JetStream -----------------------------------------------------------------------
+
+struct JsE2e {
+    publish: JsOp,
+    inbox: async_nats::Subject,
+    messages: async_nats::Subscriber,
+    next_body: Bytes,
+    acked: u64,
+}
+
+impl JsE2e {
+    async fn cycle(&mut self) -> Result<()> {
+        self.acked = 0;
+        self.publish.publish().await?;
+        let client = self.publish.client.clone();
+        client
+            .publish_with_reply(
+                format!("$JS.API.CONSUMER.MSG.NEXT.BENCH.{CONSUMER}"),
+                self.inbox.clone(),
+                self.next_body.clone(),
+            )
+            .await
+            .context("requesting messages from the consumer")?;
+        let mut replies = Vec::with_capacity(self.publish.batch);
+        // The messages there are (at most `batch`), then a status message (404 no
+        // messages / 408 request expired) once fewer than `batch` were there.
+        while replies.len() < self.publish.batch {
+            let m = tokio::time::timeout(FETCH_TIMEOUT, self.messages.next())
+                .await
+                .map_err(|_| anyhow!("a JetStream fetch got no answer in {FETCH_TIMEOUT:?}"))?
+                .ok_or_else(|| anyhow!("the fetch inbox subscription ended"))?;
+            if m.status.is_some() {
+                break;
+            }
+            let reply = m
+                .reply
+                .ok_or_else(|| anyhow!("a consumer message without an ack subject"))?;
+            replies.push(reply);
+        }
+        let acks = join_all(replies.iter().map(|reply| {
+            let client = &client;
+            async move {
+                client
+                    .request(reply.clone(), Bytes::from_static(b"+ACK"))
+                    .await
+                    .context("AckSync")
+            }
+        }))
+        .await;
+        for a in acks {
+            a?;
+        }
+        self.acked = replies.len() as u64;
+        Ok(())
+    }
+}
+
+impl Op for JsE2e {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        self.cycle().boxed()
+    }
+
+    fn completed(&self) -> Option<u64> {
+        Some(self.acked)
+    }
+}
+
+pub async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync) -> Result<Outcome> {
+    let server = procs::start_nats(binary, sync)?;
+    let url = format!("nats://{}", server.addr);
+    let setup = async {
+        let client = js_connect_with_stream(&url).await?;
+        // A durable pull consumer with explicit acks; 60 s ack wait as meshd's lease.
+        let consumer = serde_json::json!({
+            "stream_name": "BENCH",
+            "config": {
+                "durable_name": CONSUMER,
+                "ack_policy": "explicit",
+                "deliver_policy": "all",
+                "ack_wait": 60_000_000_000u64,
+                "max_ack_pending": MAX_IN_FLIGHT,
+            },
+        });
+        let m = client
+            .request(
+                format!("$JS.API.CONSUMER.CREATE.BENCH.{CONSUMER}"),
+                Bytes::from(serde_json::to_vec(&consumer)?),
+            )
+            .await
+            .map_err(|e| anyhow!("creating the consumer: {e}"))?;
+        if m.payload.windows(8).any(|w| w == b"\"error\":") {
+            bail!(
+                "creating the consumer: {}",
+                String::from_utf8_lossy(&m.payload)
+            );
+        }
+        let next_body = Bytes::from(serde_json::to_vec(
+            &serde_json::json!({ "batch": cfg.batch, "no_wait": true }),
+        )?);
+        let mut ops: Vec<Box<dyn Op>> = Vec::new();
+        for worker in 0..cfg.concurrency {
+            let inbox = client.new_inbox();
+            let messages = client
+                .subscribe(inbox.clone())
+                .await
+                .map_err(|e| anyhow!("subscribing to a fetch inbox: {e}"))?;
+            ops.push(Box::new(JsE2e {
+                publish: JsOp {
+                    client: client.clone(),
+                    events: cfg.events.clone(),
+                    worker,
+                    seq: 0,
+                    batch: cfg.batch,
+                    // A batch is one atomic batch publish: JetStream's own
+                    // counterpart of meshd's batch request.
+                    atomic: true,
+                },
+                inbox: async_nats::Subject::from(inbox),
+                messages,
+                next_body: next_body.clone(),
+                acked: 0,
+            }));
+        }
+        anyhow::Ok((client, ops))
+    };
+    let (client, ops) = with_stderr(&server, setup.await)?;
+    let measured = with_stderr(
+        &server,
+        load::drive_async(ops, cfg.batch as u64, cfg.window, Some(server.pid())).await,
+    )?;
+    let peak = procs::peak_rss_bytes(server.pid())?;
+    drop(client);
+    Ok(Outcome {
+        measured,
+        peak_rss_bytes: Some(peak),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_ids_of_a_pull_answer() {
+        let body = br#"{"deliveries":[{"delivery_id":"a","partition":0,"offset":1,"attempt":1,"event":{}},{"delivery_id":"b"}]}"#;
+        assert_eq!(delivery_ids(body).unwrap(), vec!["a", "b"]);
+        assert!(delivery_ids(br#"{"deliveries":[]}"#).unwrap().is_empty());
+        assert!(delivery_ids(br#"{"nope":1}"#).is_err());
+        assert!(delivery_ids(br#"{"deliveries":[{"id":"x"}]}"#).is_err());
+    }
+}
