@@ -25,6 +25,7 @@ pub mod partition;
 pub mod push;
 
 use crate::metrics::{Metrics, SubCounters};
+use futures::StreamExt;
 use meshd_dispatch::{Config, Partition, PartitionCore, SessionBinding, Sources};
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{key, KeyKind};
@@ -51,6 +52,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 const QUEUE: usize = 256;
 /// How often the log ownership is tried again while Meta is unreachable.
 const OWNER_RETRY: Duration = Duration::from_secs(1);
+/// Subscriptions started at once when the runtime reconciles (boot recovery).
+const RECOVERY_PARALLELISM: usize = 4;
 
 /// What the runtime works with.
 pub struct Deps {
@@ -346,8 +349,17 @@ impl Runtime {
                 }
             }
         }
-        for sub in wanted.values() {
-            records += self.ensure_locked(sub).await?;
+        // Subscriptions start a few at a time: each one's records are read on the
+        // blocking pool, so a boot with many subscriptions uses every core
+        // (meshd-bench recovery). Every start runs to its end, none is cancelled
+        // half-way by another's error; the first error is returned.
+        let starts: Vec<_> = wanted.values().map(|sub| self.ensure_locked(sub)).collect();
+        let results: Vec<Result<u64, RuntimeError>> = futures::stream::iter(starts)
+            .buffer_unordered(RECOVERY_PARALLELISM)
+            .collect()
+            .await;
+        for r in results {
+            records += r?;
         }
         Ok(records)
     }
