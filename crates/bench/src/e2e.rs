@@ -18,11 +18,11 @@
 //! for the server's reply (AckSync, what a client does when the ack must be known to
 //! have landed).
 
-use crate::load::{self, Op};
+use crate::load::Op;
 use crate::procs::{self, JsSync};
 use crate::systems::{
-    js_connect_with_stream, meshd_put, meshd_ready, with_stderr, Config, JsOp, MeshdOp, Outcome,
-    TOPIC,
+    js_connect_with_stream, measure, meshd_put, meshd_ready, with_stderr, Config, JsOp, MeshdOp,
+    Outcome, TOPIC,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
@@ -64,13 +64,9 @@ struct MeshdE2e {
 }
 
 /// The delivery ids of a pull answer.
-fn delivery_ids(body: &[u8]) -> Result<Vec<String>> {
-    let v: serde_json::Value = serde_json::from_slice(body).context("a pull answer")?;
-    let ds = v
-        .get("deliveries")
-        .and_then(|d| d.as_array())
-        .ok_or_else(|| anyhow!("a pull answer without deliveries: {v}"))?;
-    ds.iter()
+fn delivery_ids(v: &serde_json::Value) -> Result<Vec<String>> {
+    deliveries(v)?
+        .iter()
         .map(|d| {
             d.get("delivery_id")
                 .and_then(|i| i.as_str())
@@ -80,42 +76,30 @@ fn delivery_ids(body: &[u8]) -> Result<Vec<String>> {
         .collect()
 }
 
+/// The deliveries of a pull answer.
+pub fn deliveries(v: &serde_json::Value) -> Result<&Vec<serde_json::Value>> {
+    v.get("deliveries")
+        .and_then(|d| d.as_array())
+        .ok_or_else(|| anyhow!("a pull answer without deliveries: {v}"))
+}
+
 impl MeshdE2e {
     async fn cycle(&mut self) -> Result<()> {
         self.acked = 0;
         self.publish.publish().await?;
         let pull = format!("/v1/subscriptions/{SUBSCRIPTION}/pull");
-        let r = self
+        let answer = self
             .publish
             .conn()
-            .request("POST", &pull, Some("application/json"), &self.pull_body)
+            .post_json(&pull, &self.pull_body, "a pull")
             .await?;
-        if r.status != 200 {
-            bail!(
-                "meshd answered {} to a pull: {}",
-                r.status,
-                String::from_utf8_lossy(&r.body)
-            );
-        }
-        let ids = delivery_ids(&r.body)?;
+        let ids = delivery_ids(&answer)?;
         if ids.is_empty() {
             return Ok(());
         }
         let body = serde_json::to_vec(&serde_json::json!({ "delivery_ids": ids }))?;
         let ack = format!("/v1/subscriptions/{SUBSCRIPTION}/ack");
-        let r = self
-            .publish
-            .conn()
-            .request("POST", &ack, Some("application/json"), &body)
-            .await?;
-        if r.status != 200 {
-            bail!(
-                "meshd answered {} to an ack: {}",
-                r.status,
-                String::from_utf8_lossy(&r.body)
-            );
-        }
-        let v: serde_json::Value = serde_json::from_slice(&r.body).context("an ack answer")?;
+        let v = self.publish.conn().post_json(&ack, &body, "an ack").await?;
         let acked = v
             .get("acked")
             .and_then(|a| a.as_array())
@@ -176,15 +160,7 @@ pub async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
         anyhow::Ok(ops)
     };
     let ops = with_stderr(&server, setup.await)?;
-    let measured = with_stderr(
-        &server,
-        load::drive_async(ops, cfg.batch as u64, cfg.window, Some(server.pid())).await,
-    )?;
-    let peak = procs::peak_rss_bytes(server.pid())?;
-    Ok(Outcome {
-        measured,
-        peak_rss_bytes: Some(peak),
-    })
+    measure(&server, ops, cfg).await
 }
 
 // ---- JetStream -----------------------------------------------------------------------
@@ -313,16 +289,9 @@ pub async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync) -> Result<
         anyhow::Ok((client, ops))
     };
     let (client, ops) = with_stderr(&server, setup.await)?;
-    let measured = with_stderr(
-        &server,
-        load::drive_async(ops, cfg.batch as u64, cfg.window, Some(server.pid())).await,
-    )?;
-    let peak = procs::peak_rss_bytes(server.pid())?;
+    let outcome = measure(&server, ops, cfg).await;
     drop(client);
-    Ok(Outcome {
-        measured,
-        peak_rss_bytes: Some(peak),
-    })
+    outcome
 }
 
 #[cfg(test)]
@@ -331,10 +300,15 @@ mod tests {
 
     #[test]
     fn delivery_ids_of_a_pull_answer() {
-        let body = br#"{"deliveries":[{"delivery_id":"a","partition":0,"offset":1,"attempt":1,"event":{}},{"delivery_id":"b"}]}"#;
-        assert_eq!(delivery_ids(body).unwrap(), vec!["a", "b"]);
-        assert!(delivery_ids(br#"{"deliveries":[]}"#).unwrap().is_empty());
-        assert!(delivery_ids(br#"{"nope":1}"#).is_err());
-        assert!(delivery_ids(br#"{"deliveries":[{"id":"x"}]}"#).is_err());
+        let json = |b: &str| serde_json::from_str::<serde_json::Value>(b).unwrap();
+        let body = json(
+            r#"{"deliveries":[{"delivery_id":"a","partition":0,"offset":1,"attempt":1,"event":{}},{"delivery_id":"b"}]}"#,
+        );
+        assert_eq!(delivery_ids(&body).unwrap(), vec!["a", "b"]);
+        assert!(delivery_ids(&json(r#"{"deliveries":[]}"#))
+            .unwrap()
+            .is_empty());
+        assert!(delivery_ids(&json(r#"{"nope":1}"#)).is_err());
+        assert!(delivery_ids(&json(r#"{"deliveries":[{"id":"x"}]}"#)).is_err());
     }
 }

@@ -32,6 +32,27 @@ impl Conn {
         })
     }
 
+    /// `POST` of a JSON body whose answer must be 200 with a JSON body (meshd's pull,
+    /// ack): the parsed answer, or an error naming `what` and meshd's answer.
+    pub async fn post_json(
+        &mut self,
+        path: &str,
+        body: &[u8],
+        what: &str,
+    ) -> Result<serde_json::Value> {
+        let r = self
+            .request("POST", path, Some("application/json"), body)
+            .await?;
+        if r.status != 200 {
+            bail!(
+                "meshd answered {} to {what}: {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        serde_json::from_slice(&r.body).with_context(|| format!("the answer to {what}"))
+    }
+
     pub async fn request(
         &mut self,
         method: &str,

@@ -291,27 +291,14 @@ async fn pull_n(addr: SocketAddr, s: u64, f: u64) -> Result<()> {
     while got < f {
         let want = (f - got).min(1000);
         let body = format!(r#"{{"max_events":{want},"wait_ms":1000}}"#);
-        let r = c
-            .request(
-                "POST",
+        let v = c
+            .post_json(
                 &format!("/v1/subscriptions/r{s}/pull"),
-                Some("application/json"),
                 body.as_bytes(),
+                "a pull",
             )
             .await?;
-        if r.status != 200 {
-            bail!(
-                "meshd answered {} to a pull: {}",
-                r.status,
-                String::from_utf8_lossy(&r.body)
-            );
-        }
-        let v: serde_json::Value = serde_json::from_slice(&r.body).context("a pull answer")?;
-        let n = v
-            .get("deliveries")
-            .and_then(|d| d.as_array())
-            .map(|d| d.len() as u64)
-            .ok_or_else(|| anyhow!("a pull answer without deliveries"))?;
+        let n = crate::e2e::deliveries(&v)?.len() as u64;
         if n == 0 {
             bail!("subscription r{s}: a pull got nothing after {got} of {f} in-flight events");
         }

@@ -296,15 +296,7 @@ async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
         anyhow::Ok(ops)
     };
     let ops = with_stderr(&server, setup.await)?;
-    let measured = with_stderr(
-        &server,
-        load::drive_async(ops, cfg.batch as u64, cfg.window, Some(server.pid())).await,
-    )?;
-    let peak = procs::peak_rss_bytes(server.pid())?;
-    Ok(Outcome {
-        measured,
-        peak_rss_bytes: Some(peak),
-    })
+    measure(&server, ops, cfg).await
 }
 
 /// Waits until meshd's `/readyz` answers 200.
@@ -334,6 +326,19 @@ pub async fn meshd_put(addr: std::net::SocketAddr, path: &str, body: &str) -> Re
         );
     }
     Ok(())
+}
+
+/// Drives `ops` against `server` for the run's window and adds the server's peak
+/// memory.
+pub async fn measure(server: &Server, ops: Vec<Box<dyn Op>>, cfg: &Config) -> Result<Outcome> {
+    let measured = with_stderr(
+        server,
+        load::drive_async(ops, cfg.batch as u64, cfg.window, Some(server.pid())).await,
+    )?;
+    Ok(Outcome {
+        measured,
+        peak_rss_bytes: Some(procs::peak_rss_bytes(server.pid())?),
+    })
 }
 
 pub fn with_stderr<T>(server: &Server, r: Result<T>) -> Result<T> {
@@ -506,16 +511,9 @@ async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync, atomic: bool) 
         anyhow::Ok((client, ops))
     };
     let (client, ops) = with_stderr(&server, setup.await)?;
-    let measured = with_stderr(
-        &server,
-        load::drive_async(ops, cfg.batch as u64, cfg.window, Some(server.pid())).await,
-    )?;
-    let peak = procs::peak_rss_bytes(server.pid())?;
+    let outcome = measure(&server, ops, cfg).await;
     drop(client);
-    Ok(Outcome {
-        measured,
-        peak_rss_bytes: Some(peak),
-    })
+    outcome
 }
 
 // ---- raw RocksDB ---------------------------------------------------------------------
