@@ -43,6 +43,13 @@ pub struct ServeArgs {
     /// instances (default: a random secret the first instance stores in Meta).
     #[arg(long, env = "MESHD_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
+    /// Bearer tokens of clients (publish, pull, ack, nack, sessions, tasks), one per
+    /// line; with this or --admin-token-file every /v1 route needs a token.
+    #[arg(long, env = "MESHD_CLIENT_TOKEN_FILE")]
+    pub client_token_file: Option<PathBuf>,
+    /// Bearer tokens of operators (every /v1 route), one per line.
+    #[arg(long, env = "MESHD_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// In-flight deliveries per subscription and partition (1-100000).
     #[arg(long, env = "MESHD_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<u64>,
@@ -76,6 +83,8 @@ struct FileConfig {
     delivery_flush_ms: Option<u64>,
     insecure_listen: Option<bool>,
     cluster_secret_file: Option<PathBuf>,
+    client_token_file: Option<PathBuf>,
+    admin_token_file: Option<PathBuf>,
     max_in_flight: Option<u64>,
     log_retention_hours: Option<u64>,
     log_retention_bytes: Option<u64>,
@@ -116,6 +125,8 @@ pub struct Config {
     pub delivery_flush_ms: u64,
     pub insecure_listen: bool,
     pub cluster_secret_file: Option<PathBuf>,
+    pub client_token_file: Option<PathBuf>,
+    pub admin_token_file: Option<PathBuf>,
     pub max_in_flight: u64,
     pub log_retention_hours: u64,
     pub log_retention_bytes: Option<u64>,
@@ -214,6 +225,8 @@ impl Config {
                 .unwrap_or(DEFAULT_DELIVERY_FLUSH_MS),
             insecure_listen: args.insecure_listen || file.insecure_listen.unwrap_or(false),
             cluster_secret_file: args.cluster_secret_file.or(file.cluster_secret_file),
+            client_token_file: args.client_token_file.or(file.client_token_file),
+            admin_token_file: args.admin_token_file.or(file.admin_token_file),
             max_in_flight: args
                 .max_in_flight
                 .or(file.max_in_flight)
@@ -241,7 +254,8 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !self.listen.ip().is_loopback() && !self.insecure_listen {
+        let tokens = self.client_token_file.is_some() || self.admin_token_file.is_some();
+        if !self.listen.ip().is_loopback() && !self.insecure_listen && !tokens {
             return Err(invalid(
                 "--listen",
                 self.listen,

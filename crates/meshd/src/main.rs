@@ -1,6 +1,7 @@
 //! `meshd`: the event-mesh runtime binary. Boot is a pipeline (house style 11):
 //! config → validate → open stores → recover → serve.
 
+mod access;
 mod api;
 mod cli;
 mod cluster;

@@ -55,6 +55,16 @@ impl Problem {
         Self::bad_request(detail).with("field", field)
     }
 
+    /// 401: a missing or wrong bearer token (or cluster secret).
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
+    }
+
+    /// 403: a valid token that may not use this route.
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", detail)
+    }
+
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not-found", detail)
     }

@@ -61,6 +61,11 @@ struct AppState {
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Token files first: a typo in one must not cost a boot's worth of recovery.
+    let access = crate::access::Tokens::load(
+        config.client_token_file.as_deref(),
+        config.admin_token_file.as_deref(),
+    )?;
     // Open stores.
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
@@ -302,6 +307,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_state(state)
         .merge(crate::api::router(api))
         .fallback(not_found);
+    let app = match access {
+        Some(tokens) => app.layer(axum::middleware::from_fn_with_state(
+            Arc::new(tokens),
+            crate::access::check,
+        )),
+        None => app,
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;

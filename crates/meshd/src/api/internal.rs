@@ -11,7 +11,7 @@ use crate::runtime::Reach;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
@@ -38,9 +38,7 @@ fn authenticate(api: &Api, headers: &HeaderMap) -> Result<(), Problem> {
     if secret_matches(secret, given) {
         Ok(())
     } else {
-        Err(Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+        Err(Problem::unauthorized(
             "an internal route needs the cluster secret",
         ))
     }

@@ -64,12 +64,7 @@ pub async fn load_secret(file: Option<&Path>, meta: &dyn Meta) -> anyhow::Result
 
 /// Whether `given` is the secret (constant time in the secret's length).
 pub fn secret_matches(secret: &str, given: &str) -> bool {
-    let (a, b) = (secret.as_bytes(), given.as_bytes());
-    let mut diff = a.len() ^ b.len();
-    for (i, x) in a.iter().enumerate() {
-        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(0));
-    }
-    diff == 0
+    crate::access::ct_eq(secret.as_bytes(), given.as_bytes())
 }
 
 /// POSTs `body` (JSON) to `path` on the peer at `addr` with the secret; returns the

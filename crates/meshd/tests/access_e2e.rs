@@ -1,0 +1,179 @@
+//! Access control through the real binary (http-api.md "Access"): with token files,
+//! every `/v1` route needs a bearer token, a client token on an admin route is 403,
+//! health, readiness and metrics stay open, every line of a token file is valid, the
+//! tokens never reach the log, and without token files meshd refuses a non-loopback
+//! listen address unless `--insecure-listen`.
+
+use meshd_test_support::http::{self, request_with};
+use meshd_test_support::meshd::MeshdProcess;
+use std::path::Path;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_meshd"))
+}
+
+const CLIENT_OLD: &str = "client-token-old-0123456789";
+const CLIENT_NEW: &str = "client-token-new-9876543210";
+const ADMIN: &str = "admin-token-abcdefghijklmnop";
+
+async fn call(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> http::Response {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let ct = if path.ends_with("/events") {
+        "application/cloudevents+json"
+    } else {
+        "application/json"
+    };
+    let mut headers = vec![("content-type", ct)];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a.as_str()));
+    }
+    request_with(addr, method, path, &headers, body.as_bytes())
+        .await
+        .expect("request")
+}
+
+fn problem(r: &http::Response, status: u16) {
+    assert_eq!(r.status, status, "{}", r.body);
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/problem+json"),
+        "{}",
+        r.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_token_files_then_routes_need_the_right_token_and_health_stays_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let client_file = dir.path().join("client-tokens");
+    let admin_file = dir.path().join("admin-tokens");
+    // Two client tokens (rotation), padded with whitespace and a blank line.
+    std::fs::write(&client_file, format!("  {CLIENT_OLD}  \n\n{CLIENT_NEW}\n")).unwrap();
+    std::fs::write(&admin_file, format!("{ADMIN}\n")).unwrap();
+    let data = dir.path().join("data");
+    let m = MeshdProcess::start(
+        bin(),
+        &data,
+        &[
+            "--client-token-file",
+            client_file.to_str().unwrap(),
+            "--admin-token-file",
+            admin_file.to_str().unwrap(),
+        ],
+    )
+    .await
+    .expect("start meshd with token files");
+    let a = m.addr();
+
+    for open in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(http::get(a, open).await.unwrap().status, 200, "{open}");
+    }
+
+    // Admin routes: nothing without a token, wrong token or client token.
+    let topic = r#"{"partitions":1}"#;
+    problem(&call(a, "PUT", "/v1/topics/orders", None, topic).await, 401);
+    let r = call(a, "PUT", "/v1/topics/orders", Some("nope"), topic).await;
+    problem(&r, 401);
+    assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+    problem(
+        &call(a, "PUT", "/v1/topics/orders", Some(CLIENT_OLD), topic).await,
+        403,
+    );
+    // Refused requests changed nothing.
+    let r = call(a, "GET", "/v1/topics", Some(ADMIN), "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json().unwrap()["topics"], serde_json::json!([]));
+    let r = call(a, "PUT", "/v1/topics/orders", Some(ADMIN), topic).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = call(
+        a,
+        "PUT",
+        "/v1/subscriptions/audit",
+        Some(ADMIN),
+        r#"{"topic":"orders"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+
+    // Client routes: either client token (and the admin token) works.
+    let event = r#"{"specversion":"1.0","id":"e1","source":"/t","type":"t"}"#;
+    problem(
+        &call(a, "POST", "/v1/topics/orders/events", None, event).await,
+        401,
+    );
+    for token in [CLIENT_OLD, CLIENT_NEW] {
+        let r = call(a, "POST", "/v1/topics/orders/events", Some(token), event).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let r = call(
+        a,
+        "POST",
+        "/v1/subscriptions/audit/pull",
+        Some(CLIENT_NEW),
+        r#"{"max_events":10}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let deliveries = r.json().unwrap()["deliveries"].as_array().unwrap().len();
+    assert_eq!(deliveries, 2);
+    // A client may not reset offsets or read the dead letters.
+    problem(
+        &call(
+            a,
+            "PUT",
+            "/v1/subscriptions/audit/offsets/0",
+            Some(CLIENT_OLD),
+            r#"{"offset":0}"#,
+        )
+        .await,
+        403,
+    );
+    problem(
+        &call(a, "GET", "/v1/deadletters", Some(CLIENT_OLD), "").await,
+        403,
+    );
+    assert_eq!(
+        call(a, "GET", "/v1/deadletters", Some(ADMIN), "")
+            .await
+            .status,
+        200
+    );
+
+    // No token ever reaches the log.
+    let log = m.log_tail(10_000);
+    for t in [CLIENT_OLD, CLIENT_NEW, ADMIN, "nope"] {
+        assert!(!log.contains(t), "token {t} in the log:\n{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_a_non_loopback_listen_is_refused_and_an_empty_token_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    // (start_expecting_exit passes its own loopback --listen: run the binary here.)
+    let out = std::process::Command::new(bin())
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path().join("a"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr.contains("--insecure-listen"), "{stderr}");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n  \n").unwrap();
+    let out = MeshdProcess::start_expecting_exit(
+        bin(),
+        &dir.path().join("b"),
+        &["--client-token-file", empty.to_str().unwrap()],
+    )
+    .await
+    .unwrap();
+    assert_ne!(out.code, Some(0));
+    assert!(out.stderr.contains("holds no token"), "{}", out.stderr);
+}
