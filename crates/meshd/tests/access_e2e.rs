@@ -4,13 +4,11 @@
 //! tokens never reach the log, and without token files meshd refuses a non-loopback
 //! listen address unless `--insecure-listen`.
 
+mod common;
+
+use common::{bin, problem};
 use meshd_test_support::http::{self, request_with};
 use meshd_test_support::meshd::MeshdProcess;
-use std::path::Path;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_meshd"))
-}
 
 const CLIENT_OLD: &str = "client-token-old-0123456789";
 const CLIENT_NEW: &str = "client-token-new-9876543210";
@@ -36,16 +34,6 @@ async fn call(
     request_with(addr, method, path, &headers, body.as_bytes())
         .await
         .expect("request")
-}
-
-fn problem(r: &http::Response, status: u16) {
-    assert_eq!(r.status, status, "{}", r.body);
-    assert_eq!(
-        r.header("content-type"),
-        Some("application/problem+json"),
-        "{}",
-        r.body
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
