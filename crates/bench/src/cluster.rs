@@ -431,19 +431,7 @@ struct Cluster {
 impl Cluster {
     async fn start(n: usize, bins: &Binaries<'_>, lease_ttl_ms: u64) -> Result<Self> {
         let etcd = procs::start_etcd(bins.etcd)?;
-        let endpoint = etcd.addr.to_string();
-        procs::retry(Duration::from_secs(30), || async {
-            let mut client = etcd_client::Client::connect([endpoint.as_str()], None)
-                .await
-                .map_err(|e| anyhow!("connecting to etcd at {endpoint}: {e}"))?;
-            client
-                .get("bench/ready", None)
-                .await
-                .map_err(|e| anyhow!("reading from etcd at {endpoint}: {e}"))?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| {
+        procs::etcd_when_serving(&etcd).await.map_err(|e| {
             anyhow!(
                 "etcd did not serve within 30 s: {e:#}\n--- etcd log (last lines) ---\n{}",
                 etcd.stderr_tail()
@@ -455,17 +443,14 @@ impl Cluster {
             let client = async_nats::connect(&url)
                 .await
                 .map_err(|e| anyhow!("connecting to {url}: {e}"))?;
-            let m = client
-                .request("$JS.API.INFO", bytes::Bytes::new())
-                .await
-                .map_err(|e| anyhow!("JetStream account info: {e}"))?;
-            if m.payload.windows(8).any(|w| w == b"\"error\":") {
-                bail!(
-                    "JetStream not ready: {}",
-                    String::from_utf8_lossy(&m.payload)
-                );
-            }
-            Ok(())
+            crate::systems::js_request(
+                &client,
+                "$JS.API.INFO".into(),
+                bytes::Bytes::new(),
+                "JetStream not ready",
+            )
+            .await
+            .map(drop)
         })
         .await
         .map_err(|e| {
@@ -825,13 +810,10 @@ async fn takeover_run(bins: &Binaries<'_>, s: &Settings, rep: usize) -> Result<T
 async fn takeover_on(c: &mut Cluster, s: &Settings, rep: usize) -> Result<TakeoverRun> {
     let n = s.instances;
     let a0 = c.addr(0)?;
-    call_json(
+    crate::systems::meshd_put(
         a0,
-        "PUT",
         &format!("/v1/topics/{TOPIC}"),
-        "application/json",
-        &json!({ "partitions": s.partitions }),
-        &[200, 201],
+        &json!({ "partitions": s.partitions }).to_string(),
     )
     .await?;
     let keys = partition_keys(a0, s.partitions).await?;
@@ -1134,13 +1116,10 @@ async fn throughput_on(
     rep: usize,
 ) -> Result<ThroughputRun> {
     let a0 = c.addr(0)?;
-    call_json(
+    crate::systems::meshd_put(
         a0,
-        "PUT",
         &format!("/v1/topics/{TOPIC}"),
-        "application/json",
-        &json!({ "partitions": s.partitions }),
-        &[200, 201],
+        &json!({ "partitions": s.partitions }).to_string(),
     )
     .await?;
     // Publishing needs no owner, but the partition tasks starting and moving cost CPU:

@@ -21,8 +21,8 @@
 use crate::load::Op;
 use crate::procs::{self, JsSync};
 use crate::systems::{
-    js_connect_with_stream, measure, meshd_put, meshd_ready, with_stderr, Config, JsOp, MeshdOp,
-    Outcome, TOPIC,
+    js_connect_with_stream, js_request, measure, meshd_put, meshd_with_topic, with_stderr, Config,
+    JsOp, MeshdOp, Outcome, TOPIC,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
@@ -133,13 +133,7 @@ pub async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
     )?;
     let addr = server.addr;
     let setup = async {
-        meshd_ready(addr).await?;
-        meshd_put(
-            addr,
-            &format!("/v1/topics/{TOPIC}"),
-            &format!(r#"{{"partitions":{}}}"#, cfg.partitions),
-        )
-        .await?;
+        meshd_with_topic(addr, cfg.partitions).await?;
         meshd_put(
             addr,
             &format!("/v1/subscriptions/{SUBSCRIPTION}"),
@@ -246,19 +240,13 @@ pub async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync) -> Result<
                 "max_ack_pending": MAX_IN_FLIGHT,
             },
         });
-        let m = client
-            .request(
-                format!("$JS.API.CONSUMER.CREATE.BENCH.{CONSUMER}"),
-                Bytes::from(serde_json::to_vec(&consumer)?),
-            )
-            .await
-            .map_err(|e| anyhow!("creating the consumer: {e}"))?;
-        if m.payload.windows(8).any(|w| w == b"\"error\":") {
-            bail!(
-                "creating the consumer: {}",
-                String::from_utf8_lossy(&m.payload)
-            );
-        }
+        js_request(
+            &client,
+            format!("$JS.API.CONSUMER.CREATE.BENCH.{CONSUMER}"),
+            Bytes::from(serde_json::to_vec(&consumer)?),
+            "creating the consumer",
+        )
+        .await?;
         let next_body = Bytes::from(serde_json::to_vec(
             &serde_json::json!({ "batch": cfg.batch, "no_wait": true }),
         )?);

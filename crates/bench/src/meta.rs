@@ -29,7 +29,6 @@ use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
 use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Which write is measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -285,18 +284,7 @@ async fn run_on_etcd(
     cfg: &Config,
 ) -> Result<load::Measured> {
     let endpoint = server.addr.to_string();
-    // Ready when a read is answered (a leader is elected and the member serves).
-    let client = procs::retry(Duration::from_secs(30), || async {
-        let mut client = etcd_client::Client::connect([endpoint.as_str()], None)
-            .await
-            .map_err(|e| anyhow!("connecting to etcd at {endpoint}: {e}"))?;
-        client
-            .get("bench/ready", None)
-            .await
-            .map_err(|e| anyhow!("etcd at {endpoint} is not serving: {e}"))?;
-        Ok(client)
-    })
-    .await?;
+    let client = procs::etcd_when_serving(server).await?;
     let ops = if path == MetaPath::RawEtcd {
         raw_ops(&client, op, cfg).await?
     } else {

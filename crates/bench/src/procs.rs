@@ -323,6 +323,23 @@ pub fn locate_etcd() -> Result<PathBuf> {
         .ok_or_else(|| anyhow!(ETCD_NOT_FOUND))
 }
 
+/// A client of the etcd `server` once it serves: a read is answered (a leader is
+/// elected and the member serves), retried for 30 s.
+pub async fn etcd_when_serving(server: &Server) -> Result<etcd_client::Client> {
+    let endpoint = server.addr.to_string();
+    retry(Duration::from_secs(30), || async {
+        let mut client = etcd_client::Client::connect([endpoint.as_str()], None)
+            .await
+            .map_err(|e| anyhow!("connecting to etcd at {endpoint}: {e}"))?;
+        client
+            .get("bench/ready", None)
+            .await
+            .map_err(|e| anyhow!("etcd at {endpoint} is not serving: {e}"))?;
+        Ok(client)
+    })
+    .await
+}
+
 /// Starts a single-member etcd on free loopback ports with its data dir in a temp dir.
 /// Raft timing as meshd's test harness (`--heartbeat-interval 10 --election-timeout
 /// 100`) so it elects itself leader within a fraction of a second; a single member

@@ -277,13 +277,7 @@ async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
     let server = procs::start_meshd(binary)?;
     let addr = server.addr;
     let setup = async {
-        meshd_ready(addr).await?;
-        meshd_put(
-            addr,
-            &format!("/v1/topics/{TOPIC}"),
-            &format!(r#"{{"partitions":{}}}"#, cfg.partitions),
-        )
-        .await?;
+        meshd_with_topic(addr, cfg.partitions).await?;
         let mut ops: Vec<Box<dyn Op>> = Vec::new();
         for worker in 0..cfg.concurrency {
             ops.push(Box::new(MeshdOp::new(
@@ -309,6 +303,17 @@ pub async fn meshd_ready(addr: std::net::SocketAddr) -> Result<()> {
         }
         Ok(())
     })
+    .await
+}
+
+/// Waits until meshd is ready and creates the bench topic with `partitions`.
+pub async fn meshd_with_topic(addr: std::net::SocketAddr, partitions: u32) -> Result<()> {
+    meshd_ready(addr).await?;
+    meshd_put(
+        addr,
+        &format!("/v1/topics/{TOPIC}"),
+        &format!(r#"{{"partitions":{partitions}}}"#),
+    )
     .await
 }
 
@@ -370,18 +375,33 @@ pub(crate) struct JsOp {
     pub(crate) atomic: bool,
 }
 
-async fn js_publish(client: &async_nats::Client, payload: Bytes) -> Result<()> {
+/// A request to JetStream (an API call, or a publish awaiting its PubAck); an answer
+/// carrying `"error":` is an error naming `what`.
+pub(crate) async fn js_request(
+    client: &async_nats::Client,
+    subject: String,
+    body: Bytes,
+    what: &str,
+) -> Result<async_nats::Message> {
     let m = client
-        .request(SUBJECT, payload)
+        .request(subject, body)
         .await
-        .context("JetStream publish")?;
+        .map_err(|e| anyhow!("{what}: {e}"))?;
     if m.payload.windows(8).any(|w| w == b"\"error\":") {
-        bail!(
-            "JetStream refused a publish: {}",
-            String::from_utf8_lossy(&m.payload)
-        );
+        bail!("{what}: {}", String::from_utf8_lossy(&m.payload));
     }
-    Ok(())
+    Ok(m)
+}
+
+async fn js_publish(client: &async_nats::Client, payload: Bytes) -> Result<()> {
+    js_request(
+        client,
+        SUBJECT.into(),
+        payload,
+        "JetStream refused a publish",
+    )
+    .await
+    .map(drop)
 }
 
 impl JsOp {
@@ -474,18 +494,13 @@ pub(crate) async fn js_connect_with_stream(url: &str) -> Result<async_nats::Clie
     });
     let body = Bytes::from(serde_json::to_vec(&stream)?);
     // JetStream may still be starting: retry until the stream exists.
-    procs::retry(Duration::from_secs(30), || async {
-        let m = client
-            .request("$JS.API.STREAM.CREATE.BENCH", body.clone())
-            .await
-            .map_err(|e| anyhow!("creating the stream: {e}"))?;
-        if m.payload.windows(8).any(|w| w == b"\"error\":") {
-            bail!(
-                "creating the stream: {}",
-                String::from_utf8_lossy(&m.payload)
-            );
-        }
-        Ok(())
+    procs::retry(Duration::from_secs(30), || {
+        js_request(
+            &client,
+            "$JS.API.STREAM.CREATE.BENCH".into(),
+            body.clone(),
+            "creating the stream",
+        )
     })
     .await?;
     Ok(client)

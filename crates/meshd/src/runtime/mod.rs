@@ -934,17 +934,7 @@ impl Runtime {
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
         let forward = (reach == Reach::Cluster).then(|| cluster::Forward::nack(&reason));
-        self.per_partition(
-            name,
-            ids,
-            |ids, reply| Msg::Nack {
-                ids,
-                reason: reason.clone(),
-                reply,
-            },
-            forward,
-        )
-        .await
+        self.nack_on(name, ids, reason, forward).await
     }
 
     /// [`Runtime::nack`] on a subscription that runs already, for this instance's
@@ -955,6 +945,16 @@ impl Runtime {
         ids: Vec<String>,
         reason: String,
     ) -> Result<Answers, RuntimeError> {
+        self.nack_on(name, ids, reason, None).await
+    }
+
+    async fn nack_on(
+        &self,
+        name: &str,
+        ids: Vec<String>,
+        reason: String,
+        forward: Option<cluster::Forward>,
+    ) -> Result<Answers, RuntimeError> {
         self.per_partition(
             name,
             ids,
@@ -963,7 +963,7 @@ impl Runtime {
                 reason: reason.clone(),
                 reply,
             },
-            None,
+            forward,
         )
         .await
     }
