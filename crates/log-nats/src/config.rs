@@ -1,6 +1,7 @@
 //! [`NatsConfig`]: where the JetStream log lives and how long it waits.
 
 use meshd_stores::log::Retention;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Settings of a [`NatsLog`](crate::NatsLog). Build it with [`NatsConfig::parse`] or by
@@ -27,6 +28,88 @@ pub struct NatsConfig {
     /// Limits put on partition streams this log creates (`max_age`, `max_bytes`);
     /// `enforce_retention` replaces it and updates existing streams. Default: none.
     pub retention: Retention,
+    /// Require TLS to every server, trusting this CA (and presenting a client
+    /// certificate when given). Default `None`: plain TCP, unless the server asks
+    /// for TLS. There is no fallback from TLS to plaintext.
+    pub tls: Option<NatsTls>,
+    /// Authenticate with this user and password. Default `None`.
+    pub credentials: Option<NatsCredentials>,
+}
+
+/// TLS to nats-server: the CA that signed the server's certificate, and optionally
+/// a client certificate (for `verify: true`). PEM files; `cert_file` and `key_file`
+/// go together. [`NatsLog::connect`](crate::NatsLog::connect) reads them first and
+/// fails with [`LogError::Invalid`](meshd_stores::log::LogError::Invalid) naming a
+/// file it cannot use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatsTls {
+    pub ca_file: PathBuf,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+impl NatsTls {
+    /// The certificate pairing (no file access): `cert_file` and `key_file` together
+    /// or neither.
+    fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.cert_file, &self.key_file) {
+            (Some(cert), None) => Err(ConfigError(format!(
+                "tls cert_file {} is set but key_file is not; give both or neither",
+                cert.display()
+            ))),
+            (None, Some(key)) => Err(ConfigError(format!(
+                "tls key_file {} is set but cert_file is not; give both or neither",
+                key.display()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that every file can be read and looks like PEM, naming the first one
+    /// that does not. The client reads them again when it connects.
+    pub fn check_files(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        check_pem("CA", &self.ca_file)?;
+        if let Some(cert) = &self.cert_file {
+            check_pem("client certificate", cert)?;
+        }
+        if let Some(key) = &self.key_file {
+            check_pem("client key", key)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_pem(role: &str, path: &Path) -> Result<(), ConfigError> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        ConfigError(format!(
+            "tls: cannot read the {role} file {}: {e}",
+            path.display()
+        ))
+    })?;
+    if !String::from_utf8_lossy(&bytes).contains("-----BEGIN ") {
+        return Err(ConfigError(format!(
+            "tls: the {role} file {} is not PEM (no -----BEGIN line)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A NATS user and password. `Debug` never prints the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NatsCredentials {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for NatsCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsCredentials")
+            .field("user", &self.user)
+            .field("password", &"***")
+            .finish()
+    }
 }
 
 impl Default for NatsConfig {
@@ -39,6 +122,8 @@ impl Default for NatsConfig {
             connect_timeout: Duration::from_secs(5),
             ping_interval: Duration::from_secs(10),
             retention: Retention::default(),
+            tls: None,
+            credentials: None,
         }
     }
 }
@@ -144,6 +229,14 @@ impl NatsConfig {
         if self.retention.max_age_ms.is_some_and(|ms| ms < 1000) {
             return Err(ConfigError("retention max_age below 1 s".into()));
         }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
+        if let Some(c) = &self.credentials {
+            if c.user.is_empty() {
+                return Err(ConfigError("credentials: the user is empty".into()));
+            }
+        }
         Ok(())
     }
 
@@ -169,6 +262,50 @@ mod tests {
         assert_eq!(c.namespace, "prod-1");
         assert_eq!(c.replicas, 3);
         assert_eq!(c.request_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn tls_files_that_cannot_be_used_are_named_and_the_password_never_printed() {
+        let missing = PathBuf::from("/nonexistent/meshd/ca.pem");
+        let tls = NatsTls {
+            ca_file: missing,
+            cert_file: None,
+            key_file: None,
+        };
+        let e = tls.check_files().unwrap_err().to_string();
+        assert!(
+            e.contains("/nonexistent/meshd/ca.pem") && e.contains("CA"),
+            "{e}"
+        );
+        let not_pem = NatsTls {
+            ca_file: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"),
+            cert_file: None,
+            key_file: None,
+        };
+        let e = not_pem.check_files().unwrap_err().to_string();
+        assert!(e.contains("not PEM"), "{e}");
+        let mut c = NatsConfig {
+            tls: Some(NatsTls {
+                ca_file: "/x/ca.pem".into(),
+                cert_file: Some("/x/client.pem".into()),
+                key_file: None,
+            }),
+            ..NatsConfig::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("/x/client.pem") && e.contains("key_file"), "{e}");
+
+        c.tls = None;
+        c.credentials = Some(NatsCredentials {
+            user: "meshd".into(),
+            password: "hunter2".into(),
+        });
+        c.validate().expect("valid");
+        let debug = format!("{c:?}");
+        assert!(
+            debug.contains("***") && !debug.contains("hunter2"),
+            "{debug}"
+        );
     }
 
     #[test]

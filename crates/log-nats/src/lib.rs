@@ -131,7 +131,7 @@ pub mod config;
 pub mod js;
 pub mod names;
 
-pub use config::{ConfigError, NatsConfig};
+pub use config::{ConfigError, NatsConfig, NatsCredentials, NatsTls};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -307,20 +307,39 @@ impl NatsLog {
     /// Connects to nats-server, checks it (version, JetStream), makes sure the
     /// dead-letter stream exists and starts listening for "stored" notices.
     ///
-    /// Errors: a bad config or a server too old → [`LogError::Invalid`]; no server
-    /// reachable in `connect_timeout`, JetStream off or not answering →
-    /// [`LogError::Unavailable`].
+    /// Errors: a bad config, a TLS file that cannot be read (named) or a server too
+    /// old → [`LogError::Invalid`]; no server reachable in `connect_timeout`, a
+    /// refused user/password or TLS handshake (the message says which), JetStream
+    /// off or not answering → [`LogError::Unavailable`].
     pub async fn connect(config: NatsConfig) -> Result<Self, LogError> {
         config
             .validate()
             .map_err(|e| LogError::Invalid(e.to_string()))?;
+        if let Some(tls) = &config.tls {
+            tls.check_files()
+                .map_err(|e| LogError::Invalid(e.to_string()))?;
+        }
         let names = Names::new(&config.namespace);
         let appends = Arc::new(AppendNotifier::default());
         let on_event = appends.clone();
         // Set by a disconnect, so the next `Connected` (a reconnect, not the first
         // connect) wakes every reader.
         let lost = Arc::new(AtomicBool::new(false));
-        let options = async_nats::ConnectOptions::new()
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some(tls) = &config.tls {
+            // `require_tls`: the client refuses a server that does not offer TLS
+            // instead of talking plaintext to it.
+            options = options
+                .require_tls(true)
+                .add_root_certificates(tls.ca_file.clone());
+            if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+                options = options.add_client_certificate(cert.clone(), key.clone());
+            }
+        }
+        if let Some(c) = &config.credentials {
+            options = options.user_and_password(c.user.clone(), c.password.clone());
+        }
+        let options = options
             .name(format!("meshd log ({})", config.namespace))
             .connection_timeout(config.connect_timeout)
             .request_timeout(Some(config.request_timeout))
@@ -352,7 +371,24 @@ impl NatsLog {
         )
         .await
         .map_err(|_| LogError::Unavailable(format!("nats: connecting to {urls:?} timed out")))?
-        .map_err(|e| LogError::Unavailable(format!("nats: cannot connect to {urls:?}: {e}")))?;
+        .map_err(|e| {
+            use async_nats::ConnectErrorKind as K;
+            // A failed handshake (unknown CA, bad certificate) reaches us as an I/O
+            // error carrying rustls' message.
+            let text = e.to_string().to_ascii_lowercase();
+            let handshake = ["certificate", "tls", "handshake"]
+                .iter()
+                .any(|w| text.contains(w));
+            let why = match e.kind() {
+                K::AuthorizationViolation | K::Authentication => {
+                    "authorization refused (check the NATS user and password)"
+                }
+                K::Tls => "TLS failed (check the CA, the client certificate and that the server speaks TLS)",
+                K::Io if handshake => "TLS failed (check the CA, the client certificate and that the server speaks TLS)",
+                _ => "cannot connect",
+            };
+            LogError::Unavailable(format!("nats: {why}: {urls:?}: {e}"))
+        })?;
         let version = client.server_info().version;
         match parse_version(&version) {
             Some(v) if v >= MIN_SERVER => {}

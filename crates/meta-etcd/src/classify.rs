@@ -50,6 +50,17 @@ const INVALID: &[&str] = &[
     "etcdserver: too large lease TTL",
 ];
 
+/// etcd server messages that refuse the credentials (or their absence): nothing
+/// was applied, and repeating the request on another member would not help.
+const AUTH_REFUSED: &[&str] = &[
+    "etcdserver: authentication failed, invalid user ID or password",
+    "etcdserver: user name is empty",
+    "etcdserver: user name not found",
+    "etcdserver: invalid auth token",
+    "etcdserver: permission denied",
+    "etcdserver: authentication is not enabled",
+];
+
 pub(crate) const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
 pub(crate) const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 
@@ -108,6 +119,9 @@ impl Ctx<'_> {
         if INVALID.contains(&message) {
             return self.invalid(what);
         }
+        if AUTH_REFUSED.contains(&message) {
+            return self.auth_refused(what);
+        }
         if never_connected(code, source) {
             return self.unavailable(what, true);
         }
@@ -121,7 +135,7 @@ impl Ctx<'_> {
             Code::Unimplemented => self.unavailable(what, true),
             // Authentication or authorization refused: not applied, and the endpoint
             // is fine; the node reports not ready until it is fixed.
-            Code::PermissionDenied | Code::Unauthenticated => self.unavailable(what, false),
+            Code::PermissionDenied | Code::Unauthenticated => self.auth_refused(what),
             Code::NotFound if message.contains("lease") => self.lease_not_found(),
             // A timeout, a lost leader, a broken connection, or anything unknown: a
             // write may have been applied.
@@ -141,6 +155,15 @@ impl Ctx<'_> {
             error: MetaError::Unavailable(format!("etcd {}: {what}", self.endpoint)),
             endpoint_failed,
         }
+    }
+
+    /// Authentication or authorization refused: not applied, and the endpoint is
+    /// fine; the node reports not ready until the credentials (or etcd) are fixed.
+    fn auth_refused(&self, what: String) -> Failure {
+        self.unavailable(
+            format!("etcd authentication refused ({what}); check the etcd user and password"),
+            false,
+        )
     }
 
     fn unknown_outcome(&self, what: String) -> Failure {
@@ -383,6 +406,28 @@ mod tests {
         }
         let f = status(Kind::Read, Code::Unimplemented, "HTTP 404", None);
         assert!(matches!(f.error, MetaError::Unavailable(_)) && f.endpoint_failed);
+    }
+
+    #[test]
+    fn refused_credentials_are_unavailable_and_say_so() {
+        for (code, message) in [
+            (
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            (Code::InvalidArgument, "etcdserver: user name is empty"),
+            (Code::Unauthenticated, "etcdserver: invalid auth token"),
+            (Code::PermissionDenied, "etcdserver: permission denied"),
+        ] {
+            for kind in [Kind::Read, Kind::Write] {
+                let f = status(kind, code, message, None);
+                assert!(
+                    matches!(&f.error, MetaError::Unavailable(m) if m.contains("etcd authentication refused")),
+                    "{message}: {f:?}"
+                );
+                assert!(!f.endpoint_failed);
+            }
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Configuration of the etcd backend: endpoints and timeouts.
+//! Configuration of the etcd backend: endpoints, timeouts, TLS and credentials.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The URL scheme of an etcd Meta address (`etcd://host:port[,host:port...]`).
@@ -19,6 +20,10 @@ pub const SCHEME: &str = "etcd://";
 ///   `--grpc-keepalive-min-time` (5 s by default): etcd answers pings that come more
 ///   often with a GOAWAY ("too_many_pings") and closes the connection, which broke
 ///   every idle watch every ~4 s while the default here was 1 s.
+/// * `tls`: talk TLS (`https://`) to every endpoint, trusting the given CA; `None`
+///   (the default) is plain HTTP/2. There is no fallback from one to the other.
+/// * `credentials`: authenticate as this etcd user (etcd's `auth enable`); `None`
+///   (the default) sends no token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdConfig {
     pub endpoints: Vec<String>,
@@ -26,6 +31,93 @@ pub struct EtcdConfig {
     pub connect_timeout: Duration,
     pub keep_alive_interval: Duration,
     pub keep_alive_timeout: Duration,
+    pub tls: Option<EtcdTls>,
+    pub credentials: Option<EtcdCredentials>,
+}
+
+/// TLS to etcd: the CA that signed etcd's certificate, and optionally a client
+/// certificate (for etcd's `--client-cert-auth`). PEM files; `cert_file` and
+/// `key_file` go together. The files are read when [`EtcdMeta`](crate::EtcdMeta)
+/// connects, so a missing or unreadable one fails `connect`, naming it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca_file: PathBuf,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// The PEM contents of an [`EtcdTls`], read and checked.
+#[derive(Clone)]
+pub(crate) struct TlsPems {
+    pub(crate) ca: Vec<u8>,
+    /// `(certificate, key)`.
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl EtcdTls {
+    /// Reads every file; a file that cannot be read, does not look like PEM, or a
+    /// certificate without its key (or the reverse) is an error naming it.
+    pub(crate) fn load(&self) -> Result<TlsPems, ConfigError> {
+        let pair = match (&self.cert_file, &self.key_file) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (Some(cert), None) => {
+                return Err(ConfigError::TlsIncomplete {
+                    given: "cert_file",
+                    path: cert.clone(),
+                    missing: "key_file",
+                })
+            }
+            (None, Some(key)) => {
+                return Err(ConfigError::TlsIncomplete {
+                    given: "key_file",
+                    path: key.clone(),
+                    missing: "cert_file",
+                })
+            }
+        };
+        let ca = read_pem("CA", &self.ca_file)?;
+        let identity = match pair {
+            None => None,
+            Some((cert, key)) => Some((
+                read_pem("client certificate", cert)?,
+                read_pem("client key", key)?,
+            )),
+        };
+        Ok(TlsPems { ca, identity })
+    }
+}
+
+fn read_pem(role: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|e| ConfigError::TlsFile {
+        role,
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    if !String::from_utf8_lossy(&bytes).contains("-----BEGIN ") {
+        return Err(ConfigError::TlsFile {
+            role,
+            path: path.to_path_buf(),
+            reason: "not a PEM file (no -----BEGIN line)".into(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// An etcd user and password. `Debug` never prints the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdCredentials {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for EtcdCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCredentials")
+            .field("user", &self.user)
+            .field("password", &"***")
+            .finish()
+    }
 }
 
 impl EtcdConfig {
@@ -51,6 +143,8 @@ impl EtcdConfig {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             keep_alive_interval: Self::DEFAULT_KEEP_ALIVE_INTERVAL,
             keep_alive_timeout: Self::DEFAULT_KEEP_ALIVE_TIMEOUT,
+            tls: None,
+            credentials: None,
         }
     }
 
@@ -100,6 +194,18 @@ pub enum ConfigError {
          (no paths, queries, credentials or spaces)"
     )]
     InvalidEndpoint { url: String, endpoint: String },
+    #[error("etcd TLS: cannot use the {role} file {path:?}: {reason}")]
+    TlsFile {
+        role: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("etcd TLS: {given} {path:?} is set but {missing} is not; give both or neither")]
+    TlsIncomplete {
+        given: &'static str,
+        path: PathBuf,
+        missing: &'static str,
+    },
 }
 
 fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
@@ -246,5 +352,68 @@ mod tests {
         }
         let err = EtcdConfig::parse("etcd://a:1,b:x").expect_err("bad port");
         assert!(err.to_string().contains("\"b:x\""), "{err}");
+    }
+
+    #[test]
+    fn tls_files_that_cannot_be_used_are_named() {
+        let missing = PathBuf::from("/nonexistent/meshd/ca.pem");
+        let tls = EtcdTls {
+            ca_file: missing.clone(),
+            cert_file: None,
+            key_file: None,
+        };
+        let err = tls.load().err().expect("missing CA");
+        assert!(
+            matches!(err, ConfigError::TlsFile { role: "CA", .. }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("/nonexistent/meshd/ca.pem"),
+            "{err}"
+        );
+
+        let err = EtcdTls {
+            ca_file: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"),
+            cert_file: None,
+            key_file: None,
+        }
+        .load()
+        .err()
+        .expect("not PEM");
+        assert!(err.to_string().contains("not a PEM file"), "{err}");
+
+        let err = EtcdTls {
+            ca_file: missing,
+            cert_file: Some("/x/client.pem".into()),
+            key_file: None,
+        }
+        .load()
+        .err()
+        .expect("cert without key");
+        assert!(
+            matches!(
+                err,
+                ConfigError::TlsIncomplete {
+                    missing: "key_file",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("/x/client.pem"), "{err}");
+    }
+
+    #[test]
+    fn credentials_debug_hides_the_password() {
+        let c = EtcdCredentials {
+            user: "meshd".into(),
+            password: "hunter2".into(),
+        };
+        let debug = format!("{c:?}");
+        assert!(debug.contains("meshd") && debug.contains("***"), "{debug}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        let mut config = EtcdConfig::new(["a:1"]);
+        config.credentials = Some(c);
+        assert!(!format!("{config:?}").contains("hunter2"));
     }
 }

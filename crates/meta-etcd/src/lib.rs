@@ -9,7 +9,26 @@
 //!
 //! * [`EtcdMeta::connect`] does not contact etcd: meshd starts (and reports not ready)
 //!   while etcd is down. Connections are opened on demand and re-opened after
-//!   failures, so the same `EtcdMeta` works again when etcd comes back.
+//!   failures, so the same `EtcdMeta` works again when etcd comes back. With
+//!   [`EtcdConfig::credentials`] the client authenticates on the first call to each
+//!   endpoint (authenticating is a request), not in `connect`.
+//!
+//! ## TLS and authentication
+//!
+//! * With [`EtcdConfig::tls`] every endpoint is reached over `https://` with the
+//!   given CA (and client certificate); there is no plaintext fallback. `connect`
+//!   reads the PEM files and fails with `InvalidRequest` naming a file it cannot use
+//!   (or a certificate without its key).
+//! * With [`EtcdConfig::credentials`] each endpoint's client gets an etcd auth token
+//!   for the user. etcd forgets tokens when it restarts, and "simple" tokens expire
+//!   after `--auth-token-ttl` (300 s) without use; a request refused for an invalid
+//!   token re-authenticates once and is sent again (etcd refuses it before applying
+//!   it, so a write is not doubled). A watch refused that way ("permission denied")
+//!   is retried once after re-authenticating.
+//! * Refused credentials (wrong password, no user configured while etcd requires
+//!   one, a user without permission) are `Unavailable` with "etcd authentication
+//!   refused" in the message: nothing was applied, and the node reports not ready
+//!   until the configuration or etcd is fixed.
 //! * Every call is bounded by [`EtcdConfig::request_timeout`], failover included; no
 //!   call hangs on a frozen etcd. HTTP/2 keep-alive pings break open watches on a
 //!   dead or frozen member.
@@ -31,14 +50,14 @@
 mod classify;
 mod config;
 
-pub use config::{ConfigError, EtcdConfig, SCHEME};
+pub use config::{ConfigError, EtcdConfig, EtcdCredentials, EtcdTls, SCHEME};
 
 use async_trait::async_trait;
 use classify::{classify, Kind, COMPACTED};
 use etcd_client::{
-    Client, CompactionOptions, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType,
-    GetOptions, KvClient, PutOptions, ResponseHeader, Txn as EtcdTxn, TxnOp as EtcdTxnOp,
-    TxnOpResponse, WatchOptions,
+    Certificate, Client, CompactionOptions, Compare as EtcdCompare, CompareOp, ConnectOptions,
+    EventType, GetOptions, Identity, KvClient, PutOptions, ResponseHeader, TlsOptions,
+    Txn as EtcdTxn, TxnOp as EtcdTxnOp, TxnOpResponse, WatchOptions,
 };
 use futures::stream::{self, StreamExt};
 use meshd_meta::{
@@ -52,6 +71,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// How etcd says a token expired or is unknown (it forgets tokens when it restarts).
+const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
 
 /// The largest response this client decodes (etcd's own default request limit is
 /// 1.5 MiB, but a range over many keys can be far larger than that).
@@ -68,11 +90,16 @@ struct Inner {
     /// The index of the endpoint calls go to first.
     current: AtomicUsize,
     request_timeout: Duration,
+    /// The etcd user every endpoint's client authenticates as, if any.
+    credentials: Option<EtcdCredentials>,
 }
 
 struct Endpoint {
     url: String,
     client: Client,
+    /// Set once `client` holds an auth token (only with credentials). From then on
+    /// etcd-client renews the token itself when etcd calls it invalid.
+    authenticated: tokio::sync::OnceCell<()>,
 }
 
 impl std::fmt::Debug for EtcdMeta {
@@ -81,6 +108,7 @@ impl std::fmt::Debug for EtcdMeta {
             .field("endpoints", &self.endpoints())
             .field("current", &self.current_endpoint())
             .field("request_timeout", &self.inner.request_timeout)
+            .field("credentials", &self.inner.credentials)
             .finish()
     }
 }
@@ -89,7 +117,8 @@ impl EtcdMeta {
     /// Prepares clients for every endpoint of `config` without contacting etcd: this
     /// succeeds while etcd is down, and calls made then fail with `Unavailable`
     /// until it is back. Fails with `InvalidRequest` when there are no endpoints, a
-    /// timeout is zero or an endpoint is not a valid address.
+    /// timeout is zero, an endpoint is not a valid address, or a TLS file cannot be
+    /// used (the message names it).
     pub async fn connect(config: EtcdConfig) -> Result<Self, MetaError> {
         if config.endpoints.is_empty() {
             return Err(MetaError::InvalidRequest(
@@ -108,18 +137,34 @@ impl EtcdMeta {
                 )));
             }
         }
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_keep_alive(config.keep_alive_interval, config.keep_alive_timeout)
             .with_keep_alive_while_idle(true)
             // A member without a leader refuses requests (and watches) instead of
             // serving stale data or stalling.
-            .with_require_leader(true);
+            .with_require_leader(true)
+            // A request refused for an expired or forgotten token (etcd restarted)
+            // re-authenticates once and is sent again. Without credentials this
+            // does nothing.
+            .with_auto_token_refresh(true);
+        if let Some(tls) = &config.tls {
+            let pems = tls
+                .load()
+                .map_err(|e| MetaError::InvalidRequest(e.to_string()))?;
+            let mut tls_options = TlsOptions::new().ca_certificate(Certificate::from_pem(pems.ca));
+            if let Some((cert, key)) = pems.identity {
+                tls_options = tls_options.identity(Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(tls_options);
+        }
         let mut endpoints = Vec::with_capacity(config.endpoints.len());
         for url in &config.endpoints {
-            // One lazily connecting channel per endpoint: without credentials,
-            // `Client::connect` performs no I/O.
-            let client = Client::connect([url.as_str()], Some(options.clone()))
+            let target = channel_url(url, config.tls.is_some())?;
+            // One lazily connecting channel per endpoint. The credentials are not
+            // part of `options`: with them `Client::connect` would authenticate at
+            // once, which needs a running etcd. Without them it performs no I/O.
+            let client = Client::connect([target.as_str()], Some(options.clone()))
                 .await
                 .map_err(|e| {
                     MetaError::InvalidRequest(format!("etcd endpoint {url:?} is not usable: {e}"))
@@ -127,6 +172,7 @@ impl EtcdMeta {
             endpoints.push(Endpoint {
                 url: url.clone(),
                 client,
+                authenticated: tokio::sync::OnceCell::new(),
             });
         }
         Ok(Self {
@@ -134,8 +180,34 @@ impl EtcdMeta {
                 endpoints,
                 current: AtomicUsize::new(0),
                 request_timeout: config.request_timeout,
+                credentials: config.credentials,
             }),
         })
+    }
+
+    /// Gives `endpoint`'s client an auth token, once (concurrent first calls wait
+    /// for one authentication). Nothing to do without credentials.
+    async fn authenticate(&self, endpoint: &Endpoint) -> Result<(), etcd_client::Error> {
+        let Some(credentials) = &self.inner.credentials else {
+            return Ok(());
+        };
+        endpoint
+            .authenticated
+            .get_or_try_init(|| async {
+                // `update_user` stores the user in the client (shared by its clones)
+                // only when etcd accepted it, so a refused password is asked again
+                // on the next call rather than remembered.
+                endpoint
+                    .client
+                    .clone()
+                    .update_user(Some((
+                        credentials.user.clone(),
+                        credentials.password.clone(),
+                    )))
+                    .await
+            })
+            .await
+            .map(|_| ())
     }
 
     /// The configured endpoints, in order.
@@ -180,7 +252,11 @@ impl EtcdMeta {
             if left.is_zero() {
                 break;
             }
-            match tokio::time::timeout(left, attempt(endpoint.client.clone())).await {
+            let on_endpoint = async {
+                self.authenticate(endpoint).await?;
+                attempt(endpoint.client.clone()).await
+            };
+            match tokio::time::timeout(left, on_endpoint).await {
                 Ok(Ok(value)) => {
                     if step > 0 {
                         self.move_to(first, index);
@@ -263,6 +339,24 @@ impl EtcdMeta {
         if n > 1 {
             self.move_to(index, (index + 1) % n);
         }
+    }
+}
+
+/// The URL the channel of `endpoint` dials: `https://` with TLS, else as given
+/// (etcd-client adds `http://`). A configured `http://` endpoint with TLS is an
+/// error, never a silent plaintext connection.
+fn channel_url(endpoint: &str, tls: bool) -> Result<String, MetaError> {
+    let lower = endpoint.to_ascii_lowercase();
+    match (
+        tls,
+        lower.starts_with("http://"),
+        lower.starts_with("https://"),
+    ) {
+        (true, true, _) => Err(MetaError::InvalidRequest(format!(
+            "etcd endpoint {endpoint:?} is plain http:// but TLS is configured"
+        ))),
+        (true, false, false) => Ok(format!("https://{endpoint}")),
+        _ => Ok(endpoint.to_string()),
     }
 }
 
@@ -627,20 +721,39 @@ impl Meta for EtcdMeta {
         let options = WatchOptions::new()
             .with_range(end)
             .with_start_revision(start_revision);
+        let authenticated = self.inner.credentials.is_some();
         let (watch, first, endpoint) = self
             .call("watch", Kind::Read, None, |client| {
                 let (key, options) = (key.clone(), options.clone());
                 async move {
-                    let mut watch = client
-                        .watch_client()
-                        .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
-                        .watch(key, Some(options))
-                        .await?;
-                    match watch.message().await? {
-                        Some(first) => Ok((watch, first)),
-                        None => Err(etcd_client::Error::WatchError(
-                            "etcd closed the watch stream before confirming it".into(),
-                        )),
+                    let mut refreshed = false;
+                    loop {
+                        let mut watch = client
+                            .watch_client()
+                            .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
+                            .watch(key.clone(), Some(options.clone()))
+                            .await?;
+                        match watch.message().await? {
+                            // etcd checks the token of each watch it creates on an
+                            // open stream and cancels the watch (instead of failing
+                            // the RPC, which etcd-client would retry) when the token
+                            // expired or etcd restarted: authenticate again, once.
+                            Some(first)
+                                if authenticated
+                                    && !refreshed
+                                    && first.canceled()
+                                    && first.cancel_reason().contains(INVALID_AUTH_TOKEN) =>
+                            {
+                                refreshed = true;
+                                client.refresh_token().await?;
+                            }
+                            Some(first) => return Ok((watch, first)),
+                            None => {
+                                return Err(etcd_client::Error::WatchError(
+                                    "etcd closed the watch stream before confirming it".into(),
+                                ))
+                            }
+                        }
                     }
                 }
             })
@@ -652,6 +765,13 @@ impl Meta for EtcdMeta {
                 .chain(watch_stream(watch, endpoint))
                 .boxed()),
             // etcd refused to create the watcher (no leader, permissions, ...).
+            Some(Err(WatchError::Unavailable(reason)))
+                if reason.contains(INVALID_AUTH_TOKEN) || reason.contains("permission denied") =>
+            {
+                Err(MetaError::Unavailable(format!(
+                    "etcd authentication refused ({reason}); check the etcd user and password"
+                )))
+            }
             Some(Err(WatchError::Unavailable(reason))) => Err(MetaError::Unavailable(reason)),
             Some(Err(e)) => Ok(stream::iter([Err(e)]).boxed()),
         }

@@ -3,9 +3,15 @@
 //! directory, which a test can kill (`SIGKILL`), restart on the same data, pause
 //! (`SIGSTOP`) and resume (`SIGCONT`).
 //!
+//! [`EtcdProcess::start_with`] can serve clients over TLS (certificates from
+//! [`TestCerts`], optionally demanding a client certificate) and shorten the lifetime
+//! of etcd's auth tokens; [`EtcdProcess::enable_auth`] then turns on etcd's
+//! authentication with a `root` user.
+//!
 //! etcd must be installed (`/usr/bin/etcd` from Debian's `etcd-server`); when it is not
 //! on `PATH`, [`EtcdProcess::start`] fails with instructions. Tests never skip.
 
+use crate::certs::TestCerts;
 use anyhow::{anyhow, Context};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -38,12 +44,36 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// How [`EtcdProcess::start_with`] runs etcd. The default is what
+/// [`EtcdProcess::start`] does: plain HTTP, no authentication, etcd's token TTL.
+#[derive(Clone, Debug, Default)]
+pub struct EtcdOptions {
+    /// Serve clients over TLS (`https://`) with `server_cert`/`server_key`
+    /// (`--cert-file`, `--key-file`). Health checks then go to a plain-HTTP metrics
+    /// port.
+    pub tls: Option<TestCerts>,
+    /// With `tls`: also demand a client certificate signed by the test CA
+    /// (`--trusted-ca-file`, `--client-cert-auth`).
+    pub client_cert_auth: bool,
+    /// `--auth-token-ttl`: how long an unused "simple" auth token lives (whole
+    /// seconds, at least 1; etcd's default is 300 s). Every use of a token renews it.
+    pub auth_token_ttl: Option<Duration>,
+}
+
+/// The `root` user [`EtcdProcess::enable_auth`] creates.
+pub const ROOT_USER: &str = "root";
+
 /// One etcd server process, owned by a test. Dropping it kills the process and
 /// removes its data directory; the process also dies with the test process.
 pub struct EtcdProcess {
     child: Option<Child>,
     client_port: u16,
     peer_port: u16,
+    /// Plain-HTTP `/health` and `/metrics` when clients are served over TLS.
+    metrics_port: u16,
+    options: EtcdOptions,
+    /// The `root` password once [`enable_auth`](Self::enable_auth) succeeded.
+    root_password: Option<String>,
     log_path: PathBuf,
     data_dir: PathBuf,
     // Declared last: removed after `drop` has killed the process.
@@ -56,6 +86,14 @@ impl EtcdProcess {
     /// `"health":"true"`. Retries with new ports a few times when etcd fails to come
     /// up (for example because a port was taken in between).
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(EtcdOptions::default()).await
+    }
+
+    /// [`start`](Self::start) with TLS and token settings from `options`.
+    pub async fn start_with(options: EtcdOptions) -> anyhow::Result<Self> {
+        if options.client_cert_auth && options.tls.is_none() {
+            return Err(anyhow!("EtcdOptions: client_cert_auth needs tls"));
+        }
         let binary = etcd_binary()?;
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
@@ -67,12 +105,19 @@ impl EtcdProcess {
                 child: None,
                 client_port: free_port(),
                 peer_port: free_port(),
+                metrics_port: free_port(),
+                options: options.clone(),
+                root_password: None,
                 log_path: dir.path().join("etcd.log"),
                 data_dir: dir.path().join("data"),
                 _dir: dir,
             };
-            if etcd.client_port == etcd.peer_port {
+            while etcd.client_port == etcd.peer_port
+                || etcd.metrics_port == etcd.client_port
+                || etcd.metrics_port == etcd.peer_port
+            {
                 etcd.peer_port = free_port();
+                etcd.metrics_port = free_port();
             }
             match etcd.spawn_and_wait(&binary).await {
                 Ok(()) => return Ok(etcd),
@@ -92,6 +137,72 @@ impl EtcdProcess {
     /// The client address, `127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// The client URL: `https://127.0.0.1:PORT` when etcd serves TLS, else
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        let scheme = if self.options.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.endpoint())
+    }
+
+    /// The certificates etcd serves TLS with, if it does.
+    pub fn tls(&self) -> Option<&TestCerts> {
+        self.options.tls.as_ref()
+    }
+
+    /// Turns on etcd's authentication: adds the user [`ROOT_USER`] with
+    /// `root_password`, grants it the `root` role and enables auth. From then on
+    /// every request needs a token (a user and password) or, with
+    /// `client_cert_auth`, a client certificate whose common name is a user.
+    pub async fn enable_auth(&mut self, root_password: &str) -> anyhow::Result<()> {
+        let mut client = self.admin_client().await?;
+        client
+            .user_add(ROOT_USER, root_password, None)
+            .await
+            .context("adding the etcd root user")?;
+        client
+            .user_grant_role(ROOT_USER, "root")
+            .await
+            .context("granting the root role")?;
+        client.auth_enable().await.context("enabling etcd auth")?;
+        self.root_password = Some(root_password.to_string());
+        Ok(())
+    }
+
+    /// A client for test setup and inspection: over TLS (with the client
+    /// certificate) when etcd serves TLS, as `root` once auth is enabled.
+    pub async fn admin_client(&self) -> anyhow::Result<etcd_client::Client> {
+        let mut options =
+            etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+        if let Some(certs) = &self.options.tls {
+            let read =
+                |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+            let mut tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(read(&certs.ca)?));
+            if self.options.client_cert_auth {
+                tls = tls.identity(etcd_client::Identity::from_pem(
+                    read(&certs.client_cert)?,
+                    read(&certs.client_key)?,
+                ));
+            }
+            options = options.with_tls(tls);
+        }
+        if let Some(password) = &self.root_password {
+            options = options.with_user(ROOT_USER, password.clone());
+        }
+        let url = self.url();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            etcd_client::Client::connect([url.as_str()], Some(options)),
+        )
+        .await
+        .with_context(|| format!("connecting to etcd {url} timed out"))?
+        .with_context(|| format!("connecting to etcd {url}"))
     }
 
     /// The client port.
@@ -164,7 +275,7 @@ impl EtcdProcess {
     }
 
     fn spawn(&mut self, binary: &Path) -> anyhow::Result<()> {
-        let client_url = format!("http://127.0.0.1:{}", self.client_port);
+        let client_url = self.url();
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
         let name = "meshd-test";
         let mut log = OpenOptions::new()
@@ -210,8 +321,25 @@ impl EtcdProcess {
             .arg("--auto-compaction-mode")
             .arg("revision")
             .arg("--auto-compaction-retention")
-            .arg("1000")
-            .stdin(Stdio::null())
+            .arg("1000");
+        if let Some(certs) = &self.options.tls {
+            cmd.arg("--cert-file")
+                .arg(&certs.server_cert)
+                .arg("--key-file")
+                .arg(&certs.server_key)
+                .arg("--listen-metrics-urls")
+                .arg(format!("http://127.0.0.1:{}", self.metrics_port));
+            if self.options.client_cert_auth {
+                cmd.arg("--trusted-ca-file")
+                    .arg(&certs.ca)
+                    .arg("--client-cert-auth");
+            }
+        }
+        if let Some(ttl) = self.options.auth_token_ttl {
+            cmd.arg("--auth-token-ttl")
+                .arg(ttl.as_secs().max(1).to_string());
+        }
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr));
         let child = crate::process::spawn_tied_to_test(cmd).map_err(|e| {
@@ -226,7 +354,14 @@ impl EtcdProcess {
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.client_port));
+        // Over TLS the client port cannot take the plain-HTTP probe; the metrics
+        // listener serves the same `/health`.
+        let port = if self.options.tls.is_some() {
+            self.metrics_port
+        } else {
+            self.client_port
+        };
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         crate::process::wait_healthy(&mut self.child, "etcd", addr, READY_DEADLINE, health).await
     }
 }

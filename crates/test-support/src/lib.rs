@@ -5,6 +5,7 @@
 //! suite ([`conformance`]) that every Meta backend runs and the partition-log
 //! conformance suite ([`log_conformance`]). Never a dependency of production code.
 
+pub mod certs;
 pub mod conformance;
 pub mod etcd;
 pub mod fault;

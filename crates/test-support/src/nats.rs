@@ -9,7 +9,12 @@
 //! `nats-server` on `PATH`. It must be 2.12 or newer (the JetStream log uses atomic
 //! batch publish); Debian's own package is 2.9 and is refused with instructions.
 //! Tests never skip.
+//!
+//! [`NatsProcess::start_with`] can require TLS from clients (certificates from
+//! [`TestCerts`], optionally a client certificate too) and a user and password
+//! (`authorization { user, password }`).
 
+use crate::certs::TestCerts;
 use anyhow::{anyhow, bail, Context};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -38,6 +43,20 @@ const START_ATTEMPTS: usize = 3;
 /// Lines of the server log printed when a test panics.
 const LOG_TAIL_LINES: usize = 200;
 
+/// How [`NatsProcess::start_with`] runs nats-server. The default is what
+/// [`NatsProcess::start`] does: plain TCP, no authorization.
+#[derive(Clone, Debug, Default)]
+pub struct NatsOptions {
+    /// Require TLS from every client (`tls { cert_file, key_file }` with the
+    /// server certificate). The monitoring port stays plain HTTP.
+    pub tls: Option<TestCerts>,
+    /// With `tls`: also demand a client certificate signed by the test CA
+    /// (`ca_file`, `verify: true`).
+    pub client_cert_auth: bool,
+    /// Require this user and password (`authorization { user, password }`).
+    pub credentials: Option<(String, String)>,
+}
+
 /// One nats-server process, owned by a test. Dropping it kills the process and
 /// removes its directory; the process also dies with the test process.
 pub struct NatsProcess {
@@ -46,6 +65,7 @@ pub struct NatsProcess {
     version: String,
     port: u16,
     monitor_port: u16,
+    options: NatsOptions,
     log_path: PathBuf,
     config_path: PathBuf,
     store_dir: PathBuf,
@@ -58,6 +78,14 @@ impl NatsProcess {
     /// monitoring) with a fresh store directory, and waits (at most ~10 s) until its
     /// `/healthz` says JetStream is ready. Retries with new ports a few times.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(NatsOptions::default()).await
+    }
+
+    /// [`start`](Self::start) with the TLS and authorization of `options`.
+    pub async fn start_with(options: NatsOptions) -> anyhow::Result<Self> {
+        if options.client_cert_auth && options.tls.is_none() {
+            bail!("NatsOptions: client_cert_auth needs tls");
+        }
         let (binary, version) = nats_server_binary()?;
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
@@ -71,6 +99,7 @@ impl NatsProcess {
                 version: version.clone(),
                 port: crate::etcd::free_port(),
                 monitor_port: crate::etcd::free_port(),
+                options: options.clone(),
                 log_path: dir.path().join("nats.log"),
                 config_path: dir.path().join("nats.conf"),
                 store_dir: dir.path().join("store"),
@@ -102,6 +131,19 @@ impl NatsProcess {
     /// `127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The certificates the server requires TLS with, if it does.
+    pub fn tls(&self) -> Option<&TestCerts> {
+        self.options.tls.as_ref()
+    }
+
+    /// The user and password the server requires, if it does.
+    pub fn credentials(&self) -> Option<(&str, &str)> {
+        self.options
+            .credentials
+            .as_ref()
+            .map(|(u, p)| (u.as_str(), p.as_str()))
     }
 
     pub fn port(&self) -> u16 {
@@ -186,7 +228,7 @@ impl NatsProcess {
         // `sync_interval: always`: every stored message is fsynced before its PubAck,
         // so a SIGKILL (or a power cut) keeps whatever was acknowledged.
         // `max_payload: 2MB`: a 1 MiB event (meshd's limit) plus headers fits.
-        let config = format!(
+        let mut config = format!(
             "# written by meshd-test-support\n\
              server_name: meshd-test\n\
              listen: 127.0.0.1:{port}\n\
@@ -197,6 +239,23 @@ impl NatsProcess {
             monitor = self.monitor_port,
             store = self.store_dir.display().to_string(),
         );
+        if let Some(certs) = &self.options.tls {
+            let path = |p: &Path| format!("{:?}", p.display().to_string());
+            config.push_str(&format!(
+                "tls {{\n  cert_file: {}\n  key_file: {}\n  timeout: 2\n",
+                path(&certs.server_cert),
+                path(&certs.server_key)
+            ));
+            if self.options.client_cert_auth {
+                config.push_str(&format!("  ca_file: {}\n  verify: true\n", path(&certs.ca)));
+            }
+            config.push_str("}\n");
+        }
+        if let Some((user, password)) = &self.options.credentials {
+            config.push_str(&format!(
+                "authorization {{\n  user: {user:?}\n  password: {password:?}\n}}\n"
+            ));
+        }
         std::fs::write(&self.config_path, config)
             .with_context(|| format!("writing {}", self.config_path.display()))
     }
