@@ -45,6 +45,17 @@ impl RocksEngine {
         // families that hold the oldest WAL, so the replay stays bounded. (64 MiB cost
         // a quarter of the batched publish throughput in extra flushes; 256 MiB none.)
         opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
+        // RocksDB's info `LOG` lives in the data dir, so a full disk fails its writes
+        // too, and RocksDB before 8.1 asserts that a file writer is never used after
+        // a failed write; Debian's librocksdb 7.8 keeps assertions on, so the next
+        // log line after a failed `LOG` flush aborts the process (SIGABRT in
+        // `WritableFileWriter::AssertFalseAndGetStatusForPrevError`, from
+        // `EnvLogger::Logv`, within one write error: tests/disk_full.rs) instead of
+        // letting the engine fail-stop. Upstream lifted that assertion for the info
+        // log in facebook/rocksdb#11314 (8.1). Until meshd links such a RocksDB, it
+        // writes only the header (options, at open) and fatal lines to `LOG`;
+        // failures reach the operator through meshd's own logs and metrics.
+        opts.set_log_level(rocksdb::LogLevel::Fatal);
         let cfs = column_families
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
