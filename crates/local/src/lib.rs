@@ -102,6 +102,17 @@ pub enum LocalError {
     /// A read failed.
     #[error("local read failed: {0}")]
     ReadFailed(String),
+    /// Stored bytes failed their checksum (RocksDB's block or WAL checksums): the
+    /// data on disk was damaged. Nothing of it is returned, and the engine has
+    /// fail-stopped (every later write is refused) so the instance stops serving
+    /// from a store it can no longer trust.
+    #[error("corrupt data in column family {cf} at key {key}: {reason}")]
+    Corrupt {
+        cf: &'static str,
+        /// The key read (or the first key of the scan), printable.
+        key: String,
+        reason: String,
+    },
     /// The data dir could not be opened.
     #[error("cannot open data dir {dir}: {reason}")]
     Open { dir: PathBuf, reason: String },
@@ -123,6 +134,7 @@ impl LocalError {
     pub fn reason(&self) -> String {
         match self {
             LocalError::WriteFailed(reason) | LocalError::Poisoned(reason) => reason.clone(),
+            LocalError::Corrupt { .. } => self.to_string(),
             other => other.to_string(),
         }
     }
@@ -137,6 +149,8 @@ impl LocalError {
 /// * A failed write or sync returns [`LocalError::WriteFailed`] (outcome unknown) and
 ///   fail-stops the engine: it returns [`LocalError::Poisoned`] (refused, nothing
 ///   written) for every later write or sync (reads still work).
+/// * A read that finds damaged bytes returns [`LocalError::Corrupt`] and fail-stops
+///   the engine the same way.
 /// * Reads see every write that returned before they started.
 /// * All methods may be called from any thread; they block (call them from a blocking
 ///   context, not directly on an async executor thread).

@@ -15,6 +15,7 @@ const MAX_TOTAL_WAL_BYTES: u64 = 256 * 1024 * 1024;
 pub struct RocksEngine {
     db: DB,
     dir: PathBuf,
+    column_families: Vec<&'static str>,
     /// Set after the first failed write; every later write is refused with it
     /// (fail-stop: what reached disk is unknown).
     poisoned: Mutex<Option<String>>,
@@ -45,6 +46,12 @@ impl RocksEngine {
         // families that hold the oldest WAL, so the replay stays bounded. (64 MiB cost
         // a quarter of the batched publish throughput in extra flushes; 256 MiB none.)
         opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
+        // A WAL record that fails its checksum stops the open with `Corruption`
+        // (meshd refuses to start, naming it) instead of RocksDB's default
+        // point-in-time recovery, which would stop replaying there and open without
+        // every later write: acknowledged events lost in silence. Only an incomplete
+        // last record (a write torn by a power cut, never acknowledged) is tolerated.
+        opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
         // RocksDB's info `LOG` lives in the data dir, so a full disk fails its writes
         // too, and RocksDB before 8.1 asserts that a file writer is never used after
         // a failed write; Debian's librocksdb 7.8 keeps assertions on, so the next
@@ -77,6 +84,7 @@ impl RocksEngine {
         Ok(Self {
             db,
             dir: dir.to_path_buf(),
+            column_families: column_families.to_vec(),
             poisoned: Mutex::new(None),
             _lock: lock,
         })
@@ -84,6 +92,17 @@ impl RocksEngine {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Writes every column family's memtable to SST files (and lets RocksDB drop
+    /// the WAL files that only held them).
+    pub fn flush_all(&self) -> Result<(), LocalError> {
+        for name in &self.column_families {
+            self.db
+                .flush_cf(self.cf(name)?)
+                .map_err(|e| LocalError::WriteFailed(format!("flush of {name} failed: {e}")))?;
+        }
+        Ok(())
     }
 
     fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily, LocalError> {
@@ -102,8 +121,29 @@ impl RocksEngine {
         }
     }
 
+    /// A failed read. Damaged bytes (RocksDB's `Corruption`: a block or WAL checksum
+    /// mismatch) fail-stop the engine: fail-stop rather than quarantine, because a
+    /// damaged block may hold any record of any store on this engine (offsets,
+    /// deliveries, the embedded Meta), and serving around it could hand out wrong
+    /// state. The operator restores the data dir (or removes the damaged instance)
+    /// and restarts.
+    fn read_error(&self, cf: &'static str, key: &[u8], e: rocksdb::Error) -> LocalError {
+        if e.kind() != rocksdb::ErrorKind::Corruption {
+            return LocalError::ReadFailed(e.to_string());
+        }
+        let key = key.escape_ascii().to_string();
+        let err = LocalError::Corrupt {
+            cf,
+            key: key.clone(),
+            reason: e.to_string(),
+        };
+        tracing::error!(store = "local", backend = "rocksdb", dir = %self.dir.display(), cf, key = %key, error = %e, "corrupt data on disk; engine fail-stopped");
+        self.poison(&err.to_string());
+        err
+    }
+
     fn poison(&self, reason: &str) {
-        tracing::error!(store = "local", backend = "rocksdb", dir = %self.dir.display(), reason, "local write failed; engine fail-stopped");
+        tracing::error!(store = "local", backend = "rocksdb", dir = %self.dir.display(), reason, "engine fail-stopped");
         if let Ok(mut p) = self.poisoned.lock() {
             p.get_or_insert_with(|| reason.to_string());
         }
@@ -147,7 +187,7 @@ impl KvEngine for RocksEngine {
         let handle = self.cf(cf)?;
         self.db
             .get_cf(handle, key)
-            .map_err(|e| LocalError::ReadFailed(e.to_string()))
+            .map_err(|e| self.read_error(cf, key, e))
     }
 
     fn scan(
@@ -164,7 +204,7 @@ impl KvEngine for RocksEngine {
         );
         let mut out = Vec::new();
         for item in iter {
-            let (k, v) = item.map_err(|e| LocalError::ReadFailed(e.to_string()))?;
+            let (k, v) = item.map_err(|e| self.read_error(cf, start, e))?;
             if let Some(end) = end {
                 if k.as_ref() >= end {
                     break;

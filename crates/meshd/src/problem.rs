@@ -103,7 +103,7 @@ impl Problem {
             store,
             backend,
             format!(
-                "the {store} store ({backend}) has fail-stopped after a failed disk write and stays stopped until meshd is restarted; this request was not applied: {reason}"
+                "the {store} store ({backend}) has fail-stopped (a failed disk write, or damaged data found on disk) and stays stopped until meshd is restarted; this request was not applied: {reason}"
             ),
         );
         p.retry_after = Some(FAIL_STOP_RETRY_AFTER_SECS);
