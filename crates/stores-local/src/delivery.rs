@@ -546,3 +546,51 @@ mod tests {
         assert_damage_is_detected(&encode(&r), |b| decode(key(), 4, b));
     }
 }
+
+/// Fuzzing the delivery key parser (issue 9, item 6; docs/fuzzing.md): a key read back
+/// from the `deliveries` column family parses only into the record it is the key of.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("MESHD_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000)
+    }
+
+    fn key_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let component = prop_oneof![
+            (0u8..12).prop_map(|b| vec![b]),
+            "[a-z.]{0,10}".prop_map(String::into_bytes),
+            any::<u64>().prop_map(|n| n.to_be_bytes().to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..6),
+        ];
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..48),
+            proptest::collection::vec(component, 0..8).prop_map(|c| {
+                let mut k = vec![keys::DELIVERY];
+                k.extend(c.concat());
+                k
+            }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        #[test]
+        fn delivery_key_parse(k in key_bytes()) {
+            match parse_key(&k) {
+                Ok((key, offset)) => {
+                    let mut again = keys::delivery_key(&key, offset);
+                    again[0] = k[0];
+                    prop_assert_eq!(again, k);
+                }
+                Err(e) => prop_assert!(matches!(e, DeliveryError::Corrupt { .. }), "{e:?}"),
+            }
+        }
+    }
+}

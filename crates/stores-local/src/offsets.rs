@@ -471,3 +471,64 @@ mod tests {
         );
     }
 }
+
+/// Fuzzing the Meta checkpoint record (issue 9, item 6; docs/fuzzing.md): whatever
+/// Meta holds under a checkpoint key decodes or fails, and a decode is exact.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("MESHD_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000)
+    }
+
+    fn number() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            Just("1.5".to_string()),
+            Just("1e3".to_string()),
+            Just("18446744073709551616".to_string()),
+            Just("null".to_string()),
+            Just("\"1\"".to_string()),
+        ]
+    }
+
+    fn checkpoint_json() -> impl Strategy<Value = Vec<u8>> {
+        let field = prop_oneof![Just("offset"), Just("epoch"), Just("at_ms"), Just("other")];
+        (
+            number(),
+            proptest::collection::vec((field, number()), 0..5),
+            any::<bool>(),
+        )
+            .prop_map(|(v, fields, nested)| {
+                let inner: Vec<String> =
+                    fields.iter().map(|(k, n)| format!("\"{k}\":{n}")).collect();
+                let committed = if nested {
+                    format!("{{{}}}", inner.join(","))
+                } else {
+                    "[]".into()
+                };
+                format!("{{\"v\":{v},\"committed\":{committed}}}").into_bytes()
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        #[test]
+        fn checkpoint_record_decode(
+            bytes in prop_oneof![proptest::collection::vec(any::<u8>(), 0..48), checkpoint_json()],
+        ) {
+            if let Ok(rec) = serde_json::from_slice::<CheckpointRecord>(&bytes) {
+                let again = serde_json::to_vec(&rec).unwrap();
+                let back: CheckpointRecord = serde_json::from_slice(&again).unwrap();
+                prop_assert_eq!((back.v, back.committed), (rec.v, rec.committed));
+            }
+        }
+    }
+}

@@ -1169,3 +1169,150 @@ mod tests {
         assert_eq!(err.field, "max_history");
     }
 }
+
+/// Fuzzing the task record (issue 9, item 6; docs/fuzzing.md): whatever Meta holds
+/// under a task key decodes exactly or is corrupt, never a panic. Valid records are
+/// mutated member by member so the cases get past the version probe.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use crate::time::Timestamp;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("MESHD_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000)
+    }
+
+    fn state() -> impl Strategy<Value = TaskState> {
+        prop::sample::select(TaskState::ALL.to_vec())
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            (0u64..3).prop_map(Value::from),
+            Just(Value::from(1.5)),
+            state().prop_map(|s| Value::from(s.as_str())),
+            prop::sample::select(vec!["2025-01-02T03:04:05.678Z", "", "t"]).prop_map(Value::from),
+            ".{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(2, 12, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                prop::collection::vec(("[a-z_]{1,8}", inner), 0..3)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn task() -> impl Strategy<Value = Task> {
+        (
+            (
+                state(),
+                prop::collection::vec(state(), 0..3),
+                json(),
+                proptest::option::of(json()),
+            ),
+            (0i64..253_402_300_799_999, any::<i64>(), any::<bool>()),
+        )
+            .prop_map(
+                |((state, mut earlier, input, output), (at, epoch, assigned))| {
+                    earlier.push(state);
+                    let at = Timestamp::from_millis(at).unwrap();
+                    Task {
+                        id: "t".into(),
+                        agent: "a".into(),
+                        state,
+                        input,
+                        output,
+                        history: earlier
+                            .into_iter()
+                            .map(|state| HistoryEntry { state, at })
+                            .collect(),
+                        assignee: (assigned || state.is_claimed()).then(|| Assignee {
+                            session: "s".into(),
+                            epoch,
+                            client_id: "a".into(),
+                            session_key: "k".into(),
+                        }),
+                        created_at: at,
+                        version: 3,
+                    }
+                },
+            )
+    }
+
+    fn edit(
+        object: &mut serde_json::Map<String, Value>,
+        at: prop::sample::Index,
+        how: u8,
+        v: Value,
+    ) {
+        let keys: Vec<String> = object.keys().cloned().collect();
+        if keys.is_empty() {
+            return;
+        }
+        let k = keys[at.index(keys.len())].clone();
+        match how % 4 {
+            0 => {
+                object.remove(&k);
+            }
+            1 => {
+                object.insert(k, v);
+            }
+            2 => {
+                object.insert(format!("{k}_x"), v);
+            }
+            _ => match object.get_mut(&k) {
+                Some(Value::Object(inner)) => edit(inner, at, how / 4, v),
+                Some(Value::Array(items)) if !items.is_empty() => {
+                    let i = at.index(items.len());
+                    match &mut items[i] {
+                        Value::Object(inner) => edit(inner, at, how / 4, v),
+                        other => *other = v,
+                    }
+                }
+                _ => {}
+            },
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        #[test]
+        fn task_record_decode(
+            t in task(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), json()), 0..4),
+            cut in proptest::option::weighted(0.2, any::<prop::sample::Index>()),
+            garbage in prop::collection::vec(any::<u8>(), 0..32),
+            use_garbage in proptest::bool::weighted(0.1),
+        ) {
+            let bytes = if use_garbage {
+                garbage
+            } else {
+                let mut v: Value = serde_json::from_slice(&record::encode(&t).unwrap()).unwrap();
+                for (at, how, value) in edits {
+                    if let Value::Object(o) = &mut v {
+                        edit(o, at, how, value);
+                    }
+                }
+                let b = serde_json::to_vec(&v).unwrap();
+                match cut {
+                    Some(at) => b[..at.index(b.len() + 1)].to_vec(),
+                    None => b,
+                }
+            };
+            if let Ok(d) = record::decode("t", &bytes, 3) {
+                prop_assert_eq!(d.history.last().map(|h| h.state), Some(d.state));
+                let again = record::encode(&d).unwrap();
+                prop_assert_eq!(record::decode("t", &again, 3), Ok(d));
+            }
+        }
+    }
+}

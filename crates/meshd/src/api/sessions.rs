@@ -302,3 +302,42 @@ mod tests {
         assert!(TTL_MS.contains(&DEFAULT_TTL_MS));
     }
 }
+
+/// Fuzzing the session open and heartbeat bodies (issue 9, item 6; docs/fuzzing.md):
+/// the handlers' field reads; any body is accepted or a clean 400/415, never a panic.
+#[cfg(test)]
+mod fuzz {
+    use super::super::fuzz::{body, cases, clean, headers};
+    use super::*;
+    use proptest::prelude::*;
+
+    fn open(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
+        let f = Fields::parse(h, Ok(b), &["client_id", "ttl_ms"])?;
+        let client_id = f
+            .string("client_id", MAX_NAME_LEN)?
+            .ok_or_else(|| Problem::invalid_field("client_id", "client_id is required"))?;
+        if !crate::config::valid_name(&client_id) {
+            return Err(Problem::invalid_field("client_id", "invalid"));
+        }
+        let ttl = f.u64_in("ttl_ms", TTL_MS)?.unwrap_or(DEFAULT_TTL_MS);
+        assert!(TTL_MS.contains(&ttl));
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        #[test]
+        fn open_and_heartbeat_bodies(h in headers(), b in body(&["client_id", "ttl_ms"]), id in ".{0,40}") {
+            if let Err(p) = open(&h, b.clone()) {
+                clean(&p)?;
+            }
+            if let Err(p) = Fields::parse(&h, Ok(b), &[]) {
+                clean(&p)?;
+            }
+            if known_shape(&id).is_ok() {
+                prop_assert!(record::is_session_id(&id));
+            }
+        }
+    }
+}

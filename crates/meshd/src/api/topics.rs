@@ -314,3 +314,84 @@ pub async fn browse(
     out.push_str("]}");
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
 }
+
+/// Fuzzing the topic PUT body, the publish request as the handler hands it to the
+/// CloudEvents parser (headers from a real `HeaderMap`), and browse's query numbers
+/// (issue 9, item 6; docs/fuzzing.md): accepted or a clean 4xx, never a panic.
+#[cfg(test)]
+mod fuzz {
+    use super::super::fuzz::{body, cases, clean, headers};
+    use super::*;
+    use proptest::prelude::*;
+
+    fn put(h: &HeaderMap, b: Bytes) -> Result<u64, Problem> {
+        let req: PutTopic = json_body(h, Ok(b))?;
+        req.partitions
+            .as_u64()
+            .filter(|p| PARTITIONS.contains(p))
+            .ok_or_else(|| Problem::invalid_field("partitions", "out of range"))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        #[test]
+        fn put_topic_body(h in headers(), b in body(&["partitions"])) {
+            match put(&h, b) {
+                Ok(p) => prop_assert!(PARTITIONS.contains(&p)),
+                Err(p) => clean(&p)?,
+            }
+        }
+
+        #[test]
+        fn publish_request(
+            ct in prop_oneof![
+                Just(None),
+                prop::sample::select(vec![
+                    "application/cloudevents+json",
+                    "application/cloudevents-batch+json",
+                    "application/cloudevents+xml",
+                    "application/json",
+                ]).prop_map(Some),
+            ],
+            ce in prop::collection::vec((
+                prop::sample::select(vec!["ce-specversion", "ce-id", "ce-source", "ce-type", "ce-time", "ce-x", "x-y"]),
+                prop::sample::select(vec!["1.0", "e1", "/s", "t", "%ff", "2020-01-01T00:00:00Z", ""]),
+            ), 0..6),
+            b in body(&["specversion", "id", "source", "type", "data", "data_base64", "time"]),
+        ) {
+            let mut h = HeaderMap::new();
+            if let Some(ct) = ct {
+                h.insert(header::CONTENT_TYPE, axum::http::HeaderValue::from_static(ct));
+            }
+            for (k, v) in ce {
+                h.append(k, axum::http::HeaderValue::from_static(v));
+            }
+            // As `publish` does between reading the body and appending.
+            let content_type = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+            let ce_headers: Vec<(String, String)> = h
+                .iter()
+                .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+                .collect();
+            match parse_publish(content_type, &ce_headers, &b, &Limits::default()) {
+                Ok(events) => {
+                    for e in &events {
+                        prop_assert!(partition_for(e, 1024) < 1024);
+                    }
+                }
+                Err(e) => {
+                    let p = event_problem(e);
+                    prop_assert!([400u16, 413, 415].contains(&p.status.as_u16()), "{}", p.status);
+                }
+            }
+        }
+
+        #[test]
+        fn browse_query_numbers(v in prop_oneof![".{0,8}", any::<u64>().prop_map(|n| n.to_string()), Just("18446744073709551616".to_owned())]) {
+            match query_number("limit", Some(&v), BROWSE_DEFAULT, 1..=BROWSE_MAX) {
+                Ok(n) => prop_assert!((1..=BROWSE_MAX).contains(&n)),
+                Err(p) => clean(&p)?,
+            }
+        }
+    }
+}

@@ -145,3 +145,121 @@ mod pinned_format {
         assert_eq!(enc(history().encode()), HISTORY_V1.trim());
     }
 }
+
+/// Fuzzing the embedded Meta's records (issue 9, item 6; docs/fuzzing.md). They are
+/// read at open (recovery) and on every get and watch, so damaged bytes must be a
+/// reported error, never a panic that crash-loops the instance, and never a value:
+/// whatever decodes re-encodes to exactly the bytes it came from.
+#[cfg(test)]
+mod fuzz {
+    use super::history::HistoryRecord;
+    use super::key_record::KeyRecord;
+    use super::lease::LeaseRecord;
+    use super::state::StateRecord;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("MESHD_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000)
+    }
+
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    /// Plausible tokens: event kinds and small counts, length prefixes that may lie,
+    /// small and extreme whole numbers, raw bytes.
+    fn payload() -> impl Strategy<Value = Vec<u8>> {
+        let token = prop_oneof![
+            (0u8..4).prop_map(|b| vec![b]),
+            (0u32..6).prop_map(|n| n.to_le_bytes().to_vec()),
+            (0u32..16, proptest::collection::vec(any::<u8>(), 0..16)).prop_map(|(n, b)| {
+                let mut v = n.to_le_bytes().to_vec();
+                v.extend(b);
+                v
+            }),
+            any::<u32>().prop_map(|n| n.to_le_bytes().to_vec()),
+            (-2i64..12).prop_map(|n| n.to_le_bytes().to_vec()),
+            any::<i64>().prop_map(|n| n.to_le_bytes().to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..8),
+        ];
+        proptest::collection::vec(token, 0..12).prop_map(|t| t.concat())
+    }
+
+    /// Arbitrary bytes, or a payload sealed as version 1 (or another) with a valid
+    /// checksum, so it reaches the field decoding.
+    fn record_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let seal = |version: u8, payload: Vec<u8>| {
+            let mut b = vec![version];
+            b.extend(payload);
+            let crc = crc32(&b);
+            b.extend_from_slice(&crc.to_le_bytes());
+            b
+        };
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..64),
+            payload().prop_map(move |p| seal(1, p)),
+            (any::<u8>(), payload()).prop_map(move |(v, p)| seal(v, p)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        #[test]
+        fn state_record_decode(bytes in record_bytes()) {
+            if let Ok(r) = StateRecord::decode(&bytes) {
+                prop_assert!(r.revision >= 0 && r.history_start >= 1 && r.next_lease >= 1);
+                prop_assert_eq!(r.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn key_record_decode(bytes in record_bytes(), key in proptest::collection::vec(any::<u8>(), 0..8)) {
+            if let Ok(r) = KeyRecord::decode(&bytes) {
+                prop_assert!(r.create_revision >= 1 && r.mod_revision >= r.create_revision && r.version >= 1);
+                prop_assert_eq!(r.encode(), bytes.clone());
+                let kv = r.to_kv(&key);
+                prop_assert_eq!(kv.lease.is_some(), r.lease != 0);
+            }
+        }
+
+        #[test]
+        fn lease_record_decode(bytes in record_bytes()) {
+            if let Ok(r) = LeaseRecord::decode(&bytes) {
+                prop_assert!(r.ttl_ms >= 1);
+                prop_assert_eq!(r.encode(), bytes);
+            }
+        }
+
+        /// History records carry a count the decoder must not trust for allocation.
+        #[test]
+        fn history_record_decode(bytes in record_bytes()) {
+            if let Ok(r) = HistoryRecord::decode(&bytes) {
+                prop_assert!(r.revision >= 1);
+                prop_assert_eq!(r.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn lease_key_parse(key in proptest::collection::vec(any::<u8>(), 0..16)) {
+            if let Some(id) = lease_id_of(&key) {
+                prop_assert_eq!(&lease_key(id)[1..], &key[1..9]);
+            }
+        }
+    }
+}

@@ -229,7 +229,7 @@ enum Engine {
         db: Option<Arc<EmbeddedMeta>>,
     },
     Etcd {
-        process: EtcdProcess,
+        process: Box<EtcdProcess>,
     },
 }
 
@@ -262,7 +262,12 @@ impl Harness {
     pub async fn etcd() -> Self {
         let process = EtcdProcess::start().await.expect("start etcd");
         let client = connect(&process).await;
-        Self::with(Engine::Etcd { process }, client)
+        Self::with(
+            Engine::Etcd {
+                process: Box::new(process),
+            },
+            client,
+        )
     }
 
     fn with(engine: Engine, client: Arc<dyn Meta>) -> Self {
