@@ -68,6 +68,63 @@ pub struct ServeArgs {
     /// How long dead letters are kept, in hours (1-876000).
     #[arg(long, env = "MESHD_DEADLETTER_RETENTION_HOURS")]
     pub deadletter_retention_hours: Option<u64>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, env = "MESHD_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "MESHD_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Open client connections at most; at the cap accepting pauses (1-1000000).
+    #[arg(long, env = "MESHD_MAX_CONNECTIONS")]
+    pub max_connections: Option<u64>,
+    /// Requests handled at a time; more are refused with 429 (1-100000).
+    #[arg(long, env = "MESHD_MAX_REQUESTS")]
+    pub max_requests: Option<u64>,
+    /// Long polls (pull with wait_ms) waiting at a time; more get 429 (1-100000,
+    /// below --max-requests).
+    #[arg(long, env = "MESHD_MAX_LONG_POLLS")]
+    pub max_long_polls: Option<u64>,
+    /// Bytes of request bodies held at a time; a body that does not fit gets 429.
+    #[arg(long, env = "MESHD_MAX_BODY_MEMORY")]
+    pub max_body_memory: Option<u64>,
+    /// Time a client has to send its request headers (and the TLS handshake), ms.
+    #[arg(long, env = "MESHD_HEADER_TIMEOUT_MS")]
+    pub header_timeout_ms: Option<u64>,
+    /// Time a client has to send its request body, ms (408 after it).
+    #[arg(long, env = "MESHD_BODY_TIMEOUT_MS")]
+    pub body_timeout_ms: Option<u64>,
+    /// A connection with no traffic for this long is closed, ms; a long poll waits at
+    /// most 0.5 s less.
+    #[arg(long, env = "MESHD_IDLE_TIMEOUT_MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// etcd over TLS: the PEM CA that signed etcd's certificate.
+    #[arg(long, env = "MESHD_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// etcd client certificate (PEM), with --etcd-key-file.
+    #[arg(long, env = "MESHD_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+    #[arg(long, env = "MESHD_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+    /// etcd user (etcd auth), with --etcd-password-file.
+    #[arg(long, env = "MESHD_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// A file whose first line is the etcd user's password.
+    #[arg(long, env = "MESHD_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+    /// NATS over TLS: the PEM CA that signed nats-server's certificate.
+    #[arg(long, env = "MESHD_NATS_CA_FILE")]
+    pub nats_ca_file: Option<PathBuf>,
+    /// NATS client certificate (PEM), with --nats-key-file.
+    #[arg(long, env = "MESHD_NATS_CERT_FILE")]
+    pub nats_cert_file: Option<PathBuf>,
+    #[arg(long, env = "MESHD_NATS_KEY_FILE")]
+    pub nats_key_file: Option<PathBuf>,
+    /// NATS user, with --nats-password-file.
+    #[arg(long, env = "MESHD_NATS_USER")]
+    pub nats_user: Option<String>,
+    /// A file whose first line is the NATS user's password.
+    #[arg(long, env = "MESHD_NATS_PASSWORD_FILE")]
+    pub nats_password_file: Option<PathBuf>,
 }
 
 /// The same settings as read from `--config`.
@@ -91,6 +148,25 @@ struct FileConfig {
     checkpoint_ms: Option<u64>,
     task_retention_hours: Option<u64>,
     deadletter_retention_hours: Option<u64>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    max_connections: Option<u64>,
+    max_requests: Option<u64>,
+    max_long_polls: Option<u64>,
+    max_body_memory: Option<u64>,
+    header_timeout_ms: Option<u64>,
+    body_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    etcd_ca_file: Option<PathBuf>,
+    etcd_cert_file: Option<PathBuf>,
+    etcd_key_file: Option<PathBuf>,
+    etcd_user: Option<String>,
+    etcd_password_file: Option<PathBuf>,
+    nats_ca_file: Option<PathBuf>,
+    nats_cert_file: Option<PathBuf>,
+    nats_key_file: Option<PathBuf>,
+    nats_user: Option<String>,
+    nats_password_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,6 +209,76 @@ pub struct Config {
     pub checkpoint_ms: u64,
     pub task_retention_hours: u64,
     pub deadletter_retention_hours: u64,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub max_connections: u64,
+    pub max_requests: u64,
+    pub max_long_polls: u64,
+    pub max_body_memory: u64,
+    pub header_timeout_ms: u64,
+    pub body_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    /// TLS and credentials of the etcd connection (`--meta etcd://...` only).
+    pub etcd: Secured,
+    /// TLS and credentials of the NATS connection (`--log nats://...` only).
+    pub nats: Secured,
+}
+
+/// TLS and user/password options of a backend connection (etcd or NATS).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Secured {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub user: Option<String>,
+    pub password_file: Option<PathBuf>,
+}
+
+impl Secured {
+    fn is_set(&self) -> bool {
+        *self != Secured::default()
+    }
+
+    /// `prefix` is `etcd` or `nats`, for the flag names in errors.
+    fn validate(&self, prefix: &'static str) -> Result<(), ConfigError> {
+        let flag = |f: &str| format!("--{prefix}-{f}");
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(invalid_owned(
+                flag("cert-file"),
+                format!("{:?} / {:?}", self.cert_file, self.key_file),
+                format!("{} and {} go together", flag("cert-file"), flag("key-file")),
+            ));
+        }
+        if self.cert_file.is_some() && self.ca_file.is_none() {
+            return Err(invalid_owned(
+                flag("cert-file"),
+                format!("{:?}", self.cert_file),
+                format!("a client certificate needs {} (TLS)", flag("ca-file")),
+            ));
+        }
+        if self.user.is_some() != self.password_file.is_some() {
+            return Err(invalid_owned(
+                flag("user"),
+                self.user.clone().unwrap_or_default(),
+                format!("{} and {} go together", flag("user"), flag("password-file")),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The password: the first line of the password file, trimmed. Read at start-up.
+    pub fn password(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.password_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read password file {}: {e}", path.display()))?;
+        let line = text.lines().next().unwrap_or("").trim().to_string();
+        if line.is_empty() {
+            anyhow::bail!("password file {} is empty", path.display());
+        }
+        Ok(Some(line))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,15 +287,23 @@ pub enum ConfigError {
     File { path: PathBuf, reason: String },
     #[error("invalid value {value:?} for {name}: {reason}")]
     Invalid {
-        name: &'static str,
+        name: std::borrow::Cow<'static, str>,
         value: String,
         reason: String,
     },
 }
 
+fn invalid_owned(name: String, value: impl ToString, reason: impl ToString) -> ConfigError {
+    ConfigError::Invalid {
+        name: name.into(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
 fn invalid(name: &'static str, value: impl ToString, reason: impl ToString) -> ConfigError {
     ConfigError::Invalid {
-        name,
+        name: name.into(),
         value: value.to_string(),
         reason: reason.to_string(),
     }
@@ -164,6 +318,13 @@ pub const DEFAULT_LOG_RETENTION_HOURS: u64 = 168;
 pub const DEFAULT_CHECKPOINT_MS: u64 = 1000;
 pub const DEFAULT_TASK_RETENTION_HOURS: u64 = 168;
 pub const DEFAULT_DEADLETTER_RETENTION_HOURS: u64 = 336;
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
+pub const DEFAULT_MAX_REQUESTS: u64 = 1024;
+pub const DEFAULT_MAX_LONG_POLLS: u64 = 512;
+pub const DEFAULT_MAX_BODY_MEMORY: u64 = 256 * 1024 * 1024;
+pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
 /// Retention hours: at most 100 years.
 const HOURS: std::ops::RangeInclusive<u64> = 1..=876_000;
 
@@ -248,6 +409,50 @@ impl Config {
                 .deadletter_retention_hours
                 .or(file.deadletter_retention_hours)
                 .unwrap_or(DEFAULT_DEADLETTER_RETENTION_HOURS),
+            tls_cert: args.tls_cert.or(file.tls_cert),
+            tls_key: args.tls_key.or(file.tls_key),
+            max_connections: args
+                .max_connections
+                .or(file.max_connections)
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+            max_requests: args
+                .max_requests
+                .or(file.max_requests)
+                .unwrap_or(DEFAULT_MAX_REQUESTS),
+            max_long_polls: args
+                .max_long_polls
+                .or(file.max_long_polls)
+                .unwrap_or(DEFAULT_MAX_LONG_POLLS),
+            max_body_memory: args
+                .max_body_memory
+                .or(file.max_body_memory)
+                .unwrap_or(DEFAULT_MAX_BODY_MEMORY),
+            header_timeout_ms: args
+                .header_timeout_ms
+                .or(file.header_timeout_ms)
+                .unwrap_or(DEFAULT_HEADER_TIMEOUT_MS),
+            body_timeout_ms: args
+                .body_timeout_ms
+                .or(file.body_timeout_ms)
+                .unwrap_or(DEFAULT_BODY_TIMEOUT_MS),
+            idle_timeout_ms: args
+                .idle_timeout_ms
+                .or(file.idle_timeout_ms)
+                .unwrap_or(DEFAULT_IDLE_TIMEOUT_MS),
+            etcd: Secured {
+                ca_file: args.etcd_ca_file.or(file.etcd_ca_file),
+                cert_file: args.etcd_cert_file.or(file.etcd_cert_file),
+                key_file: args.etcd_key_file.or(file.etcd_key_file),
+                user: args.etcd_user.or(file.etcd_user),
+                password_file: args.etcd_password_file.or(file.etcd_password_file),
+            },
+            nats: Secured {
+                ca_file: args.nats_ca_file.or(file.nats_ca_file),
+                cert_file: args.nats_cert_file.or(file.nats_cert_file),
+                key_file: args.nats_key_file.or(file.nats_key_file),
+                user: args.nats_user.or(file.nats_user),
+                password_file: args.nats_password_file.or(file.nats_password_file),
+            },
         };
         config.validate()?;
         Ok(config)
@@ -315,6 +520,61 @@ impl Config {
                 "--log-retention-bytes",
                 0,
                 "must be at least 1 (leave it unset for no size limit)",
+            ));
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(invalid(
+                "--tls-cert",
+                format!("{:?} / {:?}", self.tls_cert, self.tls_key),
+                "--tls-cert and --tls-key go together",
+            ));
+        }
+        for (name, v, range) in [
+            ("--max-connections", self.max_connections, 1..=1_000_000),
+            ("--max-requests", self.max_requests, 1..=100_000),
+            ("--max-long-polls", self.max_long_polls, 1..=100_000),
+            (
+                "--max-body-memory",
+                self.max_body_memory,
+                crate::api::MAX_BODY_BYTES as u64..=(1 << 40),
+            ),
+            ("--header-timeout-ms", self.header_timeout_ms, 100..=600_000),
+            ("--body-timeout-ms", self.body_timeout_ms, 100..=600_000),
+            // A long poll waits at most half a second less than this.
+            ("--idle-timeout-ms", self.idle_timeout_ms, 1000..=3_600_000),
+        ] {
+            if !range.contains(&v) {
+                return Err(invalid(
+                    name,
+                    v,
+                    format!("must be between {} and {}", range.start(), range.end()),
+                ));
+            }
+        }
+        if self.max_long_polls >= self.max_requests {
+            return Err(invalid(
+                "--max-long-polls",
+                self.max_long_polls,
+                format!(
+                    "must be below --max-requests ({}), so waiting pulls cannot take every request slot",
+                    self.max_requests
+                ),
+            ));
+        }
+        self.etcd.validate("etcd")?;
+        self.nats.validate("nats")?;
+        if self.etcd.is_set() && !matches!(self.meta, MetaBackend::Etcd(_)) {
+            return Err(invalid(
+                "--etcd-ca-file",
+                "",
+                "etcd TLS and user options need --meta etcd://...",
+            ));
+        }
+        if self.nats.is_set() && !self.log.is_cluster() {
+            return Err(invalid(
+                "--nats-ca-file",
+                "",
+                "NATS TLS and user options need --log nats://...",
             ));
         }
         if let Some(id) = &self.instance_id {

@@ -2,10 +2,12 @@
 //! config → validate → open stores → recover → serve.
 
 mod access;
+mod admission;
 mod api;
 mod cli;
 mod cluster;
 mod config;
+mod listen;
 mod membership;
 mod metered;
 mod metrics;
@@ -28,6 +30,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up: the size of the serve flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run a meshd instance.

@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use meshd_local::RocksEngine;
 use meshd_meta::Meta;
 use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
-use meshd_meta_etcd::{EtcdConfig, EtcdMeta};
+use meshd_meta_etcd::{EtcdConfig, EtcdCredentials, EtcdMeta, EtcdTls};
 use meshd_stores::deadletters::{DeadLetterStore, MetaDeadLetterStore};
 use meshd_stores::delivery::DeliveryStateStore;
 use meshd_stores::log::{PartitionLog, Retention};
@@ -58,6 +58,8 @@ struct AppState {
     sessions: Arc<MetaSessionStore>,
     runtime: Arc<Runtime>,
     metrics: Arc<Metrics>,
+    admission: Arc<crate::admission::Admission>,
+    http: Arc<crate::listen::HttpCounters>,
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -66,6 +68,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.client_token_file.as_deref(),
         config.admin_token_file.as_deref(),
     )?;
+    // And the TLS identity, for the same reason.
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::listen::tls_acceptor(cert, key)?),
+        _ => None,
+    };
     // Open stores.
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
@@ -96,7 +103,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             m
         }
         MetaBackend::Etcd(url) => {
-            let cfg = EtcdConfig::parse(url)?;
+            let mut cfg = EtcdConfig::parse(url)?;
+            cfg.tls = config.etcd.ca_file.clone().map(|ca_file| EtcdTls {
+                ca_file,
+                cert_file: config.etcd.cert_file.clone(),
+                key_file: config.etcd.key_file.clone(),
+            });
+            cfg.credentials = match (&config.etcd.user, config.etcd.password()?) {
+                (Some(user), Some(password)) => Some(EtcdCredentials {
+                    user: user.clone(),
+                    password,
+                }),
+                _ => None,
+            };
             // Connecting is lazy: meshd starts while etcd is down and reports not ready.
             Arc::new(EtcdMeta::connect(cfg).await?)
         }
@@ -149,6 +168,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let mut cfg = meshd_log_nats::NatsConfig::parse(url)
                 .map_err(|e| anyhow::anyhow!("--log {url}: {e}"))?;
             cfg.retention = retention_of(&config);
+            cfg.tls = config
+                .nats
+                .ca_file
+                .clone()
+                .map(|ca_file| meshd_log_nats::NatsTls {
+                    ca_file,
+                    cert_file: config.nats.cert_file.clone(),
+                    key_file: config.nats.key_file.clone(),
+                });
+            cfg.credentials = match (&config.nats.user, config.nats.password()?) {
+                (Some(user), Some(password)) => Some(meshd_log_nats::NatsCredentials {
+                    user: user.clone(),
+                    password,
+                }),
+                _ => None,
+            };
             let l = Arc::new(
                 meshd_log_nats::NatsLog::connect(cfg)
                     .await
@@ -229,18 +264,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     // The one start-up line: address, instance, effective backend of every store.
     {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "meshd listening on http://{addr} instance={instance_id} meta={meta_backend} log={} local=rocksdb:{}",
+            "meshd listening on {scheme}://{addr} instance={instance_id} meta={meta_backend} log={} local=rocksdb:{}",
             if log_backend == "nats" { "nats" } else { "embedded" },
             config.data_dir.display()
         )?;
         out.flush()?;
     }
-    tracing::info!(%addr, instance = %instance_id, meta = meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
+    tracing::info!(%addr, scheme, instance = %instance_id, meta = meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
 
     let membership = crate::membership::Membership::new(
         meta.clone(),
@@ -249,7 +285,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Duration::from_millis(config.lease_ttl_ms),
     );
     let lease = membership.lease();
+    let admission = Arc::new(crate::admission::Admission::new(
+        crate::admission::AdmissionConfig {
+            max_requests: config.max_requests as usize,
+            body_budget: config.max_body_memory as usize,
+            body_timeout: Duration::from_millis(config.body_timeout_ms),
+            max_long_polls: config.max_long_polls as usize,
+            max_wait: Duration::from_millis(config.idle_timeout_ms.saturating_sub(500)),
+        },
+    ));
+    let http = Arc::new(crate::listen::HttpCounters::default());
     let state = Arc::new(AppState {
+        admission: admission.clone(),
+        http: http.clone(),
         cluster_lease: config.log.is_cluster().then(|| lease.clone()),
         instance_id,
         meta: meta.clone(),
@@ -275,6 +323,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         meta: meta.clone(),
         instance_id: state.instance_id.clone(),
         tasks: tasks.clone(),
+        admission: admission.clone(),
     });
     membership.spawn();
     if config.log.is_cluster() {
@@ -307,6 +356,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_state(state)
         .merge(crate::api::router(api))
         .fallback(not_found);
+    // Outermost first: access (cheap refusals), then admission (load shedding).
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        admission,
+        crate::admission::admit,
+    ));
     let app = match access {
         Some(tokens) => app.layer(axum::middleware::from_fn_with_state(
             Arc::new(tokens),
@@ -314,9 +368,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         )),
         None => app,
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    crate::listen::serve(
+        listener,
+        tls,
+        app,
+        crate::listen::Limits {
+            max_connections: config.max_connections as usize,
+            header_timeout: Duration::from_millis(config.header_timeout_ms),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
+        },
+        http,
+        shutdown_signal(),
+    )
+    .await;
     tracing::info!("meshd shutting down: flushing delivery state");
     if let Err(e) = local.deliveries.flush().await {
         tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "final flush failed");
@@ -572,7 +636,9 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     state.meta.render(&mut out);
     state.metrics.render(&mut out);
     state.runtime.render(&mut out);
-    out.push_str("# HELP meshd_local_healthy Whether the Local RocksDB stores accept writes (0 after a failed write or fsync).\n# TYPE meshd_local_healthy gauge\n");
+    state.http.render(&mut out);
+    state.admission.render(&mut out);
+    out.push_str("# HELP meshd_local_healthy Whether the Local RocksDB stores accept writes (0 after a failed write or fsync, or damaged data found on read).\n# TYPE meshd_local_healthy gauge\n");
     out.push_str(&format!(
         "meshd_local_healthy{{backend=\"rocksdb\"}} {}\n",
         u8::from(state.local.deliveries.health().is_ok())

@@ -136,7 +136,10 @@ impl MeshdProcess {
         });
         let addr = line
             .split_whitespace()
-            .find_map(|w| w.strip_prefix("http://"))
+            .find_map(|w| {
+                w.strip_prefix("http://")
+                    .or_else(|| w.strip_prefix("https://"))
+            })
             .ok_or_else(|| {
                 anyhow!(
                     "unexpected start-up line {line:?}; log:\n{}",

@@ -48,6 +48,8 @@ pub struct Api {
     pub meta: Arc<dyn meshd_meta::Meta>,
     pub instance_id: String,
     pub tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
+    /// Load shedding; the long-poll cap is taken in `pull`.
+    pub admission: Arc<crate::admission::Admission>,
 }
 
 pub fn router(api: Arc<Api>) -> Router {
@@ -179,4 +181,177 @@ async fn method_not_allowed() -> Problem {
         "method-not-allowed",
         "this route does not take that method",
     )
+}
+
+/// What the request-body fuzzers of the route modules share (issue 9, item 6;
+/// docs/fuzzing.md): the case count, header and body generators, and the "clean
+/// rejection" check. Bodies are arbitrary bytes or JSON objects written member by
+/// member (duplicates possible) from the route's own field names, with values at and
+/// beyond every limit, so the cases reach each field's validation.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    pub fn cases() -> u32 {
+        std::env::var("MESHD_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000)
+    }
+
+    /// Request headers: content types JSON or not, in any case, or not UTF-8.
+    pub fn headers() -> impl Strategy<Value = HeaderMap> {
+        let ct = prop_oneof![
+            3 => Just(None),
+            3 => Just(Some(b"application/json".to_vec())),
+            1 => prop::sample::select(vec![
+                "APPLICATION/JSON; charset=utf-8",
+                "application/merge-patch+json",
+                "text/plain",
+                "application/x-www-form-urlencoded",
+                "",
+            ])
+            .prop_map(|s| Some(s.as_bytes().to_vec())),
+            1 => Just(Some(b"application/json\xff".to_vec())),
+        ];
+        let if_match = prop_oneof![
+            3 => Just(None),
+            1 => prop::sample::select(vec![
+                "\"42\"", "W/\"1\"", "*", "\"0\"", "\"-1\"", "42", "\"9223372036854775808\"", "\"\"", "\"",
+            ])
+            .prop_map(|s| Some(s.to_owned())),
+            1 => ".{0,8}".prop_map(Some),
+        ];
+        let if_none_match = prop_oneof![4 => Just(None), 1 => prop::sample::select(vec!["*", " * ", "\"1\""]).prop_map(Some)];
+        (ct, if_match, if_none_match).prop_map(|(ct, im, inm)| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = ct.and_then(|b| axum::http::HeaderValue::from_bytes(&b).ok()) {
+                h.insert(header::CONTENT_TYPE, v);
+            }
+            if let Some(v) = im.and_then(|s| axum::http::HeaderValue::from_str(&s).ok()) {
+                h.insert(header::IF_MATCH, v);
+            }
+            if let Some(v) = inm.and_then(|s| axum::http::HeaderValue::from_str(s).ok()) {
+                h.insert(header::IF_NONE_MATCH, v);
+            }
+            h
+        })
+    }
+
+    /// A JSON value as text, at and beyond the limits the routes check.
+    fn value(fields: &'static [&'static str]) -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            prop::sample::select(vec![
+                "null",
+                "true",
+                "0",
+                "1",
+                "-1",
+                "1.5",
+                "1e3",
+                "100",
+                "1000",
+                "1001",
+                "1024",
+                "1025",
+                "30000",
+                "30001",
+                "600000",
+                "600001",
+                "4294967295",
+                "4294967296",
+                "18446744073709551615",
+                "18446744073709551616",
+                "\"\"",
+                "\"latest\"",
+                "\"earliest\"",
+                "\"http://127.0.0.1:1/x\"",
+                "\"https://h/\"",
+                "\"http://\"",
+                "\"ftp://h\"",
+                "\"working\"",
+                "\"completed\"",
+                "\"a-b.c_d\"",
+                "\"a b\"",
+                "\"0123456789abcdef0123456789abcdef\"",
+                "\"\\ud800\"",
+                "[]",
+                "{}",
+            ])
+            .prop_map(str::to_owned),
+            ".{0,12}".prop_map(|s| Value::String(s).to_string()),
+            (
+                0usize..4,
+                prop::sample::select(vec![1usize, 249, 250, 512, 513, 2049])
+            )
+                .prop_map(|(c, n)| Value::String(
+                    "abcd".chars().nth(c).unwrap().to_string().repeat(n)
+                )
+                .to_string()),
+            prop::sample::select(vec![0usize, 1, 1000, 1001])
+                .prop_map(|n| Value::Array(vec![Value::from("d"); n]).to_string()),
+        ];
+        leaf.prop_recursive(2, 10, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::vec((prop::sample::select(fields), inner), 0..4).prop_map(|m| {
+                    let m: Vec<String> =
+                        m.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                    format!("{{{}}}", m.join(","))
+                }),
+            ]
+        })
+    }
+
+    /// A request body for a route whose members are `fields`.
+    pub fn body(fields: &'static [&'static str]) -> impl Strategy<Value = Bytes> {
+        let name = prop_oneof![
+            8 => prop::sample::select(fields).prop_map(str::to_owned),
+            1 => "[a-z_]{1,6}",
+        ];
+        let object = prop::collection::vec((name, value(fields)), 0..6).prop_map(|m| {
+            let m: Vec<String> = m
+                .into_iter()
+                .map(|(k, v)| format!("{}:{v}", Value::String(k)))
+                .collect();
+            format!("{{{}}}", m.join(","))
+        });
+        prop_oneof![
+            6 => object.prop_map(Bytes::from),
+            1 => prop::collection::vec(any::<u8>(), 0..48).prop_map(Bytes::from),
+            1 => prop::sample::select(vec!["", " \n", "null", "[]", "{}", "{", "\"x\""]).prop_map(|s: &'static str| Bytes::from_static(s.as_bytes())),
+            1 => value(fields).prop_map(Bytes::from),
+        ]
+    }
+
+    /// A rejected request body is a 400 (naming what is wrong) or a 415.
+    pub fn clean(p: &Problem) -> Result<(), TestCaseError> {
+        prop_assert!(
+            p.status == axum::http::StatusCode::BAD_REQUEST
+                || p.status == axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{} {}",
+            p.status,
+            p.detail
+        );
+        prop_assert!(!p.detail.is_empty());
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        /// The shared JSON body reader and the name check every route runs first.
+        #[test]
+        fn json_body_and_names(headers in headers(), body in body(&["a"]), name in ".{0,12}") {
+            if let Err(p) = json_body::<Value>(&headers, Ok(body)) {
+                clean(&p)?;
+            }
+            if let Err(p) = valid_name_or_400("subscription", &name) {
+                clean(&p)?;
+            }
+        }
+    }
 }

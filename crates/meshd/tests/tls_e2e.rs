@@ -1,0 +1,328 @@
+//! HTTPS through the real binary (`--tls-cert`, `--tls-key`): a client that trusts
+//! the CA gets the API over HTTP/1.1 and HTTP/2; a plaintext client, or one that
+//! does not trust the certificate, gets nothing; a bad certificate stops start-up.
+
+mod common;
+
+use anyhow::{anyhow, Context};
+use common::bin;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use meshd_test_support::certs::TestCerts;
+use meshd_test_support::http;
+use meshd_test_support::meshd::MeshdProcess;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+fn connector(ca: &Path, alpn: &[&[u8]]) -> TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("read CA") {
+        roots.add(cert.expect("CA pem")).expect("add CA");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    TlsConnector::from(Arc::new(config))
+}
+
+async fn tls_connect(addr: &str, c: &TlsConnector) -> anyhow::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("127.0.0.1").map_err(|e| anyhow!("{e}"))?;
+    Ok(
+        tokio::time::timeout(Duration::from_secs(10), c.connect(name, tcp))
+            .await
+            .context("TLS handshake timed out")??,
+    )
+}
+
+/// One HTTP/1.1 request over TLS; returns the status and body.
+async fn https1(
+    addr: &str,
+    c: &TlsConnector,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
+    let mut s = tls_connect(addr, c).await?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut raw = Vec::new();
+    // rustls reports a close without close_notify as an error; the answer is complete.
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw)).await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("no HTTP answer: {text:?}"))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    Ok((status, body.unwrap_or_default()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_tls_flags_then_the_api_is_served_over_https_only_to_clients_that_trust_the_certificate(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCerts::generate(&dir.path().join("pki")).unwrap();
+    let other = TestCerts::generate(&dir.path().join("other-pki")).unwrap();
+    let (cert, key) = (
+        certs.server_cert.to_str().unwrap(),
+        certs.server_key.to_str().unwrap(),
+    );
+    let meshd = MeshdProcess::start(
+        bin(),
+        &dir.path().join("data"),
+        &["--tls-cert", cert, "--tls-key", key],
+    )
+    .await
+    .unwrap();
+    assert!(
+        meshd.first_line().contains("https://"),
+        "{}",
+        meshd.first_line()
+    );
+    let a = meshd.addr().to_string();
+    let trusted = connector(&certs.ca, &[b"http/1.1"]);
+
+    // HTTP/1.1 over TLS: health, a topic, a publish, a browse.
+    let (status, _) = https1(&a, &trusted, "GET", "/healthz", "text/plain", "")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let (status, body) = https1(
+        &a,
+        &trusted,
+        "PUT",
+        "/v1/topics/secure",
+        "application/json",
+        r#"{"partitions":1}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let event = r#"{"specversion":"1.0","id":"tls-1","source":"/t","type":"t.v1","data":{"n":1}}"#;
+    let (status, body) = https1(
+        &a,
+        &trusted,
+        "POST",
+        "/v1/topics/secure/events",
+        "application/cloudevents+json",
+        event,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+
+    // HTTP/2 by ALPN, on the same listener.
+    let tls = tls_connect(&a, &connector(&certs.ca, &[b"h2", b"http/1.1"]))
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get(format!(
+        "https://{a}/v1/topics/secure/partitions/0/events?from=0&limit=10"
+    ))
+    .body(Full::new(Bytes::new()))
+    .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("tls-1"), "{body}");
+
+    // A client that does not trust the CA: the handshake fails, nothing is served.
+    let err = tls_connect(&a, &connector(&other.ca, &[b"http/1.1"]))
+        .await
+        .expect_err("an untrusted certificate must not connect");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+    // Plaintext HTTP to the TLS port gets no HTTP answer.
+    match http::get(&a, "/healthz").await {
+        Ok(r) => panic!("plaintext request answered {}: {}", r.status, r.body),
+        Err(e) => eprintln!("plaintext refused as expected: {e}"),
+    }
+    // Both failed handshakes are counted.
+    let (status, metrics) = https1(&a, &trusted, "GET", "/metrics", "text/plain", "")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let failed = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("meshd_http_connections_closed_total{reason=\"tls_handshake_failed\"} ")
+        })
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("handshake failure counter");
+    assert!(failed >= 2, "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_missing_key_or_a_certificate_without_its_key_then_meshd_refuses_to_start_naming_it(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCerts::generate(&dir.path().join("pki")).unwrap();
+    let data = dir.path().join("data");
+    let cert = certs.server_cert.to_str().unwrap();
+    let out = MeshdProcess::start_expecting_exit(bin(), &data, &["--tls-cert", cert])
+        .await
+        .unwrap();
+    assert_ne!(out.code, Some(0));
+    assert!(out.stderr.contains("--tls-key"), "{}", out.stderr);
+    let missing = dir.path().join("nope.pem");
+    let out = MeshdProcess::start_expecting_exit(
+        bin(),
+        &data,
+        &["--tls-cert", cert, "--tls-key", missing.to_str().unwrap()],
+    )
+    .await
+    .unwrap();
+    assert_ne!(out.code, Some(0));
+    assert!(out.stderr.contains("nope.pem"), "{}", out.stderr);
+    // A key that is not the certificate's.
+    let other = TestCerts::generate(&dir.path().join("other")).unwrap();
+    let out = MeshdProcess::start_expecting_exit(
+        bin(),
+        &data,
+        &[
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            other.server_key.to_str().unwrap(),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_ne!(out.code, Some(0));
+    assert!(out.stderr.contains("--tls-key"), "{}", out.stderr);
+}
+
+/// A meshd readiness answer: status and body.
+async fn readyz(a: &str) -> (u16, String) {
+    let r = http::get(a, "/readyz").await.unwrap();
+    (r.status, r.body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_etcd_and_nats_that_demand_tls_and_passwords_then_meshd_serves_with_the_ca_and_passwords_and_is_not_ready_with_a_wrong_one(
+) {
+    use meshd_test_support::etcd::{EtcdOptions, EtcdProcess, ROOT_USER};
+    use meshd_test_support::nats::{NatsOptions, NatsProcess};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCerts::generate(&dir.path().join("pki")).unwrap();
+    let mut etcd = EtcdProcess::start_with(EtcdOptions {
+        tls: Some(certs.clone()),
+        ..EtcdOptions::default()
+    })
+    .await
+    .unwrap();
+    etcd.enable_auth("etcd-secret").await.unwrap();
+    let nats = NatsProcess::start_with(NatsOptions {
+        tls: Some(certs.clone()),
+        credentials: Some(("meshd".into(), "nats-secret".into())),
+        ..NatsOptions::default()
+    })
+    .await
+    .unwrap();
+    let etcd_password = dir.path().join("etcd-password");
+    std::fs::write(&etcd_password, "etcd-secret\n").unwrap();
+    let nats_password = dir.path().join("nats-password");
+    std::fs::write(&nats_password, "nats-secret\n").unwrap();
+    let wrong_password = dir.path().join("wrong-password");
+    std::fs::write(&wrong_password, "guess\n").unwrap();
+    let meta = format!("etcd://{}", etcd.endpoint());
+    let ca = certs.ca.to_str().unwrap();
+    let args = |etcd_pw: &Path| -> Vec<String> {
+        [
+            "--meta",
+            &meta,
+            "--log",
+            &nats.url(),
+            "--etcd-ca-file",
+            ca,
+            "--etcd-user",
+            ROOT_USER,
+            "--etcd-password-file",
+            etcd_pw.to_str().unwrap(),
+            "--nats-ca-file",
+            ca,
+            "--nats-user",
+            "meshd",
+            "--nats-password-file",
+            nats_password.to_str().unwrap(),
+            "--lease-ttl-ms",
+            "2000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+
+    let good = args(&etcd_password);
+    let good: Vec<&str> = good.iter().map(String::as_str).collect();
+    let meshd = MeshdProcess::start(bin(), &dir.path().join("a"), &good)
+        .await
+        .unwrap();
+    let a = meshd.addr().to_string();
+    meshd_test_support::wait::wait_until(Duration::from_secs(20), "meshd ready", || async {
+        let (status, body) = readyz(&a).await;
+        anyhow::ensure!(status == 200, "readyz {status}: {body}");
+        Ok(())
+    })
+    .await
+    .unwrap();
+    common::create_topic(&a, "guarded", 1).await;
+    common::create_subscription(&a, "guarded-sub", serde_json::json!({"topic": "guarded"})).await;
+    common::publish(&a, "guarded", &common::event("over-tls"))
+        .await
+        .unwrap();
+    let got = common::pull_until(&a, "guarded-sub", 1, Duration::from_secs(20)).await;
+    assert_eq!(got[0].event["id"], "over-tls");
+    // No password reaches the log.
+    let log = meshd.log_tail(10_000);
+    assert!(
+        !log.contains("etcd-secret") && !log.contains("nats-secret"),
+        "{log}"
+    );
+
+    // The same instance with a wrong etcd password: serves nothing from Meta and
+    // says why in readiness.
+    drop(meshd);
+    let bad = args(&wrong_password);
+    let bad: Vec<&str> = bad.iter().map(String::as_str).collect();
+    match MeshdProcess::start(bin(), &dir.path().join("b"), &bad).await {
+        // Cluster mode reads its secret from Meta at boot: refusing to start is an
+        // answer too, as long as it names authentication.
+        Err(e) => {
+            let e = format!("{e:#}");
+            assert!(e.to_lowercase().contains("authentication"), "{e}");
+        }
+        Ok(m) => {
+            let (status, body) = readyz(m.addr()).await;
+            assert_eq!(status, 503, "{body}");
+            assert!(body.to_lowercase().contains("authentication"), "{body}");
+        }
+    }
+}
