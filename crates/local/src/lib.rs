@@ -181,4 +181,11 @@ pub trait KvEngine: Send + Sync + 'static {
     fn failure(&self) -> Option<String> {
         None
     }
+
+    /// Fail-stops the engine because a store found damaged data in a record it read
+    /// (its own checksum or framing failed): every later write is refused, as after
+    /// a failed write. `reason` names the store and key.
+    fn fail_stop(&self, reason: &str) {
+        let _ = reason;
+    }
 }

@@ -252,6 +252,11 @@ impl KvEngine for RocksEngine {
         dir_size(&self.dir)
     }
 
+    fn fail_stop(&self, reason: &str) {
+        tracing::error!(store = "local", backend = "rocksdb", dir = %self.dir.display(), reason, "damaged record; engine fail-stopped");
+        self.poison(reason);
+    }
+
     fn failure(&self) -> Option<String> {
         match self.poisoned.lock() {
             Ok(p) => p.clone(),

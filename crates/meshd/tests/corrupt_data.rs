@@ -146,3 +146,53 @@ async fn given_a_copy_of_a_data_dir_with_a_damaged_sst_when_its_events_are_read_
     let events = common::browse_all(meshd.addr(), "t", 0).await;
     assert_eq!(events.len(), EVENTS);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_event_record_that_fails_its_own_checksum_when_read_then_500_names_its_key_and_meshd_fail_stops(
+) {
+    use meshd_local::{Batch, Durability, KvEngine};
+    use meshd_stores_local::keys;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    data_dir_with_events(&data).await;
+    // Damage that RocksDB's checksums cannot see (it happened before the write):
+    // one event record rewritten with a flipped byte in its payload.
+    {
+        let engine = RocksEngine::open(&data, keys::COLUMN_FAMILIES).unwrap();
+        let key = keys::event_key("t", 0, 7);
+        let mut value = engine.get(keys::CF_LOG, &key).unwrap().expect("event 7");
+        let mid = value.len() / 2;
+        value[mid] ^= 0x01;
+        let mut b = Batch::default();
+        b.put(keys::CF_LOG, key, value);
+        engine.write(b, Durability::Sync).unwrap();
+    }
+    let meshd = MeshdProcess::start(bin(), &data, &[]).await.unwrap();
+    let a = meshd.addr().to_string();
+    // Events before the damaged one are served; the damaged one never is.
+    let r = http::get(&a, "/v1/topics/t/partitions/0/events?from=0&limit=7")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = http::get(&a, "/v1/topics/t/partitions/0/events?from=0&limit=1000")
+        .await
+        .unwrap();
+    let p = problem(&r, 500);
+    assert_eq!(p["store"], "log", "{p}");
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains("checksum"), "{detail}");
+    let ready = http::get(&a, "/readyz").await.unwrap();
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    let r = request_with(
+        &a,
+        "POST",
+        "/v1/topics/t/events",
+        &[("Content-Type", "application/cloudevents+json")],
+        event("after").to_string().as_bytes(),
+    )
+    .await
+    .unwrap();
+    problem(&r, 503);
+    let log = meshd.log_tail(200);
+    assert!(log.contains("damaged record"), "{log}");
+}

@@ -566,8 +566,18 @@ impl PartitionLog for RocksLog {
         max_bytes: usize,
     ) -> Result<Vec<LogEvent>, LogError> {
         let topic = topic.to_string();
-        self.blocking(move |l| l.read(&topic, partition, from, max_events, max_bytes))
-            .await
+        self.blocking(move |l| {
+            let read = l.read(&topic, partition, from, max_events, max_bytes);
+            if let Err(LogError::Corrupt { key, reason }) = &read {
+                // Damage found above RocksDB's checksums (a record that fails its own
+                // checksum or a hole below the durable end): the engine stops like on
+                // damage RocksDB finds itself.
+                l.engine()
+                    .fail_stop(&format!("corrupt log record {key}: {reason}"));
+            }
+            read
+        })
+        .await
     }
 
     async fn bounds(&self, topic: &str, partition: u32) -> Result<PartitionBounds, LogError> {
