@@ -1,5 +1,6 @@
 //! A small HTTP/1.1 client for the CLI: one request per connection (`Connection:
-//! close`), plain `http://` only. Hand-written over tokio's `TcpStream` so the binary
+//! close`), `http://` or `https://` (rustls; the CA from `--ca-file`, else the
+//! system's bundle). Hand-written over tokio's `TcpStream` so the binary
 //! needs no client stack (hyper-util, reqwest) and the build stays fast; the CLI sends a
 //! handful of requests, so connection reuse is not worth its complexity.
 //!
@@ -10,9 +11,19 @@
 
 use super::error::{CliError, Problem};
 use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+/// Where Debian (and most Linux systems) keep the trusted CA bundle.
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// A connection, plain or TLS.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 /// How long a connect may take before the server counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,24 +39,24 @@ pub struct Target {
     base_path: String,
     /// As the operator wrote it, for messages.
     shown: String,
+    /// `https://`: the name the server's certificate must carry.
+    tls_name: Option<String>,
 }
 
 impl Target {
-    /// Parses `http://host[:port][/prefix]` (or `host[:port]`, taken as http).
+    /// Parses `http[s]://host[:port][/prefix]` (or `host[:port]`, taken as http).
     pub fn parse(server: &str) -> Result<Self, CliError> {
         let s = server.trim();
-        let rest = if let Some(r) = s.strip_prefix("http://") {
-            r
-        } else if s.starts_with("https://") {
-            return Err(CliError::Usage(format!(
-                "--server {s}: this client speaks plain http only; reach a TLS meshd through a local proxy"
-            )));
+        let (rest, tls) = if let Some(r) = s.strip_prefix("http://") {
+            (r, false)
+        } else if let Some(r) = s.strip_prefix("https://") {
+            (r, true)
         } else if s.contains("://") {
             return Err(CliError::Usage(format!(
-                "--server {s}: expected http://host:port"
+                "--server {s}: expected http://host:port or https://host:port"
             )));
         } else {
-            s
+            (s, false)
         };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -66,12 +77,23 @@ impl Target {
             Some(i) => !authority[i..].contains(']'),
             None => false,
         };
+        let host = match authority.rfind(':') {
+            Some(i) if has_port => &authority[..i],
+            _ => authority,
+        };
+        let tls_name = tls.then(|| {
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string()
+        });
         let authority = if has_port {
             let port = &authority[authority.rfind(':').map_or(0, |i| i + 1)..];
             if port.parse::<u16>().is_err() {
                 return Err(bad("the port is not a number from 0 to 65535"));
             }
             authority.to_string()
+        } else if tls {
+            format!("{authority}:443")
         } else {
             format!("{authority}:80")
         };
@@ -82,6 +104,7 @@ impl Target {
             authority,
             base_path: path.trim_end_matches('/').to_string(),
             shown: s.to_string(),
+            tls_name,
         })
     }
 }
@@ -159,10 +182,52 @@ pub struct Client {
     target: Target,
     /// `Authorization: Bearer` value, when tokens are configured on the server.
     token: Option<String>,
+    /// `https://` targets.
+    tls: Option<TlsConnector>,
+}
+
+/// A TLS client trusting the CAs of `ca_file` (PEM), or the system's bundle.
+fn tls_connector(ca_file: Option<&Path>) -> Result<TlsConnector, CliError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let path = ca_file.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
+    let bad = |why: String| {
+        CliError::Usage(match ca_file {
+            Some(_) => format!("--ca-file {}: {why}", path.display()),
+            None => format!(
+                "no --ca-file given and the system CA bundle {} is not usable ({why}); pass --ca-file",
+                path.display()
+            ),
+        })
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(bad("no CA certificate in it".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| CliError::Failed(format!("TLS setup: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(config)))
 }
 
 impl Client {
-    pub fn new(target: Target, token: Option<String>) -> Result<Self, CliError> {
+    pub fn new(
+        target: Target,
+        token: Option<String>,
+        ca_file: Option<&Path>,
+    ) -> Result<Self, CliError> {
+        let tls = match &target.tls_name {
+            Some(_) => Some(tls_connector(ca_file)?),
+            None => None,
+        };
         if let Some(t) = &token {
             if t.is_empty() || t.chars().any(|c| c.is_control()) {
                 return Err(CliError::Usage(
@@ -178,6 +243,7 @@ impl Client {
             runtime,
             target,
             token,
+            tls,
         })
     }
 
@@ -186,7 +252,7 @@ impl Client {
     pub fn send(&self, req: Request<'_>) -> Result<Answer, CliError> {
         let timeout = req.timeout;
         let what = format!("{} {}", req.method, req.path);
-        let fut = exchange(&self.target, self.token.as_deref(), req);
+        let fut = exchange(&self.target, self.tls.as_ref(), self.token.as_deref(), req);
         match self.runtime.block_on(async { tokio::time::timeout(timeout, fut).await }) {
             Ok(r) => r,
             Err(_) => Err(CliError::Unreachable(format!(
@@ -213,24 +279,47 @@ impl Client {
     }
 }
 
-async fn exchange(
-    target: &Target,
-    token: Option<&str>,
-    req: Request<'_>,
-) -> Result<Answer, CliError> {
+/// A connection to the target, TLS for `https://`; a failure is `Unreachable`.
+async fn connect(target: &Target, tls: Option<&TlsConnector>) -> Result<Box<dyn Stream>, CliError> {
     let unreachable = |e: std::io::Error| {
         CliError::Unreachable(format!("cannot reach meshd at {}: {e}", target.shown))
     };
-    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&target.authority))
+    let in_time = |what: &str| {
+        CliError::Unreachable(format!(
+            "cannot reach meshd at {}: no {what} within {} s",
+            target.shown,
+            CONNECT_TIMEOUT.as_secs()
+        ))
+    };
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&target.authority))
         .await
-        .map_err(|_| {
-            CliError::Unreachable(format!(
-                "cannot reach meshd at {}: no connection within {} s",
-                target.shown,
-                CONNECT_TIMEOUT.as_secs()
-            ))
-        })?
+        .map_err(|_| in_time("connection"))?
         .map_err(unreachable)?;
+    let (Some(tls), Some(name)) = (tls, &target.tls_name) else {
+        return Ok(Box::new(tcp));
+    };
+    let name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| {
+        CliError::Usage(format!(
+            "--server {}: not a TLS server name: {e}",
+            target.shown
+        ))
+    })?;
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(name, tcp))
+        .await
+        .map_err(|_| in_time("TLS handshake"))?
+        .map_err(|e| {
+            CliError::Unreachable(format!("TLS with meshd at {} failed: {e}", target.shown))
+        })?;
+    Ok(Box::new(stream))
+}
+
+async fn exchange(
+    target: &Target,
+    tls: Option<&TlsConnector>,
+    token: Option<&str>,
+    req: Request<'_>,
+) -> Result<Answer, CliError> {
+    let mut stream = connect(target, tls).await?;
     let lost = |e: std::io::Error| {
         CliError::Unreachable(format!(
             "lost the connection to {} during {} {}: {e}; the request may or may not have been applied",
@@ -279,7 +368,7 @@ async fn exchange(
 
 /// Reads until the answer is complete: `Content-Length` bytes after the head, or the
 /// end of the stream (chunked or unframed bodies; we asked for `Connection: close`).
-async fn read_answer(stream: &mut TcpStream, raw: &mut Vec<u8>) -> std::io::Result<()> {
+async fn read_answer(stream: &mut Box<dyn Stream>, raw: &mut Vec<u8>) -> std::io::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         if let Some(end) = head_end(raw) {
@@ -416,14 +505,16 @@ mod tests {
             Target::parse("http://[::1]:9").unwrap().authority,
             "[::1]:9"
         );
-        for bad in [
-            "https://h",
-            "ftp://h",
-            "http://",
-            "http://h:x",
-            "http://a b",
-            "h:99999",
-        ] {
+        let t = Target::parse("https://meshd.example:7443/p").unwrap();
+        assert_eq!(t.authority, "meshd.example:7443");
+        assert_eq!(t.tls_name.as_deref(), Some("meshd.example"));
+        assert_eq!(Target::parse("https://h").unwrap().authority, "h:443");
+        assert_eq!(
+            Target::parse("https://[::1]").unwrap().tls_name.as_deref(),
+            Some("::1")
+        );
+        assert_eq!(Target::parse("http://h").unwrap().tls_name, None);
+        for bad in ["ftp://h", "http://", "http://h:x", "http://a b", "h:99999"] {
             assert!(
                 matches!(Target::parse(bad), Err(CliError::Usage(_))),
                 "{bad}"

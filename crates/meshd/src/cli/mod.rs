@@ -24,7 +24,7 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
 /// Flags every client command takes (anywhere after the command name).
 #[derive(Args, Clone, Debug)]
 pub struct Conn {
-    /// The meshd to talk to: http://host:port.
+    /// The meshd to talk to: http://host:port or https://host:port.
     #[arg(long, global = true, env = "MESHD_SERVER", default_value = DEFAULT_SERVER, value_name = "URL")]
     server: String,
     /// Print the server's JSON answer instead of a table.
@@ -33,6 +33,10 @@ pub struct Conn {
     /// Bearer token, when meshd runs with --client-token-file/--admin-token-file.
     #[arg(long, global = true, env = "MESHD_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// For https:// servers: the PEM CA that signed meshd's certificate (default:
+    /// the system's CA bundle).
+    #[arg(long, global = true, env = "MESHD_CA_FILE", value_name = "PEM")]
+    ca_file: Option<std::path::PathBuf>,
 }
 
 /// The client commands, flattened next to `serve` in `main.rs`.
@@ -274,7 +278,7 @@ impl Ctx {
     fn new(conn: &Conn) -> Result<Self, CliError> {
         let target = http::Target::parse(&conn.server)?;
         Ok(Self {
-            client: http::Client::new(target, conn.token.clone())?,
+            client: http::Client::new(target, conn.token.clone(), conn.ca_file.as_deref())?,
             json: conn.json,
             out: output::Out,
         })
