@@ -68,6 +68,10 @@ pub struct ServeArgs {
     /// How long dead letters are kept, in hours (1-876000).
     #[arg(long, env = "MESHD_DEADLETTER_RETENTION_HOURS")]
     pub deadletter_retention_hours: Option<u64>,
+    /// Cluster mode with --tls-cert: the PEM CA that signed the other instances'
+    /// certificates (default: the system's CA bundle).
+    #[arg(long, env = "MESHD_CLUSTER_CA_FILE")]
+    pub cluster_ca_file: Option<PathBuf>,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
     #[arg(long, env = "MESHD_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -150,6 +154,7 @@ struct FileConfig {
     deadletter_retention_hours: Option<u64>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
+    cluster_ca_file: Option<PathBuf>,
     max_connections: Option<u64>,
     max_requests: Option<u64>,
     max_long_polls: Option<u64>,
@@ -211,6 +216,7 @@ pub struct Config {
     pub deadletter_retention_hours: u64,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    pub cluster_ca_file: Option<PathBuf>,
     pub max_connections: u64,
     pub max_requests: u64,
     pub max_long_polls: u64,
@@ -411,6 +417,7 @@ impl Config {
                 .unwrap_or(DEFAULT_DEADLETTER_RETENTION_HOURS),
             tls_cert: args.tls_cert.or(file.tls_cert),
             tls_key: args.tls_key.or(file.tls_key),
+            cluster_ca_file: args.cluster_ca_file.or(file.cluster_ca_file),
             max_connections: args
                 .max_connections
                 .or(file.max_connections)

@@ -73,6 +73,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(crate::listen::tls_acceptor(cert, key)?),
         _ => None,
     };
+    // Instances that serve HTTPS call each other over HTTPS too.
+    let peer_tls = match (&tls, config.log.is_cluster()) {
+        (Some(_), true) => Some(
+            crate::listen::client_connector(config.cluster_ca_file.as_deref())
+                .map_err(|e| anyhow::anyhow!("--cluster-ca-file: {e}"))?,
+        ),
+        _ => None,
+    };
     // Open stores.
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
@@ -213,7 +221,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .map(|secret| crate::runtime::cluster::ClusterDeps {
             owned: owned_rx,
             directory: directory_rx,
-            secret,
+            peers: crate::cluster::forward::Peers {
+                secret,
+                tls: peer_tls,
+            },
             ledger: Arc::new(meshd_stores::attempts::MetaAttemptLedger::new(meta.clone())),
             checkpoint_every: Duration::from_millis(config.checkpoint_ms),
         });

@@ -361,3 +361,148 @@ async fn given_etcd_and_nats_that_demand_tls_and_passwords_then_meshd_serves_wit
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_cluster_serving_https_then_a_consumer_on_one_instance_gets_every_partition_through_tls_calls_to_the_others(
+) {
+    use meshd_test_support::etcd::EtcdProcess;
+    use meshd_test_support::nats::NatsProcess;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCerts::generate(&dir.path().join("pki")).unwrap();
+    let etcd = EtcdProcess::start().await.unwrap();
+    let nats = NatsProcess::start().await.unwrap();
+    let meta = format!("etcd://{}", etcd.endpoint());
+    let log = nats.url();
+    let (cert, key, ca) = (
+        certs.server_cert.to_str().unwrap(),
+        certs.server_key.to_str().unwrap(),
+        certs.ca.to_str().unwrap(),
+    );
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        let id = format!("tls-{i}");
+        let m = MeshdProcess::start(
+            bin(),
+            &dir.path().join(&id),
+            &[
+                "--meta",
+                &meta,
+                "--log",
+                &log,
+                "--instance-id",
+                &id,
+                "--lease-ttl-ms",
+                "2000",
+                "--tls-cert",
+                cert,
+                "--tls-key",
+                key,
+                "--cluster-ca-file",
+                ca,
+            ],
+        )
+        .await
+        .unwrap();
+        nodes.push(m);
+    }
+    let a = nodes[0].addr().to_string();
+    let c = connector(&certs.ca, &[b"http/1.1"]);
+    let json = "application/json";
+    let (status, body) = https1(&a, &c, "PUT", "/v1/topics/t", json, r#"{"partitions":4}"#)
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = https1(
+        &a,
+        &c,
+        "PUT",
+        "/v1/subscriptions/s",
+        json,
+        r#"{"topic":"t","ack_timeout_ms":60000}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+    // Both instances own partitions.
+    meshd_test_support::wait::wait_until(
+        Duration::from_secs(30),
+        "partitions owned by both instances",
+        || async {
+            let (_, body) = https1(&a, &c, "GET", "/v1/cluster", json, "").await?;
+            let v: serde_json::Value = serde_json::from_str(&body)?;
+            let owners: std::collections::BTreeSet<String> = v["partitions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["topic"] == "t")
+                .filter_map(|p| p["owner"].as_str().map(str::to_string))
+                .collect();
+            let all_owned = v["partitions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["topic"] == "t" && p["owner"].is_string())
+                .count()
+                == 4;
+            anyhow::ensure!(all_owned && owners.len() == 2, "{body}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    for i in 0..20 {
+        let ev = format!(
+            r#"{{"specversion":"1.0","id":"c{i}","source":"/t","type":"t.v1","partitionkey":"k{i}"}}"#
+        );
+        let (status, body) = https1(
+            &a,
+            &c,
+            "POST",
+            "/v1/topics/t/events",
+            "application/cloudevents+json",
+            &ev,
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 201, "{body}");
+    }
+    // One consumer on instance 0: the other instance's partitions come over TLS.
+    let mut got = std::collections::BTreeSet::new();
+    let mut partitions = std::collections::BTreeSet::new();
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while got.len() < 20 && std::time::Instant::now() < until {
+        let (status, body) = https1(
+            &a,
+            &c,
+            "POST",
+            "/v1/subscriptions/s/pull",
+            json,
+            r#"{"max_events":20,"wait_ms":1000}"#,
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let mut ids = Vec::new();
+        for d in v["deliveries"].as_array().unwrap() {
+            got.insert(d["event"]["id"].as_str().unwrap().to_string());
+            partitions.insert(d["partition"].as_u64().unwrap());
+            ids.push(d["delivery_id"].clone());
+        }
+        if !ids.is_empty() {
+            let ack = serde_json::json!({ "delivery_ids": ids }).to_string();
+            let (status, body) = https1(&a, &c, "POST", "/v1/subscriptions/s/ack", json, &ack)
+                .await
+                .unwrap();
+            assert_eq!(status, 200, "{body}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(
+                v["acked"].as_array().unwrap().len(),
+                ids.len(),
+                "every ack reached its owner: {body}"
+            );
+        }
+    }
+    assert_eq!(got.len(), 20, "{got:?}");
+    assert_eq!(partitions.len(), 4, "every partition through instance 0");
+}

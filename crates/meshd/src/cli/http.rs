@@ -12,14 +12,10 @@
 use super::error::{CliError, Problem};
 use serde_json::Value;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
-
-/// Where Debian (and most Linux systems) keep the trusted CA bundle.
-const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// A connection, plain or TLS.
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -188,34 +184,14 @@ pub struct Client {
 
 /// A TLS client trusting the CAs of `ca_file` (PEM), or the system's bundle.
 fn tls_connector(ca_file: Option<&Path>) -> Result<TlsConnector, CliError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    let path = ca_file.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
-    let bad = |why: String| {
+    crate::listen::client_connector(ca_file).map_err(|why| {
         CliError::Usage(match ca_file {
-            Some(_) => format!("--ca-file {}: {why}", path.display()),
+            Some(_) => format!("--ca-file: {why}"),
             None => format!(
-                "no --ca-file given and the system CA bundle {} is not usable ({why}); pass --ca-file",
-                path.display()
+                "no --ca-file given and the system CA bundle is not usable ({why}); pass --ca-file"
             ),
         })
-    };
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| bad(e.to_string()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| bad(e.to_string()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    let (added, _) = roots.add_parsable_certificates(certs);
-    if added == 0 {
-        return Err(bad("no CA certificate in it".into()));
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| CliError::Failed(format!("TLS setup: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(TlsConnector::from(Arc::new(config)))
+    })
 }
 
 impl Client {

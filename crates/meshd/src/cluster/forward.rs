@@ -67,19 +67,67 @@ pub fn secret_matches(secret: &str, given: &str) -> bool {
     crate::access::ct_eq(secret.as_bytes(), given.as_bytes())
 }
 
-/// POSTs `body` (JSON) to `path` on the peer at `addr` with the secret; returns the
-/// status and the body. One connection per call.
-pub async fn post(
+/// How this instance calls the others: with the cluster secret, and over TLS when
+/// the instances serve HTTPS (`--tls-cert`), trusting `--cluster-ca-file` (or the
+/// system's CAs). A peer is dialled at the address it advertises (its listen
+/// address), so its certificate must name that IP address.
+pub struct Peers {
+    pub secret: String,
+    pub tls: Option<tokio_rustls::TlsConnector>,
+}
+
+/// A connection to a peer, plain or TLS.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
+
+impl Peers {
+    /// POSTs `body` (JSON) to `path` on the peer at `addr` with the secret; returns
+    /// the status and the body. One connection per call.
+    pub async fn post(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<(u16, Vec<u8>), String> {
+        post(addr, path, &self.secret, self.tls.as_ref(), body, timeout).await
+    }
+}
+
+async fn connect(
+    addr: &str,
+    tls: Option<&tokio_rustls::TlsConnector>,
+) -> Result<Box<dyn Stream>, String> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let Some(tls) = tls else {
+        return Ok(Box::new(tcp));
+    };
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("{addr}: not a TLS server name: {e}"))?;
+    let stream = tls
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS with {addr}: {e}"))?;
+    Ok(Box::new(stream))
+}
+
+async fn post(
     addr: &str,
     path: &str,
     secret: &str,
+    tls: Option<&tokio_rustls::TlsConnector>,
     body: &[u8],
     timeout: Duration,
 ) -> Result<(u16, Vec<u8>), String> {
     let exchange = async {
-        let mut s = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        let mut s = connect(addr, tls).await?;
         let head = format!(
             "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{SECRET_HEADER}: {secret}\r\n\r\n",
             body.len()

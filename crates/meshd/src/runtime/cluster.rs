@@ -37,8 +37,8 @@ pub struct ClusterDeps {
     pub owned: watch::Receiver<Owned>,
     /// Who owns the other partitions, and where they listen.
     pub directory: watch::Receiver<Arc<Directory>>,
-    /// Authenticates the internal routes of the other instances.
-    pub secret: String,
+    /// Calls the internal routes of the other instances (secret, TLS).
+    pub peers: forward::Peers,
     pub ledger: Arc<dyn AttemptLedger>,
     pub checkpoint_every: Duration,
 }
@@ -210,7 +210,7 @@ impl Runtime {
                         name,
                         max - got.len(),
                         session.as_ref(),
-                        &cluster.secret,
+                        &cluster.peers,
                     )
                     .await
                 {
@@ -237,7 +237,7 @@ impl Runtime {
         name: &str,
         max: usize,
         session: Option<&SessionBinding>,
-        secret: &str,
+        peers: &forward::Peers,
     ) -> Result<Vec<Handed>, RuntimeError> {
         let mut body = serde_json::json!({"max_events": max, "wait_ms": 0});
         if let Some(s) = session {
@@ -247,18 +247,13 @@ impl Runtime {
             "/internal/v1/subscriptions/{}/pull",
             crate::cli::http::segment(name)
         );
-        let (status, answer) = forward::post(
-            addr,
-            &path,
-            secret,
-            body.to_string().as_bytes(),
-            PEER_TIMEOUT,
-        )
-        .await
-        .map_err(|detail| RuntimeError::Unavailable {
-            store: "owners",
-            detail,
-        })?;
+        let (status, answer) = peers
+            .post(addr, &path, body.to_string().as_bytes(), PEER_TIMEOUT)
+            .await
+            .map_err(|detail| RuntimeError::Unavailable {
+                store: "owners",
+                detail,
+            })?;
         if status != 200 {
             return Err(peer_error(addr, status, &answer));
         }
@@ -317,18 +312,19 @@ impl Runtime {
         for (addr, ids) in by_owner {
             let mut body = f.fields.clone();
             body.insert("delivery_ids".into(), ids.clone().into());
-            let (status, answer) = forward::post(
-                &addr,
-                &path,
-                &cluster.secret,
-                serde_json::Value::Object(body).to_string().as_bytes(),
-                PEER_TIMEOUT,
-            )
-            .await
-            .map_err(|detail| RuntimeError::Unavailable {
-                store: "owners",
-                detail,
-            })?;
+            let (status, answer) = cluster
+                .peers
+                .post(
+                    &addr,
+                    &path,
+                    serde_json::Value::Object(body).to_string().as_bytes(),
+                    PEER_TIMEOUT,
+                )
+                .await
+                .map_err(|detail| RuntimeError::Unavailable {
+                    store: "owners",
+                    detail,
+                })?;
             let v: serde_json::Value = match status {
                 200 => serde_json::from_slice(&answer).map_err(|e| RuntimeError::Unavailable {
                     store: "owners",
@@ -434,13 +430,14 @@ impl Runtime {
             crate::cli::http::segment(sub.sub.name())
         );
         let body = serde_json::json!({ "offset": offset }).to_string();
-        let (status, answer) =
-            forward::post(&addr, &path, &cluster.secret, body.as_bytes(), PEER_TIMEOUT)
-                .await
-                .map_err(|detail| RuntimeError::Unavailable {
-                    store: "owners",
-                    detail,
-                })?;
+        let (status, answer) = cluster
+            .peers
+            .post(&addr, &path, body.as_bytes(), PEER_TIMEOUT)
+            .await
+            .map_err(|detail| RuntimeError::Unavailable {
+                store: "owners",
+                detail,
+            })?;
         let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
         match status {
             200 => match (v["committed"].as_u64(), v["epoch"].as_u64()) {
@@ -488,7 +485,9 @@ impl Runtime {
             "/internal/v1/deadletters/{}/redrive",
             crate::cli::http::segment(&entry.id)
         );
-        forward::post(&addr, &path, &cluster.secret, b"", PEER_TIMEOUT)
+        cluster
+            .peers
+            .post(&addr, &path, b"", PEER_TIMEOUT)
             .await
             .map(Some)
             .map_err(|detail| RuntimeError::Unavailable {
