@@ -19,153 +19,12 @@
 
 mod common;
 
-use anyhow::{anyhow, ensure};
+use common::disk::*;
 use common::*;
 use meshd_test_support::fault::FsyncFault;
-use meshd_test_support::http::{self, request_with, send_json, Response};
-use meshd_test_support::meshd::MeshdProcess;
-use meshd_test_support::wait::wait_until;
+use meshd_test_support::http::{self, send_json};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::time::Duration;
-
-/// How long a restarted instance may take to report ready (a debug build, 2 cores).
-const READY: Duration = Duration::from_secs(30);
-
-async fn start_faulted(dir: &std::path::Path, fault: &FsyncFault) -> MeshdProcess {
-    MeshdProcess::start_with_env(bin(), dir, &[], &fault.env())
-        .await
-        .expect("start meshd under the fsync fault shim")
-}
-
-/// Publishes one event in structured mode and returns the raw answer.
-async fn try_publish(a: &str, topic: &str, event: &Value) -> Response {
-    request_with(
-        a,
-        "POST",
-        &format!("/v1/topics/{topic}/events"),
-        &[("Content-Type", "application/cloudevents+json")],
-        event.to_string().as_bytes(),
-    )
-    .await
-    .unwrap()
-}
-
-/// `GET /readyz` → (status, body).
-async fn readyz(a: &str) -> (u16, Value) {
-    let r = http::get(a, "/readyz").await.unwrap();
-    let body = r.json().unwrap();
-    (r.status, body)
-}
-
-async fn wait_ready(a: &str) {
-    wait_until(READY, &format!("/readyz 200 on {a}"), || async move {
-        let r = http::get(a, "/readyz").await?;
-        ensure!(r.status == 200, "readyz {}: {}", r.status, r.body);
-        Ok(())
-    })
-    .await
-    .unwrap();
-}
-
-/// Waits until this instance's membership is in Meta: its registration is the last
-/// Meta write meshd makes by itself after boot, so the next one is the test's.
-async fn wait_registered(a: &str) {
-    wait_until(READY, "membership registered", || async move {
-        let r = http::get(a, "/v1/cluster").await?;
-        let c = r.json()?;
-        let me = &c["instance"];
-        let members = c["members"]
-            .as_array()
-            .ok_or_else(|| anyhow!("no members list: {c}"))?;
-        ensure!(
-            members.iter().any(|m| &m["instance"] == me),
-            "{me} not among {members:?}"
-        );
-        Ok(())
-    })
-    .await
-    .unwrap();
-}
-
-/// Asserts `/readyz` is 503 `unavailable` with each of `checks` in the given state.
-async fn assert_not_ready(a: &str, checks: &[(&str, &str)]) -> Value {
-    let (status, body) = readyz(a).await;
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(body["status"], "unavailable", "{body}");
-    for (check, state) in checks {
-        assert_eq!(body["checks"][*check], *state, "check {check}: {body}");
-    }
-    body
-}
-
-/// The value of one sample of `/metrics` (`name{labels}` exactly as rendered).
-async fn metric(a: &str, sample: &str) -> anyhow::Result<f64> {
-    let r = http::get(a, "/metrics").await?;
-    ensure!(r.status == 200, "metrics answered {}", r.status);
-    r.body
-        .lines()
-        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .ok_or_else(|| anyhow!("no sample {sample} in /metrics"))
-}
-
-/// A fail-stop's refusal: 503 `unavailable` (not applied) naming `store` on
-/// `backend`, saying that a restart is needed, with the slow `Retry-After` every
-/// fail-stop 503 carries (only a restart cures it), and naming the failure once.
-fn fail_stopped(r: &Response, store: &str, backend: &str) -> Value {
-    let p = problem(r, 503);
-    assert_eq!(p["type"], "https://meshd.dev/problems/unavailable", "{p}");
-    assert_eq!(
-        (&p["store"], &p["backend"]),
-        (&json!(store), &json!(backend)),
-        "{p}"
-    );
-    assert_eq!(
-        r.header("retry-after"),
-        Some("30"),
-        "a fail-stop does not end by waiting soon: {p}"
-    );
-    let detail = p["detail"].as_str().unwrap();
-    assert!(detail.contains("until meshd is restarted"), "{p}");
-    assert_eq!(
-        detail.matches("fail-stopped").count(),
-        1,
-        "the failure is said once: {p}"
-    );
-    p
-}
-
-/// The write whose own fsync failed: 504 `indeterminate` (it may or may not have
-/// been applied) naming `store` on `backend`.
-fn indeterminate(r: &Response, store: &str, backend: &str) -> Value {
-    let p = problem(r, 504);
-    assert_eq!(p["type"], "https://meshd.dev/problems/indeterminate", "{p}");
-    assert_eq!(
-        (&p["store"], &p["backend"]),
-        (&json!(store), &json!(backend)),
-        "{p}"
-    );
-    p
-}
-
-/// Every event of `topic` via browse, by id: (partition, offset, event). Asserts no id
-/// appears twice.
-async fn browse_by_id(
-    a: &str,
-    topic: &str,
-    partitions: u64,
-) -> BTreeMap<String, (u64, u64, Value)> {
-    let mut all = BTreeMap::new();
-    for p in 0..partitions {
-        for (offset, e) in browse_all(a, topic, p).await {
-            let id = e["id"].as_str().expect("an event id").to_string();
-            let before = all.insert(id.clone(), (p, offset, e));
-            assert!(before.is_none(), "event {id} is in the log twice");
-        }
-    }
-    all
-}
 
 /// Story 1: the partition log. Publishes answered 201 before the disk failed survive
 /// with their bytes; the publish whose fsync failed is answered 504 (outcome unknown);
@@ -177,7 +36,7 @@ async fn given_published_events_when_the_disk_fails_fsync_then_publishes_are_ref
 ) {
     let fault = FsyncFault::build().expect("build the fsync fault shim");
     let dir = tempfile::tempdir().unwrap();
-    let mut m = start_faulted(dir.path(), &fault).await;
+    let mut m = start_faulted(dir.path(), &fault.env()).await;
     let a = m.addr().to_string();
     create_topic(&a, "orders", 3).await;
     // id → (partition, offset, event) of every 201.
@@ -332,7 +191,7 @@ async fn given_embedded_meta_when_a_subscription_write_fails_fsync_then_it_is_no
 ) {
     let fault = FsyncFault::build().expect("build the fsync fault shim");
     let dir = tempfile::tempdir().unwrap();
-    let mut m = start_faulted(dir.path(), &fault).await;
+    let mut m = start_faulted(dir.path(), &fault.env()).await;
     let a = m.addr().to_string();
     create_topic(&a, "orders", 2).await;
     let kept = create_subscription(&a, "kept", json!({"topic": "orders", "max_attempts": 3})).await;
@@ -474,7 +333,7 @@ async fn given_a_subscription_with_events_when_a_pull_cannot_make_its_attempts_d
 ) {
     let fault = FsyncFault::build().expect("build the fsync fault shim");
     let dir = tempfile::tempdir().unwrap();
-    let mut m = start_faulted(dir.path(), &fault).await;
+    let mut m = start_faulted(dir.path(), &fault.env()).await;
     let a = m.addr().to_string();
     create_topic(&a, "orders", 2).await;
     // A short lease, so an attempt record that reached the disk although its fsync

@@ -36,20 +36,17 @@
 
 mod common;
 
-use anyhow::{anyhow, ensure};
+use anyhow::ensure;
+use common::disk::*;
 use common::*;
 use meshd_test_support::fault::FullDisk;
-use meshd_test_support::http::{self, request_with, send_json, Response};
-use meshd_test_support::meshd::MeshdProcess;
+use meshd_test_support::http::{send_json, Response};
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// How long a restarted instance may take to report ready (a debug build, 2 cores).
-const READY: Duration = Duration::from_secs(30);
 
 /// Concurrent publishers, and how many 201s they make together before the disk fills.
 const PUBLISHERS: usize = 4;
@@ -59,139 +56,17 @@ const REFUSALS_EACH: usize = 3;
 /// A publisher that is still not refused after this many publishes failed the test.
 const MAX_PUBLISHES_EACH: usize = 2000;
 
-async fn start_faulted(dir: &std::path::Path, full: &FullDisk) -> MeshdProcess {
-    MeshdProcess::start_with_env(bin(), dir, &[], &full.env())
-        .await
-        .expect("start meshd under the full-disk shim")
-}
-
-/// Publishes one event in structured mode and returns the raw answer.
-async fn try_publish(a: &str, topic: &str, event: &Value) -> Response {
-    request_with(
-        a,
-        "POST",
-        &format!("/v1/topics/{topic}/events"),
-        &[("Content-Type", "application/cloudevents+json")],
-        event.to_string().as_bytes(),
-    )
-    .await
-    .unwrap()
-}
-
-async fn wait_ready(a: &str) {
-    wait_until(READY, &format!("/readyz 200 on {a}"), || async move {
-        let r = http::get(a, "/readyz").await?;
-        ensure!(r.status == 200, "readyz {}: {}", r.status, r.body);
-        Ok(())
-    })
-    .await
-    .unwrap();
-}
-
-/// Waits until this instance's membership is in Meta: its registration is the last
-/// Meta write meshd makes by itself after boot, so the next ones are the test's.
-async fn wait_registered(a: &str) {
-    wait_until(READY, "membership registered", || async move {
-        let r = http::get(a, "/v1/cluster").await?;
-        let c = r.json()?;
-        let me = &c["instance"];
-        let members = c["members"]
-            .as_array()
-            .ok_or_else(|| anyhow!("no members list: {c}"))?;
-        ensure!(
-            members.iter().any(|m| &m["instance"] == me),
-            "{me} not among {members:?}"
-        );
-        Ok(())
-    })
-    .await
-    .unwrap();
-}
-
-/// Asserts `/readyz` is 503 `unavailable` with each of `checks` in the given state.
-async fn assert_not_ready(a: &str, checks: &[(&str, &str)]) -> Value {
-    let r = http::get(a, "/readyz").await.unwrap();
-    let body = r.json().unwrap();
-    assert_eq!(r.status, 503, "{body}");
-    assert_eq!(body["status"], "unavailable", "{body}");
-    for (check, state) in checks {
-        assert_eq!(body["checks"][*check], *state, "check {check}: {body}");
-    }
-    body
-}
-
-/// The value of one sample of `/metrics` (`name{labels}` exactly as rendered).
-async fn metric(a: &str, sample: &str) -> anyhow::Result<f64> {
-    let r = http::get(a, "/metrics").await?;
-    ensure!(r.status == 200, "metrics answered {}", r.status);
-    r.body
-        .lines()
-        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .ok_or_else(|| anyhow!("no sample {sample} in /metrics"))
-}
-
 /// The operator's words for a full disk, as the OS says it: every refusal carries the
 /// root cause, not just "fail-stopped".
 const NO_SPACE: &str = "No space left on device";
 
-/// A fail-stop's refusal: 503 `unavailable` (not applied) naming `store` on
-/// `backend`, saying that a restart is needed and why (no space), with the slow
-/// `Retry-After` every fail-stop 503 carries (only a restart cures it), and naming the
-/// failure once.
-fn fail_stopped(r: &Response, store: &str, backend: &str) -> Value {
-    let p = problem(r, 503);
-    assert_eq!(p["type"], "https://meshd.dev/problems/unavailable", "{p}");
-    assert_eq!(
-        (&p["store"], &p["backend"]),
-        (&json!(store), &json!(backend)),
-        "{p}"
-    );
-    assert_eq!(
-        r.header("retry-after"),
-        Some("30"),
-        "a fail-stop does not end by waiting soon: {p}"
-    );
-    let detail = p["detail"].as_str().unwrap();
-    assert!(detail.contains("until meshd is restarted"), "{p}");
+/// A fail-stop's refusal (see `common::disk::fail_stopped`) that names the root
+/// cause: no space.
+fn refused_no_space(r: &Response, store: &str, backend: &str) -> Value {
+    let p = disk::fail_stopped(r, store, backend);
+    let detail = p["detail"].as_str().unwrap_or_default();
     assert!(detail.contains(NO_SPACE), "the root cause is named: {p}");
-    assert_eq!(
-        detail.matches("fail-stopped").count(),
-        1,
-        "the failure is said once: {p}"
-    );
     p
-}
-
-/// A write whose own WAL append failed: 504 `indeterminate` naming `store` on
-/// `backend`.
-fn indeterminate(r: &Response, store: &str, backend: &str) -> Value {
-    let p = problem(r, 504);
-    assert_eq!(p["type"], "https://meshd.dev/problems/indeterminate", "{p}");
-    assert_eq!(
-        (&p["store"], &p["backend"]),
-        (&json!(store), &json!(backend)),
-        "{p}"
-    );
-    p
-}
-
-/// Every event of `topic` via browse, by id: (partition, offset, event). Asserts no id
-/// appears twice.
-async fn browse_by_id(
-    a: &str,
-    topic: &str,
-    partitions: u64,
-) -> BTreeMap<String, (u64, u64, Value)> {
-    let mut all = BTreeMap::new();
-    for p in 0..partitions {
-        for (offset, e) in browse_all(a, topic, p).await {
-            let id = e["id"].as_str().expect("an event id").to_string();
-            let before = all.insert(id.clone(), (p, offset, e));
-            assert!(before.is_none(), "event {id} is in the log twice");
-        }
-    }
-    all
 }
 
 /// The names of the SST files in RocksDB's directory.
@@ -258,7 +133,7 @@ async fn given_concurrent_publishers_when_the_disk_fills_up_then_publishes_are_r
 ) {
     let full = FullDisk::build().expect("build the full-disk shim");
     let dir = tempfile::tempdir().unwrap();
-    let mut m = start_faulted(dir.path(), &full).await;
+    let mut m = start_faulted(dir.path(), &full.env()).await;
     let a = m.addr().to_string();
     create_topic(&a, "orders", 3).await;
     wait_ready(&a).await;
@@ -317,7 +192,7 @@ async fn given_concurrent_publishers_when_the_disk_fills_up_then_publishes_are_r
                 unknown.insert(s.id.clone(), s.event.clone());
             }
             _ => {
-                fail_stopped(&s.r, "log", "rocksdb");
+                refused_no_space(&s.r, "log", "rocksdb");
                 refused.push(s.id.clone());
             }
         }
@@ -402,7 +277,7 @@ async fn given_concurrent_publishers_when_the_disk_fills_up_then_publishes_are_r
     for i in 0..3 {
         let id = format!("after-heal-{i}");
         let r = try_publish(&a, "orders", &event(&id)).await;
-        fail_stopped(&r, "log", "rocksdb");
+        refused_no_space(&r, "log", "rocksdb");
         refused.push(id);
     }
     assert_not_ready(&a, &[("local:rocksdb", "failed")]).await;
@@ -461,7 +336,7 @@ async fn given_events_handed_out_when_they_are_acked_on_a_full_disk_then_no_ack_
 ) {
     let full = FullDisk::build().expect("build the full-disk shim");
     let dir = tempfile::tempdir().unwrap();
-    let mut m = start_faulted(dir.path(), &full).await;
+    let mut m = start_faulted(dir.path(), &full.env()).await;
     let a = m.addr().to_string();
     create_topic(&a, "orders", 2).await;
     // A short lease, so the recovered in-flight deliveries are due again soon after
@@ -497,7 +372,7 @@ async fn given_events_handed_out_when_they_are_acked_on_a_full_disk_then_no_ack_
     // meshd's own (the membership keep-alive on the embedded Meta) hit the full disk
     // first.
     let p = match r.status {
-        503 => fail_stopped(&r, "deliveries", "rocksdb"),
+        503 => refused_no_space(&r, "deliveries", "rocksdb"),
         504 => indeterminate(&r, "deliveries", "rocksdb"),
         s => panic!("an ack on a full disk answered {s}: {}", r.body),
     };
@@ -512,7 +387,7 @@ async fn given_events_handed_out_when_they_are_acked_on_a_full_disk_then_no_ack_
     )
     .await
     .unwrap();
-    fail_stopped(&r, "deliveries", "rocksdb");
+    refused_no_space(&r, "deliveries", "rocksdb");
     assert_not_ready(&a, &[("dispatch", "failed"), ("local:rocksdb", "failed")]).await;
     assert_eq!(
         metric(&a, "meshd_local_healthy{backend=\"rocksdb\"}")
@@ -535,7 +410,7 @@ async fn given_events_handed_out_when_they_are_acked_on_a_full_disk_then_no_ack_
     )
     .await
     .unwrap();
-    fail_stopped(&r, "deliveries", "rocksdb");
+    refused_no_space(&r, "deliveries", "rocksdb");
 
     m.kill();
     m.restart().await.unwrap();

@@ -7,6 +7,8 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
+pub mod disk;
+
 use anyhow::{anyhow, ensure, Context};
 use meshd_test_support::http::{self, request_with, send_json, Response};
 use meshd_test_support::meshd::MeshdProcess;
