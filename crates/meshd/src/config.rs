@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// certificates (default: the system's CA bundle).
     #[arg(long, env = "MESHD_CLUSTER_CA_FILE")]
     pub cluster_ca_file: Option<PathBuf>,
+    /// The PEM CA that `https://` push endpoints' certificates are checked against
+    /// (default: the system's CA bundle).
+    #[arg(long, env = "MESHD_PUSH_CA_FILE")]
+    pub push_ca_file: Option<PathBuf>,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
     #[arg(long, env = "MESHD_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -155,6 +159,7 @@ struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     cluster_ca_file: Option<PathBuf>,
+    push_ca_file: Option<PathBuf>,
     max_connections: Option<u64>,
     max_requests: Option<u64>,
     max_long_polls: Option<u64>,
@@ -217,6 +222,7 @@ pub struct Config {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub cluster_ca_file: Option<PathBuf>,
+    pub push_ca_file: Option<PathBuf>,
     pub max_connections: u64,
     pub max_requests: u64,
     pub max_long_polls: u64,
@@ -418,6 +424,7 @@ impl Config {
             tls_cert: args.tls_cert.or(file.tls_cert),
             tls_key: args.tls_key.or(file.tls_key),
             cluster_ca_file: args.cluster_ca_file.or(file.cluster_ca_file),
+            push_ca_file: args.push_ca_file.or(file.push_ca_file),
             max_connections: args
                 .max_connections
                 .or(file.max_connections)

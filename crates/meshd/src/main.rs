@@ -11,6 +11,7 @@ mod listen;
 mod membership;
 mod metered;
 mod metrics;
+mod net;
 mod problem;
 mod requeue;
 mod runtime;

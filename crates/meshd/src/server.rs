@@ -73,10 +73,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(crate::listen::tls_acceptor(cert, key)?),
         _ => None,
     };
+    // `https://` push URLs: the CA of --push-ca-file (an error stops start-up), else
+    // the system's bundle (without one, https pushes fail naming the flag).
+    let push_tls = match &config.push_ca_file {
+        Some(f) => Some(
+            crate::net::client_connector(Some(f))
+                .map_err(|e| anyhow::anyhow!("--push-ca-file: {e}"))?,
+        ),
+        None => crate::net::client_connector(None)
+            .inspect_err(|e| tracing::warn!(error = %e, "no system CA bundle: https push URLs need --push-ca-file"))
+            .ok(),
+    };
     // Instances that serve HTTPS call each other over HTTPS too.
     let peer_tls = match (&tls, config.log.is_cluster()) {
         (Some(_), true) => Some(
-            crate::listen::client_connector(config.cluster_ca_file.as_deref())
+            crate::net::client_connector(config.cluster_ca_file.as_deref())
                 .map_err(|e| anyhow::anyhow!("--cluster-ca-file: {e}"))?,
         ),
         _ => None,
@@ -251,6 +262,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         max_in_flight: config.max_in_flight as usize,
         metrics: metrics.clone(),
         cluster,
+        push_tls,
     });
     // Recovery (re-arming every delivery) runs once the subscription cache is loaded;
     // /readyz stays 503 until it is done. Boot waits for it (bounded, like the caches),

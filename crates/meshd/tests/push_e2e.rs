@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -31,58 +31,101 @@ struct Endpoint {
 }
 
 async fn endpoint(statuses: Vec<u16>) -> Endpoint {
+    endpoint_with(statuses, None).await
+}
+
+/// [`endpoint`], over TLS when `tls` is given (`https://127.0.0.1:port/hook`).
+async fn endpoint_with(statuses: Vec<u16>, tls: Option<tokio_rustls::TlsAcceptor>) -> Endpoint {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{}/hook", listener.local_addr().unwrap());
     let received: Arc<Mutex<Vec<Received>>> = Arc::default();
     let log = received.clone();
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = listener.accept().await else {
+            let Ok((s, _)) = listener.accept().await else {
                 return;
             };
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let head_end = loop {
-                let n = s.read(&mut chunk).await.unwrap_or(0);
-                if n == 0 {
-                    break None;
+            match &tls {
+                None => answer(s, &log, &statuses).await,
+                Some(acceptor) => {
+                    // A client that refuses the certificate ends here.
+                    if let Ok(s) = acceptor.accept(s).await {
+                        answer(s, &log, &statuses).await;
+                    }
                 }
-                buf.extend_from_slice(&chunk[..n]);
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break Some(i);
-                }
-            };
-            let Some(head_end) = head_end else { continue };
-            let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-            let headers: BTreeMap<String, String> = head
-                .lines()
-                .skip(1)
-                .filter_map(|l| l.split_once(':'))
-                .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-                .collect();
-            let len: usize = headers
-                .get("content-length")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let mut body = buf[head_end + 4..].to_vec();
-            while body.len() < len {
-                let n = s.read(&mut chunk).await.unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                body.extend_from_slice(&chunk[..n]);
             }
-            let status = {
-                let mut r = log.lock().unwrap();
-                r.push(Received { headers, body });
-                statuses[(r.len() - 1).min(statuses.len() - 1)]
-            };
-            let answer =
-                format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-            let _ = s.write_all(answer.as_bytes()).await;
         }
     });
     Endpoint { url, received }
+}
+
+/// Reads one request from `s`, records it and answers the next scripted status.
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    log: &Mutex<Vec<Received>>,
+    statuses: &[u16],
+) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        let n = s.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            break None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break Some(i);
+        }
+    };
+    let Some(head_end) = head_end else { return };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let headers: BTreeMap<String, String> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let len: usize = headers
+        .get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = buf[head_end + 4..].to_vec();
+    while body.len() < len {
+        let n = s.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    let status = {
+        let mut r = log.lock().unwrap();
+        r.push(Received { headers, body });
+        statuses[(r.len() - 1).min(statuses.len() - 1)]
+    };
+    let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    let _ = s.write_all(answer.as_bytes()).await;
+    let _ = s.shutdown().await;
+}
+
+/// A TLS acceptor with the test server certificate (for 127.0.0.1).
+fn tls_acceptor(certs: &meshd_test_support::certs::TestCerts) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&certs.server_cert)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&certs.server_key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
 fn push_subscription(topic: &str, url: &str) -> Value {
@@ -211,22 +254,64 @@ async fn given_a_push_endpoint_that_refuses_connections_then_the_reason_says_so(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn given_an_https_push_url_then_the_subscription_is_refused_naming_the_field() {
+async fn given_an_https_push_endpoint_whose_certificate_the_push_ca_signed_then_every_event_is_pushed_over_tls(
+) {
     let dir = tempfile::tempdir().unwrap();
-    let m = start(dir.path()).await;
-    let a = m.addr();
-    create_topic(a, "t", 1).await;
-    let r = meshd_test_support::http::send_json(
-        a,
-        "PUT",
-        "/v1/subscriptions/p",
-        &push_subscription("t", "https://example.com/hook"),
+    let certs = meshd_test_support::certs::TestCerts::generate(&dir.path().join("pki")).unwrap();
+    let m = meshd_test_support::meshd::MeshdProcess::start(
+        bin(),
+        &dir.path().join("data"),
+        &["--push-ca-file", certs.ca.to_str().unwrap()],
     )
     .await
     .unwrap();
-    problem_naming(&r, "push.url");
-    let r = meshd_test_support::http::get(a, "/v1/subscriptions/p")
-        .await
-        .unwrap();
-    assert_eq!(r.status, 404, "nothing was stored: {}", r.body);
+    let a = m.addr();
+    let hook = endpoint_with(vec![200], Some(tls_acceptor(&certs))).await;
+    assert!(hook.url.starts_with("https://"));
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "p", push_subscription("t", &hook.url)).await;
+    for i in 0..3 {
+        publish(a, "t", &event(&format!("s{i}"))).await.unwrap();
+    }
+    wait_committed(a, "p", 0, 3).await;
+    let got = hook.received.lock().unwrap().clone();
+    let ids: Vec<&str> = got
+        .iter()
+        .filter_map(|r| r.headers.get("ce-id").map(String::as_str))
+        .collect();
+    assert_eq!(ids, ["s0", "s1", "s2"], "{got:?}");
+    assert!(dead_letters(a, "p").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_https_push_endpoint_with_a_certificate_meshd_does_not_trust_then_nothing_reaches_it_and_the_dead_letter_says_why(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = meshd_test_support::certs::TestCerts::generate(&dir.path().join("pki")).unwrap();
+    // meshd trusts the system's CAs only; the endpoint's CA is not among them.
+    let m = start(&dir.path().join("data")).await;
+    let a = m.addr();
+    let hook = endpoint_with(vec![200], Some(tls_acceptor(&certs))).await;
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "p", push_subscription("t", &hook.url)).await;
+    publish(a, "t", &event("untrusted")).await.unwrap();
+    let entries = wait_until(DEADLINE, "a dead letter", || async {
+        let e = dead_letters(a, "p").await;
+        anyhow::ensure!(e.len() == 1, "{e:?}");
+        Ok(e)
+    })
+    .await
+    .unwrap();
+    let reason = entries[0]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        reason.contains("TLS") || reason.contains("https push without a CA"),
+        "{reason}"
+    );
+    assert!(
+        hook.received.lock().unwrap().is_empty(),
+        "nothing is sent to an endpoint that is not trusted"
+    );
 }

@@ -112,12 +112,6 @@ fn spec_of(name: &str, body: PutSubscription) -> Result<SubscriptionSpec, Proble
         source: f.source,
     });
     if let Some(p) = &body.push {
-        if p.url.starts_with("https://") {
-            return Err(Problem::invalid_field(
-                "push.url",
-                "https push URLs are not supported yet (TLS arrives with issue 9); use http://",
-            ));
-        }
         if let Err(e) = crate::runtime::push::Target::parse(&p.url) {
             return Err(Problem::invalid_field("push.url", e));
         }

@@ -13,13 +13,10 @@ use super::error::{CliError, Problem};
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 
-/// A connection, plain or TLS.
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+use crate::net::Stream;
 
 /// How long a connect may take before the server counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -184,7 +181,7 @@ pub struct Client {
 
 /// A TLS client trusting the CAs of `ca_file` (PEM), or the system's bundle.
 fn tls_connector(ca_file: Option<&Path>) -> Result<TlsConnector, CliError> {
-    crate::listen::client_connector(ca_file).map_err(|why| {
+    crate::net::client_connector(ca_file).map_err(|why| {
         CliError::Usage(match ca_file {
             Some(_) => format!("--ca-file: {why}"),
             None => format!(
@@ -257,36 +254,19 @@ impl Client {
 
 /// A connection to the target, TLS for `https://`; a failure is `Unreachable`.
 async fn connect(target: &Target, tls: Option<&TlsConnector>) -> Result<Box<dyn Stream>, CliError> {
-    let unreachable = |e: std::io::Error| {
-        CliError::Unreachable(format!("cannot reach meshd at {}: {e}", target.shown))
-    };
-    let in_time = |what: &str| {
-        CliError::Unreachable(format!(
-            "cannot reach meshd at {}: no {what} within {} s",
-            target.shown,
-            CONNECT_TIMEOUT.as_secs()
-        ))
-    };
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&target.authority))
+    let (host, port) = crate::net::split_host_port(&target.authority)
+        .ok_or_else(|| CliError::Usage(format!("--server {}: not host:port", target.shown)))?;
+    let tls = tls.filter(|_| target.tls_name.is_some());
+    tokio::time::timeout(CONNECT_TIMEOUT, crate::net::connect(host, port, tls))
         .await
-        .map_err(|_| in_time("connection"))?
-        .map_err(unreachable)?;
-    let (Some(tls), Some(name)) = (tls, &target.tls_name) else {
-        return Ok(Box::new(tcp));
-    };
-    let name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| {
-        CliError::Usage(format!(
-            "--server {}: not a TLS server name: {e}",
-            target.shown
-        ))
-    })?;
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(name, tcp))
-        .await
-        .map_err(|_| in_time("TLS handshake"))?
-        .map_err(|e| {
-            CliError::Unreachable(format!("TLS with meshd at {} failed: {e}", target.shown))
-        })?;
-    Ok(Box::new(stream))
+        .map_err(|_| {
+            CliError::Unreachable(format!(
+                "cannot reach meshd at {}: no connection within {} s",
+                target.shown,
+                CONNECT_TIMEOUT.as_secs()
+            ))
+        })?
+        .map_err(|e| CliError::Unreachable(format!("cannot reach meshd at {}: {e}", target.shown)))
 }
 
 async fn exchange(

@@ -12,7 +12,6 @@ use meshd_meta::{Meta, MetaError, Precondition};
 use std::path::Path;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// The header that carries the cluster secret.
 pub const SECRET_HEADER: &str = "meshd-cluster-secret";
@@ -76,10 +75,6 @@ pub struct Peers {
     pub tls: Option<tokio_rustls::TlsConnector>,
 }
 
-/// A connection to a peer, plain or TLS.
-trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
-
 impl Peers {
     /// POSTs `body` (JSON) to `path` on the peer at `addr` with the secret; returns
     /// the status and the body. One connection per call.
@@ -94,28 +89,16 @@ impl Peers {
     }
 }
 
+/// A connection to the peer at `addr` (`host:port`, its listen address).
 async fn connect(
     addr: &str,
     tls: Option<&tokio_rustls::TlsConnector>,
-) -> Result<Box<dyn Stream>, String> {
-    let tcp = TcpStream::connect(addr)
+) -> Result<Box<dyn crate::net::Stream>, String> {
+    let (host, port) =
+        crate::net::split_host_port(addr).ok_or_else(|| format!("{addr} is not host:port"))?;
+    crate::net::connect(host, port, tls)
         .await
-        .map_err(|e| format!("connecting to {addr}: {e}"))?;
-    let Some(tls) = tls else {
-        return Ok(Box::new(tcp));
-    };
-    let host = addr
-        .rsplit_once(':')
-        .map_or(addr, |(h, _)| h)
-        .trim_start_matches('[')
-        .trim_end_matches(']');
-    let name = rustls::pki_types::ServerName::try_from(host.to_string())
-        .map_err(|e| format!("{addr}: not a TLS server name: {e}"))?;
-    let stream = tls
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("TLS with {addr}: {e}"))?;
-    Ok(Box::new(stream))
+        .map_err(|e| format!("connecting to {addr}: {e}"))
 }
 
 async fn post(

@@ -74,6 +74,8 @@ pub struct Deps {
     pub metrics: Arc<Metrics>,
     /// Cluster mode (a shared log): which partitions run here, and their Meta state.
     pub cluster: Option<cluster::ClusterDeps>,
+    /// The TLS client of `https://` push URLs (`None`: no CA could be loaded).
+    pub push_tls: Option<tokio_rustls::TlsConnector>,
 }
 
 /// One handed-out delivery with its event body (raw JSON, exactly as published).
@@ -579,6 +581,7 @@ impl Runtime {
                 self.me.clone(),
                 sub.name().to_string(),
                 target,
+                self.deps.push_tls.clone(),
                 Duration::from_millis(sub.spec.ack_timeout_ms),
                 self.deps.metrics.subscription(sub.name()),
             ))),

@@ -12,7 +12,6 @@ use meshd_events::{to_binary_mode, Event};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 /// Push requests in flight per subscription.
@@ -24,19 +23,26 @@ const PULL_RETRY: Duration = Duration::from_millis(500);
 /// The status line and headers of an answer are read up to this size.
 const MAX_HEAD: usize = 16 * 1024;
 
-/// A parsed `http://host:port/path` URL.
+/// A parsed `http[s]://host:port/path` URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     pub host: String,
     pub port: u16,
     pub path: String,
+    /// `https://`: TLS, the certificate checked against `--push-ca-file` (or the
+    /// system's CAs) for `host`.
+    pub https: bool,
 }
 
 impl Target {
     pub fn parse(url: &str) -> Result<Target, String> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("{url:?} is not an http:// URL"))?;
+        let (rest, https) = if let Some(r) = url.strip_prefix("http://") {
+            (r, false)
+        } else if let Some(r) = url.strip_prefix("https://") {
+            (r, true)
+        } else {
+            return Err(format!("{url:?} is not an http:// or https:// URL"));
+        };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -51,7 +57,7 @@ impl Target {
                     .map_err(|_| format!("{url:?} has an invalid port"))?;
                 (h, port)
             }
-            _ => (authority, 80),
+            _ => (authority, if https { 443 } else { 80 }),
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() {
@@ -61,6 +67,7 @@ impl Target {
             host: host.to_string(),
             port,
             path: path.to_string(),
+            https,
         })
     }
 }
@@ -71,6 +78,7 @@ pub async fn worker(
     runtime: Weak<Runtime>,
     name: String,
     target: Target,
+    tls: Option<tokio_rustls::TlsConnector>,
     ack_timeout: Duration,
     counters: Arc<SubCounters>,
 ) {
@@ -115,9 +123,10 @@ pub async fn worker(
             let runtime = runtime.clone();
             let name = name.clone();
             let target = target.clone();
+            let tls = tls.clone();
             let counters = counters.clone();
             tokio::spawn(async move {
-                let outcome = post(&target, &d, ack_timeout).await;
+                let outcome = post(&target, tls.as_ref(), &d, ack_timeout).await;
                 let Some(rt) = runtime.upgrade() else {
                     return;
                 };
@@ -143,8 +152,23 @@ pub async fn worker(
     }
 }
 
-/// One POST in binary mode; `Ok` for a 2xx within `timeout`, else the reason.
-pub async fn post(target: &Target, d: &Handed, timeout: Duration) -> Result<(), String> {
+/// One POST in binary mode; `Ok` for a 2xx within `timeout`, else the reason. `tls`
+/// is the client for `https://` targets (`None`: no CA could be loaded).
+pub async fn post(
+    target: &Target,
+    tls: Option<&tokio_rustls::TlsConnector>,
+    d: &Handed,
+    timeout: Duration,
+) -> Result<(), String> {
+    let tls =
+        match (target.https, tls) {
+            (false, _) => None,
+            (true, Some(tls)) => Some(tls),
+            (true, None) => return Err(
+                "https push without a CA: start meshd with --push-ca-file (no system CA bundle)"
+                    .to_string(),
+            ),
+        };
     let event = Event::from_stored(&d.body).map_err(|e| format!("stored event: {e}"))?;
     let (headers, body) = to_binary_mode(&event);
     let mut req = format!(
@@ -164,9 +188,7 @@ pub async fn post(target: &Target, d: &Handed, timeout: Duration) -> Result<(), 
     }
     req.push_str("\r\n");
     let exchange = async {
-        let mut s = TcpStream::connect((target.host.as_str(), target.port))
-            .await
-            .map_err(|e| format!("connection failed: {e}"))?;
+        let mut s = crate::net::connect(&target.host, target.port, tls).await?;
         s.write_all(req.as_bytes())
             .await
             .map_err(|e| format!("sending the request failed: {e}"))?;
@@ -217,7 +239,8 @@ mod tests {
             Ok(Target {
                 host: "127.0.0.1".into(),
                 port: 8080,
-                path: "/hook?x=1".into()
+                path: "/hook?x=1".into(),
+                https: false,
             })
         );
         assert_eq!(
@@ -225,10 +248,20 @@ mod tests {
             Ok(Target {
                 host: "example.com".into(),
                 port: 80,
-                path: "/".into()
+                path: "/".into(),
+                https: false,
             })
         );
-        assert!(Target::parse("https://example.com/").is_err());
+        assert_eq!(
+            Target::parse("https://example.com/h"),
+            Ok(Target {
+                host: "example.com".into(),
+                port: 443,
+                path: "/h".into(),
+                https: true,
+            })
+        );
+        assert!(Target::parse("ftp://example.com/").is_err());
         assert!(Target::parse("http://:80/").is_err());
         assert!(Target::parse("http://h:99999/").is_err());
     }
