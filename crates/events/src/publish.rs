@@ -158,7 +158,52 @@ fn event_from_object(raw: &RawValue, limits: &Limits) -> Result<Event, EventErro
         ));
     }
     check_size(raw.get().len(), limits)?;
+    if has_lone_surrogate(raw.get()) {
+        return Err(EventError::bad_request(
+            None,
+            "the event has a \\u escape of a lone UTF-16 surrogate (e.g. \"\\ud800\"): strict JSON parsers refuse it, so consumers could not read it",
+        ));
+    }
     Event::from_raw(raw.to_owned())
+}
+
+/// Whether JSON `text` (already valid JSON syntax) has a `\u` escape of a UTF-16
+/// surrogate that is not part of a high-low pair. RFC 8259 lets such text through
+/// its grammar but it encodes no Unicode string, and strict parsers (serde_json
+/// into `Value`, most languages' decoders) refuse the whole document: one such
+/// event would make every pull answer that carries it unreadable.
+pub(crate) fn has_lone_surrogate(text: &str) -> bool {
+    let b = text.as_bytes();
+    let hex = |at: usize| -> Option<u16> {
+        let s = b.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(s).ok()?, 16).ok()
+    };
+    let mut i = 0;
+    // In valid JSON every backslash starts an escape inside a string.
+    while let Some(off) = b[i..].iter().position(|&c| c == b'\\') {
+        i += off;
+        if b.get(i + 1) != Some(&b'u') {
+            i += 2;
+            continue;
+        }
+        let Some(unit) = hex(i + 2) else {
+            return true;
+        };
+        match unit {
+            0xD800..=0xDBFF => {
+                let low = (b.get(i + 6) == Some(&b'\\') && b.get(i + 7) == Some(&b'u'))
+                    .then(|| hex(i + 8))
+                    .flatten();
+                match low {
+                    Some(0xDC00..=0xDFFF) => i += 12,
+                    _ => return true,
+                }
+            }
+            0xDC00..=0xDFFF => return true,
+            _ => i += 6,
+        }
+    }
+    false
 }
 
 fn check_size(len: usize, limits: &Limits) -> Result<(), EventError> {
@@ -268,7 +313,9 @@ fn parse_binary(
         let json_data = content_type
             .filter(|ct| is_json_media_type(ct))
             .and_then(|_| std::str::from_utf8(body).ok())
-            .and_then(|text| serde_json::from_str::<&RawValue>(text).ok());
+            .and_then(|text| serde_json::from_str::<&RawValue>(text).ok())
+            // Not interoperable JSON: kept byte for byte as `data_base64` instead.
+            .filter(|data| !has_lone_surrogate(data.get()));
         match json_data {
             Some(data) => {
                 member(&mut json, "data");
@@ -336,4 +383,21 @@ pub(crate) fn push_json_string(out: &mut String, s: &str) {
         }
     }
     out.push('"');
+}
+
+#[cfg(test)]
+mod surrogate_tests {
+    use super::has_lone_surrogate;
+
+    #[test]
+    fn lone_surrogates_are_found_and_pairs_and_escaped_backslashes_are_not() {
+        assert!(!has_lone_surrogate(
+            r#"{"a":"\ud83d\ude00 ok \u00e9 \\ud800"}"#
+        ));
+        assert!(has_lone_surrogate(r#"{"a":"\ud800"}"#));
+        assert!(has_lone_surrogate(r#"{"a":"\udc00"}"#));
+        assert!(has_lone_surrogate(r#"{"a":"\ud800\u0041"}"#));
+        assert!(has_lone_surrogate(r#"{"\uDBFF":1}"#));
+        assert!(!has_lone_surrogate(r#"{"a":"\n\t\"\/"}"#));
+    }
 }
