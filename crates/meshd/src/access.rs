@@ -123,11 +123,53 @@ fn bearer(req: &Request) -> Option<&[u8]> {
         .then(|| token.trim_ascii())
 }
 
+/// The tokens in force: read from their files at start-up and again on every
+/// [`reload`](Access::reload) (SIGHUP), replaced whole, so a rotation needs no
+/// restart. A reload that fails keeps the tokens in force.
+pub struct Access {
+    client_file: Option<PathBuf>,
+    admin_file: Option<PathBuf>,
+    current: std::sync::RwLock<Arc<Tokens>>,
+}
+
+impl Access {
+    /// `None` without token files (see [`Tokens::load`]).
+    pub fn load(client: Option<&Path>, admin: Option<&Path>) -> Result<Option<Self>, AccessError> {
+        Ok(Tokens::load(client, admin)?.map(|tokens| Self {
+            client_file: client.map(Path::to_path_buf),
+            admin_file: admin.map(Path::to_path_buf),
+            current: std::sync::RwLock::new(Arc::new(tokens)),
+        }))
+    }
+
+    /// Reads the token files again; on success the new tokens replace the old ones at
+    /// once (requests in progress finish with the old).
+    pub fn reload(&self) -> Result<(), AccessError> {
+        let fresh = Tokens::load(self.client_file.as_deref(), self.admin_file.as_deref())?;
+        if let Some(fresh) = fresh {
+            let mut current = self
+                .current
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *current = Arc::new(fresh);
+        }
+        Ok(())
+    }
+
+    fn tokens(&self) -> Arc<Tokens> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
 /// The middleware: 401 / 403 before the handler, never naming the token.
-pub async fn check(State(tokens): State<Arc<Tokens>>, req: Request, next: Next) -> Response {
+pub async fn check(State(access): State<Arc<Access>>, req: Request, next: Next) -> Response {
     let Some(need) = required(req.method(), req.uri().path()) else {
         return next.run(req).await;
     };
+    let tokens = access.tokens();
     let role = bearer(&req).and_then(|t| tokens.role_of(t));
     match (need, role) {
         (_, Some(Role::Admin)) | (Role::Client, Some(Role::Client)) => next.run(req).await,

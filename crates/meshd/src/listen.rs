@@ -56,6 +56,9 @@ pub struct HttpCounters {
     pub handshake_timeouts: AtomicU64,
     pub header_timeouts: AtomicU64,
     pub idle_timeouts: AtomicU64,
+    /// SIGHUP reloads of the token files and the TLS certificate.
+    pub reloads_ok: AtomicU64,
+    pub reloads_failed: AtomicU64,
 }
 
 impl HttpCounters {
@@ -78,6 +81,7 @@ impl HttpCounters {
                 get(c)
             );
         }
+        let _ = writeln!(out, "# HELP meshd_config_reloads_total Reloads of the token files and TLS certificate (SIGHUP), by outcome.\n# TYPE meshd_config_reloads_total counter\nmeshd_config_reloads_total{{outcome=\"ok\"}} {}\nmeshd_config_reloads_total{{outcome=\"failed\"}} {}", get(&self.reloads_ok), get(&self.reloads_failed));
     }
 }
 
@@ -157,11 +161,46 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// The HTTPS identity in force: read at start-up and again on every
+/// [`reload`](ServerTls::reload) (SIGHUP), so a renewed certificate needs no
+/// restart. New connections use the new one; a reload that fails keeps the old.
+pub struct ServerTls {
+    cert: PathBuf,
+    key: PathBuf,
+    current: std::sync::RwLock<TlsAcceptor>,
+}
+
+impl ServerTls {
+    pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        Ok(Self {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            current: std::sync::RwLock::new(tls_acceptor(cert, key)?),
+        })
+    }
+
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let fresh = tls_acceptor(&self.cert, &self.key)?;
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        Ok(())
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` completes, then gives open connections
 /// [`SHUTDOWN_GRACE`] to finish.
 pub async fn serve(
     listener: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ServerTls>>,
     app: Router,
     limits: Limits,
     counters: Arc<HttpCounters>,
@@ -202,8 +241,8 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let watcher = graceful.watcher();
-        let (tls, app, limits, counters) =
-            (tls.clone(), app.clone(), limits.clone(), counters.clone());
+        let tls = tls.as_ref().map(|t| t.acceptor());
+        let (app, limits, counters) = (app.clone(), limits.clone(), counters.clone());
         tokio::spawn(async move {
             let _slot = slot;
             counters.open.fetch_add(1, Ordering::Relaxed);

@@ -64,13 +64,14 @@ struct AppState {
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // Token files first: a typo in one must not cost a boot's worth of recovery.
-    let access = crate::access::Tokens::load(
+    let access = crate::access::Access::load(
         config.client_token_file.as_deref(),
         config.admin_token_file.as_deref(),
-    )?;
+    )?
+    .map(Arc::new);
     // And the TLS identity, for the same reason.
     let tls = match (&config.tls_cert, &config.tls_key) {
-        (Some(cert), Some(key)) => Some(crate::listen::tls_acceptor(cert, key)?),
+        (Some(cert), Some(key)) => Some(Arc::new(crate::listen::ServerTls::load(cert, key)?)),
         _ => None,
     };
     // `https://` push URLs: the CA of --push-ca-file (an error stops start-up), else
@@ -384,13 +385,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         admission,
         crate::admission::admit,
     ));
+    let access_for_reload = access.clone();
     let app = match access {
-        Some(tokens) => app.layer(axum::middleware::from_fn_with_state(
-            Arc::new(tokens),
+        Some(access) => app.layer(axum::middleware::from_fn_with_state(
+            access,
             crate::access::check,
         )),
         None => app,
     };
+    spawn_reload_on_hangup(access_for_reload, tls.clone(), http.clone());
     crate::listen::serve(
         listener,
         tls,
@@ -492,6 +495,56 @@ fn spawn_housekeeping(
                 Ok(n) => tracing::info!(store = "tasks", tasks = n, "expired terminal tasks"),
                 Err(e) => tracing::warn!(store = "tasks", error = %e, "task expiry failed"),
             }
+        }
+    });
+}
+
+/// On every SIGHUP: reads the token files and the TLS certificate again. What fails
+/// to load is reported (log and `meshd_config_reloads_total{outcome="failed"}`) and
+/// the settings in force stay.
+fn spawn_reload_on_hangup(
+    access: Option<Arc<crate::access::Access>>,
+    tls: Option<Arc<crate::listen::ServerTls>>,
+    counters: Arc<crate::listen::HttpCounters>,
+) {
+    use std::sync::atomic::Ordering;
+    if access.is_none() && tls.is_none() {
+        return;
+    }
+    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP: token files and certificate are read at start-up only");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let mut failed = false;
+            if let Some(a) = &access {
+                match a.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: token files reloaded"),
+                    Err(e) => {
+                        failed = true;
+                        tracing::error!(error = %e, "SIGHUP: token files not reloaded; the tokens in force stay");
+                    }
+                }
+            }
+            if let Some(t) = &tls {
+                match t.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate reloaded"),
+                    Err(e) => {
+                        failed = true;
+                        tracing::error!(error = %e, "SIGHUP: TLS certificate not reloaded; the one in force stays");
+                    }
+                }
+            }
+            let c = if failed {
+                &counters.reloads_failed
+            } else {
+                &counters.reloads_ok
+            };
+            c.fetch_add(1, Ordering::Relaxed);
         }
     });
 }

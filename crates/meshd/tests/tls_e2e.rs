@@ -55,9 +55,25 @@ async fn https1(
     content_type: &str,
     body: &str,
 ) -> anyhow::Result<(u16, String)> {
+    https1_as(addr, c, None, method, path, content_type, body).await
+}
+
+/// [`https1`] with a bearer token.
+async fn https1_as(
+    addr: &str,
+    c: &TlsConnector,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
     let mut s = tls_connect(addr, c).await?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await?;
@@ -505,4 +521,90 @@ async fn given_a_cluster_serving_https_then_a_consumer_on_one_instance_gets_ever
     }
     assert_eq!(got.len(), 20, "{got:?}");
     assert_eq!(partitions.len(), 4, "every partition through instance 0");
+}
+
+/// `meshd_config_reloads_total{outcome=...}` over HTTPS.
+async fn reloads(a: &str, c: &TlsConnector, outcome: &str) -> anyhow::Result<u64> {
+    let (_, m) = https1(a, c, "GET", "/metrics", "text/plain", "").await?;
+    let prefix = format!("meshd_config_reloads_total{{outcome=\"{outcome}\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow!("no {prefix:?} in /metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_new_token_files_and_a_new_certificate_when_meshd_gets_sighup_then_they_apply_without_a_restart_and_a_bad_file_keeps_the_old(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let old = TestCerts::generate(&dir.path().join("old-pki")).unwrap();
+    let new = TestCerts::generate(&dir.path().join("new-pki")).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::copy(&old.server_cert, &cert).unwrap();
+    std::fs::copy(&old.server_key, &key).unwrap();
+    let admins = dir.path().join("admins");
+    std::fs::write(&admins, "old-admin-token\n").unwrap();
+    let meshd = MeshdProcess::start(
+        bin(),
+        &dir.path().join("data"),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--admin-token-file",
+            admins.to_str().unwrap(),
+        ],
+    )
+    .await
+    .unwrap();
+    let a = meshd.addr().to_string();
+    let (old_ca, new_ca) = (
+        connector(&old.ca, &[b"http/1.1"]),
+        connector(&new.ca, &[b"http/1.1"]),
+    );
+    let topics = |c: &TlsConnector, token: &'static str| {
+        let (a, c) = (a.clone(), c.clone());
+        async move {
+            https1_as(&a, &c, Some(token), "GET", "/v1/topics", "text/plain", "")
+                .await
+                .map(|(status, _)| status)
+        }
+    };
+    assert_eq!(topics(&old_ca, "old-admin-token").await.unwrap(), 200);
+
+    // Rotate both, then SIGHUP.
+    std::fs::write(&admins, "new-admin-token\n").unwrap();
+    std::fs::copy(&new.server_cert, &cert).unwrap();
+    std::fs::copy(&new.server_key, &key).unwrap();
+    meshd.hangup();
+    meshd_test_support::wait::wait_until(Duration::from_secs(10), "the reload", || async {
+        anyhow::ensure!(reloads(&a, &new_ca, "ok").await? == 1);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(topics(&new_ca, "new-admin-token").await.unwrap(), 200);
+    assert_eq!(topics(&new_ca, "old-admin-token").await.unwrap(), 401);
+    assert!(
+        tls_connect(&a, &old_ca).await.is_err(),
+        "the old certificate is no longer served"
+    );
+
+    // A reload that cannot read its files keeps what is in force.
+    std::fs::write(&admins, "\n").unwrap();
+    meshd.hangup();
+    meshd_test_support::wait::wait_until(Duration::from_secs(10), "the failed reload", || async {
+        anyhow::ensure!(reloads(&a, &new_ca, "failed").await? == 1);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(topics(&new_ca, "new-admin-token").await.unwrap(), 200);
+    let log = meshd.log_tail(200);
+    assert!(log.contains("token files not reloaded"), "{log}");
+    assert!(
+        !log.contains("new-admin-token"),
+        "no token in the log: {log}"
+    );
 }

@@ -220,6 +220,11 @@ impl MeshdProcess {
         self.signal(libc::SIGCONT);
     }
 
+    /// SIGHUP: meshd reloads its token files and TLS certificate.
+    pub fn hangup(&self) {
+        self.signal(libc::SIGHUP);
+    }
+
     fn signal(&self, sig: libc::c_int) {
         if let Some(pid) = self.pid() {
             // SAFETY: sending a signal to our own child.
