@@ -60,6 +60,57 @@ fn ids_of(f: &Fields) -> Result<Vec<String>, Problem> {
     ids.ok_or_else(|| Problem::invalid_field("delivery_ids", "delivery_ids is required"))
 }
 
+/// A pull body: `(max_events, wait_ms, session id)`.
+type PullBody = (usize, u64, Option<String>);
+
+fn parse_pull(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<PullBody, Problem> {
+    let f = Fields::parse(headers, body, &["max_events", "wait_ms", "session"])?;
+    let max = f
+        .u64_in("max_events", MAX_EVENTS)?
+        .unwrap_or(DEFAULT_MAX_EVENTS) as usize;
+    let wait = f.u64_in("wait_ms", WAIT_MS)?.unwrap_or(0);
+    Ok((max, wait, f.string("session", MAX_ID_LEN)?))
+}
+
+fn parse_ack(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Vec<String>, Problem> {
+    ids_of(&Fields::parse(headers, body, &["delivery_ids"])?)
+}
+
+fn parse_nack(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(Vec<String>, String), Problem> {
+    let f = Fields::parse(headers, body, &["delivery_ids", "reason"])?;
+    let ids = ids_of(&f)?;
+    let reason = f
+        .string("reason", MAX_REASON_BYTES)?
+        .unwrap_or_else(|| "nacked".to_string());
+    Ok((ids, reason))
+}
+
+fn parse_extend(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(Vec<String>, Option<u64>), Problem> {
+    let f = Fields::parse(headers, body, &["delivery_ids", "ack_timeout_ms"])?;
+    Ok((ids_of(&f)?, f.u64_in("ack_timeout_ms", ACK_TIMEOUT_MS)?))
+}
+
+fn parse_put_offset(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<u64, Problem> {
+    let f = Fields::parse(headers, body, &["offset"])?;
+    f.u64_in("offset", 0..=u64::MAX)?
+        .ok_or_else(|| Problem::invalid_field("offset", "offset is required"))
+}
+
 /// Builds `{"<list>":[ids...], ...}` with every list present (empty when unused).
 fn answers_json(lists: &[&str], answers: Answers) -> Value {
     let mut out = serde_json::Map::new();
@@ -91,12 +142,8 @@ pub async fn pull_with(
     reach: Reach,
 ) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
-    let f = Fields::parse(&headers, body, &["max_events", "wait_ms", "session"])?;
-    let max = f
-        .u64_in("max_events", MAX_EVENTS)?
-        .unwrap_or(DEFAULT_MAX_EVENTS) as usize;
-    let wait = f.u64_in("wait_ms", WAIT_MS)?.unwrap_or(0);
-    let session = match f.string("session", MAX_ID_LEN)? {
+    let (max, wait, session) = parse_pull(&headers, body)?;
+    let session = match session {
         None => None,
         Some(sid) => match api.sessions.get(&sid).await {
             Ok(Some(s)) => Some(SessionBinding {
@@ -181,8 +228,7 @@ pub async fn ack_with(
     reach: Reach,
 ) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
-    let f = Fields::parse(&headers, body, &["delivery_ids"])?;
-    let ids = ids_of(&f)?;
+    let ids = parse_ack(&headers, body)?;
     let n = ids.len();
     let answers = api
         .runtime
@@ -222,11 +268,7 @@ pub async fn nack_with(
     reach: Reach,
 ) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
-    let f = Fields::parse(&headers, body, &["delivery_ids", "reason"])?;
-    let ids = ids_of(&f)?;
-    let reason = f
-        .string("reason", MAX_REASON_BYTES)?
-        .unwrap_or_else(|| "nacked".to_string());
+    let (ids, reason) = parse_nack(&headers, body)?;
     let n = ids.len();
     let answers = api
         .runtime
@@ -263,9 +305,7 @@ pub async fn extend_with(
     reach: Reach,
 ) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
-    let f = Fields::parse(&headers, body, &["delivery_ids", "ack_timeout_ms"])?;
-    let ids = ids_of(&f)?;
-    let ms = f.u64_in("ack_timeout_ms", ACK_TIMEOUT_MS)?;
+    let (ids, ms) = parse_extend(&headers, body)?;
     let n = ids.len();
     let answers = api
         .runtime
@@ -320,10 +360,7 @@ pub async fn put_offset_with(
             format!("partition must be a non-negative integer, got {partition:?}"),
         )
     })?;
-    let f = Fields::parse(&headers, body, &["offset"])?;
-    let offset = f
-        .u64_in("offset", 0..=u64::MAX)?
-        .ok_or_else(|| Problem::invalid_field("offset", "offset is required"))?;
+    let offset = parse_put_offset(&headers, body)?;
     let c = api
         .runtime
         .reset_offset(&name, partition, offset, reach)
@@ -354,49 +391,38 @@ mod fuzz {
         "offset",
     ];
 
+    // The handlers' own parsers, with what each promises about what it accepts.
     fn pull(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let f = Fields::parse(h, Ok(b), &["max_events", "wait_ms", "session"])?;
-        let max = f
-            .u64_in("max_events", MAX_EVENTS)?
-            .unwrap_or(DEFAULT_MAX_EVENTS);
-        assert!(MAX_EVENTS.contains(&max));
-        let wait = f.u64_in("wait_ms", WAIT_MS)?.unwrap_or(0);
+        let (max, wait, session) = parse_pull(h, Ok(b))?;
+        assert!(MAX_EVENTS.contains(&(max as u64)));
         assert!(WAIT_MS.contains(&wait));
-        if let Some(s) = f.string("session", MAX_ID_LEN)? {
-            assert!(s.len() <= MAX_ID_LEN);
-        }
+        assert!(session.is_none_or(|s| s.len() <= MAX_ID_LEN));
         Ok(())
     }
 
+    fn valid_ids(ids: &[String]) -> bool {
+        ids.len() <= MAX_IDS && ids.iter().all(|i| !i.is_empty() && i.len() <= MAX_ID_LEN)
+    }
+
     fn ack(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let f = Fields::parse(h, Ok(b), &["delivery_ids"])?;
-        let ids = ids_of(&f)?;
-        assert!(ids.len() <= MAX_IDS && ids.iter().all(|i| !i.is_empty() && i.len() <= MAX_ID_LEN));
+        assert!(valid_ids(&parse_ack(h, Ok(b))?));
         Ok(())
     }
 
     fn nack(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let f = Fields::parse(h, Ok(b), &["delivery_ids", "reason"])?;
-        ids_of(&f)?;
-        let reason = f.string("reason", MAX_REASON_BYTES)?.unwrap_or_default();
-        assert!(reason.len() <= MAX_REASON_BYTES);
+        let (ids, reason) = parse_nack(h, Ok(b))?;
+        assert!(valid_ids(&ids) && reason.len() <= MAX_REASON_BYTES);
         Ok(())
     }
 
     fn extend(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let f = Fields::parse(h, Ok(b), &["delivery_ids", "ack_timeout_ms"])?;
-        ids_of(&f)?;
-        if let Some(ms) = f.u64_in("ack_timeout_ms", ACK_TIMEOUT_MS)? {
-            assert!(ACK_TIMEOUT_MS.contains(&ms));
-        }
+        let (ids, ms) = parse_extend(h, Ok(b))?;
+        assert!(valid_ids(&ids) && ms.is_none_or(|ms| ACK_TIMEOUT_MS.contains(&ms)));
         Ok(())
     }
 
     fn put_offset(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let f = Fields::parse(h, Ok(b), &["offset"])?;
-        f.u64_in("offset", 0..=u64::MAX)?
-            .ok_or_else(|| Problem::invalid_field("offset", "offset is required"))?;
-        Ok(())
+        parse_put_offset(h, Ok(b)).map(|_| ())
     }
 
     proptest! {

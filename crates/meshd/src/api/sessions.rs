@@ -109,12 +109,12 @@ fn known_shape(id: &str) -> Result<(), Problem> {
     }
 }
 
-async fn open(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
+/// An open body: `(client_id, ttl_ms)`.
+fn parse_open(
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, Problem> {
-    let f = Fields::parse(&headers, body, &["client_id", "ttl_ms"])?;
+) -> Result<(String, u64), Problem> {
+    let f = Fields::parse(headers, body, &["client_id", "ttl_ms"])?;
     let client_id = f
         .string("client_id", MAX_NAME_LEN)?
         .ok_or_else(|| Problem::invalid_field("client_id", "client_id is required"))?;
@@ -125,6 +125,15 @@ async fn open(
         ));
     }
     let ttl_ms = f.u64_in("ttl_ms", TTL_MS)?.unwrap_or(DEFAULT_TTL_MS);
+    Ok((client_id, ttl_ms))
+}
+
+async fn open(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    let (client_id, ttl_ms) = parse_open(&headers, body)?;
     let session = api
         .sessions
         .open(&client_id, Duration::from_millis(ttl_ms))
@@ -312,14 +321,8 @@ mod fuzz {
     use proptest::prelude::*;
 
     fn open(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let f = Fields::parse(h, Ok(b), &["client_id", "ttl_ms"])?;
-        let client_id = f
-            .string("client_id", MAX_NAME_LEN)?
-            .ok_or_else(|| Problem::invalid_field("client_id", "client_id is required"))?;
-        if !crate::config::valid_name(&client_id) {
-            return Err(Problem::invalid_field("client_id", "invalid"));
-        }
-        let ttl = f.u64_in("ttl_ms", TTL_MS)?.unwrap_or(DEFAULT_TTL_MS);
+        let (client_id, ttl) = parse_open(h, Ok(b))?;
+        assert!(crate::config::valid_name(&client_id));
         assert!(TTL_MS.contains(&ttl));
         Ok(())
     }

@@ -245,20 +245,53 @@ fn session_field(map: &Fields) -> Result<&str, Problem> {
 }
 
 /// `POST /v1/tasks`: 201 once durable, 200 for a repeat of the same submit.
+/// A submit body: `(id, agent, input)`.
+fn parse_submit(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(Option<String>, String, Value), Problem> {
+    let mut map = Fields::parse(headers, body, &["id", "agent", "input"])?;
+    let id = name_field(&map, "id")?.map(str::to_string);
+    let agent = required(name_field(&map, "agent")?, "agent")?.to_string();
+    match map.take("input") {
+        None | Some(Value::Null) => Err(Problem::invalid_field("input", "input is required")),
+        Some(v) => Ok((id, agent, v)),
+    }
+}
+
+/// A transition body and its `If-Match`: `(to, expected version, session, output)`.
+type TransitionBody = (TaskState, Option<i64>, String, Option<Value>);
+
+fn parse_transition(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<TransitionBody, Problem> {
+    let mut map = Fields::parse(headers, body, &["to", "output", "session"])?;
+    let to = required(map.str("to", 64)?, "to")?;
+    let to = to.parse::<TaskState>().map_err(|_| {
+        Problem::invalid_field(
+            "to",
+            format!(
+                "to must be one of {:?}, got {to:?}",
+                TaskState::ALL.map(TaskState::as_str)
+            ),
+        )
+    })?;
+    let expected = if_match(headers)?;
+    let session = session_field(&map)?.to_string();
+    let output = match map.take("output") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v),
+    };
+    Ok((to, expected, session, output))
+}
+
 pub async fn submit(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
-    let mut map = Fields::parse(&headers, body, &["id", "agent", "input"])?;
-    let id = name_field(&map, "id")?.map(str::to_string);
-    let agent = required(name_field(&map, "agent")?, "agent")?.to_string();
-    let input = match map.take("input") {
-        None | Some(Value::Null) => {
-            return Err(Problem::invalid_field("input", "input is required"))
-        }
-        Some(v) => v,
-    };
+    let (id, agent, input) = parse_submit(&headers, body)?;
     // Picked here rather than by the store, so a 503 or 504 can name the id to retry
     // with (a retry with the same id and body is idempotent).
     let id = id.unwrap_or_else(new_task_id);
@@ -377,23 +410,8 @@ pub async fn transition(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     task_id_or_400(&id)?;
-    let mut map = Fields::parse(&headers, body, &["to", "output", "session"])?;
-    let to = required(map.str("to", 64)?, "to")?;
-    let to = to.parse::<TaskState>().map_err(|_| {
-        Problem::invalid_field(
-            "to",
-            format!(
-                "to must be one of {:?}, got {to:?}",
-                TaskState::ALL.map(TaskState::as_str)
-            ),
-        )
-    })?;
-    let expected = if_match(&headers)?;
-    let session = acting_session(&api, session_field(&map)?).await?;
-    let output = match map.take("output") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(v),
-    };
+    let (to, expected, session, output) = parse_transition(&headers, body)?;
+    let session = acting_session(&api, &session).await?;
     let started = Instant::now();
     let task = api
         .tasks
@@ -434,13 +452,10 @@ mod fuzz {
     const FIELDS: &[&str] = &["id", "agent", "input", "to", "output", "session"];
 
     fn submit(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let mut map = Fields::parse(h, Ok(b), &["id", "agent", "input"])?;
-        name_field(&map, "id")?;
-        required(name_field(&map, "agent")?, "agent")?;
-        match map.take("input") {
-            None | Some(Value::Null) => Err(Problem::invalid_field("input", "input is required")),
-            Some(_) => Ok(()),
-        }
+        let (id, agent, input) = parse_submit(h, Ok(b))?;
+        assert!(id.is_none_or(|id| crate::config::valid_name(&id)));
+        assert!(crate::config::valid_name(&agent) && !input.is_null());
+        Ok(())
     }
 
     fn claim(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
@@ -450,15 +465,9 @@ mod fuzz {
     }
 
     fn transition(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let mut map = Fields::parse(h, Ok(b), &["to", "output", "session"])?;
-        let to = required(map.str("to", 64)?, "to")?;
-        to.parse::<TaskState>()
-            .map_err(|_| Problem::invalid_field("to", "unknown state"))?;
-        if let Some(v) = if_match(h)? {
-            assert!(v >= 1);
-        }
-        session_field(&map)?;
-        let _ = map.take("output");
+        let (_, expected, session, output) = parse_transition(h, Ok(b))?;
+        assert!(expected.is_none_or(|v| v >= 1));
+        assert!(!session.is_empty() && output.is_none_or(|o| !o.is_null()));
         Ok(())
     }
 
