@@ -282,25 +282,7 @@ async fn given_concurrent_publishers_when_the_disk_fills_up_then_publishes_are_r
     }
     assert_not_ready(&a, &[("local:rocksdb", "failed")]).await;
 
-    m.kill();
-    m.restart().await.unwrap();
-    let a = m.addr().to_string();
-    wait_ready(&a).await;
-    assert_eq!(
-        metric(&a, "meshd_local_healthy{backend=\"rocksdb\"}")
-            .await
-            .unwrap(),
-        1.0
-    );
-    let after = browse_by_id(&a, "orders", 3).await;
-    // Every 201 survived, once, at its partition and offset, exactly as published.
-    for (id, want) in &acknowledged {
-        assert_eq!(
-            after.get(id),
-            Some(want),
-            "acknowledged event {id} after restart"
-        );
-    }
+    let (a, after) = restarted_with_every_201(&mut m, "orders", 3, &acknowledged).await;
     // Nothing appears that was never sent, nor anything that was refused; an event
     // with an unknown outcome may be there (once), exactly as published.
     for (id, (_, _, e)) in &after {

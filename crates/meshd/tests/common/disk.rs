@@ -149,3 +149,34 @@ pub async fn browse_by_id(
     }
     all
 }
+
+/// SIGKILLs and restarts `m` on its data dir (the disk healthy again), waits until it
+/// is ready with healthy Local stores, and asserts that every acknowledged event of
+/// `topic` is there once, at its partition and offset, exactly as published. Returns
+/// the new address and every event by id.
+pub async fn restarted_with_every_201(
+    m: &mut MeshdProcess,
+    topic: &str,
+    partitions: u64,
+    acknowledged: &BTreeMap<String, (u64, u64, Value)>,
+) -> (String, BTreeMap<String, (u64, u64, Value)>) {
+    m.kill();
+    m.restart().await.unwrap();
+    let a = m.addr().to_string();
+    wait_ready(&a).await;
+    assert_eq!(
+        metric(&a, "meshd_local_healthy{backend=\"rocksdb\"}")
+            .await
+            .unwrap(),
+        1.0
+    );
+    let after = browse_by_id(&a, topic, partitions).await;
+    for (id, want) in acknowledged {
+        assert_eq!(
+            after.get(id),
+            Some(want),
+            "acknowledged event {id} after restart"
+        );
+    }
+    (a, after)
+}
