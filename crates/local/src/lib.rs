@@ -16,7 +16,7 @@ mod rocks;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use rocks::RocksEngine;
+pub use rocks::{RocksEngine, WalRecovery};
 
 use std::path::PathBuf;
 

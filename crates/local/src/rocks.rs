@@ -12,6 +12,19 @@ const LOCK_FILE: &str = "meshd.lock";
 /// beyond the memtables.
 const MAX_TOTAL_WAL_BYTES: u64 = 256 * 1024 * 1024;
 
+/// How an open treats a write-ahead-log record that fails its checksum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WalRecovery {
+    /// Refuse to open (only an incomplete last record, a write torn by a crash, is
+    /// tolerated): never drop acknowledged writes in silence. The default.
+    #[default]
+    Strict,
+    /// Open with everything up to the first damaged record and drop the rest: the
+    /// operator's choice after a power loss left an unsynced tail damaged (RocksDB's
+    /// default mode).
+    PointInTime,
+}
+
 pub struct RocksEngine {
     db: DB,
     dir: PathBuf,
@@ -28,6 +41,15 @@ impl RocksEngine {
     /// Fails with [`LocalError::Locked`] when another process or another open in this
     /// process holds the directory.
     pub fn open(dir: &Path, column_families: &[&'static str]) -> Result<Self, LocalError> {
+        Self::open_with(dir, column_families, WalRecovery::Strict)
+    }
+
+    /// [`open`](Self::open), choosing how a damaged write-ahead log is treated.
+    pub fn open_with(
+        dir: &Path,
+        column_families: &[&'static str],
+        wal_recovery: WalRecovery,
+    ) -> Result<Self, LocalError> {
         std::fs::create_dir_all(dir).map_err(|e| LocalError::Open {
             dir: dir.to_path_buf(),
             reason: e.to_string(),
@@ -50,8 +72,16 @@ impl RocksEngine {
         // (meshd refuses to start, naming it) instead of RocksDB's default
         // point-in-time recovery, which would stop replaying there and open without
         // every later write: acknowledged events lost in silence. Only an incomplete
-        // last record (a write torn by a power cut, never acknowledged) is tolerated.
-        opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
+        // record at the end of a log file (a write torn by a crash) is tolerated. A
+        // power loss can also tear an unsynced (never acknowledged) tail in a way this
+        // refuses: the operator then opens once with `WalRecovery::PointInTime`.
+        opts.set_wal_recovery_mode(match wal_recovery {
+            WalRecovery::Strict => rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords,
+            WalRecovery::PointInTime => rocksdb::DBRecoveryMode::PointInTime,
+        });
+        if wal_recovery == WalRecovery::PointInTime {
+            tracing::warn!(store = "local", backend = "rocksdb", dir = %dir.display(), "opening with point-in-time WAL recovery: a damaged WAL record and every write after it are dropped");
+        }
         // RocksDB's info `LOG` lives in the data dir, so a full disk fails its writes
         // too, and RocksDB before 8.1 asserts that a file writer is never used after
         // a failed write; Debian's librocksdb 7.8 keeps assertions on, so the next

@@ -4,8 +4,10 @@
 //!
 //! - At most `max_requests` requests are being handled at a time.
 //! - Request bodies are read here, under one byte budget (`body_budget`) for all of
-//!   them: a body reserves its `Content-Length` (or the 8 MiB body cap when it is sent
-//!   chunked) before a byte is read, and gives it back when its request is answered.
+//!   them: a body reserves its `Content-Length` (or the 8 MiB body cap when its length
+//!   is not declared: HTTP/1 chunked, HTTP/2 without `Content-Length`) before a byte
+//!   is read, keeps only what it took once read, and gives that back when its request
+//!   is answered.
 //! - A body must arrive within `body_timeout` (408 otherwise): a client that trickles
 //!   its body cannot hold a reservation forever.
 //! - Long polls (`pull` with `wait_ms` > 0) are capped separately
@@ -102,10 +104,11 @@ fn overloaded(detail: String) -> Problem {
     Problem::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", detail)
 }
 
-/// The bytes a request's body may take: its `Content-Length`, the body cap for a
-/// chunked body, nothing for a request without a body. `Err` for a declared length
-/// over the cap (413 before reading).
-fn body_reservation(headers: &axum::http::HeaderMap) -> Result<usize, Problem> {
+/// The bytes a request's body may take: its `Content-Length`, the body cap for a body
+/// of unknown length (HTTP/1 chunked, or HTTP/2 without `Content-Length`: `has_body`),
+/// nothing for a request without a body. `Err` for a declared length over the cap
+/// (413 before reading).
+fn body_reservation(headers: &axum::http::HeaderMap, has_body: bool) -> Result<usize, Problem> {
     let too_large = || Problem::too_large(format!("request body exceeds {MAX_BODY_BYTES} bytes"));
     if let Some(len) = headers.get(header::CONTENT_LENGTH) {
         let len: u64 = len
@@ -118,7 +121,7 @@ fn body_reservation(headers: &axum::http::HeaderMap) -> Result<usize, Problem> {
         }
         return Ok(len as usize);
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    if headers.contains_key(header::TRANSFER_ENCODING) || has_body {
         return Ok(MAX_BODY_BYTES);
     }
     Ok(0)
@@ -138,11 +141,12 @@ pub async fn admit(State(a): State<Arc<Admission>>, req: Request, next: Next) ->
         ))
         .into_response();
     };
-    let reserve = match body_reservation(req.headers()) {
+    let has_body = !axum::body::HttpBody::is_end_stream(req.body());
+    let reserve = match body_reservation(req.headers(), has_body) {
         Ok(n) => n.min(a.config.body_budget),
         Err(p) => return p.into_response(),
     };
-    let _body_bytes = match reserve {
+    let mut body_bytes = match reserve {
         0 => None,
         n => match a.body_bytes.clone().try_acquire_many_owned(n as u32) {
             Ok(p) => Some(p),
@@ -187,10 +191,19 @@ pub async fn admit(State(a): State<Arc<Admission>>, req: Request, next: Next) ->
                 }
                 .into_response();
             }
-            Ok(Ok(bytes)) => Request::from_parts(parts, Body::from(bytes)),
+            Ok(Ok(bytes)) => {
+                // Keep only what the body took: a chunked or undeclared body
+                // reserved the whole cap while it arrived.
+                if let Some(mut reserved) = body_bytes.take() {
+                    body_bytes = reserved.split(bytes.len().min(reserved.num_permits()));
+                }
+                Request::from_parts(parts, Body::from(bytes))
+            }
         }
     };
-    next.run(req).await
+    let answer = next.run(req).await;
+    drop(body_bytes);
+    answer
 }
 
 #[cfg(test)]
@@ -208,19 +221,24 @@ mod tests {
 
     #[test]
     fn a_body_reserves_its_length_or_the_cap_when_chunked() {
-        assert_eq!(body_reservation(&headers(&[])).unwrap(), 0);
+        assert_eq!(body_reservation(&headers(&[]), false).unwrap(), 0);
         assert_eq!(
-            body_reservation(&headers(&[("content-length", "1234")])).unwrap(),
+            body_reservation(&headers(&[("content-length", "1234")]), true).unwrap(),
             1234
         );
         assert_eq!(
-            body_reservation(&headers(&[("transfer-encoding", "chunked")])).unwrap(),
+            body_reservation(&headers(&[("transfer-encoding", "chunked")]), true).unwrap(),
+            MAX_BODY_BYTES
+        );
+        // HTTP/2: a body without Content-Length.
+        assert_eq!(
+            body_reservation(&headers(&[]), true).unwrap(),
             MAX_BODY_BYTES
         );
         let too_big = (MAX_BODY_BYTES + 1).to_string();
-        let p = body_reservation(&headers(&[("content-length", &too_big)])).unwrap_err();
+        let p = body_reservation(&headers(&[("content-length", &too_big)]), true).unwrap_err();
         assert_eq!(p.status, StatusCode::PAYLOAD_TOO_LARGE);
-        let p = body_reservation(&headers(&[("content-length", "x")])).unwrap_err();
+        let p = body_reservation(&headers(&[("content-length", "x")]), true).unwrap_err();
         assert_eq!(p.status, StatusCode::BAD_REQUEST);
     }
 

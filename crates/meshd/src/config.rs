@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// (default: the system's CA bundle).
     #[arg(long, env = "MESHD_PUSH_CA_FILE")]
     pub push_ca_file: Option<PathBuf>,
+    /// How a damaged write-ahead log is treated at start-up: `strict` (refuse to
+    /// start) or `point-in-time` (open up to the damage, drop the rest).
+    #[arg(long, env = "MESHD_WAL_RECOVERY")]
+    pub wal_recovery: Option<String>,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
     #[arg(long, env = "MESHD_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -160,6 +164,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     cluster_ca_file: Option<PathBuf>,
     push_ca_file: Option<PathBuf>,
+    wal_recovery: Option<String>,
     max_connections: Option<u64>,
     max_requests: Option<u64>,
     max_long_polls: Option<u64>,
@@ -223,6 +228,7 @@ pub struct Config {
     pub tls_key: Option<PathBuf>,
     pub cluster_ca_file: Option<PathBuf>,
     pub push_ca_file: Option<PathBuf>,
+    pub wal_recovery: meshd_local::WalRecovery,
     pub max_connections: u64,
     pub max_requests: u64,
     pub max_long_polls: u64,
@@ -425,6 +431,17 @@ impl Config {
             tls_key: args.tls_key.or(file.tls_key),
             cluster_ca_file: args.cluster_ca_file.or(file.cluster_ca_file),
             push_ca_file: args.push_ca_file.or(file.push_ca_file),
+            wal_recovery: match args.wal_recovery.or(file.wal_recovery).as_deref() {
+                None | Some("strict") => meshd_local::WalRecovery::Strict,
+                Some("point-in-time") => meshd_local::WalRecovery::PointInTime,
+                Some(other) => {
+                    return Err(invalid(
+                        "--wal-recovery",
+                        other,
+                        "expected `strict` or `point-in-time`",
+                    ))
+                }
+            },
             max_connections: args
                 .max_connections
                 .or(file.max_connections)

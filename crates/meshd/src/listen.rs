@@ -16,10 +16,10 @@
 //! HTTP/1.1 and HTTP/2 by ALPN); otherwise plain HTTP.
 
 use axum::Router;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -211,6 +211,7 @@ pub async fn serve(
         .store(limits.max_connections as u64, Ordering::Relaxed);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         if slots.available_permits() == 0 {
@@ -243,45 +244,77 @@ pub async fn serve(
         let watcher = graceful.watcher();
         let tls = tls.as_ref().map(|t| t.acceptor());
         let (app, limits, counters) = (app.clone(), limits.clone(), counters.clone());
-        tokio::spawn(async move {
+        // Reap finished connection tasks so the set does not grow.
+        while connections.try_join_next().is_some() {}
+        connections.spawn(async move {
             let _slot = slot;
             counters.open.fetch_add(1, Ordering::Relaxed);
             let _open = OpenGuard(&counters);
-            let idle = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let io = IdleIo::new(stream, limits.idle_timeout, idle.clone());
+            let activity = Arc::new(Activity::default());
+            let io = IdleIo::new(stream, limits.idle_timeout, activity.clone());
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout);
             builder.http2().timer(TokioTimer::new());
-            let service = TowerToHyperService::new(app);
-            let result = match tls {
-                None => {
-                    let conn = builder.serve_connection(TokioIo::new(io), service);
-                    watcher.watch(conn.into_owned()).await
+            // Every request marks the connection busy while it is handled, so the
+            // idle timer never cuts a request that is being served (a long poll).
+            let in_service = activity.clone();
+            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                let busy = Busy::enter(in_service.clone());
+                let app = app.clone();
+                async move {
+                    let answer = tower::ServiceExt::oneshot(app, req).await;
+                    drop(busy);
+                    answer
                 }
-                Some(acceptor) => {
-                    match tokio::time::timeout(limits.header_timeout, acceptor.accept(io)).await {
-                        Err(_) => {
-                            counters.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
-                            return;
-                        }
-                        Ok(Err(e)) => {
-                            counters.handshake_failed.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Ok(Ok(tls)) => {
-                            let conn = builder.serve_connection(TokioIo::new(tls), service);
-                            watcher.watch(conn.into_owned()).await
+            });
+            let conn = async {
+                match tls {
+                    None => {
+                        let conn = builder.serve_connection(TokioIo::new(io), service);
+                        Some(watcher.watch(conn.into_owned()).await)
+                    }
+                    Some(acceptor) => {
+                        match tokio::time::timeout(limits.header_timeout, acceptor.accept(io)).await
+                        {
+                            Err(_) => {
+                                counters.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+                                None
+                            }
+                            Ok(Err(e)) => {
+                                counters.handshake_failed.fetch_add(1, Ordering::Relaxed);
+                                tracing::debug!(error = %e, "TLS handshake failed");
+                                None
+                            }
+                            Ok(Ok(tls)) => {
+                                let conn = builder.serve_connection(TokioIo::new(tls), service);
+                                Some(watcher.watch(conn.into_owned()).await)
+                            }
                         }
                     }
                 }
             };
+            // The first request must begin within the header timeout, whatever the
+            // protocol: hyper's header timer covers HTTP/1 requests but not the
+            // protocol detection nor HTTP/2.
+            let mut conn = std::pin::pin!(conn);
+            let result = tokio::select! {
+                r = &mut conn => r,
+                _ = tokio::time::sleep(limits.header_timeout) => {
+                    if activity.started.load(Ordering::Relaxed) {
+                        conn.await
+                    } else {
+                        counters.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            };
+            let Some(result) = result else { return };
             // hyper ends a connection that fails while idle between requests
             // without an error, so the idle flag is checked either way.
-            if idle.load(Ordering::Relaxed) {
+            if activity.expired.load(Ordering::Relaxed) {
                 counters.idle_timeouts.fetch_add(1, Ordering::Relaxed);
             } else if let Err(e) = &result {
                 if is_header_timeout(e.as_ref()) {
@@ -298,7 +331,41 @@ pub async fn serve(
         .await
         .is_err()
     {
-        tracing::warn!("connections still open after the shutdown grace period; closing them");
+        tracing::warn!(
+            open = connections.len(),
+            "connections still open after the shutdown grace period; closing them"
+        );
+    }
+    // Whatever is left (a long poll, a client that never reads) is cut here, before
+    // meshd flushes and closes its stores.
+    connections.shutdown().await;
+}
+
+/// What one connection's requests tell its idle timer.
+#[derive(Default)]
+struct Activity {
+    /// Requests being handled now.
+    busy: std::sync::atomic::AtomicUsize,
+    /// Whether any request began.
+    started: std::sync::atomic::AtomicBool,
+    /// Set when the idle timer closed the connection.
+    expired: std::sync::atomic::AtomicBool,
+}
+
+/// Marks a request in progress on its connection.
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn enter(a: Arc<Activity>) -> Self {
+        a.started.store(true, Ordering::Relaxed);
+        a.busy.fetch_add(1, Ordering::Relaxed);
+        Self(a)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -324,25 +391,25 @@ impl Drop for OpenGuard<'_> {
 }
 
 /// A stream that fails with `TimedOut` once nothing was read or written on it for
-/// `idle`. Progress only records an instant; the timer is re-armed lazily when it
+/// `idle` while no request was being handled on it. Progress only records an instant; the timer is re-armed lazily when it
 /// fires early, so busy connections cost no timer updates.
 struct IdleIo<S> {
     inner: S,
     idle: Duration,
     last: Instant,
     timer: Pin<Box<Sleep>>,
-    expired: Arc<std::sync::atomic::AtomicBool>,
+    activity: Arc<Activity>,
 }
 
 impl<S> IdleIo<S> {
-    fn new(inner: S, idle: Duration, expired: Arc<std::sync::atomic::AtomicBool>) -> Self {
+    fn new(inner: S, idle: Duration, activity: Arc<Activity>) -> Self {
         let now = Instant::now();
         Self {
             inner,
             idle,
             last: now,
             timer: Box::pin(tokio::time::sleep_until(now + idle)),
-            expired,
+            activity,
         }
     }
 
@@ -352,9 +419,13 @@ impl<S> IdleIo<S> {
             if self.timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
+            if self.activity.busy.load(Ordering::Relaxed) > 0 {
+                // A request is being handled: not idle.
+                self.last = Instant::now();
+            }
             let due = self.last + self.idle;
             if Instant::now() >= due {
-                self.expired.store(true, Ordering::Relaxed);
+                self.activity.expired.store(true, Ordering::Relaxed);
                 return Poll::Ready(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "connection idle for too long",
@@ -450,8 +521,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_stream_times_out_and_a_busy_one_does_not() {
         let (a, mut b) = tokio::io::duplex(64);
-        let expired = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut io = IdleIo::new(a, Duration::from_secs(5), expired.clone());
+        let activity = Arc::new(Activity::default());
+        let mut io = IdleIo::new(a, Duration::from_secs(5), activity.clone());
         // Traffic every 3 s keeps it open past 5 s.
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -459,11 +530,17 @@ mod tests {
             let mut one = [0u8; 1];
             io.read_exact(&mut one).await.unwrap();
         }
-        assert!(!expired.load(Ordering::Relaxed));
+        assert!(!activity.expired.load(Ordering::Relaxed));
+        // A request in progress keeps a quiet connection open past the timeout.
+        let busy = Busy::enter(activity.clone());
         let mut one = [0u8; 1];
+        let quiet = tokio::time::timeout(Duration::from_secs(12), io.read_exact(&mut one)).await;
+        assert!(quiet.is_err(), "cut while a request was being handled");
+        assert!(!activity.expired.load(Ordering::Relaxed));
+        drop(busy);
         let err = io.read_exact(&mut one).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-        assert!(expired.load(Ordering::Relaxed));
+        assert!(activity.expired.load(Ordering::Relaxed));
     }
 
     #[test]

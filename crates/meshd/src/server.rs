@@ -96,10 +96,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Open stores.
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-    let engine = Arc::new(RocksEngine::open(
-        &config.data_dir,
-        meshd_stores_local::keys::COLUMN_FAMILIES,
-    )?);
+    let engine = Arc::new(
+        RocksEngine::open_with(
+            &config.data_dir,
+            meshd_stores_local::keys::COLUMN_FAMILIES,
+            config.wal_recovery,
+        )
+        .map_err(|e| {
+            let text = e.to_string();
+            let e = anyhow::Error::new(e);
+            if text.contains("Corruption") {
+                e.context(format!(
+                    "the write-ahead log in {} is damaged and meshd does not drop acknowledged writes in silence: restore the data dir, or, if this follows a power loss (an unsynced tail torn), start once with --wal-recovery point-in-time to open it up to the damage (everything after it is dropped)",
+                    config.data_dir.display()
+                ))
+            } else {
+                e
+            }
+        })?,
+    );
     let instance_id = match &config.instance_id {
         Some(id) => id.clone(),
         None => stable_instance_id(&config.data_dir)?,
@@ -508,9 +523,8 @@ fn spawn_reload_on_hangup(
     counters: Arc<crate::listen::HttpCounters>,
 ) {
     use std::sync::atomic::Ordering;
-    if access.is_none() && tls.is_none() {
-        return;
-    }
+    // Installed even with nothing to reload: SIGHUP's default action would end the
+    // process (a closed terminal, a careless `kill -HUP`).
     let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => s,
         Err(e) => {
@@ -520,6 +534,10 @@ fn spawn_reload_on_hangup(
     };
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
+            if access.is_none() && tls.is_none() {
+                tracing::info!("SIGHUP: no token files or TLS certificate to reload");
+                continue;
+            }
             let mut failed = false;
             if let Some(a) = &access {
                 match a.reload() {

@@ -72,6 +72,21 @@ async fn given_a_copy_of_a_data_dir_with_a_damaged_write_ahead_log_when_meshd_st
         "{}",
         out.stderr
     );
+    assert!(out.stderr.contains("--wal-recovery"), "{}", out.stderr);
+    // The operator's override (after a power loss): open up to the damage. What is
+    // served is a prefix of what was published, never a damaged event.
+    let meshd = MeshdProcess::start(bin(), &copy, &["--wal-recovery", "point-in-time"])
+        .await
+        .unwrap();
+    let served = common::browse_all(meshd.addr(), "t", 0).await;
+    assert!(served.len() < EVENTS, "the damaged tail is dropped");
+    for (i, (offset, e)) in served.iter().enumerate() {
+        assert_eq!(
+            (*offset, &e["id"]),
+            (i as u64, &serde_json::json!(format!("e{i}")))
+        );
+    }
+    drop(meshd);
     // The undamaged original still starts and serves every event.
     let meshd = MeshdProcess::start(bin(), &original, &[]).await.unwrap();
     assert_eq!(common::browse_all(meshd.addr(), "t", 0).await.len(), EVENTS);

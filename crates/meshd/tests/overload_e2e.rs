@@ -6,6 +6,7 @@
 mod common;
 
 use common::{bin, create_subscription, create_topic, problem};
+use futures::StreamExt;
 use meshd_test_support::http::{self, request_with, send_json};
 use meshd_test_support::meshd::MeshdProcess;
 use serde_json::{json, Value};
@@ -56,8 +57,9 @@ async fn given_slow_clients_then_trickled_headers_and_bodies_and_idle_connection
             "500",
             "--body-timeout-ms",
             "500",
+            // Far above the others: what closes a connection below is never idleness.
             "--idle-timeout-ms",
-            "1500",
+            "600000",
         ],
     )
     .await
@@ -65,6 +67,39 @@ async fn given_slow_clients_then_trickled_headers_and_bodies_and_idle_connection
     let a = meshd.addr().to_string();
     create_topic(&a, "slow", 1).await;
     create_subscription(&a, "slow-sub", json!({"topic": "slow"})).await;
+
+    // A connection that sends nothing at all (no protocol chosen yet): closed by the
+    // header timeout, not kept for the idle timeout.
+    let mut s = TcpStream::connect(&a).await.unwrap();
+    let (got, closed) = read_until_closed(&mut s, Duration::from_secs(20)).await;
+    assert!(
+        closed && got.is_empty(),
+        "a silent connection stayed open: {got:?}"
+    );
+
+    // An HTTP/2 request whose body (no Content-Length) never finishes: 408, and it
+    // held no request slot beyond the body timeout.
+    let tcp = TcpStream::connect(&a).await.unwrap();
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let first: Result<_, std::convert::Infallible> = Ok(hyper::body::Frame::data(
+        hyper::body::Bytes::from_static(b"{\"specversion\""),
+    ));
+    let trickle = futures::stream::iter([first]).chain(futures::stream::pending());
+    let req = hyper::Request::post(format!("http://{a}/v1/topics/slow/events"))
+        .header("content-type", "application/cloudevents+json")
+        .body(http_body_util::StreamBody::new(trickle))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(20), h2.send_request(req))
+        .await
+        .expect("an answer within the body timeout")
+        .unwrap();
+    assert_eq!(resp.status(), 408);
 
     // Headers that never finish: closed without an answer.
     let mut s = TcpStream::connect(&a).await.unwrap();

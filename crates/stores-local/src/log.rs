@@ -373,7 +373,7 @@ impl Inner {
                     reason: "event missing below the durable end".into(),
                 });
             }
-            let rec = EventRecord::decode(&v).map_err(|e| corrupt(&k, e))?;
+            let rec = EventRecord::decode(&v).map_err(|e| self.damaged(&k, e))?;
             if !out.is_empty() && bytes + rec.payload.len() > max_bytes {
                 break;
             }
@@ -533,11 +533,25 @@ impl Inner {
             .map_err(write_err)
     }
 
+    /// A stored record that fails its own checksum or framing: damage RocksDB's
+    /// checksums could not see (it happened before the write). The engine stops like
+    /// on damage RocksDB finds itself. (A hole below the durable end is reported as
+    /// corrupt too, but does not stop the engine: a read racing a topic's deletion
+    /// sees one.)
+    fn damaged(&self, key: &[u8], e: DecodeError) -> LogError {
+        let err = corrupt(key, e);
+        if let LogError::Corrupt { key, reason } = &err {
+            self.engine()
+                .fail_stop(&format!("corrupt log record {key}: {reason}"));
+        }
+        err
+    }
+
     fn read_body(&self, seq: u64) -> Result<Option<Vec<u8>>, LogError> {
         let key = keys::body_key(seq);
         match self.engine().get(CF_DLQ, &key).map_err(read_err)? {
             None => Ok(None),
-            Some(b) => decode_body(&b).map(Some).map_err(|e| corrupt(&key, e)),
+            Some(b) => decode_body(&b).map(Some).map_err(|e| self.damaged(&key, e)),
         }
     }
 }
@@ -566,18 +580,8 @@ impl PartitionLog for RocksLog {
         max_bytes: usize,
     ) -> Result<Vec<LogEvent>, LogError> {
         let topic = topic.to_string();
-        self.blocking(move |l| {
-            let read = l.read(&topic, partition, from, max_events, max_bytes);
-            if let Err(LogError::Corrupt { key, reason }) = &read {
-                // Damage found above RocksDB's checksums (a record that fails its own
-                // checksum or a hole below the durable end): the engine stops like on
-                // damage RocksDB finds itself.
-                l.engine()
-                    .fail_stop(&format!("corrupt log record {key}: {reason}"));
-            }
-            read
-        })
-        .await
+        self.blocking(move |l| l.read(&topic, partition, from, max_events, max_bytes))
+            .await
     }
 
     async fn bounds(&self, topic: &str, partition: u32) -> Result<PartitionBounds, LogError> {
