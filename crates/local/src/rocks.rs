@@ -167,13 +167,14 @@ impl RocksEngine {
             key: key.clone(),
             reason: e.to_string(),
         };
-        tracing::error!(store = "local", backend = "rocksdb", dir = %self.dir.display(), cf, key = %key, error = %e, "corrupt data on disk; engine fail-stopped");
-        self.poison(&err.to_string());
+        self.poison(&err.to_string(), "corrupt data on disk");
         err
     }
 
-    fn poison(&self, reason: &str) {
-        tracing::error!(store = "local", backend = "rocksdb", dir = %self.dir.display(), reason, "engine fail-stopped");
+    /// Fail-stops the engine (the first reason is kept), logging it once with its
+    /// `cause`.
+    fn poison(&self, reason: &str, cause: &str) {
+        tracing::error!(store = "local", backend = "rocksdb", dir = %self.dir.display(), reason, "{cause}; engine fail-stopped");
         if let Ok(mut p) = self.poisoned.lock() {
             p.get_or_insert_with(|| reason.to_string());
         }
@@ -264,7 +265,7 @@ impl KvEngine for RocksEngine {
                 Durability::Sync => format!("synced write failed: {e}"),
                 Durability::Buffered => format!("write failed: {e}"),
             };
-            self.poison(&reason);
+            self.poison(&reason, "local write failed");
             LocalError::WriteFailed(reason)
         })
     }
@@ -273,7 +274,7 @@ impl KvEngine for RocksEngine {
         self.check_poisoned()?;
         self.db.flush_wal(true).map_err(|e| {
             let reason = format!("fsync failed: {e}");
-            self.poison(&reason);
+            self.poison(&reason, "local write failed");
             LocalError::WriteFailed(reason)
         })
     }
@@ -283,8 +284,7 @@ impl KvEngine for RocksEngine {
     }
 
     fn fail_stop(&self, reason: &str) {
-        tracing::error!(store = "local", backend = "rocksdb", dir = %self.dir.display(), reason, "damaged record; engine fail-stopped");
-        self.poison(reason);
+        self.poison(reason, "damaged record");
     }
 
     fn failure(&self) -> Option<String> {
