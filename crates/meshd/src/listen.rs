@@ -436,6 +436,30 @@ impl<S> IdleIo<S> {
     }
 }
 
+impl<S> IdleIo<S> {
+    /// A write's outcome: progress counts as activity; a write that cannot proceed (a
+    /// client that stops reading) is idle time like any other.
+    fn after_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match written {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.last = Instant::now();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => match self.poll_idle(cx) {
+                Poll::Ready(e) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for IdleIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -464,20 +488,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    self.last = Instant::now();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            // A client that stops reading is idle too.
-            Poll::Pending => match self.poll_idle(cx) {
-                Poll::Ready(e) => Poll::Ready(Err(e)),
-                Poll::Pending => Poll::Pending,
-            },
-        }
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.after_write(cx, written)
     }
 
     fn poll_write_vectored(
@@ -485,19 +497,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    self.last = Instant::now();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => match self.poll_idle(cx) {
-                Poll::Ready(e) => Poll::Ready(Err(e)),
-                Poll::Pending => Poll::Pending,
-            },
-        }
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.after_write(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
