@@ -32,8 +32,8 @@ pub struct Target {
     base_path: String,
     /// As the operator wrote it, for messages.
     shown: String,
-    /// `https://`: the name the server's certificate must carry.
-    tls_name: Option<String>,
+    /// `https://`: TLS, the certificate checked for the host of `authority`.
+    https: bool,
 }
 
 impl Target {
@@ -70,15 +70,6 @@ impl Target {
             Some(i) => !authority[i..].contains(']'),
             None => false,
         };
-        let host = match authority.rfind(':') {
-            Some(i) if has_port => &authority[..i],
-            _ => authority,
-        };
-        let tls_name = tls.then(|| {
-            host.trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string()
-        });
         let authority = if has_port {
             let port = &authority[authority.rfind(':').map_or(0, |i| i + 1)..];
             if port.parse::<u16>().is_err() {
@@ -97,7 +88,7 @@ impl Target {
             authority,
             base_path: path.trim_end_matches('/').to_string(),
             shown: s.to_string(),
-            tls_name,
+            https: tls,
         })
     }
 }
@@ -197,9 +188,9 @@ impl Client {
         token: Option<String>,
         ca_file: Option<&Path>,
     ) -> Result<Self, CliError> {
-        let tls = match &target.tls_name {
-            Some(_) => Some(tls_connector(ca_file)?),
-            None => None,
+        let tls = match target.https {
+            true => Some(tls_connector(ca_file)?),
+            false => None,
         };
         if let Some(t) = &token {
             if t.is_empty() || t.chars().any(|c| c.is_control()) {
@@ -256,7 +247,6 @@ impl Client {
 async fn connect(target: &Target, tls: Option<&TlsConnector>) -> Result<Box<dyn Stream>, CliError> {
     let (host, port) = crate::net::split_host_port(&target.authority)
         .ok_or_else(|| CliError::Usage(format!("--server {}: not host:port", target.shown)))?;
-    let tls = tls.filter(|_| target.tls_name.is_some());
     tokio::time::timeout(CONNECT_TIMEOUT, crate::net::connect(host, port, tls))
         .await
         .map_err(|_| {
@@ -463,13 +453,17 @@ mod tests {
         );
         let t = Target::parse("https://meshd.example:7443/p").unwrap();
         assert_eq!(t.authority, "meshd.example:7443");
-        assert_eq!(t.tls_name.as_deref(), Some("meshd.example"));
+        assert!(t.https);
+        assert_eq!(
+            crate::net::split_host_port(&t.authority),
+            Some(("meshd.example", 7443))
+        );
         assert_eq!(Target::parse("https://h").unwrap().authority, "h:443");
         assert_eq!(
-            Target::parse("https://[::1]").unwrap().tls_name.as_deref(),
-            Some("::1")
+            crate::net::split_host_port(&Target::parse("https://[::1]").unwrap().authority),
+            Some(("::1", 443))
         );
-        assert_eq!(Target::parse("http://h").unwrap().tls_name, None);
+        assert!(!Target::parse("http://h").unwrap().https);
         for bad in ["ftp://h", "http://", "http://h:x", "http://a b", "h:99999"] {
             assert!(
                 matches!(Target::parse(bad), Err(CliError::Usage(_))),
