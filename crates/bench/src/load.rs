@@ -6,8 +6,9 @@
 //! into the percentiles and their events into the throughput, which is divided by the
 //! window's length. (Counting by completion rather than by start keeps requests that
 //! take longer than the warm-up from vanishing.) CPU time is read at the window's two
-//! ends. A run in which nothing completed, or a failed request, fails the run: a
-//! benchmark that skips errors measures something else.
+//! ends. When nothing completed inside the window, it stretches to the first
+//! completion (see `Stretch`). A run in which nothing completed even then, or a failed
+//! request, fails the run: a benchmark that skips errors measures something else.
 
 use anyhow::{Context, Result};
 use futures::future::BoxFuture;
@@ -67,20 +68,23 @@ pub async fn drive_async(
 ) -> Result<Measured> {
     let t0 = Instant::now() + window.warmup;
     let end = t0 + window.measure;
+    let stretch = Stretch::new(t0, end);
     let mut tasks = Vec::with_capacity(ops.len());
     for mut op in ops {
+        let stretch = stretch.clone();
         tasks.push(tokio::spawn(async move {
             let mut s = Sample::default();
             loop {
                 let start = Instant::now();
-                if start >= end {
+                if !stretch.may_start(start) {
                     break;
                 }
                 op.call().await?;
                 let done = Instant::now();
-                if done >= t0 && done <= end {
+                let events = op.completed().unwrap_or(events_per_op);
+                if stretch.counts(done, events) {
                     s.latencies_ns.push((done - start).as_nanos() as u64);
-                    s.events += op.completed().unwrap_or(events_per_op);
+                    s.events += events;
                 }
             }
             anyhow::Ok(s)
@@ -89,6 +93,9 @@ pub async fn drive_async(
     tokio::time::sleep_until(t0.into()).await;
     let cpu0 = pid.map(crate::procs::cpu_seconds).transpose()?;
     tokio::time::sleep_until(end.into()).await;
+    while !stretch.closed(Instant::now()) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let cpu1 = pid.map(crate::procs::cpu_seconds).transpose()?;
     let mut all = Sample::default();
     let mut first_err = None;
@@ -103,7 +110,89 @@ pub async fn drive_async(
     if let Some(e) = first_err {
         return Err(e);
     }
+    let window = Window {
+        measure: stretch.end() - t0,
+        ..window
+    };
     finish(all, window, cpu0.zip(cpu1).map(|(a, b)| b - a))
+}
+
+/// How long a window stays open past its end when nothing completed in it yet: a
+/// slow machine (a loaded CI runner, a debug build) can take longer than a tiny window
+/// for its first end-to-end cycle. The run still fails when nothing completes by then.
+const MAX_STRETCH: Duration = Duration::from_secs(30);
+
+/// The measured window, stretched past its planned end until the first request that
+/// completes events does (at most [`MAX_STRETCH`]): a run with nothing completed would
+/// otherwise fail on a slow machine. Without a stretch it is the plain window:
+/// requests complete and count inside `[t0, end]`, none starts after `end`. With one,
+/// the window ends at the first completion after `end`, and throughput is divided by
+/// the stretched length.
+#[derive(Clone)]
+struct Stretch {
+    t0: Instant,
+    end: Instant,
+    inner: std::sync::Arc<std::sync::Mutex<StretchState>>,
+}
+
+#[derive(Default)]
+struct StretchState {
+    /// Whether a request completed events inside the window.
+    any: bool,
+    /// The first completion after `end`, when the window had none.
+    stretched_to: Option<Instant>,
+}
+
+impl Stretch {
+    fn new(t0: Instant, end: Instant) -> Self {
+        Self {
+            t0,
+            end,
+            inner: Default::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, StretchState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a worker may start a request at `now`.
+    fn may_start(&self, now: Instant) -> bool {
+        now < self.end || !self.closed(now)
+    }
+
+    /// Whether the window is over at `now` (for a request starting, or the driver).
+    fn closed(&self, now: Instant) -> bool {
+        if now < self.end {
+            return false;
+        }
+        let s = self.state();
+        s.any || s.stretched_to.is_some() || now >= self.end + MAX_STRETCH
+    }
+
+    /// Whether a request completing `events` at `done` counts.
+    fn counts(&self, done: Instant, events: u64) -> bool {
+        if done < self.t0 {
+            return false;
+        }
+        let mut s = self.state();
+        if done <= self.end {
+            s.any |= events > 0;
+            return true;
+        }
+        if s.any || s.stretched_to.is_some() || events == 0 || done > self.end + MAX_STRETCH {
+            return false;
+        }
+        s.stretched_to = Some(done);
+        true
+    }
+
+    /// The window's end as measured.
+    fn end(&self) -> Instant {
+        self.state().stretched_to.unwrap_or(self.end)
+    }
 }
 
 /// Runs blocking workers, one OS thread each (the raw engine: its writes block).
@@ -209,6 +298,36 @@ pub fn median(values: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_without_completions_stretches_to_the_first_one_and_no_further() {
+        let t0 = Instant::now();
+        let end = t0 + Duration::from_millis(500);
+        let s = Stretch::new(t0, end);
+        // Inside the window: an empty pull counts its latency but opens no stretch.
+        assert!(s.counts(t0 + Duration::from_millis(100), 0));
+        assert!(!s.closed(end));
+        assert!(s.may_start(end + Duration::from_millis(1)));
+        let first = end + Duration::from_millis(700);
+        assert!(!s.counts(end + Duration::from_millis(300), 0));
+        assert!(s.counts(first, 3));
+        assert!(!s.counts(first + Duration::from_millis(1), 3));
+        assert!(s.closed(first));
+        assert!(!s.may_start(first));
+        assert_eq!(s.end(), first);
+
+        // A window with a completion ends on time.
+        let s = Stretch::new(t0, end);
+        assert!(s.counts(t0 + Duration::from_millis(10), 1));
+        assert!(s.closed(end));
+        assert!(!s.counts(end + Duration::from_millis(1), 1));
+        assert_eq!(s.end(), end);
+
+        // Nothing within the stretch either: closed after MAX_STRETCH (the run fails).
+        let s = Stretch::new(t0, end);
+        assert!(!s.closed(end + MAX_STRETCH - Duration::from_millis(1)));
+        assert!(s.closed(end + MAX_STRETCH));
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {
