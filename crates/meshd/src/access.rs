@@ -1,32 +1,70 @@
-//! Bearer-token access to the `/v1` routes (http-api.md "Access").
+//! Who may use a route, decided before anything else (http-api.md "Access", "Quotas
+//! and browser safety"): the [`gate`] middleware is the outermost layer, so a request
+//! it refuses never holds a request slot or body memory (`crate::admission` runs
+//! after it) and its body is never read.
 //!
-//! With `--client-token-file` and/or `--admin-token-file`, every `/v1` route needs
-//! `Authorization: Bearer <token>`. The client token may publish, pull, ack, nack,
-//! extend, work with sessions and tasks; the admin token may do everything. Missing or
-//! wrong: 401; a client token on an admin route: 403. Tokens are compared in constant
-//! time (every configured token is compared, whatever matches) and never logged.
-//! `/healthz`, `/readyz` and `/metrics` stay open; `/internal` routes authenticate with
-//! the cluster secret instead.
+//! - `/v1`: with `--client-token-file` and/or `--admin-token-file`, every route needs
+//!   `Authorization: Bearer <token>`. The client token may publish, pull, ack, nack,
+//!   extend, work with sessions and tasks; the admin token may do everything. Missing
+//!   or wrong: 401; a client token on an admin route: 403. Tokens are compared in
+//!   constant time (every configured token is compared, whatever matches) and never
+//!   logged.
+//! - `/internal`: the cluster secret in the `meshd-cluster-secret` header, compared in
+//!   constant time (401 otherwise); outside cluster mode every `/internal` path is 404.
+//! - `/metrics`: with `--metrics-token-file`, a metrics token (or an admin token);
+//!   `/healthz` and `/readyz` stay open.
+//! - Browser safety (`crate::browser`): Host, Origin and content type, on every route
+//!   but `/internal`.
 
+use crate::browser::{add_cors, BrowserRules, Refusal, Verdict};
+use crate::cluster::forward::SECRET_HEADER;
 use crate::problem::Problem;
 use axum::extract::{Request, State};
 use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// What a token may do.
+/// What a route needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Client,
     Admin,
+    /// `/metrics` with `--metrics-token-file` (an admin token may read it too).
+    Metrics,
+}
+
+/// The roles a presented token holds (a token may be in several files).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Roles {
+    pub client: bool,
+    pub admin: bool,
+    pub metrics: bool,
+}
+
+impl Roles {
+    fn any(self) -> bool {
+        self.client || self.admin || self.metrics
+    }
+
+    /// Whether these roles may use a route that needs `need`.
+    pub fn may(self, need: Role) -> bool {
+        self.admin
+            || match need {
+                Role::Client => self.client,
+                Role::Metrics => self.metrics,
+                Role::Admin => false,
+            }
+    }
 }
 
 /// The configured tokens (one file may hold several, for rotation).
 pub struct Tokens {
     client: Vec<Vec<u8>>,
     admin: Vec<Vec<u8>>,
+    metrics: Vec<Vec<u8>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,34 +98,57 @@ fn read_tokens(path: &Path) -> Result<Vec<Vec<u8>>, AccessError> {
 impl Tokens {
     /// `None` when no token file is configured (access is open: loopback only unless
     /// `--insecure-listen`).
-    pub fn load(client: Option<&Path>, admin: Option<&Path>) -> Result<Option<Self>, AccessError> {
-        if client.is_none() && admin.is_none() {
+    pub fn load(files: &TokenFiles) -> Result<Option<Self>, AccessError> {
+        if files.client.is_none() && files.admin.is_none() && files.metrics.is_none() {
             return Ok(None);
         }
+        let read = |f: &Option<PathBuf>| -> Result<Vec<Vec<u8>>, AccessError> {
+            Ok(f.as_deref()
+                .map(read_tokens)
+                .transpose()?
+                .unwrap_or_default())
+        };
         Ok(Some(Self {
-            client: client.map(read_tokens).transpose()?.unwrap_or_default(),
-            admin: admin.map(read_tokens).transpose()?.unwrap_or_default(),
+            client: read(&files.client)?,
+            admin: read(&files.admin)?,
+            metrics: read(&files.metrics)?,
         }))
     }
 
-    /// The role of a presented token; every configured token is compared in full.
-    pub fn role_of(&self, presented: &[u8]) -> Option<Role> {
-        let mut admin = false;
-        let mut client = false;
-        for t in &self.admin {
-            admin |= ct_eq(t, presented);
-        }
-        for t in &self.client {
-            client |= ct_eq(t, presented);
-        }
-        if admin {
-            Some(Role::Admin)
-        } else if client {
-            Some(Role::Client)
-        } else {
-            None
+    /// The roles of a presented token; every configured token is compared in full.
+    pub fn roles_of(&self, presented: &[u8]) -> Roles {
+        let any = |tokens: &[Vec<u8>]| {
+            let mut hit = false;
+            for t in tokens {
+                hit |= ct_eq(t, presented);
+            }
+            hit
+        };
+        Roles {
+            client: any(&self.client),
+            admin: any(&self.admin),
+            metrics: any(&self.metrics),
         }
     }
+
+    /// Whether `/v1` needs tokens (a client or an admin token file is configured;
+    /// a file is never empty, so its tokens say so).
+    pub fn guard_v1(&self) -> bool {
+        !self.client.is_empty() || !self.admin.is_empty()
+    }
+
+    /// Whether `/metrics` needs a token.
+    pub fn guard_metrics(&self) -> bool {
+        !self.metrics.is_empty()
+    }
+}
+
+/// The token files of each role.
+#[derive(Clone, Debug, Default)]
+pub struct TokenFiles {
+    pub client: Option<PathBuf>,
+    pub admin: Option<PathBuf>,
+    pub metrics: Option<PathBuf>,
 }
 
 /// Constant-time equality: the time depends on the lengths only, never on where the
@@ -127,17 +188,15 @@ fn bearer(req: &Request) -> Option<&[u8]> {
 /// [`reload`](Access::reload) (SIGHUP), replaced whole, so a rotation needs no
 /// restart. A reload that fails keeps the tokens in force.
 pub struct Access {
-    client_file: Option<PathBuf>,
-    admin_file: Option<PathBuf>,
+    files: TokenFiles,
     current: std::sync::RwLock<Arc<Tokens>>,
 }
 
 impl Access {
     /// `None` without token files (see [`Tokens::load`]).
-    pub fn load(client: Option<&Path>, admin: Option<&Path>) -> Result<Option<Self>, AccessError> {
-        Ok(Tokens::load(client, admin)?.map(|tokens| Self {
-            client_file: client.map(Path::to_path_buf),
-            admin_file: admin.map(Path::to_path_buf),
+    pub fn load(files: TokenFiles) -> Result<Option<Self>, AccessError> {
+        Ok(Tokens::load(&files)?.map(|tokens| Self {
+            files,
             current: std::sync::RwLock::new(Arc::new(tokens)),
         }))
     }
@@ -145,8 +204,7 @@ impl Access {
     /// Reads the token files again; on success the new tokens replace the old ones at
     /// once (requests in progress finish with the old).
     pub fn reload(&self) -> Result<(), AccessError> {
-        let fresh = Tokens::load(self.client_file.as_deref(), self.admin_file.as_deref())?;
-        if let Some(fresh) = fresh {
+        if let Some(fresh) = Tokens::load(&self.files)? {
             let mut current = self
                 .current
                 .write()
@@ -164,29 +222,160 @@ impl Access {
     }
 }
 
-/// The middleware: 401 / 403 before the handler, never naming the token.
-pub async fn check(State(access): State<Arc<Access>>, req: Request, next: Next) -> Response {
-    let Some(need) = required(req.method(), req.uri().path()) else {
-        return next.run(req).await;
-    };
-    let tokens = access.tokens();
-    let role = bearer(&req).and_then(|t| tokens.role_of(t));
-    match (need, role) {
-        (_, Some(Role::Admin)) | (Role::Client, Some(Role::Client)) => next.run(req).await,
-        (Role::Admin, Some(Role::Client)) => Problem::forbidden(
-            "this route needs the admin token; the client token may publish, pull, ack, nack, extend, and use sessions and tasks",
-        )
-        .into_response(),
-        (_, None) => {
-            let mut r = Problem::unauthorized(
-                "missing or wrong bearer token: send Authorization: Bearer <token>",
-            )
-            .into_response();
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
+/// What the gate knows: the tokens (none: `/v1` is open) and, in cluster mode, the
+/// secret of the internal routes.
+pub struct Gate {
+    access: Option<Arc<Access>>,
+    cluster_secret: Option<String>,
+    browser: BrowserRules,
+    refused: Refused,
+}
+
+/// Requests the gate refused, by reason (`meshd_http_refused_total`).
+#[derive(Default)]
+struct Refused {
+    unauthorized: AtomicU64,
+    forbidden: AtomicU64,
+    internal_unauthorized: AtomicU64,
+    internal_not_cluster: AtomicU64,
+    host: AtomicU64,
+    origin: AtomicU64,
+    content_type: AtomicU64,
+}
+
+impl Gate {
+    pub fn new(
+        access: Option<Arc<Access>>,
+        cluster_secret: Option<String>,
+        browser: BrowserRules,
+    ) -> Self {
+        Self {
+            access,
+            cluster_secret,
+            browser,
+            refused: Refused::default(),
+        }
+    }
+
+    /// What to do with a request: go on (with the CORS origin of a listed
+    /// cross-origin request), or answer now (a refusal or a preflight).
+    fn decide(&self, req: &Request) -> Verdict {
+        let path = req.uri().path();
+        if path == "/internal" || path.starts_with("/internal/") {
+            return match self.internal(req) {
+                Some(refused) => Verdict::Answer(refused),
+                None => Verdict::Pass(None),
+            };
+        }
+        let cors = match self.browser.check(req) {
+            Verdict::Pass(cors) => cors,
+            Verdict::Answer(answer) => return Verdict::Answer(answer),
+            Verdict::Refuse(why, answer) => {
+                let counter = match why {
+                    Refusal::Host => &self.refused.host,
+                    Refusal::Origin => &self.refused.origin,
+                    Refusal::ContentType => &self.refused.content_type,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                return Verdict::Answer(answer);
+            }
+        };
+        match self.tokens(req) {
+            Some(refused) => Verdict::Answer(refused),
+            None => Verdict::Pass(cors),
+        }
+    }
+
+    /// The token check of `/v1` and `/metrics`; `None` when the request may go on.
+    fn tokens(&self, req: &Request) -> Option<Response> {
+        let tokens = self.access.as_ref()?.tokens();
+        let path = req.uri().path();
+        let need = if path == "/metrics" {
+            tokens.guard_metrics().then_some(Role::Metrics)?
+        } else {
+            tokens.guard_v1().then_some(())?;
+            required(req.method(), path)?
+        };
+        let roles = bearer(req).map(|t| tokens.roles_of(t)).unwrap_or_default();
+        if roles.may(need) {
+            return None;
+        }
+        if roles.any() {
+            self.refused.forbidden.fetch_add(1, Ordering::Relaxed);
+            return Some(
+                Problem::forbidden(match need {
+                    Role::Metrics => "/metrics needs a metrics or admin token",
+                    _ => "this route needs the admin token; the client token may publish, pull, ack, nack, extend, and use sessions and tasks",
+                })
+                .into_response(),
             );
-            r
+        }
+        self.refused.unauthorized.fetch_add(1, Ordering::Relaxed);
+        let mut r = Problem::unauthorized(
+            "missing or wrong bearer token: send Authorization: Bearer <token>",
+        )
+        .into_response();
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        Some(r)
+    }
+
+    /// An `/internal` route: 404 outside cluster mode, 401 without the secret.
+    fn internal(&self, req: &Request) -> Option<Response> {
+        let Some(secret) = &self.cluster_secret else {
+            self.refused
+                .internal_not_cluster
+                .fetch_add(1, Ordering::Relaxed);
+            return Some(Problem::not_found("no such route (not in cluster mode)").into_response());
+        };
+        let given = req
+            .headers()
+            .get(SECRET_HEADER)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if ct_eq(secret.as_bytes(), given) {
+            return None;
+        }
+        self.refused
+            .internal_unauthorized
+            .fetch_add(1, Ordering::Relaxed);
+        Some(Problem::unauthorized("an internal route needs the cluster secret").into_response())
+    }
+
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let _ = writeln!(out, "# HELP meshd_http_refused_total Requests refused before admission (no request slot, no body read), by reason.\n# TYPE meshd_http_refused_total counter");
+        let r = &self.refused;
+        for (reason, n) in [
+            ("unauthorized", &r.unauthorized),
+            ("forbidden", &r.forbidden),
+            ("internal_unauthorized", &r.internal_unauthorized),
+            ("internal_not_cluster", &r.internal_not_cluster),
+            (Refusal::Host.label(), &r.host),
+            (Refusal::Origin.label(), &r.origin),
+            (Refusal::ContentType.label(), &r.content_type),
+        ] {
+            let _ = writeln!(
+                out,
+                "meshd_http_refused_total{{reason=\"{reason}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+    }
+}
+
+/// The middleware (see the module docs): refusals are answered here, before
+/// admission, never naming a token or the secret.
+pub async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Response {
+    match gate.decide(&req) {
+        Verdict::Refuse(_, answer) | Verdict::Answer(answer) => answer,
+        Verdict::Pass(None) => next.run(req).await,
+        Verdict::Pass(Some(origin)) => {
+            let mut answer = next.run(req).await;
+            add_cors(&mut answer, origin);
+            answer
         }
     }
 }
@@ -237,17 +426,44 @@ mod tests {
         let a = dir.path().join("admin");
         std::fs::write(&c, "  old-client \n\nnew-client\n").unwrap();
         std::fs::write(&a, "root\n").unwrap();
-        let t = Tokens::load(Some(&c), Some(&a)).unwrap().unwrap();
-        assert_eq!(t.role_of(b"old-client"), Some(Role::Client));
-        assert_eq!(t.role_of(b"new-client"), Some(Role::Client));
-        assert_eq!(t.role_of(b"root"), Some(Role::Admin));
-        assert_eq!(t.role_of(b"nope"), None);
-        assert_eq!(t.role_of(b""), None);
+        let m = dir.path().join("metrics");
+        std::fs::write(&m, "scraper\n").unwrap();
+        let files = TokenFiles {
+            client: Some(c.clone()),
+            admin: Some(a),
+            metrics: Some(m.clone()),
+        };
+        let t = Tokens::load(&files).unwrap().unwrap();
+        let client = Roles {
+            client: true,
+            ..Roles::default()
+        };
+        assert_eq!(t.roles_of(b"old-client"), client);
+        assert_eq!(t.roles_of(b"new-client"), client);
+        assert!(t.roles_of(b"root").may(Role::Admin));
+        assert!(t.roles_of(b"root").may(Role::Metrics));
+        assert!(t.roles_of(b"scraper").may(Role::Metrics));
+        assert!(!t.roles_of(b"scraper").may(Role::Client));
+        assert!(!t.roles_of(b"old-client").may(Role::Metrics));
+        assert_eq!(t.roles_of(b"nope"), Roles::default());
+        assert_eq!(t.roles_of(b""), Roles::default());
+        assert!(t.guard_v1() && t.guard_metrics());
+        // A metrics token file alone guards /metrics, not /v1.
+        let only_metrics = TokenFiles {
+            metrics: Some(m),
+            ..TokenFiles::default()
+        };
+        let t = Tokens::load(&only_metrics).unwrap().unwrap();
+        assert!(!t.guard_v1() && t.guard_metrics());
         std::fs::write(&c, "\n \n").unwrap();
+        let only_client = TokenFiles {
+            client: Some(c),
+            ..TokenFiles::default()
+        };
         assert!(matches!(
-            Tokens::load(Some(&c), None),
+            Tokens::load(&only_client),
             Err(AccessError::Empty { .. })
         ));
-        assert!(Tokens::load(None, None).unwrap().is_none());
+        assert!(Tokens::load(&TokenFiles::default()).unwrap().is_none());
     }
 }

@@ -137,6 +137,29 @@ pub struct ServeArgs {
     /// A file whose first line is the NATS user's password.
     #[arg(long, env = "MESHD_NATS_PASSWORD_FILE")]
     pub nats_password_file: Option<PathBuf>,
+    /// Bearer tokens that may read /metrics, one per line (admin tokens may too);
+    /// without it /metrics is open.
+    #[arg(long, env = "MESHD_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<PathBuf>,
+    /// Origins (`scheme://host[:port]`) whose browser requests are allowed, with CORS
+    /// answers; comma-separated. Other cross-origin requests are 403.
+    #[arg(long, env = "MESHD_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Option<Vec<String>>,
+    /// Host names (besides loopback ones) accepted in `Host` while meshd listens on
+    /// loopback without tokens; comma-separated.
+    #[arg(long, env = "MESHD_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// The `host:port` other instances call this one at (default: the listen
+    /// address; required when that is unspecified, such as 0.0.0.0).
+    #[arg(long, env = "MESHD_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Address ranges push never connects to (`10.0.0.0/8,fd00::/8`), besides
+    /// meshd's own endpoints and link-local ranges.
+    #[arg(long, env = "MESHD_PUSH_DENY_CIDR", value_delimiter = ',')]
+    pub push_deny_cidr: Option<Vec<String>>,
+    /// When given, push connects only to addresses in these ranges (deny wins).
+    #[arg(long, env = "MESHD_PUSH_ALLOW_CIDR", value_delimiter = ',')]
+    pub push_allow_cidr: Option<Vec<String>>,
 }
 
 /// The same settings as read from `--config`.
@@ -182,6 +205,12 @@ struct FileConfig {
     nats_key_file: Option<PathBuf>,
     nats_user: Option<String>,
     nats_password_file: Option<PathBuf>,
+    metrics_token_file: Option<PathBuf>,
+    allowed_origins: Option<Vec<String>>,
+    allowed_hosts: Option<Vec<String>>,
+    advertise: Option<String>,
+    push_deny_cidr: Option<Vec<String>>,
+    push_allow_cidr: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -240,6 +269,15 @@ pub struct Config {
     pub etcd: Secured,
     /// TLS and credentials of the NATS connection (`--log nats://...` only).
     pub nats: Secured,
+    pub metrics_token_file: Option<PathBuf>,
+    /// Origins allowed to call from a browser (normalised: lower case, no trailing `/`).
+    pub allowed_origins: Vec<String>,
+    /// Extra `Host` names accepted by the DNS-rebinding check (lower case, no port).
+    pub allowed_hosts: Vec<String>,
+    /// What other instances call (`host:port`); `None`: the listen address.
+    pub advertise: Option<String>,
+    pub push_deny_cidr: Vec<crate::egress::Cidr>,
+    pub push_allow_cidr: Vec<crate::egress::Cidr>,
 }
 
 /// TLS and user/password options of a backend connection (etcd or NATS).
@@ -484,6 +522,32 @@ impl Config {
                 user: args.nats_user.or(file.nats_user),
                 password_file: args.nats_password_file.or(file.nats_password_file),
             },
+            metrics_token_file: args.metrics_token_file.or(file.metrics_token_file),
+            allowed_origins: args
+                .allowed_origins
+                .or(file.allowed_origins)
+                .unwrap_or_default()
+                .iter()
+                .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+                .filter(|o| !o.is_empty())
+                .collect(),
+            allowed_hosts: args
+                .allowed_hosts
+                .or(file.allowed_hosts)
+                .unwrap_or_default()
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect(),
+            advertise: args.advertise.or(file.advertise),
+            push_deny_cidr: cidrs(
+                "--push-deny-cidr",
+                args.push_deny_cidr.or(file.push_deny_cidr),
+            )?,
+            push_allow_cidr: cidrs(
+                "--push-allow-cidr",
+                args.push_allow_cidr.or(file.push_allow_cidr),
+            )?,
         };
         config.validate()?;
         Ok(config)
@@ -608,6 +672,49 @@ impl Config {
                 "NATS TLS and user options need --log nats://...",
             ));
         }
+        for o in &self.allowed_origins {
+            let ok = ["http://", "https://"].iter().any(|scheme| {
+                o.strip_prefix(scheme).is_some_and(|rest| {
+                    !rest.is_empty() && !rest.contains(['/', '?', '#', '@', ' '])
+                })
+            });
+            if !ok {
+                return Err(invalid(
+                    "--allowed-origins",
+                    o,
+                    "each origin is scheme://host[:port] (http or https), without a path",
+                ));
+            }
+        }
+        for h in &self.allowed_hosts {
+            if h.contains(['/', ':', '@', ' ']) && !h.starts_with('[') {
+                return Err(invalid(
+                    "--allowed-hosts",
+                    h,
+                    "each entry is a host name or address, without scheme or port",
+                ));
+            }
+        }
+        match &self.advertise {
+            Some(a)
+                if !crate::net::split_host_port(a)
+                    .is_some_and(|(h, p)| !h.is_empty() && p != 0) =>
+            {
+                return Err(invalid(
+                    "--advertise",
+                    a,
+                    "expected host:port (a name or address other instances can reach)",
+                ));
+            }
+            None if self.log.is_cluster() && self.listen.ip().is_unspecified() => {
+                return Err(invalid(
+                    "--listen",
+                    self.listen,
+                    "in cluster mode an unspecified address cannot be called by the other instances: give --advertise host:port",
+                ));
+            }
+            _ => {}
+        }
         if let Some(id) = &self.instance_id {
             if !valid_name(id) {
                 return Err(invalid(
@@ -619,6 +726,19 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Address ranges of a `--push-*-cidr` flag; the error names the flag.
+fn cidrs(
+    flag: &'static str,
+    values: Option<Vec<String>>,
+) -> Result<Vec<crate::egress::Cidr>, ConfigError> {
+    values
+        .unwrap_or_default()
+        .iter()
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| crate::egress::Cidr::parse(v).map_err(|e| invalid(flag, v, e)))
+        .collect()
 }
 
 /// Names (topics, subscriptions, client ids, instances): 1–249 of `[A-Za-z0-9._-]`.

@@ -4,9 +4,11 @@
 mod access;
 mod admission;
 mod api;
+mod browser;
 mod cli;
 mod cluster;
 mod config;
+mod egress;
 mod listen;
 mod membership;
 mod metered;

@@ -48,9 +48,54 @@ pub async fn connect(
     port: u16,
     tls: Option<&TlsConnector>,
 ) -> Result<Box<dyn Stream>, String> {
-    let tcp = TcpStream::connect((host, port))
-        .await
-        .map_err(|e| format!("connection failed: {e}"))?;
+    connect_to(host, port, tls, None).await
+}
+
+/// [`connect`], but with `egress` the name is resolved here and only the addresses
+/// the rules allow are tried (push: `crate::egress`), so a name cannot lead the
+/// connection somewhere the rules refuse.
+pub async fn connect_to(
+    host: &str,
+    port: u16,
+    tls: Option<&TlsConnector>,
+    egress: Option<&crate::egress::Egress>,
+) -> Result<Box<dyn Stream>, String> {
+    let tcp = match egress {
+        None => TcpStream::connect((host, port))
+            .await
+            .map_err(|e| format!("connection failed: {e}"))?,
+        Some(rules) => {
+            let addrs = tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|e| format!("resolving {host} failed: {e}"))?;
+            let mut refused = None;
+            let mut failed = None;
+            let mut connected = None;
+            for addr in addrs {
+                if let Err(why) = rules.check(addr) {
+                    refused.get_or_insert(why);
+                    continue;
+                }
+                match TcpStream::connect(addr).await {
+                    Ok(s) => {
+                        connected = Some(s);
+                        break;
+                    }
+                    Err(e) => {
+                        failed = Some(format!("connection failed: {e}"));
+                    }
+                }
+            }
+            match (connected, failed, refused) {
+                (Some(s), _, _) => s,
+                (None, Some(e), _) => return Err(e),
+                (None, None, Some(why)) => {
+                    return Err(format!("refused by the push address rules: {why}"))
+                }
+                (None, None, None) => return Err(format!("{host} resolved to no address")),
+            }
+        }
+    };
     let _ = tcp.set_nodelay(true);
     let Some(tls) = tls else {
         return Ok(Box::new(tcp));

@@ -42,6 +42,55 @@ const CACHE_LOAD_WAIT: Duration = Duration::from_secs(5);
 /// How long a readiness probe waits for Meta before calling it unavailable.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long one Meta status probe serves `/readyz` and `/metrics`: they are never
+/// shed, so without it every scrape would be a call to etcd.
+const META_PROBE_FOR: Duration = Duration::from_secs(1);
+
+/// Meta's status as `/readyz` and `/metrics` show it. A remote Meta (etcd) is probed
+/// at most once per [`META_PROBE_FOR`], however often they are called; callers that
+/// arrive while a probe runs wait for it and share its answer (the lock is held across
+/// the probe for that). The embedded Meta is asked every time: its status is a local
+/// read, and a fail-stop shows at once.
+struct MetaProbe {
+    meta: Arc<MeteredMeta>,
+    /// Zero for the embedded Meta.
+    cache_for: Duration,
+    last: tokio::sync::Mutex<Option<(std::time::Instant, Probed)>>,
+}
+
+/// One probe's outcome: the status, or what went wrong (an error kind, or `timeout`).
+type Probed = Result<meshd_meta::MetaStatus, String>;
+
+impl MetaProbe {
+    fn new(meta: Arc<MeteredMeta>, remote: bool) -> Self {
+        Self {
+            meta,
+            cache_for: if remote {
+                META_PROBE_FOR
+            } else {
+                Duration::ZERO
+            },
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn status(&self) -> Probed {
+        let mut last = self.last.lock().await;
+        if let Some((at, probed)) = &*last {
+            if at.elapsed() < self.cache_for {
+                return probed.clone();
+            }
+        }
+        let probed = match tokio::time::timeout(READY_TIMEOUT, self.meta.status()).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => Err(e.kind().to_string()),
+            Err(_) => Err("timeout".to_string()),
+        };
+        *last = Some((std::time::Instant::now(), probed.clone()));
+        probed
+    }
+}
+
 /// How often log retention and dead-letter expiry run.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(60);
 
@@ -51,6 +100,7 @@ struct AppState {
         Option<tokio::sync::watch::Receiver<Option<crate::cluster::ownership::LeaseState>>>,
     instance_id: String,
     meta: Arc<MeteredMeta>,
+    meta_probe: MetaProbe,
     meta_backend: &'static str,
     local: Arc<LocalStores>,
     topics: Arc<MetaTopicStore>,
@@ -59,15 +109,17 @@ struct AppState {
     runtime: Arc<Runtime>,
     metrics: Arc<Metrics>,
     admission: Arc<crate::admission::Admission>,
+    gate: Arc<crate::access::Gate>,
     http: Arc<crate::listen::HttpCounters>,
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // Token files first: a typo in one must not cost a boot's worth of recovery.
-    let access = crate::access::Access::load(
-        config.client_token_file.as_deref(),
-        config.admin_token_file.as_deref(),
-    )?
+    let access = crate::access::Access::load(crate::access::TokenFiles {
+        client: config.client_token_file.clone(),
+        admin: config.admin_token_file.clone(),
+        metrics: config.metrics_token_file.clone(),
+    })?
     .map(Arc::new);
     // And the TLS identity, for the same reason.
     let tls = match (&config.tls_cert, &config.tls_key) {
@@ -85,6 +137,31 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .inspect_err(|e| tracing::warn!(error = %e, "no system CA bundle: https push URLs need --push-ca-file"))
             .ok(),
     };
+    // Where push may connect: never meshd's own services (the listen address is added
+    // once bound), link-local ranges or operator-denied ranges (crate::egress).
+    let push_egress = Arc::new(crate::egress::Egress::new(
+        config.push_deny_cidr.clone(),
+        config.push_allow_cidr.clone(),
+    ));
+    if let MetaBackend::Etcd(url) = &config.meta {
+        if let Ok(etcd) = EtcdConfig::parse(url) {
+            push_egress
+                .add_own_named("Meta (etcd)", &etcd.endpoints)
+                .await;
+        }
+    }
+    if let LogBackend::Nats(url) = &config.log {
+        if let Ok(nats) = meshd_log_nats::NatsConfig::parse(url) {
+            push_egress
+                .add_own_named("the log (NATS)", &nats.servers)
+                .await;
+        }
+    }
+    if let Some(a) = &config.advertise {
+        push_egress
+            .add_own_named("meshd's advertise address", std::slice::from_ref(a))
+            .await;
+    }
     // Instances that serve HTTPS call each other over HTTPS too.
     let peer_tls = match (&tls, config.log.is_cluster()) {
         (Some(_), true) => Some(
@@ -279,6 +356,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         cluster,
         push_tls,
+        push_egress: push_egress.clone(),
     });
     // Recovery (re-arming every delivery) runs once the subscription cache is loaded;
     // /readyz stays 503 until it is done. Boot waits for it (bounded, like the caches),
@@ -303,6 +381,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
+    push_egress.add_own("meshd's listen address", [addr]);
     let scheme = if tls.is_some() { "https" } else { "http" };
     // The one start-up line: address, instance, effective backend of every store.
     {
@@ -317,10 +396,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!(%addr, scheme, instance = %instance_id, meta = meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
 
+    // What the other instances dial: --advertise, else the listen address (config
+    // refuses an unspecified listen address without --advertise in cluster mode).
+    let advertised = config.advertise.clone().unwrap_or_else(|| addr.to_string());
     let membership = crate::membership::Membership::new(
         meta.clone(),
         instance_id.clone(),
-        addr.to_string(),
+        advertised,
         Duration::from_millis(config.lease_ttl_ms),
     );
     let lease = membership.lease();
@@ -334,12 +416,30 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
     ));
     let http = Arc::new(crate::listen::HttpCounters::default());
+    // The DNS-rebinding Host check guards the one mode a browser page can reach
+    // without credentials: loopback, no client or admin tokens, no --insecure-listen.
+    let host_check = config.listen.ip().is_loopback()
+        && config.client_token_file.is_none()
+        && config.admin_token_file.is_none()
+        && !config.insecure_listen;
+    let gate = Arc::new(crate::access::Gate::new(
+        access.clone(),
+        cluster_secret,
+        crate::browser::BrowserRules::new(
+            config.allowed_origins.clone(),
+            config.allowed_hosts.clone(),
+            host_check,
+            tls.is_some(),
+        ),
+    ));
     let state = Arc::new(AppState {
+        gate: gate.clone(),
         admission: admission.clone(),
         http: http.clone(),
         cluster_lease: config.log.is_cluster().then(|| lease.clone()),
         instance_id,
         meta: meta.clone(),
+        meta_probe: MetaProbe::new(meta.clone(), matches!(config.meta, MetaBackend::Etcd(_))),
         meta_backend,
         local: local.clone(),
         topics: topics.clone(),
@@ -353,7 +453,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         subscriptions: subscriptions.clone(),
         log: log.clone(),
         log_backend,
-        cluster_secret,
         meta_backend,
         runtime,
         deadletters,
@@ -395,20 +494,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_state(state)
         .merge(crate::api::router(api))
         .fallback(not_found);
-    // Outermost first: access (cheap refusals), then admission (load shedding).
+    // Outermost first: the gate (tokens, the cluster secret: refusals that hold no
+    // request slot and read no body), then admission (load shedding).
     let app = app.layer(axum::middleware::from_fn_with_state(
         admission,
         crate::admission::admit,
     ));
-    let access_for_reload = access.clone();
-    let app = match access {
-        Some(access) => app.layer(axum::middleware::from_fn_with_state(
-            access,
-            crate::access::check,
-        )),
-        None => app,
-    };
-    spawn_reload_on_hangup(access_for_reload, tls.clone(), http.clone());
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        gate,
+        crate::access::gate,
+    ));
+    spawn_reload_on_hangup(access, tls.clone(), http.clone());
     crate::listen::serve(
         listener,
         tls,
@@ -617,10 +713,9 @@ async fn healthz() -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    let meta = match tokio::time::timeout(READY_TIMEOUT, state.meta.status()).await {
-        Ok(Ok(_)) => "ok".to_string(),
-        Ok(Err(e)) => e.kind().to_string(),
-        Err(_) => "timeout".to_string(),
+    let meta = match state.meta_probe.status().await {
+        Ok(_) => "ok".to_string(),
+        Err(e) => e,
     };
     let local = match state.local.deliveries.health() {
         Ok(()) => "ok",
@@ -685,12 +780,12 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         env!("CARGO_PKG_VERSION"),
         state.instance_id
     ));
-    let status = tokio::time::timeout(READY_TIMEOUT, state.meta.status()).await;
+    let status = state.meta_probe.status().await;
     let backend = state.meta_backend;
-    let meta_up = matches!(status, Ok(Ok(_)));
+    let meta_up = status.is_ok();
     out.push_str("# HELP meshd_meta_healthy Whether Meta answered a status call.\n# TYPE meshd_meta_healthy gauge\n");
     match status {
-        Ok(Ok(s)) => {
+        Ok(s) => {
             out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 1\n"));
             out.push_str("# HELP meshd_meta_revision The Meta store revision.\n# TYPE meshd_meta_revision gauge\n");
             out.push_str(&format!(
@@ -703,7 +798,7 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
                 s.db_size_bytes
             ));
         }
-        _ => out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 0\n")),
+        Err(_) => out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 0\n")),
     }
     out.push_str("# HELP meshd_meta_up Whether Meta answered a status call (1) or not (0).\n# TYPE meshd_meta_up gauge\n");
     out.push_str(&format!(
@@ -732,6 +827,7 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     state.runtime.render(&mut out);
     state.http.render(&mut out);
     state.admission.render(&mut out);
+    state.gate.render(&mut out);
     out.push_str("# HELP meshd_local_healthy Whether the Local RocksDB stores accept writes (0 after a failed write or fsync, or damaged data found on read).\n# TYPE meshd_local_healthy gauge\n");
     out.push_str(&format!(
         "meshd_local_healthy{{backend=\"rocksdb\"}} {}\n",

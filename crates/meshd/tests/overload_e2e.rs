@@ -103,7 +103,7 @@ async fn given_slow_clients_then_trickled_headers_and_bodies_and_idle_connection
 
     // Headers that never finish: closed without an answer.
     let mut s = TcpStream::connect(&a).await.unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         .await
         .unwrap();
     let (got, closed) = read_until_closed(&mut s, Duration::from_secs(10)).await;
@@ -113,7 +113,7 @@ async fn given_slow_clients_then_trickled_headers_and_bodies_and_idle_connection
     // A body that never finishes: 408, nothing published.
     let mut s = TcpStream::connect(&a).await.unwrap();
     s.write_all(
-        b"POST /v1/topics/slow/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/cloudevents+json\r\nContent-Length: 200\r\n\r\n{\"specversion\"",
+        b"POST /v1/topics/slow/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/cloudevents+json\r\nContent-Length: 200\r\n\r\n{\"specversion\"",
     )
     .await
     .unwrap();
@@ -139,7 +139,7 @@ async fn given_slow_clients_then_trickled_headers_and_bodies_and_idle_connection
     let a = meshd.addr().to_string();
     // A keep-alive connection that goes quiet after its answer is closed.
     let mut s = TcpStream::connect(&a).await.unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     let (got, closed) = read_until_closed(&mut s, Duration::from_secs(10)).await;
@@ -235,7 +235,7 @@ async fn given_the_connection_and_long_poll_caps_when_clients_exceed_them_then_e
     let mut held = Vec::new();
     for _ in 0..4 {
         let mut s = TcpStream::connect(&a).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             .await
             .unwrap();
         let mut buf = [0u8; 512];
@@ -249,7 +249,7 @@ async fn given_the_connection_and_long_poll_caps_when_clients_exceed_them_then_e
     // ...so a fifth waits in the backlog, unserved...
     let mut fifth = TcpStream::connect(&a).await.unwrap();
     fifth
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut buf = [0u8; 512];

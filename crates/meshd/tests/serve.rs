@@ -123,8 +123,15 @@ async fn given_etcd_meta_when_etcd_stops_then_readiness_and_metrics_show_it_and_
         Duration::from_secs(10),
         "not ready with etcd down",
         || async {
+            // Meta's status is probed at most once a second (a remote Meta): the
+            // readiness check names it within that.
             let r = http::get(m.addr(), "/readyz").await?;
             anyhow::ensure!(r.status == 503, "readyz {} {}", r.status, r.body);
+            anyhow::ensure!(
+                r.json()?["checks"]["meta:etcd"] != "ok",
+                "readyz {}",
+                r.body
+            );
             Ok(r)
         },
     )

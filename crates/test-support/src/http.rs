@@ -54,7 +54,8 @@ pub async fn send_json(
     request(addr, method, path, Some(&text), Duration::from_secs(10)).await
 }
 
-/// Sends `body` with exactly the given headers (no default content type).
+/// Sends `body` with exactly the given headers (no default content type; `Host` is the
+/// address unless given).
 pub async fn request_with(
     addr: &str,
     method: &str,
@@ -97,7 +98,11 @@ async fn exchange(
     let mut s = TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    // The address connected to, unless the caller names another Host.
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }

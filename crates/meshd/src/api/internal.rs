@@ -1,11 +1,11 @@
 //! Routes between the instances of one cluster (`/internal/v1/...`): a pull, ack, nack
 //! or extend on this instance's own partitions, for another instance that forwards a
 //! client's request here (`crate::cluster::forward`). Authenticated by the cluster
-//! secret in the `meshd-cluster-secret` header; 404 outside cluster mode.
+//! secret in the `meshd-cluster-secret` header before admission (`crate::access::gate`,
+//! which also answers 404 outside cluster mode), so these handlers only run for a peer.
 
 use super::consume;
 use super::Api;
-use crate::cluster::forward::{secret_matches, SECRET_HEADER};
 use crate::problem::Problem;
 use crate::runtime::Reach;
 use axum::body::Bytes;
@@ -27,23 +27,6 @@ pub fn routes() -> Router<Arc<Api>> {
         .route("/internal/v1/deadletters/{id}/redrive", post(redrive))
 }
 
-fn authenticate(api: &Api, headers: &HeaderMap) -> Result<(), Problem> {
-    let Some(secret) = &api.cluster_secret else {
-        return Err(Problem::not_found("no such route (not in cluster mode)"));
-    };
-    let given = headers
-        .get(SECRET_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if secret_matches(secret, given) {
-        Ok(())
-    } else {
-        Err(Problem::unauthorized(
-            "an internal route needs the cluster secret",
-        ))
-    }
-}
-
 /// One pull, ack, nack or extend on this instance's partitions.
 async fn call(
     State(api): State<Arc<Api>>,
@@ -51,7 +34,6 @@ async fn call(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
-    authenticate(&api, &headers)?;
     match op.as_str() {
         "pull" => consume::pull_with(api, name, headers, body, Reach::Local).await,
         "ack" => consume::ack_with(api, name, headers, body, Reach::Local).await,
@@ -68,16 +50,10 @@ async fn reset(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
-    authenticate(&api, &headers)?;
     consume::put_offset_with(api, name, partition, headers, body, Reach::Local).await
 }
 
 /// A redrive of a dead letter of a partition this instance owns.
-async fn redrive(
-    State(api): State<Arc<Api>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Result<Response, Problem> {
-    authenticate(&api, &headers)?;
+async fn redrive(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, Problem> {
     super::deadletters::redrive_with(api, id, Reach::Local).await
 }

@@ -38,8 +38,6 @@ pub struct Api {
     pub log: Arc<dyn meshd_stores::log::PartitionLog>,
     /// `rocksdb` (the embedded log) or `nats`.
     pub log_backend: &'static str,
-    /// Cluster mode: the secret of the internal routes.
-    pub cluster_secret: Option<String>,
     pub meta_backend: &'static str,
     pub runtime: Arc<Runtime>,
     pub deadletters: Arc<dyn DeadLetterStore>,

@@ -194,6 +194,16 @@ pub async fn put_subscription(
     valid_name_or_400("subscription", &name)?;
     let req: PutSubscription = json_body(&headers, body)?;
     let spec = spec_of(&name, req)?;
+    // A literal address the push rules refuse is a 400 now; a name is checked at
+    // every connect (crate::egress).
+    if let Some(p) = &spec.push {
+        if let Ok(target) = crate::runtime::push::Target::parse(&p.url) {
+            api.runtime
+                .push_egress()
+                .check_literal(&target.host, target.port)
+                .map_err(|e| Problem::invalid_field("push.url", e))?;
+        }
+    }
     let pre = precondition(&headers)?;
     let (sub, created) = api
         .subscriptions

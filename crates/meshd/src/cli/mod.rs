@@ -31,8 +31,19 @@ pub struct Conn {
     #[arg(long, global = true)]
     json: bool,
     /// Bearer token, when meshd runs with --client-token-file/--admin-token-file.
+    /// Visible to other users in `ps` when given as a flag: prefer MESHD_TOKEN or
+    /// --token-file.
     #[arg(long, global = true, env = "MESHD_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A file whose first non-empty line is the bearer token (instead of --token).
+    #[arg(
+        long,
+        global = true,
+        env = "MESHD_TOKEN_FILE",
+        value_name = "PATH",
+        conflicts_with = "token"
+    )]
+    token_file: Option<std::path::PathBuf>,
     /// For https:// servers: the PEM CA that signed meshd's certificate (default:
     /// the system's CA bundle).
     #[arg(long, global = true, env = "MESHD_CA_FILE", value_name = "PEM")]
@@ -277,12 +288,32 @@ pub struct Ctx {
 impl Ctx {
     fn new(conn: &Conn) -> Result<Self, CliError> {
         let target = http::Target::parse(&conn.server)?;
+        let token = match &conn.token_file {
+            Some(path) => Some(read_token_file(path)?),
+            None => conn.token.clone(),
+        };
         Ok(Self {
-            client: http::Client::new(target, conn.token.clone(), conn.ca_file.as_deref())?,
+            client: http::Client::new(target, token, conn.ca_file.as_deref())?,
             json: conn.json,
             out: output::Out,
         })
     }
+}
+
+/// The first non-empty line of a token file, trimmed (the file itself is never printed).
+fn read_token_file(path: &std::path::Path) -> Result<String, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Usage(format!("--token-file {}: {e}", path.display())))?;
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "--token-file {}: the file holds no token",
+                path.display()
+            ))
+        })
 }
 
 /// Runs one client command; errors go to stderr and become the exit code.

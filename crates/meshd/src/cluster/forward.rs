@@ -20,8 +20,28 @@ pub const SECRET_HEADER: &str = "meshd-cluster-secret";
 /// a forwarded pull asks for at most what the client asked, capped by the event cap).
 const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
-/// The secret from `file` (its first non-empty line), or Meta's (created when absent).
+/// The shortest cluster secret meshd accepts (http-api.md "Quotas and browser safety"):
+/// a short one could be guessed over the internal routes.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// The secret from `file` (its first non-empty line), or Meta's (created when absent);
+/// either must be at least [`MIN_SECRET_BYTES`] long.
 pub async fn load_secret(file: Option<&Path>, meta: &dyn Meta) -> anyhow::Result<String> {
+    let secret = read_secret(file, meta).await?;
+    if secret.len() < MIN_SECRET_BYTES {
+        let source = match file {
+            Some(path) => format!("--cluster-secret-file {}", path.display()),
+            None => "the cluster secret stored in Meta".to_string(),
+        };
+        anyhow::bail!(
+            "{source}: the cluster secret is {} bytes, it must be at least {MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)",
+            secret.len()
+        );
+    }
+    Ok(secret)
+}
+
+async fn read_secret(file: Option<&Path>, meta: &dyn Meta) -> anyhow::Result<String> {
     if let Some(path) = file {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("--cluster-secret-file {}: {e}", path.display()))?;
@@ -59,11 +79,6 @@ pub async fn load_secret(file: Option<&Path>, meta: &dyn Meta) -> anyhow::Result
         }
         Err(e) => Err(anyhow::anyhow!("reading the cluster secret from Meta: {e}")),
     }
-}
-
-/// Whether `given` is the secret (constant time in the secret's length).
-pub fn secret_matches(secret: &str, given: &str) -> bool {
-    crate::access::ct_eq(secret.as_bytes(), given.as_bytes())
 }
 
 /// How this instance calls the others: with the cluster secret, and over TLS when
@@ -197,15 +212,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn secrets_compare_exactly() {
-        assert!(secret_matches("abc", "abc"));
-        assert!(!secret_matches("abc", "abd"));
-        assert!(!secret_matches("abc", "ab"));
-        assert!(!secret_matches("abc", "abcd"));
-        assert!(!secret_matches("abc", ""));
-    }
-
-    #[test]
     fn answers_parse_with_length_or_chunks() {
         let raw = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
         assert_eq!(parse_answer(raw), Some((200, b"{}".to_vec())));
@@ -224,7 +230,11 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.len(), 64);
         let f = dir.path().join("secret");
-        std::fs::write(&f, "\n  from-file \nother\n").unwrap();
-        assert_eq!(load_secret(Some(&f), &meta).await.unwrap(), "from-file");
+        let long = "from-file-0123456789abcdef0123456789";
+        std::fs::write(&f, format!("\n  {long} \nother\n")).unwrap();
+        assert_eq!(load_secret(Some(&f), &meta).await.unwrap(), long);
+        std::fs::write(&f, "short-secret\n").unwrap();
+        let e = load_secret(Some(&f), &meta).await.unwrap_err().to_string();
+        assert!(e.contains("at least 32"), "{e}");
     }
 }

@@ -76,6 +76,8 @@ pub struct Deps {
     pub cluster: Option<cluster::ClusterDeps>,
     /// The TLS client of `https://` push URLs (`None`: no CA could be loaded).
     pub push_tls: Option<tokio_rustls::TlsConnector>,
+    /// Where push may connect (`crate::egress`).
+    pub push_egress: Arc<crate::egress::Egress>,
 }
 
 /// One handed-out delivery with its event body (raw JSON, exactly as published).
@@ -573,6 +575,11 @@ impl Runtime {
         Ok(total)
     }
 
+    /// The address rules of push (`PUT` checks a literal address with them).
+    pub fn push_egress(&self) -> &crate::egress::Egress {
+        &self.deps.push_egress
+    }
+
     /// The push worker of a push subscription.
     fn push_worker(&self, sub: &Subscription) -> Option<tokio::task::JoinHandle<()>> {
         let p = sub.spec.push.as_ref()?;
@@ -582,6 +589,7 @@ impl Runtime {
                 sub.name().to_string(),
                 target,
                 self.deps.push_tls.clone(),
+                self.deps.push_egress.clone(),
                 Duration::from_millis(sub.spec.ack_timeout_ms),
                 self.deps.metrics.subscription(sub.name()),
             ))),

@@ -79,6 +79,7 @@ pub async fn worker(
     name: String,
     target: Target,
     tls: Option<tokio_rustls::TlsConnector>,
+    egress: Arc<crate::egress::Egress>,
     ack_timeout: Duration,
     counters: Arc<SubCounters>,
 ) {
@@ -124,9 +125,10 @@ pub async fn worker(
             let name = name.clone();
             let target = target.clone();
             let tls = tls.clone();
+            let egress = egress.clone();
             let counters = counters.clone();
             tokio::spawn(async move {
-                let outcome = post(&target, tls.as_ref(), &d, ack_timeout).await;
+                let outcome = post(&target, tls.as_ref(), &egress, &d, ack_timeout).await;
                 let Some(rt) = runtime.upgrade() else {
                     return;
                 };
@@ -153,10 +155,12 @@ pub async fn worker(
 }
 
 /// One POST in binary mode; `Ok` for a 2xx within `timeout`, else the reason. `tls`
-/// is the client for `https://` targets (`None`: no CA could be loaded).
+/// is the client for `https://` targets (`None`: no CA could be loaded); `egress`
+/// the address rules every connect is checked by.
 pub async fn post(
     target: &Target,
     tls: Option<&tokio_rustls::TlsConnector>,
+    egress: &crate::egress::Egress,
     d: &Handed,
     timeout: Duration,
 ) -> Result<(), String> {
@@ -188,7 +192,7 @@ pub async fn post(
     }
     req.push_str("\r\n");
     let exchange = async {
-        let mut s = crate::net::connect(&target.host, target.port, tls).await?;
+        let mut s = crate::net::connect_to(&target.host, target.port, tls, Some(egress)).await?;
         s.write_all(req.as_bytes())
             .await
             .map_err(|e| format!("sending the request failed: {e}"))?;
