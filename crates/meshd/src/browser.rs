@@ -204,19 +204,8 @@ fn content_type_allowed(req: &Request) -> Result<(), Problem> {
         return Ok(());
     }
     let headers = req.headers();
-    let essence = headers
-        .get(header::CONTENT_TYPE)
-        .map(|ct| {
-            ct.to_str()
-                .unwrap_or("")
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_default();
-    if essence == "application/json" || essence.ends_with("+json") {
+    let essence = crate::api::media_type(headers).unwrap_or_default();
+    if crate::api::is_json(&essence) {
         return Ok(());
     }
     let publish =

@@ -74,6 +74,37 @@ async fn admin_put_topic(a: &str, topic: &str) -> http::Response {
     .unwrap()
 }
 
+/// Cluster mode's backends (an etcd, a nats-server) and a cluster secret file in `dir`.
+struct ClusterBackends {
+    etcd: EtcdProcess,
+    nats: NatsProcess,
+    secret_file: std::path::PathBuf,
+}
+
+impl ClusterBackends {
+    async fn start(dir: &std::path::Path, secret: &str) -> Self {
+        let secret_file = dir.join("cluster-secret");
+        std::fs::write(&secret_file, format!("{secret}\n")).unwrap();
+        Self {
+            etcd: EtcdProcess::start().await.unwrap(),
+            nats: NatsProcess::start().await.unwrap(),
+            secret_file,
+        }
+    }
+
+    /// `--meta`, `--log` and `--cluster-secret-file` of a meshd on them.
+    fn args(&self) -> Vec<String> {
+        vec![
+            "--meta".into(),
+            format!("etcd://{}", self.etcd.endpoint()),
+            "--log".into(),
+            self.nats.url(),
+            "--cluster-secret-file".into(),
+            self.secret_file.to_string_lossy().into_owned(),
+        ]
+    }
+}
+
 fn token_files(dir: &std::path::Path) -> (String, String) {
     let client = dir.join("client-tokens");
     let admin = dir.join("admin-tokens");
@@ -169,24 +200,13 @@ async fn given_requests_without_credentials_holding_their_bodies_when_they_outnu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_cluster_mode_when_internal_requests_carry_a_wrong_secret_then_they_are_refused_before_admission(
 ) {
-    let etcd = EtcdProcess::start().await.unwrap();
-    let nats = NatsProcess::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (client, admin) = token_files(dir.path());
-    let secret_file = dir.path().join("cluster-secret");
     let secret = "cluster-secret-0123456789abcdef0123456789abcdef";
-    std::fs::write(&secret_file, format!("{secret}\n")).unwrap();
-    let etcd_url = format!("etcd://{}", etcd.endpoint());
-    let m = MeshdProcess::start(
-        bin(),
-        &dir.path().join("data"),
-        &[
-            "--meta",
-            &etcd_url,
-            "--log",
-            &nats.url(),
-            "--cluster-secret-file",
-            secret_file.to_str().unwrap(),
+    let backends = ClusterBackends::start(dir.path(), secret).await;
+    let mut args = backends.args();
+    args.extend(
+        [
             "--client-token-file",
             &client,
             "--admin-token-file",
@@ -195,10 +215,13 @@ async fn given_cluster_mode_when_internal_requests_carry_a_wrong_secret_then_the
             "16",
             "--max-long-polls",
             "8",
-        ],
-    )
-    .await
-    .unwrap();
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let m = MeshdProcess::start(bin(), &dir.path().join("data"), &args)
+        .await
+        .unwrap();
     let a = m.addr();
 
     let mut held = headers_without_body(
@@ -246,26 +269,13 @@ async fn given_cluster_mode_when_internal_requests_carry_a_wrong_secret_then_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_a_cluster_secret_shorter_than_32_bytes_then_meshd_refuses_to_start_naming_it() {
-    let etcd = EtcdProcess::start().await.unwrap();
-    let nats = NatsProcess::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("cluster-secret");
-    std::fs::write(&secret_file, "short\n").unwrap();
-    let etcd_url = format!("etcd://{}", etcd.endpoint());
-    let exited = MeshdProcess::start_expecting_exit(
-        bin(),
-        &dir.path().join("data"),
-        &[
-            "--meta",
-            &etcd_url,
-            "--log",
-            &nats.url(),
-            "--cluster-secret-file",
-            secret_file.to_str().unwrap(),
-        ],
-    )
-    .await
-    .unwrap();
+    let backends = ClusterBackends::start(dir.path(), "short").await;
+    let args = backends.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let exited = MeshdProcess::start_expecting_exit(bin(), &dir.path().join("data"), &args)
+        .await
+        .unwrap();
     assert_ne!(exited.code, Some(0));
     let stderr = &exited.stderr;
     assert!(stderr.contains("--cluster-secret-file"), "{stderr}");

@@ -134,12 +134,30 @@ pub fn raw_event(body: Vec<u8>) -> Option<Box<serde_json::value::RawValue>> {
         .and_then(|s| serde_json::value::RawValue::from_string(s).ok())
 }
 
+/// The media type of `Content-Type` without parameters, lower case (`""` for a value
+/// that is not text); `None` without the header.
+pub fn media_type(headers: &HeaderMap) -> Option<String> {
+    let ct = headers.get(header::CONTENT_TYPE)?;
+    let ct = ct.to_str().unwrap_or("");
+    Some(
+        ct.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase(),
+    )
+}
+
+/// Whether a media type is JSON: `application/json` or `*+json` (the CloudEvents
+/// formats among them).
+pub fn is_json(media_type: &str) -> bool {
+    media_type == "application/json" || media_type.ends_with("+json")
+}
+
 /// 415 unless the content type (when given) is JSON (`application/json`, `*+json`).
 pub fn require_json_content_type(headers: &HeaderMap) -> Result<(), Problem> {
-    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-        let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
-        let essence = ct.split(';').next().unwrap_or("").trim();
-        if essence != "application/json" && !essence.ends_with("+json") {
+    if let Some(essence) = media_type(headers) {
+        if !is_json(&essence) {
             return Err(Problem::unsupported_media_type(format!(
                 "expected application/json, got {essence:?}"
             )));
