@@ -11,6 +11,10 @@ pub const DEFAULT_MAX_WINDOW: usize = 10_000;
 /// Events read ahead and waiting for their first hand-out, per partition, by
 /// default: as many as the largest pull takes (`max_events` is at most 1000).
 pub const DEFAULT_MAX_PENDING: usize = 1000;
+/// What a pull assumes of an event whose stored size it does not know yet (a
+/// redrive, or a recovered retry whose offset was not read again): the largest event
+/// a publish accepts (1 MiB), so a byte budget is never passed by guessing low.
+pub const DEFAULT_UNKNOWN_SIZE_BYTES: u64 = 1 << 20;
 /// Events asked for by one `ReadLog` by default.
 pub const DEFAULT_READ_BATCH: usize = 256;
 /// How long after a failed read the core asks again, by default.
@@ -47,6 +51,9 @@ pub struct Config {
     pub read_retry_ms: u64,
     /// Events that do not match are resolved without delivery (no attempt).
     pub filter: Option<Filter>,
+    /// The size a pull's byte budget counts for an event whose stored size is not
+    /// known (see [`DEFAULT_UNKNOWN_SIZE_BYTES`]).
+    pub unknown_size_bytes: u64,
 }
 
 impl Default for Config {
@@ -76,6 +83,7 @@ impl Config {
             read_batch: DEFAULT_READ_BATCH,
             read_retry_ms: DEFAULT_READ_RETRY_MS,
             filter: spec.filter.clone(),
+            unknown_size_bytes: DEFAULT_UNKNOWN_SIZE_BYTES,
         }
     }
 

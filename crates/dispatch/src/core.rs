@@ -140,6 +140,14 @@ impl Status {
     }
 }
 
+/// What one pull may take (see [`Input::Pull`]).
+#[derive(Clone, Copy, Debug)]
+struct Budget {
+    events: usize,
+    bytes: u64,
+    at_least_one: bool,
+}
+
 #[derive(Clone, Debug)]
 struct Entry {
     /// Attempts made so far (persisted); the next hand-out is `attempt + 1`.
@@ -153,11 +161,13 @@ struct Entry {
     has_record: bool,
     /// For a redrive: its dead-letter entry id.
     redrive_of: Option<String>,
+    /// The event's stored size, once the log was read there.
+    size: Option<u64>,
     status: Status,
 }
 
 impl Entry {
-    fn fresh(redrive_of: Option<String>, status: Status) -> Self {
+    fn fresh(redrive_of: Option<String>, size: Option<u64>, status: Status) -> Self {
         Self {
             attempt: 0,
             delivery_id: None,
@@ -166,6 +176,7 @@ impl Entry {
             last_reason: None,
             has_record: false,
             redrive_of,
+            size,
             status,
         }
     }
@@ -413,6 +424,7 @@ impl PartitionCore {
                 last_reason: r.last_reason,
                 has_record: true,
                 redrive_of,
+                size: None,
                 status,
             };
             let rewrite = matches!(
@@ -948,8 +960,26 @@ impl PartitionCore {
             Input::Pull {
                 pull_id,
                 max_events,
+                max_bytes,
+                at_least_one,
                 session,
-            } => self.pull(pull_id, max_events, session, now, out),
+            } => {
+                let budget = Budget {
+                    events: max_events,
+                    bytes: max_bytes,
+                    at_least_one,
+                };
+                self.pull(pull_id, budget, session, now, out)
+            }
+            Input::Release(ids) => {
+                for delivery_id in ids {
+                    let released = self.release(&delivery_id, now);
+                    out.replies.push(Reply::Release {
+                        delivery_id,
+                        released,
+                    });
+                }
+            }
             Input::AttemptPersisted { offset, attempt } => self.persisted(offset, attempt, out),
             Input::PersistFailed { offset, attempt } => self.persist_failed(offset, attempt, now),
             Input::Ack(refs) => {
@@ -994,7 +1024,7 @@ impl PartitionCore {
             Input::Redrive { entry_id, offset } => {
                 let loc = Loc::Redrive(offset);
                 if !self.entries.contains_key(&loc) {
-                    self.insert_entry(loc, Entry::fresh(Some(entry_id), Status::Pending));
+                    self.insert_entry(loc, Entry::fresh(Some(entry_id), None, Status::Pending));
                 }
             }
             Input::RedriveSettled { offset } => {
@@ -1021,8 +1051,13 @@ impl PartitionCore {
         };
         for ev in events {
             let loc = Loc::Window(ev.offset);
-            if ev.offset < self.committed || self.entries.contains_key(&loc) {
-                continue; // resolved already, or known from a recovered record
+            if ev.offset < self.committed {
+                continue; // resolved already
+            }
+            if let Some(e) = self.entries.get_mut(&loc) {
+                // Known from a recovered record: now its size is known too.
+                e.size.get_or_insert(ev.size);
+                continue;
             }
             let status = if self.config.matches(&ev.event_type, &ev.source) {
                 Status::Pending
@@ -1030,7 +1065,7 @@ impl PartitionCore {
                 // Filtered: resolved without delivery, no attempt, no record.
                 Status::Resolved { recorded: true }
             };
-            self.insert_entry(loc, Entry::fresh(None, status));
+            self.insert_entry(loc, Entry::fresh(None, Some(ev.size), status));
         }
         self.next_to_read = self.next_to_read.max(last.saturating_add(1));
         self.log_end = self.log_end.max(self.next_to_read);
@@ -1039,11 +1074,12 @@ impl PartitionCore {
     fn pull(
         &mut self,
         pull_id: PullId,
-        max: usize,
+        budget: Budget,
         session: Option<SessionBinding>,
         now: u64,
         out: &mut Out,
     ) {
+        let max = budget.events;
         // Due retries and pending offsets, merged in (redrives first, then) offset
         // order: a retry waiting for its backoff is simply not in the list, so it never
         // holds back later offsets.
@@ -1057,6 +1093,7 @@ impl PartitionCore {
         ready.extend(self.index.pending.iter().take(max).copied());
         ready.sort_unstable();
         let mut started = 0;
+        let mut bytes: u64 = 0;
         for loc in ready {
             if started == max {
                 break;
@@ -1079,9 +1116,42 @@ impl PartitionCore {
                 }
                 _ => continue,
             }
+            // The next delivery that would pass the byte budget ends the pull (later
+            // ones are not taken past it: offsets go out in order).
+            let size = e.size.unwrap_or(self.config.unknown_size_bytes);
+            let first = started == 0 && budget.at_least_one;
+            if !first && bytes.saturating_add(size) > budget.bytes {
+                break;
+            }
+            bytes = bytes.saturating_add(size);
             self.start_attempt(loc, pull_id, session.clone(), now, out);
             started += 1;
         }
+    }
+
+    /// [`Input::Release`] of one id: `true` when it was in flight.
+    fn release(&mut self, delivery_id: &str, now: u64) -> bool {
+        let Some(loc) = self.current(delivery_id) else {
+            return false;
+        };
+        if !matches!(
+            self.entries.get(&loc).map(|e| &e.status),
+            Some(Status::InFlight { .. })
+        ) {
+            return false;
+        }
+        self.forget_id(loc);
+        let Some(e) = self.entries.get_mut(&loc) else {
+            return false;
+        };
+        // As after a failed persist: back to the previous count, so the next
+        // hand-out is this attempt again (the store's record says this attempt, never
+        // more). Due at once: `WaitingRetry` with a due time in the past.
+        e.attempt = e.attempt.saturating_sub(1);
+        e.delivery_id = None;
+        e.session = None;
+        self.set_status(loc, Status::WaitingRetry { due: now });
+        true
     }
 
     /// Write-ahead: the record of attempt n+1 goes to the store first; the hand-out

@@ -16,6 +16,8 @@ pub struct EventMeta {
     pub event_type: String,
     /// The CloudEvents `source`.
     pub source: String,
+    /// The event's stored size in bytes: what a pull's byte budget counts.
+    pub size: u64,
 }
 
 /// What the shell knows *now*, from its SessionStore cache, about the session a
@@ -74,9 +76,16 @@ pub enum Input {
     /// [`Command::PersistAttempt`]s tagged with `pull_id` (count them), then one
     /// [`Command::HandOut`] per [`Input::AttemptPersisted`]. When `session` is given,
     /// the deliveries are bound to it.
+    ///
+    /// Deliveries are taken in order until the next one would pass `max_events` or
+    /// `max_bytes` (counted over stored sizes); with `at_least_one`, the first ready
+    /// delivery is taken whatever its size, so an event larger than the budget is
+    /// never stuck. Only what is taken is counted as an attempt.
     Pull {
         pull_id: PullId,
         max_events: usize,
+        max_bytes: u64,
+        at_least_one: bool,
         session: Option<SessionBinding>,
     },
     /// The record of [`Command::PersistAttempt`] is durable: hand it out.
@@ -100,6 +109,13 @@ pub enum Input {
         deliveries: Vec<DeliveryRef>,
         ack_timeout_ms: u64,
     },
+    /// Hand-outs that never reached a consumer (an answer forwarded between
+    /// instances that could not be delivered). Each one still current and in flight
+    /// is due again at once, and its attempt did not count: the next hand-out carries
+    /// the same attempt number (never lower than the record the store holds, as after
+    /// [`Input::PersistFailed`]), so repeated failures to deliver an answer never
+    /// dead-letter an event nobody received. One [`Reply::Release`] per id.
+    Release(Vec<String>),
     /// Time passed (see [`crate::PartitionCore::next_wakeup`]).
     Tick,
     /// The [`Command::DeadLetter`] for this offset is durable in the DeadLetterStore
@@ -195,6 +211,8 @@ pub enum Reply {
         delivery_id: String,
         outcome: ExtendOutcome,
     },
+    /// `released`: the id was in flight and is due again; otherwise nothing changed.
+    Release { delivery_id: String, released: bool },
 }
 
 /// What the shell must do. **Execute them in the order given**, each store write

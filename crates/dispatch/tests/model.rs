@@ -26,7 +26,7 @@ use meshd_dispatch::{
 };
 use meshd_stores::subscriptions::{Backoff, Filter};
 use proptest::prelude::*;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -38,6 +38,7 @@ enum Op {
     AckUnknown,
     Nack { idx: usize },
     Extend { idx: usize, ms: u64 },
+    Release { idx: usize },
     Advance(u64),
     DeadLetterWrite { ok: bool },
     Redrive { idx: usize },
@@ -58,6 +59,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::AckUnknown),
         2 => any::<usize>().prop_map(|idx| Op::Nack { idx }),
         1 => (any::<usize>(), 100u64..3000).prop_map(|(idx, ms)| Op::Extend { idx, ms }),
+        1 => any::<usize>().prop_map(|idx| Op::Release { idx }),
         3 => (0u64..2500).prop_map(Op::Advance),
         2 => any::<bool>().prop_map(|ok| Op::DeadLetterWrite { ok }),
         2 => any::<usize>().prop_map(|idx| Op::Redrive { idx }),
@@ -94,6 +96,7 @@ fn config() -> impl Strategy<Value = Config> {
                     event_type: Some("keep".into()),
                     source: None,
                 }),
+                unknown_size_bytes: 1 << 20,
             },
         )
 }
@@ -153,6 +156,9 @@ struct World {
     held: Vec<Delivery>,
     /// Highest attempt handed out per window offset, across crashes.
     max_handed: HashMap<u64, u32>,
+    /// Offsets whose latest attempt was released (never reached a consumer): their
+    /// next hand-out may carry the same attempt number again, never a lower one.
+    released: HashSet<(bool, u64)>,
     /// Highest attempt handed out per redriven offset, in the current redrive.
     max_redrive_handed: HashMap<u64, u32>,
     /// Latest delivery id handed out per (redrive?, offset).
@@ -188,6 +194,7 @@ impl World {
             redrive_writes: VecDeque::new(),
             held: Vec::new(),
             max_handed: HashMap::new(),
+            released: HashSet::new(),
             max_redrive_handed: HashMap::new(),
             latest_id: HashMap::new(),
             acked_synced: BTreeSet::new(),
@@ -285,7 +292,11 @@ impl World {
                 if redrive {
                     assert!(d.offset < self.committed);
                     let prev = self.max_redrive_handed.entry(d.offset).or_insert(0);
-                    assert!(d.attempt > *prev, "redrive attempt went back: {d:?}");
+                    if self.released.remove(&(true, d.offset)) {
+                        assert!(d.attempt >= *prev, "redrive attempt went back: {d:?}");
+                    } else {
+                        assert!(d.attempt > *prev, "redrive attempt went back: {d:?}");
+                    }
                     *prev = d.attempt;
                 } else {
                     assert!(d.offset >= self.committed, "hand-out below committed");
@@ -295,7 +306,11 @@ impl World {
                         "an acked offset was redelivered: {d:?}"
                     );
                     let prev = self.max_handed.entry(d.offset).or_insert(0);
-                    assert!(d.attempt > *prev, "attempt went back: {d:?} after {prev}");
+                    if self.released.remove(&(false, d.offset)) {
+                        assert!(d.attempt >= *prev, "attempt went back: {d:?} after {prev}");
+                    } else {
+                        assert!(d.attempt > *prev, "attempt went back: {d:?} after {prev}");
+                    }
                     *prev = d.attempt;
                 }
                 self.latest_id
@@ -402,6 +417,17 @@ impl World {
                 false,
                 matches!(outcome, ExtendOutcome::Extended { .. }),
             ),
+            Reply::Release {
+                delivery_id,
+                released,
+            } => {
+                // Not a consumer's call (the shell releases what it could not
+                // deliver), so no session is checked: the attempt just did not count.
+                if let Some(d) = self.delivery(delivery_id).filter(|_| *released) {
+                    self.released.insert((d.redrive_of.is_some(), d.offset));
+                }
+                return;
+            }
         };
         if !accepted {
             return;
@@ -467,6 +493,7 @@ impl World {
                         offset,
                         event_type: if keep { "keep" } else { "drop" }.into(),
                         source: "/s".into(),
+                        size: 100,
                     });
                 }
                 self.feed(Input::LogEnd(self.log.len() as u64));
@@ -494,6 +521,8 @@ impl World {
                 self.feed(Input::Pull {
                     pull_id: PullId(self.next_pull),
                     max_events: max,
+                    max_bytes: u64::MAX,
+                    at_least_one: true,
                     session,
                 });
             }
@@ -509,7 +538,9 @@ impl World {
                     self.feed(Input::AttemptPersisted { offset, attempt });
                 }
             }
-            Op::Ack { idx } | Op::Nack { idx } | Op::Extend { idx, .. } if self.held.is_empty() => {
+            Op::Ack { idx } | Op::Nack { idx } | Op::Release { idx } | Op::Extend { idx, .. }
+                if self.held.is_empty() =>
+            {
                 let _ = idx;
             }
             Op::Ack { idx } => {
@@ -560,6 +591,10 @@ impl World {
                     deliveries: vec![r],
                     ack_timeout_ms: ms,
                 });
+            }
+            Op::Release { idx } => {
+                let d = self.held[idx % self.held.len()].clone();
+                self.feed(Input::Release(vec![d.delivery_id.clone()]));
             }
             Op::Advance(ms) => {
                 self.now += ms;
@@ -795,6 +830,7 @@ fn arb_input() -> impl Strategy<Value = Input> {
                     offset: from.saturating_add(i),
                     event_type: if keep { "keep" } else { "drop" }.into(),
                     source: "/s".into(),
+                    size: 100,
                 })
                 .collect(),
         )
@@ -806,6 +842,8 @@ fn arb_input() -> impl Strategy<Value = Input> {
         (0usize..5, any::<bool>()).prop_map(|(max_events, bind)| Input::Pull {
             pull_id: PullId(1),
             max_events,
+            max_bytes: u64::MAX,
+            at_least_one: true,
             session: bind.then(|| SessionBinding {
                 session_id: "s-1".into(),
                 epoch: 1

@@ -42,6 +42,7 @@ pub fn config() -> Config {
         read_batch: 100,
         read_retry_ms: 500,
         filter: None,
+        unknown_size_bytes: 1 << 20,
     }
 }
 
@@ -60,6 +61,7 @@ pub fn event(offset: u64) -> EventMeta {
         offset,
         event_type: "order.created".into(),
         source: "/shop".into(),
+        size: 100,
     }
 }
 
@@ -167,9 +169,40 @@ impl Shell {
                 offset,
                 event_type: t.to_string(),
                 source: s.to_string(),
+                size: 100,
             });
         }
         self.input(Input::LogEnd(self.log.len() as u64))
+    }
+
+    /// Appends events of the given stored sizes and tells the core the new end.
+    pub fn publish_sized(&mut self, sizes: &[u64]) -> Vec<Command> {
+        for size in sizes {
+            let offset = self.log.len() as u64;
+            self.log.push(EventMeta {
+                size: *size,
+                ..event(offset)
+            });
+        }
+        self.input(Input::LogEnd(self.log.len() as u64))
+    }
+
+    /// A pull with a byte budget: the records the core asked to persist.
+    pub fn pull_bytes(
+        &mut self,
+        max: usize,
+        max_bytes: u64,
+        at_least_one: bool,
+    ) -> Vec<DeliveryRecord> {
+        let pull_id = self.pull_id();
+        let cmds = self.input(Input::Pull {
+            pull_id,
+            max_events: max,
+            max_bytes,
+            at_least_one,
+            session: None,
+        });
+        persists(&cmds)
     }
 
     pub fn publish(&mut self, n: usize) -> Vec<Command> {
@@ -192,6 +225,8 @@ impl Shell {
         let cmds = self.input(Input::Pull {
             pull_id,
             max_events: max,
+            max_bytes: u64::MAX,
+            at_least_one: true,
             session,
         });
         assert!(
@@ -330,5 +365,15 @@ pub fn offsets(ds: &[Delivery]) -> Vec<u64> {
 pub fn effects(cmds: &[Command]) -> Vec<&Command> {
     cmds.iter()
         .filter(|c| !matches!(c, Command::Reply(_) | Command::ReadLog { .. }))
+        .collect()
+}
+
+/// Every reply, in order.
+pub fn replies(cmds: &[Command]) -> Vec<Reply> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Reply(r) => Some(r.clone()),
+            _ => None,
+        })
         .collect()
 }
