@@ -177,6 +177,12 @@ pub struct DeadLetterPage {
     pub next_cursor: Option<String>,
 }
 
+/// The cursor that continues a listing after `entry` (what `next_cursor` holds when a
+/// page ends there; a caller that stops early, e.g. at a byte bound, makes its own).
+pub fn cursor_after(entry: &DeadLetterEntry) -> String {
+    format!("{}/{}", entry.subscription, entry.id)
+}
+
 /// What can go wrong, and what the caller does about it (HTTP status in parentheses).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DeadLetterError {
@@ -818,7 +824,7 @@ impl DeadLetterStore for MetaDeadLetterStore {
             .map(|kv| self.decode_entry(kv))
             .collect::<Result<Vec<_>, _>>()?;
         let next_cursor = match entries.last() {
-            Some(last) if page.more => Some(format!("{}/{}", last.subscription, last.id)),
+            Some(last) if page.more => Some(cursor_after(last)),
             _ => None,
         };
         Ok(DeadLetterPage {

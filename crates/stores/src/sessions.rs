@@ -271,6 +271,15 @@ pub trait SessionStore: Send + Sync + 'static {
     fn health(&self) -> CacheHealth;
 
     fn stats(&self) -> SessionStats;
+
+    /// Live sessions (all instances) as the cache holds them, without copying them
+    /// (for `meshd_sessions_live` and the `--max-sessions` quota); `None` before the
+    /// cache loaded.
+    fn live_count(&self) -> Option<usize>;
+
+    /// Whether the cache holds a live session of `client_id` (an open is then a
+    /// takeover, which no quota refuses); `None` before the cache loaded.
+    fn has_live(&self, client_id: &str) -> Option<bool>;
 }
 
 /// Settings of [`MetaSessionStore`].
@@ -889,6 +898,18 @@ impl SessionStore for MetaSessionStore {
 
     fn health(&self) -> CacheHealth {
         self.cache.health()
+    }
+
+    fn live_count(&self) -> Option<usize> {
+        self.cache.count()
+    }
+
+    fn has_live(&self, client_id: &str) -> Option<bool> {
+        match self.cache.lookup(client_id) {
+            Lookup::Present(_) => Some(true),
+            Lookup::Absent => Some(false),
+            Lookup::NotLoaded => None,
+        }
     }
 
     fn stats(&self) -> SessionStats {

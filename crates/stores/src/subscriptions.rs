@@ -518,6 +518,12 @@ impl MetaSubscriptionStore {
         self.cache.wait_ready(limit).await
     }
 
+    /// How many subscriptions the cache holds (for the `--max-subscriptions` quota);
+    /// `None` before it loaded.
+    pub fn count(&self) -> Option<usize> {
+        self.cache.count()
+    }
+
     /// A receiver that changes whenever the cached subscriptions do (for the
     /// dispatcher to pick up new, changed and deleted subscriptions).
     pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {

@@ -21,6 +21,7 @@
 
 mod record;
 pub mod table;
+pub mod usage;
 
 pub use crate::time::Timestamp;
 
@@ -224,6 +225,12 @@ pub struct TaskPage {
     /// be shorter than `limit` (even empty) and still have a next cursor when a
     /// filter matched few of the tasks examined.
     pub next_cursor: Option<String>,
+}
+
+/// The cursor that continues a listing after `task` (what `next_cursor` holds when a
+/// page ends there; a caller that stops early, e.g. at a byte bound, makes its own).
+pub fn cursor_after(task: &Task) -> String {
+    task.id.clone()
 }
 
 /// The answer of [`TaskStore::requeue_if_assignee`]. Only `Requeued` changed anything.

@@ -257,6 +257,12 @@ impl MetaTopicStore {
         self.cache.health()
     }
 
+    /// How many topics the cache holds (for the `--max-topics` quota); `None`
+    /// before it loaded.
+    pub fn count(&self) -> Option<usize> {
+        self.cache.count()
+    }
+
     /// A receiver that changes whenever the cached topics do.
     pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.cache.subscribe()

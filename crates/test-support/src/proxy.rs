@@ -16,6 +16,8 @@ use tokio::sync::watch;
 
 pub struct TcpProxy {
     addr: SocketAddr,
+    /// Where new connections go (`set_upstream` changes it for the next ones).
+    upstream: Arc<std::sync::Mutex<SocketAddr>>,
     open: Arc<AtomicBool>,
     /// While set, bytes from the upstream are read and dropped.
     swallow: Arc<AtomicBool>,
@@ -31,6 +33,8 @@ impl TcpProxy {
         let addr = listener.local_addr()?;
         let open = Arc::new(AtomicBool::new(true));
         let swallow = Arc::new(AtomicBool::new(false));
+        let upstream = Arc::new(std::sync::Mutex::new(upstream));
+        let target = upstream.clone();
         let (generation, _) = watch::channel(0u64);
         let gen_tx = generation.clone();
         let is_open = open.clone();
@@ -47,8 +51,9 @@ impl TcpProxy {
                 let mut cut = gen_tx.subscribe();
                 cut.borrow_and_update();
                 let swallowing = swallowing.clone();
+                let to = *target.lock().unwrap_or_else(|e| e.into_inner());
                 tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(upstream).await else {
+                    let Ok(server) = TcpStream::connect(to).await else {
                         return;
                     };
                     let (mut client_rx, mut client_tx) = client.into_split();
@@ -76,6 +81,7 @@ impl TcpProxy {
         });
         Ok(Self {
             addr,
+            upstream,
             open,
             swallow,
             generation,
@@ -86,6 +92,12 @@ impl TcpProxy {
     /// The address clients connect to (`host:port`).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Sends the connections accepted from now on to `upstream` (for a process that
+    /// must be told the proxy's address before its own is known).
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *self.upstream.lock().unwrap_or_else(|e| e.into_inner()) = upstream;
     }
 
     /// Closes every proxied connection and refuses new ones.

@@ -355,6 +355,30 @@ impl<V: Clone + Send + Sync + 'static> WatchedCache<V> {
         }
     }
 
+    /// How many live records there are (corrupt ones included: they take space in
+    /// Meta too); `None` when the cache never loaded. Copies nothing.
+    pub(crate) fn count(&self) -> Option<usize> {
+        let s = self.shared.read();
+        s.loaded
+            .then(|| s.entries.values().filter(|e| e.value.is_some()).count())
+    }
+
+    /// Folds `f` over every live, decodable record (under the read lock, copying
+    /// nothing); `None` when the cache never loaded.
+    pub(crate) fn fold<A>(&self, init: A, mut f: impl FnMut(A, &V) -> A) -> Option<A> {
+        let s = self.shared.read();
+        if !s.loaded {
+            return None;
+        }
+        let mut acc = init;
+        for e in s.entries.values() {
+            if let Some(Ok(v)) = &e.value {
+                acc = f(acc, v);
+            }
+        }
+        Some(acc)
+    }
+
     /// Every live record in name order; `None` when the cache never loaded.
     pub(crate) fn values(&self) -> Option<Vec<(String, Result<V, CorruptRecord>)>> {
         let s = self.shared.read();
