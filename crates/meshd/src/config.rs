@@ -99,6 +99,28 @@ pub struct ServeArgs {
     /// Bytes of request bodies held at a time; a body that does not fit gets 429.
     #[arg(long, env = "MESHD_MAX_BODY_MEMORY")]
     pub max_body_memory: Option<u64>,
+    /// Stored event bytes one answer holds at most (pull `max_bytes` default and
+    /// ceiling, browse, dead-letter and task lists); at least one delivery.
+    #[arg(long, env = "MESHD_MAX_RESPONSE_BYTES")]
+    pub max_response_bytes: Option<u64>,
+    /// Non-terminal tasks at most (429 quota-exceeded beyond).
+    #[arg(long, env = "MESHD_MAX_TASKS")]
+    pub max_tasks: Option<u64>,
+    /// Non-terminal tasks per agent at most.
+    #[arg(long, env = "MESHD_MAX_TASKS_PER_AGENT")]
+    pub max_tasks_per_agent: Option<u64>,
+    /// Bytes kept in Meta for tasks of every state at most.
+    #[arg(long, env = "MESHD_MAX_TASK_BYTES")]
+    pub max_task_bytes: Option<u64>,
+    /// Live sessions at most (a takeover is never refused).
+    #[arg(long, env = "MESHD_MAX_SESSIONS")]
+    pub max_sessions: Option<u64>,
+    /// Topics at most.
+    #[arg(long, env = "MESHD_MAX_TOPICS")]
+    pub max_topics: Option<u64>,
+    /// Subscriptions at most.
+    #[arg(long, env = "MESHD_MAX_SUBSCRIPTIONS")]
+    pub max_subscriptions: Option<u64>,
     /// Time a client has to send its request headers (and the TLS handshake), ms.
     #[arg(long, env = "MESHD_HEADER_TIMEOUT_MS")]
     pub header_timeout_ms: Option<u64>,
@@ -192,6 +214,13 @@ struct FileConfig {
     max_requests: Option<u64>,
     max_long_polls: Option<u64>,
     max_body_memory: Option<u64>,
+    max_response_bytes: Option<u64>,
+    max_tasks: Option<u64>,
+    max_tasks_per_agent: Option<u64>,
+    max_task_bytes: Option<u64>,
+    max_sessions: Option<u64>,
+    max_topics: Option<u64>,
+    max_subscriptions: Option<u64>,
     header_timeout_ms: Option<u64>,
     body_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
@@ -262,6 +291,8 @@ pub struct Config {
     pub max_requests: u64,
     pub max_long_polls: u64,
     pub max_body_memory: u64,
+    /// Answer bounds and quotas on what clients create.
+    pub limits: Limits,
     pub header_timeout_ms: u64,
     pub body_timeout_ms: u64,
     pub idle_timeout_ms: u64,
@@ -278,6 +309,33 @@ pub struct Config {
     pub advertise: Option<String>,
     pub push_deny_cidr: Vec<crate::egress::Cidr>,
     pub push_allow_cidr: Vec<crate::egress::Cidr>,
+}
+
+/// Answer bounds and quotas on client-created records (http-api.md "Bounded answers",
+/// "Quotas and browser safety").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_response_bytes: u64,
+    pub max_tasks: u64,
+    pub max_tasks_per_agent: u64,
+    pub max_task_bytes: u64,
+    pub max_sessions: u64,
+    pub max_topics: u64,
+    pub max_subscriptions: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            max_tasks: DEFAULT_MAX_TASKS,
+            max_tasks_per_agent: DEFAULT_MAX_TASKS_PER_AGENT,
+            max_task_bytes: DEFAULT_MAX_TASK_BYTES,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            max_topics: DEFAULT_MAX_TOPICS,
+            max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+        }
+    }
 }
 
 /// TLS and user/password options of a backend connection (etcd or NATS).
@@ -378,6 +436,13 @@ pub const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
 pub const DEFAULT_MAX_REQUESTS: u64 = 1024;
 pub const DEFAULT_MAX_LONG_POLLS: u64 = 512;
 pub const DEFAULT_MAX_BODY_MEMORY: u64 = 256 * 1024 * 1024;
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_TASKS: u64 = 100_000;
+pub const DEFAULT_MAX_TASKS_PER_AGENT: u64 = 10_000;
+pub const DEFAULT_MAX_TASK_BYTES: u64 = 512 * 1024 * 1024;
+pub const DEFAULT_MAX_SESSIONS: u64 = 10_000;
+pub const DEFAULT_MAX_TOPICS: u64 = 10_000;
+pub const DEFAULT_MAX_SUBSCRIPTIONS: u64 = 10_000;
 pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
@@ -496,6 +561,36 @@ impl Config {
                 .max_body_memory
                 .or(file.max_body_memory)
                 .unwrap_or(DEFAULT_MAX_BODY_MEMORY),
+            limits: Limits {
+                max_response_bytes: args
+                    .max_response_bytes
+                    .or(file.max_response_bytes)
+                    .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES),
+                max_tasks: args
+                    .max_tasks
+                    .or(file.max_tasks)
+                    .unwrap_or(DEFAULT_MAX_TASKS),
+                max_tasks_per_agent: args
+                    .max_tasks_per_agent
+                    .or(file.max_tasks_per_agent)
+                    .unwrap_or(DEFAULT_MAX_TASKS_PER_AGENT),
+                max_task_bytes: args
+                    .max_task_bytes
+                    .or(file.max_task_bytes)
+                    .unwrap_or(DEFAULT_MAX_TASK_BYTES),
+                max_sessions: args
+                    .max_sessions
+                    .or(file.max_sessions)
+                    .unwrap_or(DEFAULT_MAX_SESSIONS),
+                max_topics: args
+                    .max_topics
+                    .or(file.max_topics)
+                    .unwrap_or(DEFAULT_MAX_TOPICS),
+                max_subscriptions: args
+                    .max_subscriptions
+                    .or(file.max_subscriptions)
+                    .unwrap_or(DEFAULT_MAX_SUBSCRIPTIONS),
+            },
             header_timeout_ms: args
                 .header_timeout_ms
                 .or(file.header_timeout_ms)
@@ -632,6 +727,32 @@ impl Config {
                 "--max-body-memory",
                 self.max_body_memory,
                 crate::api::MAX_BODY_BYTES as u64..=(1 << 40),
+            ),
+            // At least one event of the largest size (1 MiB) and its JSON; at most
+            // what one peer answer may carry between instances.
+            (
+                "--max-response-bytes",
+                self.limits.max_response_bytes,
+                (1 << 20)..=(1 << 30),
+            ),
+            ("--max-tasks", self.limits.max_tasks, 1..=100_000_000),
+            (
+                "--max-tasks-per-agent",
+                self.limits.max_tasks_per_agent,
+                1..=100_000_000,
+            ),
+            // At least one task of the largest size (its input and output).
+            (
+                "--max-task-bytes",
+                self.limits.max_task_bytes,
+                (4 << 20)..=(1 << 40),
+            ),
+            ("--max-sessions", self.limits.max_sessions, 1..=10_000_000),
+            ("--max-topics", self.limits.max_topics, 1..=1_000_000),
+            (
+                "--max-subscriptions",
+                self.limits.max_subscriptions,
+                1..=1_000_000,
             ),
             ("--header-timeout-ms", self.header_timeout_ms, 100..=600_000),
             ("--body-timeout-ms", self.body_timeout_ms, 100..=600_000),

@@ -15,6 +15,7 @@ mod metered;
 mod metrics;
 mod net;
 mod problem;
+mod quota;
 mod requeue;
 mod runtime;
 mod server;

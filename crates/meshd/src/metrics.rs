@@ -57,6 +57,12 @@ pub struct Metrics {
     errors: Mutex<BTreeMap<(&'static str, &'static str, String), u64>>,
     recovery: Mutex<Option<(Duration, u64)>>,
     tasks_requeued: AtomicU64,
+    /// Hand-outs released because the forwarded answer holding them did not reach
+    /// the instance that asked (http-api.md "Bounded answers").
+    released: AtomicU64,
+    /// Forwarded pulls whose answer did not arrive here (so this instance asked the
+    /// owner to release it).
+    forward_releases: AtomicU64,
     tasks_refused: Mutex<BTreeMap<String, u64>>,
     tasks_by_state: Mutex<Option<BTreeMap<&'static str, u64>>>,
     /// Cluster mode only (rendered when `cluster` is set).
@@ -166,6 +172,16 @@ impl Metrics {
         *lock(&self.errors)
             .entry((store, backend, kind.to_string()))
             .or_default() += 1;
+    }
+
+    /// Hand-outs of a forwarded answer released at the asking instance's request.
+    pub fn released(&self, n: u64) {
+        self.released.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A forwarded pull's answer did not arrive; its owner was asked to release it.
+    pub fn forward_release(&self) {
+        self.forward_releases.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn tasks_requeued(&self) {
@@ -280,6 +296,8 @@ impl Metrics {
                 "meshd_store_errors_total{{store=\"{store}\",backend=\"{backend}\",kind=\"{kind}\"}} {n}"
             );
         }
+        let _ = writeln!(out, "# HELP meshd_deliveries_released_total Hand-outs of a pull forwarded by another instance whose answer did not reach it: due again at once, the attempt not counted.\n# TYPE meshd_deliveries_released_total counter\nmeshd_deliveries_released_total {}", self.released.load(Ordering::Relaxed));
+        let _ = writeln!(out, "# HELP meshd_forwarded_pull_releases_total Pulls forwarded to another instance whose answer did not arrive here (its owner was asked to release them).\n# TYPE meshd_forwarded_pull_releases_total counter\nmeshd_forwarded_pull_releases_total {}", self.forward_releases.load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP meshd_tasks_requeued_total Tasks returned to submitted because their assignee's session ended.\n# TYPE meshd_tasks_requeued_total counter\nmeshd_tasks_requeued_total {}", self.tasks_requeued.load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP meshd_task_writes_refused_total Task claims and transitions refused by the task's state, by kind.\n# TYPE meshd_task_writes_refused_total counter");
         for (kind, n) in lock(&self.tasks_refused).iter() {

@@ -111,6 +111,7 @@ struct AppState {
     admission: Arc<crate::admission::Admission>,
     gate: Arc<crate::access::Gate>,
     http: Arc<crate::listen::HttpCounters>,
+    quotas: Arc<crate::quota::Quotas>,
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -432,7 +433,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tls.is_some(),
         ),
     ));
+    let quotas = Arc::new(crate::quota::Quotas::new(
+        config.limits,
+        topics.clone(),
+        subscriptions.clone(),
+        sessions.clone(),
+        meshd_stores::tasks::usage::TaskUsageWatch::start(meta.clone())
+            .context("starting the task quota watch")?,
+    ));
     let state = Arc::new(AppState {
+        quotas: quotas.clone(),
         gate: gate.clone(),
         admission: admission.clone(),
         http: http.clone(),
@@ -462,6 +472,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         instance_id: state.instance_id.clone(),
         tasks: tasks.clone(),
         admission: admission.clone(),
+        limits: config.limits,
+        quotas,
     });
     membership.spawn();
     if config.log.is_cluster() {
@@ -780,6 +792,7 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         env!("CARGO_PKG_VERSION"),
         state.instance_id
     ));
+    state.quotas.render(&mut out);
     let status = state.meta_probe.status().await;
     let backend = state.meta_backend;
     let meta_up = status.is_ok();
@@ -805,7 +818,8 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         "meshd_meta_up{{backend=\"{backend}\"}} {}\n",
         u8::from(meta_up)
     ));
-    let live = state.sessions.list().await.map(|l| l.len()).ok();
+    // Counted in the cache, never copied (a scrape must stay cheap with many).
+    let live = state.quotas.sessions_live();
     out.push_str("# HELP meshd_sessions_live Live sessions (all instances), from the session cache.\n# TYPE meshd_sessions_live gauge\n");
     if let Some(n) = live {
         out.push_str(&format!(

@@ -4,7 +4,7 @@
 use super::fields::Fields;
 use super::{valid_name_or_400, Api};
 use crate::problem::Problem;
-use crate::runtime::{Answers, Reach, RuntimeError};
+use crate::runtime::{Answers, PullBudget, Reach, RuntimeError};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -60,19 +60,49 @@ fn ids_of(f: &Fields) -> Result<Vec<String>, Problem> {
     ids.ok_or_else(|| Problem::invalid_field("delivery_ids", "delivery_ids is required"))
 }
 
-/// A pull body: `(max_events, wait_ms, session id)`.
-type PullBody = (usize, u64, Option<String>);
+/// A pull body.
+struct PullBody {
+    budget: PullBudget,
+    wait_ms: u64,
+    session: Option<String>,
+    /// Internal route only: the forwarding instance's name for this pull, so it can
+    /// release what it leased when the answer does not reach it.
+    forward_id: Option<String>,
+}
+
+/// Fields only an instance forwarding a pull sends (internal route).
+const INTERNAL_PULL_FIELDS: [&str; 2] = ["forward_id", "at_least_one"];
 
 fn parse_pull(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
+    max_response_bytes: u64,
+    reach: Reach,
 ) -> Result<PullBody, Problem> {
-    let f = Fields::parse(headers, body, &["max_events", "wait_ms", "session"])?;
+    let public = ["max_events", "max_bytes", "wait_ms", "session"];
+    let mut allowed = public.to_vec();
+    if reach == Reach::Local {
+        allowed.extend(INTERNAL_PULL_FIELDS);
+    }
+    let f = Fields::parse(headers, body, &allowed)?;
     let max = f
         .u64_in("max_events", MAX_EVENTS)?
         .unwrap_or(DEFAULT_MAX_EVENTS) as usize;
-    let wait = f.u64_in("wait_ms", WAIT_MS)?.unwrap_or(0);
-    Ok((max, wait, f.string("session", MAX_ID_LEN)?))
+    // `--max-response-bytes` is the default and the ceiling: a larger ask gets it.
+    let max_bytes = f
+        .u64_in("max_bytes", 1..=u64::MAX)?
+        .unwrap_or(max_response_bytes)
+        .min(max_response_bytes);
+    let mut budget = PullBudget::new(max, usize::try_from(max_bytes).unwrap_or(usize::MAX));
+    if let Some(first) = f.bool("at_least_one")? {
+        budget.at_least_one = first;
+    }
+    Ok(PullBody {
+        budget,
+        wait_ms: f.u64_in("wait_ms", WAIT_MS)?.unwrap_or(0),
+        session: f.string("session", MAX_ID_LEN)?,
+        forward_id: f.string("forward_id", MAX_ID_LEN)?,
+    })
 }
 
 fn parse_ack(
@@ -142,7 +172,12 @@ pub async fn pull_with(
     reach: Reach,
 ) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
-    let (max, wait, session) = parse_pull(&headers, body)?;
+    let PullBody {
+        budget,
+        wait_ms: wait,
+        session,
+        forward_id,
+    } = parse_pull(&headers, body, api.limits.max_response_bytes, reach)?;
     let session = match session {
         None => None,
         Some(sid) => match api.sessions.get(&sid).await {
@@ -180,9 +215,14 @@ pub async fn pull_with(
     let wait = Duration::from_millis(wait).min(api.admission.max_wait());
     let handed = api
         .runtime
-        .pull(&name, max, wait, session, reach)
+        .pull(&name, budget, wait, session, reach)
         .await
         .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    if let Some(forward_id) = forward_id {
+        // A forwarding instance that does not get this answer releases it by this id.
+        let ids = handed.iter().map(|d| d.delivery_id.clone()).collect();
+        api.runtime.forwarded(&name, &forward_id, ids).await;
+    }
     // Built as text: events go back exactly as published.
     let mut out = String::from("{\"deliveries\":[");
     let mut first = true;
@@ -209,6 +249,23 @@ pub async fn pull_with(
     }
     out.push_str("]}");
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+}
+
+/// Internal route: the instance that forwarded pull `forward_id` did not get its
+/// answer; what it handed out is due again at once (`{"released": n}`).
+pub async fn release_forwarded(
+    api: Arc<Api>,
+    name: String,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let f = Fields::parse(&headers, body, &["forward_id"])?;
+    let forward_id = f
+        .string("forward_id", MAX_ID_LEN)?
+        .ok_or_else(|| Problem::invalid_field("forward_id", "forward_id is required"))?;
+    let released = api.runtime.release_forwarded(&name, &forward_id).await;
+    Ok(Json(json!({ "released": released })).into_response())
 }
 
 pub async fn ack(
@@ -383,6 +440,9 @@ mod fuzz {
 
     const FIELDS: &[&str] = &[
         "max_events",
+        "max_bytes",
+        "at_least_one",
+        "forward_id",
         "wait_ms",
         "session",
         "delivery_ids",
@@ -393,10 +453,17 @@ mod fuzz {
 
     // The handlers' own parsers, with what each promises about what it accepts.
     fn pull(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let (max, wait, session) = parse_pull(h, Ok(b))?;
-        assert!(MAX_EVENTS.contains(&(max as u64)));
-        assert!(WAIT_MS.contains(&wait));
-        assert!(session.is_none_or(|s| s.len() <= MAX_ID_LEN));
+        const CEILING: u64 = 16 << 20;
+        for reach in [Reach::Cluster, Reach::Local] {
+            let p = parse_pull(h, Ok(b.clone()), CEILING, reach)?;
+            assert!(MAX_EVENTS.contains(&(p.budget.max_events as u64)));
+            assert!((1..=CEILING as usize).contains(&p.budget.max_bytes));
+            assert!(WAIT_MS.contains(&p.wait_ms));
+            assert!(p.session.as_ref().is_none_or(|s| s.len() <= MAX_ID_LEN));
+            assert!(p.forward_id.as_ref().is_none_or(|s| s.len() <= MAX_ID_LEN));
+            // Only a peer may ask for no first delivery or name a forward id.
+            assert!(reach == Reach::Local || (p.budget.at_least_one && p.forward_id.is_none()));
+        }
         Ok(())
     }
 

@@ -93,6 +93,7 @@ pub struct ListQuery {
     subscription: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
+    max_bytes: Option<String>,
 }
 
 pub async fn list(
@@ -108,6 +109,7 @@ pub async fn list(
         DEFAULT_LIMIT,
         1..=MAX_LIST_LIMIT as u64,
     )?;
+    let max_bytes = super::answer_bytes(&api, q.max_bytes.as_deref())?;
     let page = api
         .deadletters
         .list(
@@ -120,19 +122,17 @@ pub async fn list(
             DeadLetterError::Invalid(d) => Problem::invalid_field("cursor", d),
             e => deadletter_problem(e, api.meta_backend),
         })?;
-    let mut out = String::from("{\"entries\":[");
-    for (i, e) in page.entries.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
+    // Bodies are read one at a time and the answer stops at the byte bound.
+    let mut out = super::BoundedList::new("{\"entries\":[", max_bytes);
+    let mut prev: Option<&DeadLetterEntry> = None;
+    for e in &page.entries {
+        if !out.push(&entry_json(&api, e).await?) {
+            let cursor = prev.map(meshd_stores::deadletters::cursor_after);
+            return Ok(out.finish(cursor));
         }
-        out.push_str(&entry_json(&api, e).await?);
+        prev = Some(e);
     }
-    out.push(']');
-    if let Some(c) = page.next_cursor {
-        out.push_str(&format!(",\"next_cursor\":{}", json!(c)));
-    }
-    out.push('}');
-    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+    Ok(out.finish(page.next_cursor))
 }
 
 pub async fn get(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, Problem> {

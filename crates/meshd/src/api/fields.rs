@@ -81,6 +81,18 @@ impl Fields {
         }
     }
 
+    /// A boolean field, `None` when absent or null.
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, Problem> {
+        match self.present(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(Problem::invalid_field(
+                name,
+                format!("{name} must be true or false, got {v}"),
+            )),
+        }
+    }
+
     /// [`Fields::str`], owned.
     pub fn string(&self, name: &str, max_len: usize) -> Result<Option<String>, Problem> {
         Ok(self.str(name, max_len)?.map(str::to_string))

@@ -27,7 +27,8 @@ pub fn routes() -> Router<Arc<Api>> {
         .route("/internal/v1/deadletters/{id}/redrive", post(redrive))
 }
 
-/// One pull, ack, nack or extend on this instance's partitions.
+/// One pull, ack, nack or extend on this instance's partitions, or the release of a
+/// forwarded pull whose answer did not reach the instance that asked.
 async fn call(
     State(api): State<Arc<Api>>,
     Path((name, op)): Path<(String, String)>,
@@ -39,6 +40,7 @@ async fn call(
         "ack" => consume::ack_with(api, name, headers, body, Reach::Local).await,
         "nack" => consume::nack_with(api, name, headers, body, Reach::Local).await,
         "extend" => consume::extend_with(api, name, headers, body, Reach::Local).await,
+        "release" => consume::release_forwarded(api, name, headers, body).await,
         _ => Err(Problem::not_found(format!("no internal operation {op:?}"))),
     }
 }

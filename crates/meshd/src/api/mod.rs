@@ -48,6 +48,66 @@ pub struct Api {
     pub tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
     /// Load shedding; the long-poll cap is taken in `pull`.
     pub admission: Arc<crate::admission::Admission>,
+    /// Answer bounds and client quotas.
+    pub limits: crate::config::Limits,
+    pub quotas: Arc<crate::quota::Quotas>,
+}
+
+/// The byte bound of an answer: the query's `max_bytes` (at least 1), by default and
+/// at most `--max-response-bytes` (http-api.md "Bounded answers").
+pub fn answer_bytes(api: &Api, max_bytes: Option<&str>) -> Result<usize, Problem> {
+    let ceiling = api.limits.max_response_bytes;
+    let asked = topics::query_number("max_bytes", max_bytes, ceiling, 1..=u64::MAX)?;
+    Ok(usize::try_from(asked.min(ceiling)).unwrap_or(usize::MAX))
+}
+
+/// A JSON list built as text under a byte bound: items go in until the next would
+/// pass it (the first always goes in, so one large item is never stuck).
+pub struct BoundedList {
+    out: String,
+    max_bytes: usize,
+    used: usize,
+    items: usize,
+}
+
+impl BoundedList {
+    /// Starts the answer with `head` (e.g. `{"events":[`).
+    pub fn new(head: &str, max_bytes: usize) -> Self {
+        Self {
+            out: head.to_string(),
+            max_bytes,
+            used: 0,
+            items: 0,
+        }
+    }
+
+    /// Adds `item` (JSON text) unless it would pass the bound; `false`: stop here.
+    pub fn push(&mut self, item: &str) -> bool {
+        if self.items > 0 && self.used.saturating_add(item.len()) > self.max_bytes {
+            return false;
+        }
+        if self.items > 0 {
+            self.out.push(',');
+        }
+        self.out.push_str(item);
+        self.used = self.used.saturating_add(item.len());
+        self.items += 1;
+        true
+    }
+
+    /// Closes the list with `]`, adds `"next_cursor"` when given, and the final `}`.
+    pub fn finish(mut self, next_cursor: Option<String>) -> axum::response::Response {
+        self.out.push(']');
+        if let Some(c) = next_cursor {
+            self.out
+                .push_str(&format!(",\"next_cursor\":{}", serde_json::json!(c)));
+        }
+        self.out.push('}');
+        axum::response::IntoResponse::into_response((
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            self.out,
+        ))
+    }
 }
 
 pub fn router(api: Arc<Api>) -> Router {

@@ -134,6 +134,10 @@ async fn open(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let (client_id, ttl_ms) = parse_open(&headers, body)?;
+    // A takeover (the client id holds a live session) is never refused.
+    api.quotas
+        .session(&client_id)
+        .map_err(|over| api.quotas.refuse(over))?;
     let session = api
         .sessions
         .open(&client_id, Duration::from_millis(ttl_ms))

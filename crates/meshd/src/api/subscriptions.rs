@@ -205,6 +205,18 @@ pub async fn put_subscription(
         }
     }
     let pre = precondition(&headers)?;
+    if let Err(over) = api.quotas.subscription() {
+        // At the quota only an existing subscription may be PUT again.
+        let exists = api
+            .subscriptions
+            .get(&name)
+            .await
+            .map_err(|e| subscription_problem(e, api.meta_backend))?
+            .is_some();
+        if !exists {
+            return Err(api.quotas.refuse(over));
+        }
+    }
     let (sub, created) = api
         .subscriptions
         .put(spec, pre)

@@ -42,6 +42,10 @@ use std::time::Instant;
 /// The store's name in problems and metrics.
 const STORE: &str = "tasks";
 
+/// What a task record takes in Meta besides its input and output (key, ids, states,
+/// history), for the `--max-task-bytes` quota's estimate before a submit.
+const TASK_RECORD_OVERHEAD: u64 = 512;
+
 /// Lists: `limit` 1–1000, default 100.
 const DEFAULT_LIMIT: u64 = 100;
 
@@ -294,7 +298,23 @@ pub async fn submit(
     let (id, agent, input) = parse_submit(&headers, body)?;
     // Picked here rather than by the store, so a 503 or 504 can name the id to retry
     // with (a retry with the same id and body is idempotent).
+    let given = id.is_some();
     let id = id.unwrap_or_else(new_task_id);
+    // What the record will take in Meta: its input plus the fields around it.
+    let bytes = serde_json::to_vec(&input).map_or(0, |v| v.len() as u64) + TASK_RECORD_OVERHEAD;
+    if let Err(over) = api.quotas.task(&agent, bytes) {
+        // An idempotent re-submit of an existing task is never refused (and the
+        // same id with another body gets its 409 from the store).
+        let exists = given
+            && match api.tasks.get(&id).await {
+                Ok(_) => true,
+                Err(TaskError::NotFound { .. }) => false,
+                Err(e) => return Err(task_failed(&api, e)),
+            };
+        if !exists {
+            return Err(api.quotas.refuse(over));
+        }
+    }
     let started = Instant::now();
     match api.tasks.submit(Some(&id), &agent, input).await {
         Ok(s) if s.created => {
@@ -332,6 +352,7 @@ pub struct ListQuery {
     state: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
+    max_bytes: Option<String>,
 }
 
 /// `GET /v1/tasks?agent=&state=&limit=&cursor=`: one page, in id order.
@@ -361,6 +382,7 @@ pub async fn list(
         DEFAULT_LIMIT,
         1..=MAX_LIST_LIMIT as u64,
     )?;
+    let max_bytes = super::answer_bytes(&api, q.max_bytes.as_deref())?;
     let filter = TaskFilter {
         agent: q.agent,
         state,
@@ -374,11 +396,15 @@ pub async fn list(
             TaskError::Invalid(d) => Problem::invalid_field("cursor", d),
             e => task_failed(&api, e),
         })?;
-    let mut out = json!({ "tasks": page.tasks.iter().map(task_json).collect::<Vec<_>>() });
-    if let Some(c) = page.next_cursor {
-        out["next_cursor"] = Value::String(c);
+    let mut out = super::BoundedList::new("{\"tasks\":[", max_bytes);
+    let mut prev: Option<&Task> = None;
+    for t in &page.tasks {
+        if !out.push(&task_json(t).to_string()) {
+            return Ok(out.finish(prev.map(meshd_stores::tasks::cursor_after)));
+        }
+        prev = Some(t);
     }
-    Ok(Json(out).into_response())
+    Ok(out.finish(page.next_cursor))
 }
 
 /// `POST /v1/tasks/{id}/claim` `{"session"}`: `submitted` → `working` for that session.
@@ -412,6 +438,13 @@ pub async fn transition(
     task_id_or_400(&id)?;
     let (to, expected, session, output) = parse_transition(&headers, body)?;
     let session = acting_session(&api, &session).await?;
+    if let Some(out) = &output {
+        // An output grows the record: bounded by --max-task-bytes like a submit.
+        let more = serde_json::to_vec(out).map_or(0, |v| v.len() as u64);
+        api.quotas
+            .task_growth(more)
+            .map_err(|over| api.quotas.refuse(over))?;
+    }
     let started = Instant::now();
     let task = api
         .tasks

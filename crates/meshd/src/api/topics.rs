@@ -133,6 +133,18 @@ pub async fn put_topic(
         .ok_or_else(|| {
             Problem::invalid_field("partitions", "partitions must be an integer from 1 to 1024")
         })?;
+    if let Err(over) = api.quotas.topic() {
+        // At the quota only a topic that exists already may be PUT again.
+        let exists = api
+            .topics
+            .get(&name)
+            .await
+            .map_err(|e| topic_problem(e, api.meta_backend))?
+            .is_some();
+        if !exists {
+            return Err(api.quotas.refuse(over));
+        }
+    }
     let (topic, created) = api
         .topics
         .ensure(&name, partitions as u32)
@@ -250,6 +262,7 @@ pub async fn publish(
 pub struct BrowseQuery {
     from: Option<String>,
     limit: Option<String>,
+    max_bytes: Option<String>,
 }
 
 pub fn query_number(
@@ -292,27 +305,46 @@ pub async fn browse(
         })?;
     let from = query_number("from", q.from.as_deref(), 0, 0..=u64::MAX)?;
     let limit = query_number("limit", q.limit.as_deref(), BROWSE_DEFAULT, 1..=BROWSE_MAX)?;
+    let max_bytes = super::answer_bytes(&api, q.max_bytes.as_deref())?;
+    // The log stops at the byte bound too (at least one event): no more is read
+    // than is answered.
     let events = api
         .log
-        .read(&name, partition, from, limit as usize, usize::MAX)
+        .read(&name, partition, from, limit as usize, max_bytes)
         .await
         .map_err(|e| log_problem(e, api.log_backend))?;
     // Built as text: a `serde_json::Value` would re-format the events, and they go
     // back exactly as published (number formats, key order, spacing).
-    let mut out = String::from("{\"events\":[");
-    for (i, e) in events.iter().enumerate() {
+    let mut out = super::BoundedList::new("{\"events\":[", max_bytes);
+    let mut next = None;
+    for e in &events {
         let event = Event::from_stored(&e.payload).map_err(event_problem)?;
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&format!(
+        let item = format!(
             "{{\"offset\":{},\"event\":{}}}",
             e.offset,
             event.to_raw_json().get()
-        ));
+        );
+        if !out.push(&item) {
+            next = Some(e.offset);
+            break;
+        }
     }
-    out.push_str("]}");
-    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+    // Stopped early by the byte bound: `next_cursor` is the offset to go on `from`.
+    let last = events.last().map(|e| e.offset);
+    if next.is_none() && events.len() < limit as usize {
+        if let Some(last) = last {
+            let end = api
+                .log
+                .bounds(&name, partition)
+                .await
+                .map_err(|e| log_problem(e, api.log_backend))?
+                .end;
+            if last + 1 < end {
+                next = Some(last + 1);
+            }
+        }
+    }
+    Ok(out.finish(next.map(|o| o.to_string())))
 }
 
 /// Fuzzing the topic PUT body, the publish request as the handler hands it to the

@@ -16,8 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The header that carries the cluster secret.
 pub const SECRET_HEADER: &str = "meshd-cluster-secret";
 
-/// The largest answer read from a peer (a pull of 1000 events of 1 MiB would be more;
-/// a forwarded pull asks for at most what the client asked, capped by the event cap).
+/// The largest answer read from a peer by default (a forwarded pull sets its own
+/// bound from its byte budget).
 const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
 /// The shortest cluster secret meshd accepts (http-api.md "Quotas and browser safety"):
@@ -85,6 +85,7 @@ async fn read_secret(file: Option<&Path>, meta: &dyn Meta) -> anyhow::Result<Str
 /// the instances serve HTTPS (`--tls-cert`), trusting `--cluster-ca-file` (or the
 /// system's CAs). A peer is dialled at the address it advertises (its listen
 /// address), so its certificate must name that IP address.
+#[derive(Clone)]
 pub struct Peers {
     pub secret: String,
     pub tls: Option<tokio_rustls::TlsConnector>,
@@ -100,8 +101,37 @@ impl Peers {
         body: &[u8],
         timeout: Duration,
     ) -> Result<(u16, Vec<u8>), String> {
-        post(addr, path, &self.secret, self.tls.as_ref(), body, timeout).await
+        self.post_limited(addr, path, body, timeout, MAX_ANSWER_BYTES)
+            .await
     }
+
+    /// [`Peers::post`] reading at most `max_answer` bytes of answer.
+    pub async fn post_limited(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &[u8],
+        timeout: Duration,
+        max_answer: usize,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let call = Call {
+            addr,
+            path,
+            secret: &self.secret,
+            tls: self.tls.as_ref(),
+            max_answer,
+        };
+        post(call, body, timeout).await
+    }
+}
+
+/// One call to a peer.
+struct Call<'a> {
+    addr: &'a str,
+    path: &'a str,
+    secret: &'a str,
+    tls: Option<&'a tokio_rustls::TlsConnector>,
+    max_answer: usize,
 }
 
 /// A connection to the peer at `addr` (`host:port`, its listen address).
@@ -116,14 +146,14 @@ async fn connect(
         .map_err(|e| format!("connecting to {addr}: {e}"))
 }
 
-async fn post(
-    addr: &str,
-    path: &str,
-    secret: &str,
-    tls: Option<&tokio_rustls::TlsConnector>,
-    body: &[u8],
-    timeout: Duration,
-) -> Result<(u16, Vec<u8>), String> {
+async fn post(call: Call<'_>, body: &[u8], timeout: Duration) -> Result<(u16, Vec<u8>), String> {
+    let Call {
+        addr,
+        path,
+        secret,
+        tls,
+        max_answer,
+    } = call;
     let exchange = async {
         let mut s = connect(addr, tls).await?;
         let head = format!(
@@ -147,8 +177,10 @@ async fn post(
                 break;
             }
             answer.extend_from_slice(&buf[..n]);
-            if answer.len() > MAX_ANSWER_BYTES {
-                return Err(format!("the answer of {addr} is too large"));
+            if answer.len() > max_answer {
+                return Err(format!(
+                    "the answer of {addr} is larger than {max_answer} bytes"
+                ));
             }
         }
         parse_answer(&answer).ok_or_else(|| format!("{addr} did not answer HTTP"))

@@ -48,6 +48,69 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a waiting pull asks the other owners again.
 const PEER_POLL: Duration = Duration::from_millis(200);
 
+/// How long a forwarded pull's hand-outs can be released by the instance that asked
+/// (well past its [`PEER_TIMEOUT`]); after that their leases run out as usual.
+const FORWARD_MEMORY: Duration = Duration::from_secs(60);
+/// Forwarded pulls remembered at most (the oldest are forgotten first).
+const FORWARD_MAX: usize = 10_000;
+
+/// Pulls this owner served for other instances, by the forward id they named, so an
+/// instance whose call failed (a timeout, a cut connection) can have their hand-outs
+/// released: due again at once, the attempt not counted (http-api.md "Bounded
+/// answers"). A release that arrives before the pull's answer is remembered, and the
+/// pull's hand-outs are released as soon as it has them.
+#[derive(Default)]
+pub struct ForwardedPulls {
+    inner: std::sync::Mutex<ForwardedInner>,
+}
+
+#[derive(Default)]
+struct ForwardedInner {
+    by_id: std::collections::HashMap<String, Forwarded>,
+    order: std::collections::VecDeque<(tokio::time::Instant, String)>,
+}
+
+enum Forwarded {
+    Served { name: String, ids: Vec<String> },
+    Released,
+}
+
+impl ForwardedInner {
+    fn expire(&mut self) {
+        let now = tokio::time::Instant::now();
+        while let Some((at, _)) = self.order.front() {
+            if now.duration_since(*at) < FORWARD_MEMORY && self.order.len() <= FORWARD_MAX {
+                break;
+            }
+            if let Some((_, id)) = self.order.pop_front() {
+                self.by_id.remove(&id);
+            }
+        }
+    }
+
+    fn insert(&mut self, forward_id: &str, f: Forwarded) {
+        self.expire();
+        if self.by_id.insert(forward_id.to_string(), f).is_none() {
+            self.order
+                .push_back((tokio::time::Instant::now(), forward_id.to_string()));
+        }
+    }
+}
+
+impl ForwardedPulls {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ForwardedInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A fresh forward id (random, so no instance can guess another's).
+fn forward_id() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// An ack, nack or extend as the owner's internal route takes it.
 pub struct Forward {
     op: &'static str,
@@ -175,13 +238,67 @@ fn unavailable(store: &'static str) -> impl Fn(String) -> RuntimeError {
 }
 
 impl Runtime {
+    /// The owner's side of a forwarded pull: remembers what it handed out under
+    /// `forward_id` (or releases it at once when the asking instance already gave up).
+    pub async fn forwarded(&self, name: &str, forward_id: &str, ids: Vec<String>) {
+        let released_early = {
+            let mut f = self.forwarded.lock();
+            match f.by_id.remove(forward_id) {
+                Some(Forwarded::Released) => true,
+                _ => {
+                    f.insert(
+                        forward_id,
+                        Forwarded::Served {
+                            name: name.to_string(),
+                            ids: ids.clone(),
+                        },
+                    );
+                    false
+                }
+            }
+        };
+        if released_early && !ids.is_empty() {
+            let n = self.release(name, ids).await;
+            tracing::info!(store = "deliveries", subscription = %name, released = n, "a forwarded pull was given up by the instance that asked before it was answered; its hand-outs are due again");
+        }
+    }
+
+    /// The owner's side of a release: the instance that forwarded `forward_id` did
+    /// not get the answer. Returns how many hand-outs were still in flight.
+    pub async fn release_forwarded(&self, name: &str, forward_id: &str) -> usize {
+        let served = {
+            let mut f = self.forwarded.lock();
+            match f.by_id.remove(forward_id) {
+                Some(Forwarded::Served { name: n, ids }) if n == name => Some(ids),
+                Some(other) => {
+                    f.by_id.insert(forward_id.to_string(), other);
+                    None
+                }
+                None => {
+                    // Not answered yet (or never arrived): remembered, so the pull
+                    // releases what it hands out.
+                    f.insert(forward_id, Forwarded::Released);
+                    None
+                }
+            }
+        };
+        match served {
+            Some(ids) if !ids.is_empty() => {
+                let n = self.release(name, ids).await;
+                tracing::info!(store = "deliveries", subscription = %name, released = n, "a forwarded pull's answer did not reach the instance that asked; its hand-outs are due again");
+                n
+            }
+            _ => 0,
+        }
+    }
+
     /// Cluster mode: a pull takes what this instance's partitions have, then asks the
-    /// owners of the others (internal route, no wait), until it has `max` events or
-    /// the wait is over.
+    /// owners of the others (internal route, no wait) for what is left of its budget,
+    /// until the budget is used or the wait is over.
     pub(super) async fn pull_cluster(
         &self,
         name: &str,
-        max: usize,
+        budget: super::PullBudget,
         wait: Duration,
         session: Option<SessionBinding>,
     ) -> Result<Vec<Handed>, RuntimeError> {
@@ -194,24 +311,18 @@ impl Runtime {
             let mut woken = sub.notify.subscribe();
             woken.borrow_and_update();
             let mut got = self
-                .pull_running(name, max, Duration::ZERO, session.clone())
+                .pull_running(name, budget, Duration::ZERO, session.clone())
                 .await?;
             let peers = cluster
                 .directory
                 .borrow()
                 .peers_for(&sub.sub.spec.topic, &self.deps.instance_id);
             for (peer, addr) in peers {
-                if got.len() >= max {
+                let Some(left) = budget.after(&got) else {
                     break;
-                }
+                };
                 match self
-                    .forward_pull(
-                        &addr,
-                        name,
-                        max - got.len(),
-                        session.as_ref(),
-                        &cluster.peers,
-                    )
+                    .forward_pull(&addr, name, left, session.as_ref(), &cluster.peers)
                     .await
                 {
                     Ok(mut d) => got.append(&mut d),
@@ -231,15 +342,26 @@ impl Runtime {
         }
     }
 
+    /// Asks the owner at `addr` for up to `budget` (its byte budget is what is left
+    /// of the caller's). When the answer does not arrive whole (a timeout, a cut
+    /// connection, a malformed answer), the owner is asked to release what it handed
+    /// out under this pull's forward id, so nothing stays leased to nobody.
     async fn forward_pull(
         &self,
         addr: &str,
         name: &str,
-        max: usize,
+        budget: super::PullBudget,
         session: Option<&SessionBinding>,
         peers: &forward::Peers,
     ) -> Result<Vec<Handed>, RuntimeError> {
-        let mut body = serde_json::json!({"max_events": max, "wait_ms": 0});
+        let id = forward_id();
+        let mut body = serde_json::json!({
+            "max_events": budget.max_events,
+            "max_bytes": budget.max_bytes.max(1),
+            "at_least_one": budget.at_least_one,
+            "wait_ms": 0,
+            "forward_id": id,
+        });
         if let Some(s) = session {
             body["session"] = s.session_id.clone().into();
         }
@@ -247,21 +369,44 @@ impl Runtime {
             "/internal/v1/subscriptions/{}/pull",
             crate::cli::http::segment(name)
         );
-        let (status, answer) = peers
-            .post(addr, &path, body.to_string().as_bytes(), PEER_TIMEOUT)
-            .await
-            .map_err(|detail| RuntimeError::Unavailable {
+        // The answer holds at most the budget (or one event of the largest size)
+        // plus each delivery's JSON around it.
+        let limit = budget
+            .max_bytes
+            .max(meshd_events::DEFAULT_MAX_EVENT_BYTES)
+            .saturating_add(budget.max_events.saturating_mul(1024))
+            .saturating_add(64 * 1024);
+        let answer = peers
+            .post_limited(
+                addr,
+                &path,
+                body.to_string().as_bytes(),
+                PEER_TIMEOUT,
+                limit,
+            )
+            .await;
+        let parsed = match answer {
+            Ok((200, answer)) => {
+                serde_json::from_slice::<WirePull>(&answer).map_err(|e| RuntimeError::Unavailable {
+                    store: "owners",
+                    detail: format!("instance {addr} answered a pull with {e}"),
+                })
+            }
+            // A refusal hands nothing out.
+            Ok((status, answer)) => return Err(peer_error(addr, status, &answer)),
+            Err(detail) => Err(RuntimeError::Unavailable {
                 store: "owners",
                 detail,
-            })?;
-        if status != 200 {
-            return Err(peer_error(addr, status, &answer));
-        }
-        let wire: WirePull =
-            serde_json::from_slice(&answer).map_err(|e| RuntimeError::Unavailable {
-                store: "owners",
-                detail: format!("instance {addr} answered a pull with {e}"),
-            })?;
+            }),
+        };
+        let wire = match parsed {
+            Ok(w) => w,
+            Err(e) => {
+                self.deps.metrics.forward_release();
+                self.spawn_release(addr, name, id);
+                return Err(e);
+            }
+        };
         Ok(wire
             .deliveries
             .into_iter()
@@ -273,6 +418,37 @@ impl Runtime {
                 body: d.event.get().as_bytes().to_vec(),
             })
             .collect())
+    }
+
+    /// Asks the owner at `addr` to release forward `id` (in the background: the pull
+    /// that failed answers now; a release that cannot be sent leaves the leases to
+    /// run out, as for a consumer that vanished).
+    fn spawn_release(&self, addr: &str, name: &str, id: String) {
+        let Some(cluster) = &self.deps.cluster else {
+            return;
+        };
+        let peers = cluster.peers.clone();
+        let addr = addr.to_string();
+        let path = format!(
+            "/internal/v1/subscriptions/{}/release",
+            crate::cli::http::segment(name)
+        );
+        let name = name.to_string();
+        tokio::spawn(async move {
+            let body = serde_json::json!({ "forward_id": id }).to_string();
+            match peers
+                .post(&addr, &path, body.as_bytes(), PEER_TIMEOUT)
+                .await
+            {
+                Ok((200, _)) => {}
+                Ok((status, answer)) => {
+                    tracing::warn!(store = "owners", peer = %addr, subscription = %name, status, answer = %String::from_utf8_lossy(&answer), "the owner refused to release a forwarded pull; its leases run out instead")
+                }
+                Err(e) => {
+                    tracing::warn!(store = "owners", peer = %addr, subscription = %name, error = %e, "could not ask the owner to release a forwarded pull; its leases run out instead")
+                }
+            }
+        });
     }
 
     /// Sends ids of partitions owned elsewhere to their owners; merges the answers.

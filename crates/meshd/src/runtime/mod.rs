@@ -80,6 +80,38 @@ pub struct Deps {
     pub push_egress: Arc<crate::egress::Egress>,
 }
 
+/// What one pull may take: events, bytes of stored events (the contract's
+/// `max_bytes`), and whether the first ready delivery goes out whatever its size (so
+/// an event larger than the budget is never stuck; off for the later parts of a pull
+/// that already has deliveries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PullBudget {
+    pub max_events: usize,
+    pub max_bytes: usize,
+    pub at_least_one: bool,
+}
+
+impl PullBudget {
+    pub fn new(max_events: usize, max_bytes: usize) -> Self {
+        Self {
+            max_events,
+            max_bytes,
+            at_least_one: true,
+        }
+    }
+
+    /// What is left once `got` is taken; `None` when nothing more fits.
+    pub fn after(&self, got: &[Handed]) -> Option<PullBudget> {
+        let bytes: usize = got.iter().map(|h| h.body.len()).sum();
+        let left = PullBudget {
+            max_events: self.max_events.saturating_sub(got.len()),
+            max_bytes: self.max_bytes.saturating_sub(bytes),
+            at_least_one: self.at_least_one && got.is_empty(),
+        };
+        (left.max_events > 0 && (left.max_bytes > 0 || left.at_least_one)).then_some(left)
+    }
+}
+
 /// One handed-out delivery with its event body (raw JSON, exactly as published).
 #[derive(Debug)]
 pub struct Handed {
@@ -153,6 +185,8 @@ pub struct Runtime {
     owner: Arc<RwLock<Option<Ownership>>>,
     /// Itself, for the push workers it starts.
     me: std::sync::Weak<Runtime>,
+    /// Cluster mode: pulls served for other instances, by their forward id.
+    forwarded: cluster::ForwardedPulls,
 }
 
 impl SubRuntime {
@@ -197,6 +231,7 @@ impl Runtime {
             recovered: AtomicBool::new(false),
             owner: Arc::new(RwLock::new(None)),
             me: me.clone(),
+            forwarded: cluster::ForwardedPulls::default(),
         })
     }
 
@@ -723,16 +758,16 @@ impl Runtime {
     pub async fn pull(
         &self,
         name: &str,
-        max: usize,
+        budget: PullBudget,
         wait: Duration,
         session: Option<SessionBinding>,
         reach: Reach,
     ) -> Result<Vec<Handed>, RuntimeError> {
         self.subscription(name).await?;
         if self.deps.cluster.is_some() && reach == Reach::Cluster {
-            return self.pull_cluster(name, max, wait, session).await;
+            return self.pull_cluster(name, budget, wait, session).await;
         }
-        self.pull_running(name, max, wait, session).await
+        self.pull_running(name, budget, wait, session).await
     }
 
     /// The subscription as it runs now, without starting it (the push workers and
@@ -756,7 +791,7 @@ impl Runtime {
     pub async fn pull_running(
         &self,
         name: &str,
-        max: usize,
+        budget: PullBudget,
         wait: Duration,
         session: Option<SessionBinding>,
     ) -> Result<Vec<Handed>, RuntimeError> {
@@ -781,9 +816,9 @@ impl Runtime {
             let n = sub.parts.len();
             let first = sub.rr.fetch_add(1, Ordering::Relaxed);
             for i in 0..n {
-                if got.len() >= max {
+                let Some(left) = budget.after(&got) else {
                     break;
-                }
+                };
                 let p = (first + i) % n;
                 // Cluster mode: a partition owned elsewhere is not served here.
                 let Some(part) = sub.part(p) else {
@@ -800,7 +835,7 @@ impl Runtime {
                 }
                 let (tx, rx) = oneshot::channel();
                 let msg = Msg::Pull {
-                    max: max - got.len(),
+                    budget: left,
                     session: session.clone(),
                     reply: tx,
                 };
@@ -839,6 +874,28 @@ impl Runtime {
             Ok(b) => b.end > part.shared.log_end.load(Ordering::Acquire),
             Err(_) => false,
         }
+    }
+
+    /// Hand-outs that never reached a consumer (see [`Msg::Release`]), on the
+    /// partitions running here: due again at once, the attempt not counted. Returns
+    /// how many were still in flight.
+    pub async fn release(&self, name: &str, ids: Vec<String>) -> usize {
+        let mut unknown = Vec::new();
+        let Ok((sub, routed)) = self.route(name, ids, &mut unknown).await else {
+            return 0;
+        };
+        let mut released = 0;
+        for (p, ids) in routed {
+            let Some(part) = sub.part(p as usize) else {
+                continue;
+            };
+            let (tx, rx) = oneshot::channel();
+            if part.tx.send(Msg::Release { ids, reply: tx }).await.is_ok() {
+                released += rx.await.unwrap_or(0);
+            }
+        }
+        self.deps.metrics.released(released as u64);
+        released
     }
 
     /// Routes ids to their partitions; ids that name no current partition of this

@@ -6,6 +6,7 @@
 
 use super::{Deps, Handed, RuntimeError};
 use crate::metrics::SubCounters;
+use crate::runtime::PullBudget;
 use meshd_dispatch::{
     AckOutcome, Command, DeliveryRef, EventMeta, ExtendOutcome, Input, NackOutcome, PartitionCore,
     PullId, Reply, SessionBinding, SessionCheck, Stats,
@@ -39,9 +40,16 @@ const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(250);
 /// Requests to a partition task.
 pub enum Msg {
     Pull {
-        max: usize,
+        budget: PullBudget,
         session: Option<SessionBinding>,
         reply: oneshot::Sender<Result<Vec<Handed>, RuntimeError>>,
+    },
+    /// Hand-outs that never reached a consumer (a forwarded answer that could not be
+    /// delivered): due again at once, the attempt not counted. Answers how many were
+    /// still in flight.
+    Release {
+        ids: Vec<String>,
+        reply: oneshot::Sender<usize>,
     },
     Ack {
         ids: Vec<String>,
@@ -135,7 +143,7 @@ pub struct PartitionTask {
 const BATCH_MAX: usize = 64;
 
 type PullRequest = (
-    usize,
+    PullBudget,
     Option<SessionBinding>,
     oneshot::Sender<Result<Vec<Handed>, RuntimeError>>,
 );
@@ -146,7 +154,8 @@ fn reply_id(r: &Reply) -> &str {
     match r {
         Reply::Ack { delivery_id, .. }
         | Reply::Nack { delivery_id, .. }
-        | Reply::Extend { delivery_id, .. } => delivery_id,
+        | Reply::Extend { delivery_id, .. }
+        | Reply::Release { delivery_id, .. } => delivery_id,
     }
 }
 
@@ -378,10 +387,27 @@ impl PartitionTask {
     async fn request(&mut self, msg: Msg) {
         match msg {
             Msg::Pull {
-                max,
+                budget,
                 session,
                 reply,
-            } => self.pulls(vec![(max, session, reply)]).await,
+            } => self.pulls(vec![(budget, session, reply)]).await,
+            Msg::Release { ids, reply } => {
+                let released = match self.core.handle(Input::Release(ids), now_ms()) {
+                    Ok(cmds) => cmds
+                        .iter()
+                        .filter(|c| {
+                            matches!(c, Command::Reply(Reply::Release { released: true, .. }))
+                        })
+                        .count(),
+                    Err(e) => {
+                        let key = self.key();
+                        tracing::warn!(subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "dispatch core refused a release");
+                        0
+                    }
+                };
+                self.sync_shared();
+                let _ = reply.send(released);
+            }
             Msg::Ack { ids, reply } => self.acks(vec![(ids, reply)]).await,
             Msg::Nack { ids, reason, reply } => {
                 let answer = self
@@ -443,20 +469,20 @@ impl PartitionTask {
         for msg in batch {
             match msg {
                 Msg::Pull {
-                    max,
+                    budget,
                     session,
                     reply,
-                } if acks.is_empty() => pulls.push((max, session, reply)),
+                } if acks.is_empty() => pulls.push((budget, session, reply)),
                 Msg::Ack { ids, reply } if pulls.is_empty() => acks.push((ids, reply)),
                 other => {
                     self.pulls(std::mem::take(&mut pulls)).await;
                     self.acks(std::mem::take(&mut acks)).await;
                     match other {
                         Msg::Pull {
-                            max,
+                            budget,
                             session,
                             reply,
-                        } => pulls.push((max, session, reply)),
+                        } => pulls.push((budget, session, reply)),
                         Msg::Ack { ids, reply } => acks.push((ids, reply)),
                         Msg::Stop { reply } => {
                             let _ = reply.send(());
@@ -491,7 +517,7 @@ impl PartitionTask {
         self.refresh_log_end(&mut fx).await;
         let mut cmds = Vec::new();
         let mut replies = Vec::with_capacity(pulls.len());
-        for (max, session, reply) in pulls {
+        for (budget, session, reply) in pulls {
             let pull_id = PullId(self.next_pull);
             self.next_pull += 1;
             replies.push((pull_id, reply));
@@ -500,7 +526,9 @@ impl PartitionTask {
             }
             let input = Input::Pull {
                 pull_id,
-                max_events: max,
+                max_events: budget.max_events,
+                max_bytes: budget.max_bytes as u64,
+                at_least_one: budget.at_least_one,
                 session,
             };
             match self.core.handle(input, now_ms()) {
@@ -696,6 +724,8 @@ impl PartitionTask {
                     };
                     (list, delivery_id)
                 }
+                // Releases are answered by `Msg::Release`, never through here.
+                Reply::Release { .. } => continue,
             };
             match list {
                 "acked" => SubCounters::add(&self.counters.acked, 1),
@@ -880,7 +910,12 @@ impl PartitionTask {
                         vec![Input::EventsRead(
                             events
                                 .into_iter()
-                                .map(|e| meta_of(e.offset, filtered.then_some(&e.payload[..])))
+                                .map(|e| {
+                                    let mut m =
+                                        meta_of(e.offset, filtered.then_some(&e.payload[..]));
+                                    m.size = e.payload.len() as u64;
+                                    m
+                                })
                                 .collect(),
                         )]
                     }
@@ -1159,11 +1194,13 @@ fn meta_of(offset: u64, payload: Option<&[u8]>) -> EventMeta {
             offset,
             event_type: e.event_type().to_string(),
             source: e.source().to_string(),
+            size: 0,
         },
         _ => EventMeta {
             offset,
             event_type: String::new(),
             source: String::new(),
+            size: 0,
         },
     }
 }

@@ -93,7 +93,10 @@ pub async fn worker(
         let Some(rt) = runtime.upgrade() else {
             return;
         };
-        let handed = rt.pull_running(&name, free, PULL_WAIT, None).await;
+        // One event per free slot: memory is bounded by the slots (each event at
+        // most the largest event size).
+        let budget = super::PullBudget::new(free, usize::MAX);
+        let handed = rt.pull_running(&name, budget, PULL_WAIT, None).await;
         drop(rt);
         let handed = match handed {
             Ok(h) => h,
