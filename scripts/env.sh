@@ -27,8 +27,10 @@ meshd_packages() {
     # README's examples.
     local build=(build-essential libclang-dev protobuf-compiler librocksdb-dev curl)
     # test: etcd for the Meta and cluster tests, the font meshd-bench --plot draws
-    # with, and python3-venv for the venv nats-server comes in (see meshd_need_nats).
-    local test=(etcd-server fonts-dejavu-core python3-venv)
+    # with, python3-venv for the venv nats-server comes in (see meshd_need_nats), and
+    # fuse3 (fusermount3) for the lazy filesystem of the power-cut tests (mounted
+    # directly as root; fusermount3 otherwise).
+    local test=(etcd-server fonts-dejavu-core python3-venv fuse3)
     case "$1" in
     run) echo "${build[*]}" ;;
     test) echo "${build[*]} ${test[*]}" ;;
@@ -94,6 +96,7 @@ meshd_provided() {
     etcd-server) command -v etcd >/dev/null 2>&1 || { echo "etcd" && return 1; } ;;
     fonts-dejavu-core) [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || { echo "DejaVuSans.ttf" && return 1; } ;;
     python3-venv) "$(meshd_python)" -c 'import ensurepip, venv' >/dev/null 2>&1 || { echo "python3 -m venv (ensurepip)" && return 1; } ;;
+    fuse3) command -v fusermount3 >/dev/null 2>&1 || { echo "fusermount3" && return 1; } ;;
     *)
         echo "a check for package $1"
         return 1
@@ -205,6 +208,10 @@ meshd_self_check() {
         failed=1
     fi
     if [ "$purpose" = test ]; then
+        if [ ! -e /dev/fuse ]; then
+            echo "meshd: set-up check failed: /dev/fuse is missing (the kernel's fuse module: modprobe fuse; in a container, pass the device) for the power-cut tests" >&2
+            failed=1
+        fi
         local c
         for c in clippy fmt; do
             if ! cargo "$c" --version >/dev/null 2>&1; then

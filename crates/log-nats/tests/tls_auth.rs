@@ -25,6 +25,7 @@ async fn secured_nats(client_cert_auth: bool) -> (NatsProcess, TestCerts, tempfi
         tls: Some(certs.clone()),
         client_cert_auth,
         credentials: Some((USER.into(), PASSWORD.into())),
+        ..NatsOptions::default()
     })
     .await
     .expect("nats-server starts with TLS and authorization");

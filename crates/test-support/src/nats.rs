@@ -55,6 +55,12 @@ pub struct NatsOptions {
     pub client_cert_auth: bool,
     /// Require this user and password (`authorization { user, password }`).
     pub credentials: Option<(String, String)>,
+    /// Keep the JetStream store here (e.g. on the lazy filesystem) instead of in the
+    /// process's temp dir.
+    pub store_dir: Option<PathBuf>,
+    /// Leave `sync_interval` at nats-server's default (fsync every 2 minutes) instead
+    /// of `always`: the relaxed durability the power-cut comparison measures.
+    pub default_sync: bool,
 }
 
 /// One nats-server process, owned by a test. Dropping it kills the process and
@@ -102,7 +108,10 @@ impl NatsProcess {
                 options: options.clone(),
                 log_path: dir.path().join("nats.log"),
                 config_path: dir.path().join("nats.conf"),
-                store_dir: dir.path().join("store"),
+                store_dir: options
+                    .store_dir
+                    .clone()
+                    .unwrap_or_else(|| dir.path().join("store")),
                 _dir: dir,
             };
             if nats.port == nats.monitor_port {
@@ -234,10 +243,15 @@ impl NatsProcess {
              listen: 127.0.0.1:{port}\n\
              http: 127.0.0.1:{monitor}\n\
              max_payload: 2MB\n\
-             jetstream {{\n  store_dir: {store:?}\n  sync_interval: always\n}}\n",
+             jetstream {{\n  store_dir: {store:?}\n{sync}}}\n",
             port = self.port,
             monitor = self.monitor_port,
             store = self.store_dir.display().to_string(),
+            sync = if self.options.default_sync {
+                ""
+            } else {
+                "  sync_interval: always\n"
+            },
         );
         if let Some(certs) = &self.options.tls {
             let path = |p: &Path| format!("{:?}", p.display().to_string());
