@@ -17,10 +17,25 @@
 //! 5. no event is in the dead-letter store twice (by partition and offset, or by id);
 //! 6. an offset whose ack was answered `acked` comes back (redelivered, or dead-lettered
 //!    later) only if that ack was answered less than one flush interval before the
-//!    kill that ended its process: the contract's one window for a lost ack;
+//!    kill that ended its process **and** a power cut came at or after that kill: the
+//!    contract's one window for a lost ack; a SIGKILL alone keeps every ack (the page
+//!    cache keeps RocksDB's write-ahead log), so no lost ack is allowed there;
 //! 7. nack answers agree with the attempt counts (`retrying` below `max_attempts`,
 //!    `dead_lettered`/`dead_lettering` at it), and an offset answered `dead_lettered`
-//!    is in the dead-letter store and never handed out again.
+//!    is in the dead-letter store and never handed out again;
+//! 8. gap-free: every offset below a committed offset that was read was named in an
+//!    ack request or dead-lettered, and was delivered before that read was answered.
+//!
+//! A run must also clear an activity floor ([`ACKS_PER_ROUND`] acks answered `acked`
+//! and as many 201s per round), or it fails: a run where every pull answered 503 proves
+//! nothing. Publishes that fail (no answer, 5xx, 429) are sent again with the same
+//! events until answered 201 (without idempotent publish such a retry may store an
+//! event twice; rule 2 allows that only for events sent more than once).
+//!
+//! meshd's data dir is on the lazy filesystem (`meshd_test_support::lazyfs`): a seeded
+//! third of the kills is followed by a power cut that drops every write the process
+//! left unsynced (or keeps a torn prefix of it), so rules 1, 3, 4 and 6 are checked
+//! against what a disk keeps, not what the page cache keeps.
 //!
 //! "Certainly came after" is decided without trusting thread timing: a request sent
 //! to a later process generation, or sent after the other one's answer arrived. Two
@@ -41,16 +56,17 @@
 //! makes the same choices, but what each choice meets is not bit-identical.
 //!
 //! `MESHD_CRASH_SEED` (decimal or `0x` hex) picks the seed, otherwise it comes from
-//! the clock; `MESHD_CRASH_ROUNDS` the number of kills (default 10, the CI run). A
-//! longer manual run:
-//! `MESHD_CRASH_ROUNDS=40 cargo nextest run -p meshd --test crash_loop --no-capture`
-//! (nextest ends a test after 5 minutes; for hundreds of rounds use
-//! `cargo test -p meshd --test crash_loop -- --nocapture`).
+//! the clock; `MESHD_CRASH_ROUNDS` the number of kills (default 10, the CI run, about
+//! 10 s). Long runs go through `cargo test`, which has no time limit (nextest ends a
+//! test after 5 minutes):
+//! `MESHD_CRASH_ROUNDS=1000 cargo test -p meshd --test crash_loop -- --nocapture`
+//! (docs/crash-loop.md records runs and their seeds).
 
 mod common;
 
 use common::*;
 use meshd_test_support::http::{self, request_with, send_json, Response};
+use meshd_test_support::lazyfs::{LazyFs, Torn};
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
@@ -72,6 +88,9 @@ const ACK_TIMEOUT_MS: u64 = 300;
 const PUBLISHERS: usize = 2;
 const CONSUMERS: usize = 3;
 const DEFAULT_ROUNDS: u32 = 10;
+/// The activity floor: a run with fewer acks answered `acked` (or fewer 201
+/// publishes) than this per round did too little to prove anything, and fails.
+const ACKS_PER_ROUND: usize = 5;
 /// How long the clients run before a kill (milliseconds, drawn per round). Short
 /// rounds kill meshd soon after its recovery.
 const ROUND_MS: (u64, u64) = (50, 1500);
@@ -160,6 +179,9 @@ enum Outcome {
 struct Published {
     body: Value,
     outcome: Outcome,
+    /// Sends whose outcome stayed unknown (each may have stored the event: without
+    /// idempotent publish a retried event may sit at more than one position).
+    unknown_sends: u32,
 }
 
 /// One delivery a pull answered, with the generation it was sent to and when it was
@@ -248,6 +270,12 @@ struct Log {
     committed: Vec<CommittedRead>,
     /// `kills[g]`: when generation `g` was SIGKILLed.
     kills: Vec<Duration>,
+    /// `cuts[g]`: whether the kill of generation `g` was followed by a power cut.
+    cuts: Vec<bool>,
+    cut_reports: Vec<meshd_test_support::lazyfs::CutReport>,
+    /// (partition, offset) of every delivery named in an ack request (answered or
+    /// not: an ack without an answer may have been applied).
+    ack_sent: BTreeSet<(u64, u64)>,
     /// Kills of a restarted process before it was ready (no client saw it).
     recovery_kills: usize,
     /// Requests without an answer, and 5xx/429 answers, by request kind.
@@ -274,7 +302,7 @@ impl Ctx {
 
     fn rerun(&self) -> String {
         format!(
-            "MESHD_CRASH_SEED={} MESHD_CRASH_ROUNDS={} cargo nextest run -p meshd --test crash_loop",
+            "MESHD_CRASH_SEED={} MESHD_CRASH_ROUNDS={} cargo test -p meshd --test crash_loop -- --nocapture",
             self.seed, self.rounds
         )
     }
@@ -371,11 +399,13 @@ async fn publish_and_record(ctx: &Ctx, a: &str, events: &[Value]) -> Result<(), 
     {
         let mut log = ctx.log();
         for e in events {
+            let unknown_sends = log.published.get(&id_of(e)).map_or(0, |p| p.unknown_sends);
             log.published.insert(
                 id_of(e),
                 Published {
                     body: e.clone(),
                     outcome: Outcome::InFlight,
+                    unknown_sends,
                 },
             );
         }
@@ -437,6 +467,7 @@ async fn publish_and_record(ctx: &Ctx, a: &str, events: &[Value]) -> Result<(), 
             for e in events {
                 if let Some(p) = log.published.get_mut(&id_of(e)) {
                     p.outcome = Outcome::Unknown(f.to_string());
+                    p.unknown_sends += 1;
                 }
             }
             Err(f)
@@ -527,6 +558,19 @@ async fn settle_and_record(
             ],
         )
     };
+    if verb == "ack" {
+        let mut log = ctx.log();
+        for id in &ids {
+            if let Some(d) = log
+                .by_delivery_id
+                .get(&id.to_string())
+                .map(|i| &log.deliveries[*i])
+            {
+                let at = (d.partition, d.offset);
+                log.ack_sent.insert(at);
+            }
+        }
+    }
     let sent = ctx.now();
     let r = send_json(a, "POST", &format!("/v1/subscriptions/{SUB}/{verb}"), &body).await;
     let answer = expect(r, 200);
@@ -635,8 +679,15 @@ async fn publisher(n: usize, mut rng: Rng, mut gate: watch::Receiver<Gate>, ctx:
                 event(&format!("p{n}-{next}"))
             })
             .collect();
-        if let Err(f) = publish_and_record(&ctx, &a, &events).await {
+        // A publish that failed (no answer, 5xx, 429) is sent again, as a client
+        // that must not lose it would, until it is answered 201 or the run ends.
+        let (mut gen, mut a) = (gen, a);
+        while let Err(f) = publish_and_record(&ctx, &a, &events).await {
             after_failure(&mut gate, gen, &f).await;
+            match open(&mut gate).await {
+                Some(next) => (gen, a) = next,
+                None => break,
+            }
         }
         // Pacing, so the consumers keep up and the drain stays short.
         tokio::time::sleep(Duration::from_millis(rng.range(0, 25))).await;
@@ -910,7 +961,8 @@ fn violations(log: &Log, dead: &[Value], tally: &mut Tally) -> Vec<String> {
 
     // Rule 2: one position per event, the one its 201 answer named.
     for (id, at) in &seen_at {
-        if at.len() > 1 {
+        let retried = log.published.get(*id).is_some_and(|p| p.unknown_sends > 0);
+        if at.len() > 1 && !retried {
             v.push(format!(
                 "rule 2: event {id} seen at several positions {at:?}"
             ));
@@ -1026,9 +1078,16 @@ fn violations(log: &Log, dead: &[Value], tally: &mut Tally) -> Vec<String> {
             ));
             continue;
         }
+        // Only a power cut loses writes a SIGKILL keeps: the cut after this kill or
+        // any later one (what the killed process left unsynced stays unsynced).
+        let cut_after = log.cuts.iter().skip(a.gen as usize).any(|c| *c);
         match log.kills.get(a.gen as usize) {
             // Answered after the kill was sent, or within a flush interval before it.
-            Some(kill) if *kill < a.recv + FLUSH => tally.lost_acks_allowed += 1,
+            Some(kill) if *kill < a.recv + FLUSH && cut_after => tally.lost_acks_allowed += 1,
+            Some(kill) if *kill < a.recv + FLUSH => v.push(format!(
+                "rule 6: the ack {a} was answered {:?} before a SIGKILL with no power cut after it (the page cache keeps it), yet the offset {what}",
+                kill.saturating_sub(a.recv)
+            )),
             Some(kill) => v.push(format!(
                 "rule 6: the ack {a} was answered {:?} before the kill at {kill:?} (more than the {FLUSH:?} flush interval), yet the offset {what}",
                 kill.saturating_sub(a.recv)
@@ -1036,6 +1095,70 @@ fn violations(log: &Log, dead: &[Value], tally: &mut Tally) -> Vec<String> {
             None => v.push(format!(
                 "rule 6: the ack {a} was answered by the last process (never killed), yet the offset {what}"
             )),
+        }
+    }
+
+    // Rule 8: gap-free. Every offset below a committed offset was acked (an ack
+    // request named one of its deliveries) or dead-lettered, and was delivered before
+    // the read that showed it committed was answered.
+    let mut first_delivery: BTreeMap<(u64, u64), (u32, Duration)> = BTreeMap::new();
+    for d in &log.deliveries {
+        let e = first_delivery
+            .entry((d.partition, d.offset))
+            .or_insert((d.gen, d.sent));
+        *e = (*e).min((d.gen, d.sent));
+    }
+    let mut highest: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in &log.committed {
+        for (p, (c, _)) in &r.values {
+            let h = highest.entry(*p).or_default();
+            *h = (*h).max(*c);
+        }
+    }
+    // Per partition: the latest first delivery over offsets 0..=o (None once one is
+    // missing), so each read is checked against one value.
+    let mut latest_first: BTreeMap<u64, Vec<Option<(u32, Duration)>>> = BTreeMap::new();
+    for (p, h) in &highest {
+        let mut acc = Some((0u32, Duration::ZERO));
+        let mut gaps = Vec::new();
+        let list = latest_first.entry(*p).or_default();
+        for o in 0..*h {
+            if !log.ack_sent.contains(&(*p, o)) && !dead_at.contains_key(&(*p, o)) {
+                gaps.push(o);
+            }
+            acc = match (acc, first_delivery.get(&(*p, o))) {
+                (Some(a), Some(f)) => Some(a.max(*f)),
+                _ => None,
+            };
+            list.push(acc);
+        }
+        if !gaps.is_empty() {
+            v.push(format!(
+                "rule 8: partition {p} committed {h}, but {} offsets below it were never acked or dead-lettered: {:?}",
+                gaps.len(),
+                gaps.iter().take(20).collect::<Vec<_>>()
+            ));
+        }
+    }
+    for r in &log.committed {
+        for (p, (c, _)) in &r.values {
+            if *c == 0 {
+                continue;
+            }
+            let Some(Some(latest)) = latest_first.get(p).and_then(|l| l.get(*c as usize - 1))
+            else {
+                v.push(format!(
+                    "rule 8: partition {p} committed {c} (read in generation {} at {:?}) but an offset below it was never delivered",
+                    r.gen, r.recv
+                ));
+                continue;
+            };
+            if latest.0 > r.gen || (latest.0 == r.gen && latest.1 >= r.recv) {
+                v.push(format!(
+                    "rule 8: partition {p} was read committed at {c} (generation {}, {:?}) before an offset below it was first delivered (generation {}, {:?})",
+                    r.gen, r.recv, latest.0, latest.1
+                ));
+            }
         }
     }
 
@@ -1087,9 +1210,14 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
         ctx.rerun()
     );
     let mut rng = Rng(ctx.seed);
-    let dir = tempfile::tempdir().unwrap();
+    // The data dir is on the lazy filesystem, so a round can end in a power cut
+    // (unsynced writes and directory changes dropped) as well as a SIGKILL.
+    let mut fs = LazyFs::mount().unwrap_or_else(|e| ctx.fail(format!("lazy filesystem: {e:#}")));
+    let dir = fs.path().join("data");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::File::open(fs.path()).unwrap().sync_all().unwrap();
     let flush_ms = FLUSH.as_millis().to_string();
-    let mut m = MeshdProcess::start(bin(), dir.path(), &["--delivery-flush-ms", &flush_ms])
+    let mut m = MeshdProcess::start(bin(), &dir, &["--delivery-flush-ms", &flush_ms])
         .await
         .unwrap_or_else(|e| ctx.fail(format!("start meshd: {e:#}")));
     let mut a = m.addr().to_string();
@@ -1134,12 +1262,34 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
         // the clients have requests in flight.
         tokio::time::sleep(Duration::from_millis(rng.range(ROUND_MS.0, ROUND_MS.1))).await;
         let _ = read_committed(&ctx, &a, round).await;
-        ctx.log().kills.push(ctx.now());
+        let cut = rng.range(0, 2) == 0;
+        {
+            let mut log = ctx.log();
+            let now = ctx.now();
+            log.kills.push(now);
+            log.cuts.push(cut);
+        }
         m.kill();
         gate.send_modify(|g| g.addr = None);
-        m.restart()
-            .await
-            .unwrap_or_else(|e| ctx.fail(format!("restart after kill {}: {e:#}", round + 1)));
+        if cut {
+            // Every write the killed process left unsynced is gone, or a seeded torn
+            // prefix of it survives.
+            let torn = if rng.range(0, 1) == 0 {
+                Torn::Lost
+            } else {
+                Torn::Prefix(rng.next())
+            };
+            let report = fs
+                .power_cut(torn)
+                .unwrap_or_else(|e| ctx.fail(format!("power cut {}: {e:#}", round + 1)));
+            ctx.log().cut_reports.push(report);
+        }
+        if let Err(e) = m.start_again().await {
+            ctx.fail(format!(
+                "restart after kill {} (power cut: {cut}): {e:#}",
+                round + 1
+            ));
+        }
         // Now and then kill it again while it recovers, before any client sees it: a
         // recovery cut short must leave what the next one needs.
         while rng.range(0, 3) == 0 {
@@ -1202,7 +1352,16 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
 
     let log = ctx.log();
     let mut tally = Tally::default();
-    let found = violations(&log, &dead, &mut tally);
+    let mut found = violations(&log, &dead, &mut tally);
+    let floor = ACKS_PER_ROUND * ctx.rounds as usize;
+    if log.acked.len() < floor || log.publishes_created < floor {
+        found.push(format!(
+            "activity floor: {} acks answered acked and {} publishes answered 201 over {} rounds; at least {floor} of each are needed for the run to prove anything",
+            log.acked.len(),
+            log.publishes_created,
+            ctx.rounds
+        ));
+    }
     let unknown = log
         .published
         .values()
@@ -1218,10 +1377,11 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
         .map(|d| (d.partition, d.offset))
         .collect();
     let counts = format!(
-        "{} events answered 201 in {} publishes, {} with an unknown outcome; {} deliveries of {} offsets ({} redeliveries); ack answers {:?} ({} acked after a restart); nack answers {:?}; {} kills (and {} during recovery); {} dead letters; {} lost acks allowed by rule 6; {} committed-offset reads; unanswered requests {:?}",
+        "{} events answered 201 in {} publishes, {} with an unknown outcome ({} sends without an answer, retried); {} deliveries of {} offsets ({} redeliveries); ack answers {:?} ({} acked after a restart); nack answers {:?}; {} kills, {} of them followed by a power cut dropping {} unsynced bytes (and {} kills during recovery); {} dead letters; {} lost acks allowed by rule 6 (power cuts only); {} committed-offset reads; unanswered requests {:?}",
         log.published.len() - unknown,
         log.publishes_created,
         unknown,
+        log.published.values().map(|p| p.unknown_sends as usize).sum::<usize>(),
         log.deliveries.len(),
         offsets_delivered.len(),
         log.deliveries.iter().filter(|d| d.attempt > 1).count(),
@@ -1229,6 +1389,8 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
         log.acked.iter().filter(|a| a.delivered_gen < a.gen).count(),
         nack_lists,
         log.kills.len(),
+        log.cuts.iter().filter(|c| **c).count(),
+        log.cut_reports.iter().map(|r| r.unsynced_bytes).sum::<u64>(),
         log.recovery_kills,
         dead.len(),
         tally.lost_acks_allowed,
@@ -1289,6 +1451,7 @@ fn the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_ru
             Published {
                 body: event(id),
                 outcome,
+                unknown_sends: 0,
             },
         );
     };
@@ -1302,6 +1465,8 @@ fn the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_ru
     // answered 10 ms before the kill and its offset comes back: allowed.
     let mut clean = Log {
         kills: vec![ms(1000)],
+        cuts: vec![true],
+        ack_sent: BTreeSet::from([(0, 0), (0, 2), (1, 0)]),
         ..Log::default()
     };
     published(&mut clean, "a", Outcome::Created(0, 0));
@@ -1311,6 +1476,7 @@ fn the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_ru
     clean.deliveries = vec![
         seen(0, 100, 0, 0, 1, "a"),
         seen(0, 200, 0, 0, 2, "a"),
+        seen(0, 120, 0, 1, 4, "b"),
         seen(0, 300, 0, 2, 1, "c"),
         seen(0, 400, 1, 0, 1, "d"),
         seen(1, 1100, 1, 0, 2, "d"),
@@ -1326,6 +1492,27 @@ fn the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_ru
     let found = violations(&clean, &clean_dead, &mut tally);
     assert!(found.is_empty(), "{found:#?}");
     assert_eq!(tally.lost_acks_allowed, 1);
+
+    // The same lost ack with only a SIGKILL after it: the page cache keeps acks, so
+    // it is a violation.
+    clean.cuts = vec![false];
+    let found = violations(&clean, &clean_dead, &mut Tally::default());
+    assert!(
+        found.iter().any(|v| v.contains("no power cut after it")),
+        "{found:#?}"
+    );
+
+    // A retried publish (its first send unanswered) may sit at two positions; one
+    // never retried may not.
+    let mut dup = Log::default();
+    published(&mut dup, "r", Outcome::Created(0, 1));
+    dup.published.get_mut("r").unwrap().unknown_sends = 1;
+    dup.deliveries = vec![seen(0, 100, 0, 0, 1, "r"), seen(0, 100, 0, 1, 1, "r")];
+    assert!(violations(&dup, &[], &mut Tally::default()).is_empty());
+    dup.published.get_mut("r").unwrap().unknown_sends = 0;
+    assert!(violations(&dup, &[], &mut Tally::default())
+        .iter()
+        .any(|v| v.starts_with("rule 2:")));
 
     // Each rule broken once.
     let mut bad = Log {
@@ -1347,10 +1534,12 @@ fn the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_ru
     ];
     bad.acked = vec![answer(0, 200, 0, 2, 1, "acked")];
     bad.nacked = vec![answer(0, 200, 0, 3, 4, "dead_lettered")];
-    bad.committed = vec![read(0, 50, 5), read(1, 1050, 3)]; // 3: backwards
+    // 3: backwards; 8: committed 5 with nothing acked below it, read before any
+    // delivery.
+    bad.committed = vec![read(0, 50, 5), read(1, 1050, 3)];
     let bad_dead = [dead_letter(0, 3, "z"), dead_letter(0, 3, "z")]; // 5: twice
     let found = violations(&bad, &bad_dead, &mut Tally::default());
-    for rule in 1..=7 {
+    for rule in 1..=8 {
         assert!(
             found
                 .iter()

@@ -91,7 +91,9 @@ async fn browse_all(a: &str, topic: &str, partitions: u64) -> BTreeMap<String, (
             .unwrap()
             .json()
             .unwrap();
-            let events = page["events"].as_array().unwrap();
+            let events = page["events"]
+                .as_array()
+                .unwrap_or_else(|| panic!("browse of {topic}/{p} from {from} answered {page}"));
             if events.is_empty() {
                 break;
             }

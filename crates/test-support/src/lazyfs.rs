@@ -1022,9 +1022,7 @@ impl LazyFs {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        if let Some(s) = self.session.take() {
-            s.join();
-        }
+        self.detach();
         let report = self
             .disk
             .lock()
@@ -1054,11 +1052,27 @@ impl LazyFs {
     }
 }
 
+impl LazyFs {
+    /// Unmounts and waits for the session thread. Its result is not an error of
+    /// ours: it ends when the kernel closes the connection, which it reports as it
+    /// likes (fuser's own `join` panics on that).
+    fn detach(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let guard = {
+            let s = session;
+            let fuser::BackgroundSession { guard, .. } = s;
+            guard
+            // The rest of the session (the mount) is dropped here: unmounted.
+        };
+        let _ = guard.join();
+    }
+}
+
 impl Drop for LazyFs {
     fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            s.join();
-        }
+        self.detach();
     }
 }
 
