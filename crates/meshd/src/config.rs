@@ -121,6 +121,10 @@ pub struct ServeArgs {
     /// Subscriptions at most.
     #[arg(long, env = "MESHD_MAX_SUBSCRIPTIONS")]
     pub max_subscriptions: Option<u64>,
+    /// Revisions of Meta's history meshd keeps when it compacts it (0: meshd does
+    /// not compact, for an etcd shared with others that compact it).
+    #[arg(long, env = "MESHD_META_COMPACTION_RETENTION")]
+    pub meta_compaction_retention: Option<u64>,
     /// Time a client has to send its request headers (and the TLS handshake), ms.
     #[arg(long, env = "MESHD_HEADER_TIMEOUT_MS")]
     pub header_timeout_ms: Option<u64>,
@@ -221,6 +225,7 @@ struct FileConfig {
     max_sessions: Option<u64>,
     max_topics: Option<u64>,
     max_subscriptions: Option<u64>,
+    meta_compaction_retention: Option<u64>,
     header_timeout_ms: Option<u64>,
     body_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
@@ -293,6 +298,7 @@ pub struct Config {
     pub max_body_memory: u64,
     /// Answer bounds and quotas on what clients create.
     pub limits: Limits,
+    pub meta_compaction_retention: u64,
     pub header_timeout_ms: u64,
     pub body_timeout_ms: u64,
     pub idle_timeout_ms: u64,
@@ -443,6 +449,7 @@ pub const DEFAULT_MAX_TASK_BYTES: u64 = 512 * 1024 * 1024;
 pub const DEFAULT_MAX_SESSIONS: u64 = 10_000;
 pub const DEFAULT_MAX_TOPICS: u64 = 10_000;
 pub const DEFAULT_MAX_SUBSCRIPTIONS: u64 = 10_000;
+pub const DEFAULT_META_COMPACTION_RETENTION: u64 = 10_000;
 pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
@@ -561,6 +568,10 @@ impl Config {
                 .max_body_memory
                 .or(file.max_body_memory)
                 .unwrap_or(DEFAULT_MAX_BODY_MEMORY),
+            meta_compaction_retention: args
+                .meta_compaction_retention
+                .or(file.meta_compaction_retention)
+                .unwrap_or(DEFAULT_META_COMPACTION_RETENTION),
             limits: Limits {
                 max_response_bytes: args
                     .max_response_bytes
@@ -748,6 +759,17 @@ impl Config {
                 (4 << 20)..=(1 << 40),
             ),
             ("--max-sessions", self.limits.max_sessions, 1..=10_000_000),
+            // 0 is off; otherwise at least 100 revisions, so watchers that fall behind
+            // by a little can still resume.
+            (
+                "--meta-compaction-retention",
+                if self.meta_compaction_retention == 0 {
+                    100
+                } else {
+                    self.meta_compaction_retention
+                },
+                100..=1_000_000_000,
+            ),
             ("--max-topics", self.limits.max_topics, 1..=1_000_000),
             (
                 "--max-subscriptions",

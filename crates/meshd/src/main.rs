@@ -7,6 +7,7 @@ mod api;
 mod browser;
 mod cli;
 mod cluster;
+mod compaction;
 mod config;
 mod egress;
 mod listen;

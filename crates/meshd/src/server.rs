@@ -112,6 +112,8 @@ struct AppState {
     gate: Arc<crate::access::Gate>,
     http: Arc<crate::listen::HttpCounters>,
     quotas: Arc<crate::quota::Quotas>,
+    compaction: Arc<crate::compaction::CompactionCounters>,
+    compaction_retention: u64,
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -441,7 +443,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         meshd_stores::tasks::usage::TaskUsageWatch::start(meta.clone())
             .context("starting the task quota watch")?,
     ));
+    let compaction = Arc::new(crate::compaction::CompactionCounters::default());
+    crate::compaction::spawn(
+        meta.clone(),
+        config.meta_compaction_retention,
+        std::env::var("MESHD_META_COMPACTION_CHECK_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis),
+        compaction.clone(),
+        metrics.clone(),
+    );
     let state = Arc::new(AppState {
+        compaction,
+        compaction_retention: config.meta_compaction_retention,
         quotas: quotas.clone(),
         gate: gate.clone(),
         admission: admission.clone(),
@@ -726,6 +741,9 @@ async fn healthz() -> impl IntoResponse {
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let meta = match state.meta_probe.status().await {
+        // An alarm (etcd's NOSPACE: every write refused) is named: Meta answers, but
+        // nothing can be written.
+        Ok(s) if !s.alarms.is_empty() => format!("alarm {}", s.alarms.join(", ")),
         Ok(_) => "ok".to_string(),
         Err(e) => e,
     };
@@ -793,6 +811,9 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         state.instance_id
     ));
     state.quotas.render(&mut out);
+    state
+        .compaction
+        .render(&mut out, state.compaction_retention);
     let status = state.meta_probe.status().await;
     let backend = state.meta_backend;
     let meta_up = status.is_ok();
@@ -810,6 +831,12 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
                 "meshd_meta_db_size_bytes{{backend=\"{backend}\"}} {}\n",
                 s.db_size_bytes
             ));
+            out.push_str("# HELP meshd_meta_alarm An alarm Meta has raised (etcd's NOSPACE refuses every write until the operator frees space and disarms it).\n# TYPE meshd_meta_alarm gauge\n");
+            for a in &s.alarms {
+                out.push_str(&format!(
+                    "meshd_meta_alarm{{backend=\"{backend}\",alarm=\"{a}\"}} 1\n"
+                ));
+            }
         }
         Err(_) => out.push_str(&format!("meshd_meta_healthy{{backend=\"{backend}\"}} 0\n")),
     }

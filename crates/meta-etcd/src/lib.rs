@@ -809,12 +809,28 @@ impl Meta for EtcdMeta {
                         "the member has no leader".into(),
                     ));
                 }
-                Ok(status)
+                let alarms = client
+                    .alarm(
+                        etcd_client::AlarmAction::Get,
+                        etcd_client::AlarmType::None,
+                        None,
+                    )
+                    .await?;
+                Ok((status, alarms))
             })
             .await?;
+        let (status, alarms) = resp;
+        let mut names: Vec<String> = alarms
+            .alarms()
+            .iter()
+            .map(|a| a.alarm().as_str_name().to_string())
+            .collect();
+        names.sort();
+        names.dedup();
         Ok(MetaStatus {
-            revision: revision(resp.header(), Kind::Read, "status")?,
-            db_size_bytes: u64::try_from(resp.db_size()).unwrap_or(0),
+            revision: revision(status.header(), Kind::Read, "status")?,
+            db_size_bytes: u64::try_from(status.db_size()).unwrap_or(0),
+            alarms: names,
         })
     }
 }

@@ -30,6 +30,7 @@ async fn secured_etcd(
         tls: Some(certs.clone()),
         client_cert_auth,
         auth_token_ttl,
+        ..EtcdOptions::default()
     })
     .await?;
     etcd.enable_auth(PASSWORD).await?;

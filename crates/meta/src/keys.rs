@@ -43,11 +43,13 @@ pub enum KeyKind {
     Attempts,
     /// Cluster mode: the shared secret of the routes between instances.
     Secrets,
+    /// Housekeeping meshd does on Meta itself (the last history compaction).
+    Maintenance,
 }
 
 impl KeyKind {
     /// Every kind (the key catalog test checks each is documented).
-    pub const ALL: [KeyKind; 10] = [
+    pub const ALL: [KeyKind; 11] = [
         KeyKind::Members,
         KeyKind::Owners,
         KeyKind::Topics,
@@ -58,6 +60,7 @@ impl KeyKind {
         KeyKind::Checkpoints,
         KeyKind::Attempts,
         KeyKind::Secrets,
+        KeyKind::Maintenance,
     ];
 
     pub fn segment(self) -> &'static str {
@@ -72,6 +75,7 @@ impl KeyKind {
             KeyKind::Checkpoints => "checkpoints",
             KeyKind::Attempts => "attempts",
             KeyKind::Secrets => "secrets",
+            KeyKind::Maintenance => "maintenance",
         }
     }
 }

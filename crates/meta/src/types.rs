@@ -304,6 +304,9 @@ pub struct WatchBatch {
 pub struct MetaStatus {
     pub revision: i64,
     pub db_size_bytes: u64,
+    /// Active alarms by name (etcd's `NOSPACE`, `CORRUPT`): while `NOSPACE` is raised
+    /// every write fails. Empty for the embedded Meta.
+    pub alarms: Vec<String>,
 }
 
 /// The smallest key greater than every key starting with `prefix` (etcd's

@@ -58,6 +58,8 @@ pub struct EtcdOptions {
     /// `--auth-token-ttl`: how long an unused "simple" auth token lives (whole
     /// seconds, at least 1; etcd's default is 300 s). Every use of a token renews it.
     pub auth_token_ttl: Option<Duration>,
+    /// `--quota-backend-bytes`: a small quota, to reach etcd's NOSPACE alarm in a test.
+    pub quota_backend_bytes: Option<u64>,
 }
 
 /// The `root` user [`EtcdProcess::enable_auth`] creates.
@@ -317,11 +319,9 @@ impl EtcdProcess {
             .arg("--heartbeat-interval")
             .arg("10")
             .arg("--election-timeout")
-            .arg("100")
-            .arg("--auto-compaction-mode")
-            .arg("revision")
-            .arg("--auto-compaction-retention")
-            .arg("1000");
+            .arg("100");
+        // No auto-compaction: etcd with its defaults, as the README runs it, so a
+        // history that meshd fails to compact fails a test instead of hiding.
         if let Some(certs) = &self.options.tls {
             cmd.arg("--cert-file")
                 .arg(&certs.server_cert)
@@ -338,6 +338,9 @@ impl EtcdProcess {
         if let Some(ttl) = self.options.auth_token_ttl {
             cmd.arg("--auth-token-ttl")
                 .arg(ttl.as_secs().max(1).to_string());
+        }
+        if let Some(bytes) = self.options.quota_backend_bytes {
+            cmd.arg("--quota-backend-bytes").arg(bytes.to_string());
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log))
