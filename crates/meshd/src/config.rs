@@ -121,6 +121,10 @@ pub struct ServeArgs {
     /// Subscriptions at most.
     #[arg(long, env = "MESHD_MAX_SUBSCRIPTIONS")]
     pub max_subscriptions: Option<u64>,
+    /// Cluster mode: how long a member must have been a member before a live owner
+    /// hands it a partition (default 3 lease TTLs; orphaned partitions move at once).
+    #[arg(long, env = "MESHD_REBALANCE_DELAY_MS")]
+    pub rebalance_delay_ms: Option<u64>,
     /// Revisions of Meta's history meshd keeps when it compacts it (0: meshd does
     /// not compact, for an etcd shared with others that compact it).
     #[arg(long, env = "MESHD_META_COMPACTION_RETENTION")]
@@ -226,6 +230,7 @@ struct FileConfig {
     max_topics: Option<u64>,
     max_subscriptions: Option<u64>,
     meta_compaction_retention: Option<u64>,
+    rebalance_delay_ms: Option<u64>,
     header_timeout_ms: Option<u64>,
     body_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
@@ -299,6 +304,7 @@ pub struct Config {
     /// Answer bounds and quotas on what clients create.
     pub limits: Limits,
     pub meta_compaction_retention: u64,
+    pub rebalance_delay_ms: u64,
     pub header_timeout_ms: u64,
     pub body_timeout_ms: u64,
     pub idle_timeout_ms: u64,
@@ -495,7 +501,15 @@ impl Config {
                 "expected `embedded` or `nats://host:port[,host:port...]`",
             ));
         };
+        let lease_ttl_ms = args
+            .lease_ttl_ms
+            .or(file.lease_ttl_ms)
+            .unwrap_or(DEFAULT_LEASE_TTL_MS);
         let config = Config {
+            rebalance_delay_ms: args
+                .rebalance_delay_ms
+                .or(file.rebalance_delay_ms)
+                .unwrap_or(lease_ttl_ms.saturating_mul(3)),
             listen,
             data_dir: args
                 .data_dir
@@ -504,10 +518,7 @@ impl Config {
             meta,
             log,
             instance_id: args.instance_id.or(file.instance_id),
-            lease_ttl_ms: args
-                .lease_ttl_ms
-                .or(file.lease_ttl_ms)
-                .unwrap_or(DEFAULT_LEASE_TTL_MS),
+            lease_ttl_ms,
             delivery_flush_ms: args
                 .delivery_flush_ms
                 .or(file.delivery_flush_ms)
@@ -759,6 +770,7 @@ impl Config {
                 (4 << 20)..=(1 << 40),
             ),
             ("--max-sessions", self.limits.max_sessions, 1..=10_000_000),
+            ("--rebalance-delay-ms", self.rebalance_delay_ms, 0..=3_600_000),
             // 0 is off; otherwise at least 100 revisions, so watchers that fall behind
             // by a little can still resume.
             (

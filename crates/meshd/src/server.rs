@@ -510,6 +510,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             directory: directory_tx,
             metrics: state.metrics.clone(),
             waiting_since: Default::default(),
+            rebalance_delay: Duration::from_millis(config.rebalance_delay_ms),
+            member_since: Default::default(),
             tick: (Duration::from_millis(config.lease_ttl_ms) / 10).max(Duration::from_millis(100)),
         }
         .spawn();

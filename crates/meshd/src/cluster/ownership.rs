@@ -43,21 +43,64 @@ pub struct Plan {
 ///   is acquired: an instance that is not a member must not own anything).
 /// * `partitions`: every partition of every topic.
 /// * `holders`: the current holder of each owner key that exists.
+#[cfg(test)]
 pub fn plan(
     me: &str,
     members: &[String],
     partitions: &[PartitionId],
     holders: &BTreeMap<PartitionId, String>,
 ) -> Plan {
+    plan_moves(
+        me,
+        members,
+        partitions,
+        holders,
+        &Moves {
+            ready: &|_| true,
+            max: usize::MAX,
+        },
+    )
+}
+
+/// When a live owner hands a partition to the member now designated for it (sticky
+/// moves, http-api.md "Cluster: moves, takeovers and Meta's footprint").
+pub struct Moves<'a> {
+    /// Whether that member has been a member long enough (`--rebalance-delay-ms`): a
+    /// member that rejoins does not take partitions back from a live owner at once.
+    pub ready: &'a dyn Fn(&str) -> bool,
+    /// Hand-overs per step at most (moves are paced). Partitions of a topic that is
+    /// gone, and everything when this instance is no longer a member, are released
+    /// whatever the count.
+    pub max: usize,
+}
+
+/// [`plan`] with sticky, paced hand-overs. Orphaned partitions (no holder: a crash, a
+/// release) are still acquired at once by their designated owner.
+pub fn plan_moves(
+    me: &str,
+    members: &[String],
+    partitions: &[PartitionId],
+    holders: &BTreeMap<PartitionId, String>,
+    moves: &Moves<'_>,
+) -> Plan {
     let member = members.iter().any(|m| m == me);
     let mut out = Plan::default();
     let known: BTreeSet<&PartitionId> = partitions.iter().collect();
+    let mut handed = 0;
     for p in partitions {
         let designated = assign::owner(members, &p.0, p.1);
         let holder = holders.get(p).map(String::as_str);
         let mine = member && designated == Some(me);
         match (holder, mine) {
-            (Some(h), false) if h == me => out.release.push(p.clone()),
+            // Leaving: everything goes.
+            (Some(h), false) if h == me && !member => out.release.push(p.clone()),
+            (Some(h), false) if h == me => {
+                let to_ready = designated.is_none_or(|d| (moves.ready)(d));
+                if to_ready && handed < moves.max {
+                    handed += 1;
+                    out.release.push(p.clone());
+                }
+            }
             (Some(h), true) if h != me => out.waiting.push(p.clone()),
             (None, true) => out.acquire.push(p.clone()),
             _ => {}
@@ -75,6 +118,34 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_live_owner_hands_partitions_to_a_new_member_only_once_it_is_ready_and_a_few_at_a_time(
+    ) {
+        let ps = parts("t", 64);
+        let both = members(&["a", "b"]);
+        let all_a: BTreeMap<PartitionId, String> =
+            ps.iter().map(|p| (p.clone(), "a".to_string())).collect();
+        let not_yet = Moves {
+            ready: &|m| m != "b",
+            max: usize::MAX,
+        };
+        assert!(plan_moves("a", &both, &ps, &all_a, &not_yet)
+            .release
+            .is_empty());
+        let paced = Moves {
+            ready: &|_| true,
+            max: 3,
+        };
+        let p = plan_moves("a", &both, &ps, &all_a, &paced);
+        assert_eq!(p.release.len(), 3, "paced");
+        // Leaving: everything goes at once, ready or not.
+        let p = plan_moves("a", &members(&["b"]), &ps, &all_a, &not_yet);
+        assert_eq!(p.release.len(), 64);
+        // An orphan is taken at once by its designated owner.
+        let p = plan_moves("b", &both, &ps, &BTreeMap::new(), &not_yet);
+        assert!(!p.acquire.is_empty());
+    }
 
     fn parts(topic: &str, n: u32) -> Vec<PartitionId> {
         (0..n).map(|p| (topic.to_string(), p)).collect()
@@ -222,7 +293,15 @@ pub struct Controller {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// When each partition designated here but still held elsewhere was first seen.
     pub waiting_since: std::sync::Mutex<BTreeMap<PartitionId, std::time::Instant>>,
+    /// How long a member must have been seen before this instance hands it a
+    /// partition it holds (`--rebalance-delay-ms`).
+    pub rebalance_delay: std::time::Duration,
+    /// When this instance first saw each current member.
+    pub member_since: std::sync::Mutex<BTreeMap<String, std::time::Instant>>,
 }
+
+/// Hand-overs to other members per step at most.
+const MOVES_PER_STEP: usize = 8;
 
 impl Controller {
     pub fn spawn(self) {
@@ -344,7 +423,33 @@ impl Controller {
                 }
             }
         }
-        let todo = plan(&self.me, &members, &partitions, &holders);
+        let since = {
+            let mut since = self
+                .member_since
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            since.retain(|m, _| members.contains(m));
+            let now = std::time::Instant::now();
+            for m in &members {
+                since.entry(m.clone()).or_insert(now);
+            }
+            since.clone()
+        };
+        let ready = |m: &str| {
+            since
+                .get(m)
+                .is_some_and(|t| t.elapsed() >= self.rebalance_delay)
+        };
+        let todo = plan_moves(
+            &self.me,
+            &members,
+            &partitions,
+            &holders,
+            &Moves {
+                ready: &ready,
+                max: MOVES_PER_STEP,
+            },
+        );
         {
             let mut waiting = self
                 .waiting_since
@@ -505,6 +610,8 @@ mod controller_tests {
             tick: Duration::from_millis(50),
             metrics: Default::default(),
             waiting_since: Default::default(),
+            rebalance_delay: Duration::ZERO,
+            member_since: Default::default(),
         }
         .spawn();
         Node {
