@@ -770,7 +770,11 @@ impl Config {
                 (4 << 20)..=(1 << 40),
             ),
             ("--max-sessions", self.limits.max_sessions, 1..=10_000_000),
-            ("--rebalance-delay-ms", self.rebalance_delay_ms, 0..=3_600_000),
+            (
+                "--rebalance-delay-ms",
+                self.rebalance_delay_ms,
+                0..=3_600_000,
+            ),
             // 0 is off; otherwise at least 100 revisions, so watchers that fall behind
             // by a little can still resume.
             (

@@ -120,8 +120,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_live_owner_hands_partitions_to_a_new_member_only_once_it_is_ready_and_a_few_at_a_time(
-    ) {
+    fn a_live_owner_hands_partitions_to_a_new_member_only_once_it_is_ready_and_a_few_at_a_time() {
         let ps = parts("t", 64);
         let both = members(&["a", "b"]);
         let all_a: BTreeMap<PartitionId, String> =
