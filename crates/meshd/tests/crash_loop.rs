@@ -68,6 +68,7 @@ use common::*;
 use meshd_test_support::http::{self, request_with, send_json, Response};
 use meshd_test_support::lazyfs::{LazyFs, Torn};
 use meshd_test_support::meshd::MeshdProcess;
+use meshd_test_support::rng::Rng;
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -100,31 +101,6 @@ const DRAIN: Duration = Duration::from_secs(60);
 const READY: Duration = Duration::from_secs(30);
 /// At most this many violations are printed.
 const SHOWN: usize = 40;
-
-/// splitmix64: a tiny deterministic generator, enough to draw a schedule from a seed
-/// without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    /// A generator of its own for one client, so one client's draws do not shift
-    /// another's.
-    fn fork(&mut self) -> Rng {
-        Rng(self.next())
-    }
-}
 
 fn seed() -> u64 {
     match std::env::var("MESHD_CRASH_SEED") {
@@ -1277,7 +1253,7 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
             let torn = if rng.range(0, 1) == 0 {
                 Torn::Lost
             } else {
-                Torn::Prefix(rng.next())
+                Torn::Prefix(rng.next_u64())
             };
             let report = fs
                 .power_cut(torn)

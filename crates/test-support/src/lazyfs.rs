@@ -71,6 +71,16 @@ enum Op {
     SetLen(u64),
 }
 
+/// The bytes `ops` write.
+fn written_bytes(ops: &[Op]) -> u64 {
+    ops.iter()
+        .map(|op| match op {
+            Op::Write { data, .. } => data.len() as u64,
+            Op::SetLen(_) => 0,
+        })
+        .sum()
+}
+
 fn apply(bytes: &mut Vec<u8>, op: &Op) {
     match op {
         Op::Write { offset, data } => {
@@ -413,7 +423,7 @@ impl Disk {
         let mut report = CutReport::default();
         let mut rng = match torn {
             Torn::Lost => None,
-            Torn::Prefix(seed) => Some(SplitMix(seed)),
+            Torn::Prefix(seed) => Some(crate::rng::Rng(seed)),
         };
         // Files in a fixed order, so a seed always tears the same way.
         let mut inos: Vec<u64> = self.nodes.keys().copied().collect();
@@ -431,13 +441,7 @@ impl Disk {
                 } => {
                     if !pending.is_empty() {
                         report.files_with_unsynced_writes += 1;
-                        report.unsynced_bytes += pending
-                            .iter()
-                            .map(|op| match op {
-                                Op::Write { data, .. } => data.len() as u64,
-                                Op::SetLen(_) => 0,
-                            })
-                            .sum::<u64>();
+                        report.unsynced_bytes += written_bytes(pending);
                         if let Some(rng) = rng.as_mut() {
                             let kept = rng.below(pending.len() as u64 + 1) as usize;
                             for op in &pending[..kept] {
@@ -493,27 +497,6 @@ impl Disk {
             };
         }
         report
-    }
-}
-
-/// splitmix64, for torn prefixes from a seed.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
     }
 }
 
@@ -1039,13 +1022,7 @@ impl LazyFs {
         disk.nodes
             .values()
             .map(|n| match &n.content {
-                Content::File { pending, .. } => pending
-                    .iter()
-                    .map(|op| match op {
-                        Op::Write { data, .. } => data.len() as u64,
-                        Op::SetLen(_) => 0,
-                    })
-                    .sum(),
+                Content::File { pending, .. } => written_bytes(pending),
                 Content::Dir { .. } => 0,
             })
             .sum()

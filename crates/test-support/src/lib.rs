@@ -17,4 +17,5 @@ pub mod meshd;
 pub mod nats;
 pub mod process;
 pub mod proxy;
+pub mod rng;
 pub mod wait;
