@@ -53,6 +53,20 @@ fn over(quota: &'static str, limit: u64, detail: String) -> Result<(), Over> {
     })
 }
 
+/// `quota` is reached when `count` (`None`: not known yet, which refuses nothing) is
+/// at `limit`; `detail` says so from the count.
+fn within(
+    quota: &'static str,
+    limit: u64,
+    count: Option<u64>,
+    detail: impl FnOnce(u64) -> String,
+) -> Result<(), Over> {
+    match count {
+        Some(n) if n >= limit => over(quota, limit, detail(n)),
+        _ => Ok(()),
+    }
+}
+
 impl Quotas {
     pub fn new(
         limits: Limits,
@@ -100,29 +114,18 @@ impl Quotas {
     /// know yet refuses nothing: the store answers for Meta then.)
     pub fn topic(&self) -> Result<(), Over> {
         let limit = self.limits.max_topics;
-        match self.topics.count() {
-            Some(n) if n as u64 >= limit => over(
-                TOPICS,
-                limit,
-                format!("{n} topics exist; --max-topics is {limit}: delete one first"),
-            ),
-            _ => Ok(()),
-        }
+        within(TOPICS, limit, self.topics.count().map(|n| n as u64), |n| {
+            format!("{n} topics exist; --max-topics is {limit}: delete one first")
+        })
     }
 
     /// Before a subscription that does not exist yet is created.
     pub fn subscription(&self) -> Result<(), Over> {
         let limit = self.limits.max_subscriptions;
-        match self.subscriptions.count() {
-            Some(n) if n as u64 >= limit => over(
-                SUBSCRIPTIONS,
-                limit,
-                format!(
-                    "{n} subscriptions exist; --max-subscriptions is {limit}: delete one first"
-                ),
-            ),
-            _ => Ok(()),
-        }
+        let count = self.subscriptions.count().map(|n| n as u64);
+        within(SUBSCRIPTIONS, limit, count, |n| {
+            format!("{n} subscriptions exist; --max-subscriptions is {limit}: delete one first")
+        })
     }
 
     /// Before a session is opened for `client_id` (a takeover of its live session is
@@ -132,14 +135,10 @@ impl Quotas {
             return Ok(());
         }
         let limit = self.limits.max_sessions;
-        match self.sessions.live_count() {
-            Some(n) if n as u64 >= limit => over(
-                SESSIONS,
-                limit,
-                format!("{n} sessions are live; --max-sessions is {limit}: close one or let one expire first"),
-            ),
-            _ => Ok(()),
-        }
+        let count = self.sessions.live_count().map(|n| n as u64);
+        within(SESSIONS, limit, count, |n| {
+            format!("{n} sessions are live; --max-sessions is {limit}: close one or let one expire first")
+        })
     }
 
     /// Before a task of `agent` whose record takes about `bytes` is created (the
@@ -149,24 +148,21 @@ impl Quotas {
             return Ok(());
         };
         let limit = self.limits.max_tasks;
-        if u.non_terminal >= limit {
-            return over(
-                TASKS,
-                limit,
-                format!("{} tasks are not finished; --max-tasks is {limit}: finish, cancel or delete some first", u.non_terminal),
-            );
-        }
+        within(TASKS, limit, Some(u.non_terminal), |n| {
+            format!("{n} tasks are not finished; --max-tasks is {limit}: finish, cancel or delete some first")
+        })?;
         self.task_bytes(u.bytes, bytes)?;
         let limit = self.limits.max_tasks_per_agent;
-        let of_agent = self.tasks.non_terminal_of(agent).unwrap_or(0);
-        if of_agent >= limit {
-            return over(
-                TASKS_PER_AGENT,
-                limit,
-                format!("agent {agent:?} has {of_agent} unfinished tasks; --max-tasks-per-agent is {limit}"),
-            );
-        }
-        Ok(())
+        within(
+            TASKS_PER_AGENT,
+            limit,
+            self.tasks.non_terminal_of(agent),
+            |n| {
+                format!(
+                    "agent {agent:?} has {n} unfinished tasks; --max-tasks-per-agent is {limit}"
+                )
+            },
+        )
     }
 
     /// Before a task write that adds `more` bytes to what tasks keep in Meta.
