@@ -6,7 +6,7 @@ use crate::io::{
     AckOutcome, Command, DeadLetterRequest, Delivery, DeliveryRef, EventMeta, ExtendOutcome, Input,
     NackOutcome, PullId, Reply, SessionCheck,
 };
-use crate::sources::Sources;
+use crate::sources::{IdFields, Sources};
 use meshd_stores::deadletters::entry_id;
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState, OffsetAdvance, SessionBinding};
 use meshd_stores::offsets::OffsetKey;
@@ -29,6 +29,9 @@ pub struct Partition {
     pub log_id: String,
     /// The partition owner's epoch, written into every record (0 standalone).
     pub owner_epoch: i64,
+    /// The committed offset's reset epoch (`Committed::epoch`): part of every
+    /// delivery id's MAC, so an id of one reset is no id of the next.
+    pub reset_epoch: u64,
 }
 
 impl Partition {
@@ -410,7 +413,16 @@ impl PartitionCore {
                     failures: 0,
                 },
             };
-            let id = (!r.delivery_id.is_empty()).then_some(r.delivery_id);
+            // An in-flight record without an id was handed out by another owner (the
+            // attempt ledger holds no ids): its id is rebuilt from the same fields,
+            // so the consumer's ack of it is honoured here.
+            let id = match (r.delivery_id.is_empty(), &status) {
+                (false, _) => Some(r.delivery_id),
+                (true, Status::InFlight { .. }) => {
+                    Some(core.delivery_id(loc, r.attempt, r.session.as_ref()))
+                }
+                (true, _) => None,
+            };
             if let (Some(id), Status::InFlight { .. } | Status::WaitingRetry { .. }) =
                 (&id, &status)
             {
@@ -686,21 +698,28 @@ impl PartitionCore {
         }
     }
 
-    fn delivery_id(&mut self, loc: Loc, attempt: u32) -> String {
+    fn delivery_id(&mut self, loc: Loc, attempt: u32, session: Option<&SessionBinding>) -> String {
         let k = &self.partition.key;
-        let marker = if matches!(loc, Loc::Redrive(_)) {
-            "r"
-        } else {
-            ""
-        };
+        let redrive = matches!(loc, Loc::Redrive(_));
+        let tag = self.sources.ids.tag(&IdFields {
+            subscription: &k.subscription,
+            incarnation: k.incarnation,
+            reset_epoch: self.partition.reset_epoch,
+            topic: &k.topic,
+            partition: k.partition,
+            offset: loc.offset(),
+            attempt,
+            session_epoch: session.map(|s| s.epoch),
+            redrive,
+        });
         format!(
             "{}-{}-{}-{}{}-{:016x}",
             k.incarnation,
             k.partition,
             loc.offset(),
-            marker,
+            if redrive { "r" } else { "" },
             attempt,
-            self.sources.ids.nonce()
+            tag
         )
     }
 
@@ -1168,7 +1187,7 @@ impl PartitionCore {
         let Some(attempt) = self.entries.get(&loc).map(|e| e.attempt.saturating_add(1)) else {
             return;
         };
-        let id = self.delivery_id(loc, attempt);
+        let id = self.delivery_id(loc, attempt, session.as_ref());
         let deadline = now.saturating_add(self.config.ack_timeout_ms);
         let Some(e) = self.entries.get_mut(&loc) else {
             return;

@@ -81,7 +81,7 @@ pub use crate::io::{
     NackOutcome, PullId, Reply, SessionCheck,
 };
 pub use crate::sources::{
-    FixedJitter, IdSource, Jitter, RandomIds, RngJitter, SequentialIds, Sources,
+    FixedJitter, IdFields, IdKey, IdSource, Jitter, MacIds, RngJitter, SequentialIds, Sources,
 };
 
 /// Re-exported store types the inputs and commands carry.

@@ -1,50 +1,128 @@
 //! The core's two sources of non-determinism, injected so tests are deterministic:
-//! delivery-id nonces and backoff jitter.
+//! delivery-id tags and backoff jitter.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Supplies the unique part of delivery ids.
+/// What a delivery id is made of, as the id source sees it: the authenticated
+/// fields of http-api.md "Cluster: moves, takeovers and Meta's footprint".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdFields<'a> {
+    pub subscription: &'a str,
+    pub incarnation: i64,
+    /// The partition's offset-reset epoch (`Committed::epoch`).
+    pub reset_epoch: u64,
+    pub topic: &'a str,
+    pub partition: u32,
+    pub offset: u64,
+    pub attempt: u32,
+    /// The epoch of the session the attempt is bound to, if any.
+    pub session_epoch: Option<i64>,
+    /// A redrive of a dead-lettered offset (never reconstructed by another owner).
+    pub redrive: bool,
+}
+
+/// Supplies the last part of delivery ids.
 ///
-/// A delivery id is `{incarnation}-{partition}-{offset}-{attempt}-{nonce:016x}` (an
-/// `r` before the attempt marks a redrive), see [`crate::delivery_id`]. The
-/// `(offset, attempt)` part already differs between attempts of one offset, across
-/// crashes too (attempt counts never go back); the nonce separates what that cannot:
-/// two redrives of one offset (both start at attempt 1) and an offset delivered again
-/// after an explicit offset reset.
+/// A delivery id is `{incarnation}-{partition}-{offset}-{attempt}-{tag:016x}` (an `r`
+/// before the attempt marks a redrive). Production tags ([`MacIds`]) are a MAC over
+/// [`IdFields`] keyed by a secret, so an owner that inherits a partition rebuilds the
+/// id of every delivery still in flight from its attempt ledger and honours its ack,
+/// while nobody without the key can forge one, and an id of one reset epoch or
+/// session epoch is no id of another.
 pub trait IdSource: Send + Sync {
-    fn nonce(&mut self) -> u64;
+    fn tag(&mut self, fields: &IdFields<'_>) -> u64;
 }
 
-/// Draws from `0..=upper` (inclusive) for backoff jitter; answers above `upper` are
-/// clamped by the core.
-pub trait Jitter: Send + Sync {
-    fn sample(&mut self, upper: u64) -> u64;
-}
+/// The key of [`MacIds`]: in cluster mode derived from the cluster secret (every
+/// member computes the same tags), standalone drawn at boot.
+#[derive(Clone)]
+pub struct IdKey([u8; 32]);
 
-/// Production nonces: 64 random bits per id (seeded from the OS).
-pub struct RandomIds(StdRng);
-
-impl RandomIds {
-    pub fn new() -> Self {
-        Self(StdRng::from_entropy())
+impl std::fmt::Debug for IdKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdKey(..)")
     }
 }
 
-impl Default for RandomIds {
-    fn default() -> Self {
-        Self::new()
+impl IdKey {
+    /// The key every member derives from the cluster secret (domain-separated, so
+    /// the secret itself is never the MAC key).
+    pub fn from_secret(secret: &[u8]) -> Self {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(b"meshd delivery id key v1\0");
+        h.update(secret);
+        Self(h.finalize().into())
+    }
+
+    /// A key of 256 random bits (standalone: ids never leave this instance).
+    pub fn random() -> Self {
+        let mut k = [0u8; 32];
+        rand::thread_rng().fill(&mut k[..]);
+        Self(k)
+    }
+
+    /// The tag of a window delivery: HMAC-SHA256 over the length-prefixed fields,
+    /// truncated to 64 bits.
+    pub fn mac(&self, f: &IdFields<'_>) -> u64 {
+        use hmac::Mac;
+        // new_from_slice accepts any key length, so this never fails.
+        let Ok(mut m) = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.0) else {
+            return 0;
+        };
+        for s in [f.subscription, f.topic] {
+            m.update(&(s.len() as u64).to_be_bytes());
+            m.update(s.as_bytes());
+        }
+        m.update(&f.incarnation.to_be_bytes());
+        m.update(&f.reset_epoch.to_be_bytes());
+        m.update(&f.partition.to_be_bytes());
+        m.update(&f.offset.to_be_bytes());
+        m.update(&f.attempt.to_be_bytes());
+        match f.session_epoch {
+            Some(e) => {
+                m.update(&[1]);
+                m.update(&e.to_be_bytes());
+            }
+            None => m.update(&[0]),
+        }
+        let out = m.finalize().into_bytes();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&out[..8]);
+        u64::from_be_bytes(first)
     }
 }
 
-impl IdSource for RandomIds {
-    fn nonce(&mut self) -> u64 {
-        self.0.gen()
+/// Production tags: [`IdKey::mac`] for window deliveries (rebuildable by any holder
+/// of the key), 64 random bits for redrives (two redrives of one offset both start
+/// at attempt 1, and a redrive never moves to another owner in flight).
+pub struct MacIds {
+    key: IdKey,
+    rng: StdRng,
+}
+
+impl MacIds {
+    pub fn new(key: IdKey) -> Self {
+        Self {
+            key,
+            rng: StdRng::from_entropy(),
+        }
     }
 }
 
-/// Deterministic nonces: `start`, `start + 1`, ... Give every core lifetime (for
-/// example each recovery in a test) its own `start` range.
+impl IdSource for MacIds {
+    fn tag(&mut self, fields: &IdFields<'_>) -> u64 {
+        if fields.redrive {
+            self.rng.gen()
+        } else {
+            self.key.mac(fields)
+        }
+    }
+}
+
+/// Deterministic tags: `start`, `start + 1`, ... whatever the fields. Give every
+/// core lifetime (for example each recovery in a test) its own `start` range.
 pub struct SequentialIds {
     next: u64,
 }
@@ -56,11 +134,17 @@ impl SequentialIds {
 }
 
 impl IdSource for SequentialIds {
-    fn nonce(&mut self) -> u64 {
+    fn tag(&mut self, _fields: &IdFields<'_>) -> u64 {
         let n = self.next;
         self.next = self.next.wrapping_add(1);
         n
     }
+}
+
+/// Draws from `0..=upper` (inclusive) for backoff jitter; answers above `upper` are
+/// clamped by the core.
+pub trait Jitter: Send + Sync {
+    fn sample(&mut self, upper: u64) -> u64;
 }
 
 /// Jitter from a pseudo-random generator: seeded from the OS in production
@@ -107,10 +191,10 @@ pub struct Sources {
 }
 
 impl Sources {
-    /// Random ids and random jitter (production).
-    pub fn random() -> Self {
+    /// MAC'd ids under `key` and random jitter (production).
+    pub fn production(key: IdKey) -> Self {
         Self {
-            ids: Box::new(RandomIds::new()),
+            ids: Box::new(MacIds::new(key)),
             jitter: Box::new(RngJitter::from_entropy()),
         }
     }

@@ -115,6 +115,7 @@ fn partition() -> Partition {
         key: key(),
         log_id: "instance-a".into(),
         owner_epoch: 3,
+        reset_epoch: 0,
     }
 }
 

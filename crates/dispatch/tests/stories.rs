@@ -1315,14 +1315,166 @@ fn given_an_invalid_config_then_new_refuses_it_naming_the_field() {
                 key: key(),
                 log_id: "i".into(),
                 owner_epoch: 0,
+                reset_epoch: 0,
             },
             cfg,
             0,
-            Sources::random(),
+            Sources::production(meshd_dispatch::IdKey::random()),
         )
         .err()
         .expect("refused");
         assert!(err.to_string().contains(field), "{err}");
     }
     assert!(meshd_dispatch::Config::default().validate().is_ok());
+}
+
+// ---- moves: inherited leases and authenticated ids ----------------------------------
+
+/// A core with MAC'd ids under `key` (as production builds them), reset epoch
+/// `reset_epoch`, recovered from `records` at `now`.
+fn mac_core(
+    id_key: &meshd_dispatch::IdKey,
+    reset_epoch: u64,
+    records: Vec<DeliveryRecord>,
+    now: u64,
+) -> PartitionCore {
+    let (core, _) = PartitionCore::recover(
+        Partition {
+            reset_epoch,
+            ..partition()
+        },
+        config(),
+        0,
+        records,
+        now,
+        Sources {
+            ids: Box::new(meshd_dispatch::MacIds::new(id_key.clone())),
+            jitter: Box::new(FixedJitter::Max),
+        },
+    )
+    .expect("recover");
+    core
+}
+
+/// What the ledger gives a new owner: no id, the previous owner's deadline.
+fn inherited(
+    offset: u64,
+    attempt: u32,
+    deadline_ms: u64,
+    session: Option<SessionBinding>,
+) -> DeliveryRecord {
+    DeliveryRecord {
+        delivery_id: String::new(),
+        last_reason: None,
+        session,
+        ..record(offset, attempt, DeliveryState::InFlight, deadline_ms)
+    }
+}
+
+#[test]
+fn given_a_partition_moved_with_a_delivery_in_flight_then_the_new_owner_honours_its_id_until_its_deadline(
+) {
+    let id_key = meshd_dispatch::IdKey::from_secret(b"cluster secret");
+    // The first owner hands offset 0 out (attempt 1) and 1 to a session.
+    let mut a = mac_core(&id_key, 0, vec![], T0);
+    let ack = |core: &mut PartitionCore, id: &str, now: u64| {
+        let cmds = core
+            .handle(Input::Ack(vec![DeliveryRef::unbound(id)]), now)
+            .unwrap();
+        ack_outcomes(&cmds)
+    };
+    let mut ids = Vec::new();
+    let cmds = a.handle(Input::LogEnd(2), T0).unwrap();
+    let read = reads(&cmds);
+    assert_eq!(read, vec![(0, 2)]);
+    a.handle(Input::EventsRead(vec![event(0), event(1)]), T0)
+        .unwrap();
+    for (offset, session) in [(0, None), (1, Some(session(4)))] {
+        let cmds = a
+            .handle(
+                Input::Pull {
+                    pull_id: meshd_dispatch::PullId(offset + 1),
+                    max_events: 1,
+                    max_bytes: u64::MAX,
+                    at_least_one: true,
+                    session,
+                },
+                T0,
+            )
+            .unwrap();
+        let r = persists(&cmds).remove(0);
+        let cmds = a
+            .handle(
+                Input::AttemptPersisted {
+                    offset: r.offset,
+                    attempt: r.attempt,
+                },
+                T0,
+            )
+            .unwrap();
+        ids.push(handouts(&cmds).remove(0));
+    }
+    let deadline = T0 + 1000;
+    assert_eq!(ids[0].deadline_ms, deadline);
+
+    // The new owner inherits both from the ledger (attempt, deadline, session) and
+    // rebuilds the same ids: the consumer's ack is honoured there, not `unknown`.
+    let mut b = mac_core(
+        &id_key,
+        0,
+        vec![
+            inherited(0, 1, deadline, None),
+            inherited(1, 1, deadline, Some(session(4))),
+        ],
+        T0 + 500,
+    );
+    assert_eq!(
+        b.stats().in_flight,
+        2,
+        "still in flight: no redelivery at once"
+    );
+    assert_eq!(b.bound_session(&ids[1].delivery_id), Some(&session(4)));
+    assert_eq!(
+        ack(&mut b, &ids[0].delivery_id, T0 + 600),
+        vec![AckOutcome::Acked]
+    );
+
+    // An id forged with another key, or of another reset epoch, is no id here.
+    for (key, reset) in [
+        (meshd_dispatch::IdKey::from_secret(b"another secret"), 0),
+        (id_key.clone(), 1),
+    ] {
+        let mut c = mac_core(&key, reset, vec![inherited(0, 1, deadline, None)], T0 + 500);
+        assert_eq!(
+            ack(&mut c, &ids[0].delivery_id, T0 + 600),
+            vec![AckOutcome::Unknown]
+        );
+    }
+    // A stale attempt stays unknown: once the lease passed, attempt 2 is current.
+    let mut d = mac_core(&id_key, 0, vec![inherited(0, 1, deadline, None)], T0 + 500);
+    let cmds = d
+        .handle(
+            Input::Pull {
+                pull_id: meshd_dispatch::PullId(9),
+                max_events: 1,
+                max_bytes: u64::MAX,
+                at_least_one: true,
+                session: None,
+            },
+            deadline + 1,
+        )
+        .unwrap();
+    let again = persists(&cmds);
+    assert_eq!(
+        again
+            .iter()
+            .map(|r| (r.offset, r.attempt))
+            .collect::<Vec<_>>(),
+        vec![(0, 2)],
+        "redelivered when the inherited lease ended, with the next attempt"
+    );
+    assert_eq!(
+        ack(&mut d, &ids[0].delivery_id, deadline + 2),
+        vec![AckOutcome::Unknown]
+    );
 }

@@ -705,7 +705,7 @@ impl Config {
             return Err(invalid(
                 "--max-in-flight",
                 self.max_in_flight,
-                format!("in cluster mode (a JetStream log) at most {ledger_cap}: every in-flight attempt count of a partition is kept in one Meta record"),
+                format!("in cluster mode (a JetStream log) at most {ledger_cap}: a new owner reads a partition's whole attempt ledger from Meta"),
             ));
         }
         if !(100..=600_000).contains(&self.checkpoint_ms) {

@@ -63,6 +63,10 @@ pub struct Metrics {
     /// Forwarded pulls whose answer did not arrive here (so this instance asked the
     /// owner to release it).
     forward_releases: AtomicU64,
+    /// Cluster mode: attempt-ledger writes, entries recorded, records pruned.
+    ledger_writes: AtomicU64,
+    ledger_entries: AtomicU64,
+    ledger_pruned: AtomicU64,
     tasks_refused: Mutex<BTreeMap<String, u64>>,
     tasks_by_state: Mutex<Option<BTreeMap<&'static str, u64>>>,
     /// Cluster mode only (rendered when `cluster` is set).
@@ -172,6 +176,16 @@ impl Metrics {
         *lock(&self.errors)
             .entry((store, backend, kind.to_string()))
             .or_default() += 1;
+    }
+
+    /// One attempt-ledger write applied (cluster mode): entries recorded, records
+    /// pruned.
+    pub fn ledger_write(&self, entries: usize, pruned: usize) {
+        self.ledger_writes.fetch_add(1, Ordering::Relaxed);
+        self.ledger_entries
+            .fetch_add(entries as u64, Ordering::Relaxed);
+        self.ledger_pruned
+            .fetch_add(pruned as u64, Ordering::Relaxed);
     }
 
     /// Hand-outs of a forwarded answer released at the asking instance's request.
@@ -298,6 +312,11 @@ impl Metrics {
         }
         let _ = writeln!(out, "# HELP meshd_deliveries_released_total Hand-outs of a pull forwarded by another instance whose answer did not reach it: due again at once, the attempt not counted.\n# TYPE meshd_deliveries_released_total counter\nmeshd_deliveries_released_total {}", self.released.load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP meshd_forwarded_pull_releases_total Pulls forwarded to another instance whose answer did not arrive here (its owner was asked to release them).\n# TYPE meshd_forwarded_pull_releases_total counter\nmeshd_forwarded_pull_releases_total {}", self.forward_releases.load(Ordering::Relaxed));
+        if self.ownership.cluster.load(Ordering::Relaxed) {
+            let _ = writeln!(out, "# HELP meshd_attempt_ledger_writes_total Cluster mode: attempt-ledger transactions applied in Meta (one per pull batch or extend, or a prune).\n# TYPE meshd_attempt_ledger_writes_total counter\nmeshd_attempt_ledger_writes_total {}", self.ledger_writes.load(Ordering::Relaxed));
+            let _ = writeln!(out, "# HELP meshd_attempt_ledger_entries_total Cluster mode: deliveries recorded in the attempt ledger.\n# TYPE meshd_attempt_ledger_entries_total counter\nmeshd_attempt_ledger_entries_total {}", self.ledger_entries.load(Ordering::Relaxed));
+            let _ = writeln!(out, "# HELP meshd_attempt_ledger_pruned_total Cluster mode: attempt-ledger records deleted because they held nothing current.\n# TYPE meshd_attempt_ledger_pruned_total counter\nmeshd_attempt_ledger_pruned_total {}", self.ledger_pruned.load(Ordering::Relaxed));
+        }
         let _ = writeln!(out, "# HELP meshd_tasks_requeued_total Tasks returned to submitted because their assignee's session ended.\n# TYPE meshd_tasks_requeued_total counter\nmeshd_tasks_requeued_total {}", self.tasks_requeued.load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP meshd_task_writes_refused_total Task claims and transitions refused by the task's state, by kind.\n# TYPE meshd_task_writes_refused_total counter");
         for (kind, n) in lock(&self.tasks_refused).iter() {

@@ -356,6 +356,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         topics: topics.clone(),
         subscriptions: subscriptions.clone(),
         max_in_flight: config.max_in_flight as usize,
+        id_key: match &cluster_secret {
+            Some(secret) => meshd_dispatch::IdKey::from_secret(secret.as_bytes()),
+            None => meshd_dispatch::IdKey::random(),
+        },
         metrics: metrics.clone(),
         cluster,
         push_tls,

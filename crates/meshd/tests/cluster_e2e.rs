@@ -116,6 +116,26 @@ impl Cluster {
             .collect()
     }
 
+    /// An ack on instance `i`'s own partitions only (its internal route): `unknown`
+    /// for what it does not own.
+    async fn ack_own(&self, i: usize, sub: &str, ids: &[serde_json::Value]) -> serde_json::Value {
+        let body = serde_json::to_vec(&json!({ "delivery_ids": ids })).unwrap();
+        let r = meshd_test_support::http::request_with(
+            &self.addr(i),
+            "POST",
+            &format!("/internal/v1/subscriptions/{sub}/ack"),
+            &[
+                ("content-type", "application/json"),
+                ("meshd-cluster-secret", self.secret.as_str()),
+            ],
+            &body,
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json().unwrap()
+    }
+
     fn live(&self) -> Vec<usize> {
         (0..self.nodes.len())
             .filter(|i| self.nodes[*i].is_some())
@@ -357,6 +377,9 @@ async fn given_an_owner_killed_under_load_then_its_partitions_move_within_the_le
     }
 }
 
+/// The ack timeout of the takeover stories: past the lease TTL plus the takeover.
+const LEASE_MS: u64 = 3000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_a_poison_event_handed_out_across_repeated_takeovers_then_it_is_dead_lettered_after_exactly_max_attempts_deliveries(
 ) {
@@ -366,20 +389,23 @@ async fn given_a_poison_event_handed_out_across_repeated_takeovers_then_it_is_de
     create_subscription(
         &a0,
         "s",
-        json!({"topic": "p", "max_attempts": 4, "ack_timeout_ms": 60000, "backoff": {"initial_ms": 10, "max_ms": 10}}),
+        json!({"topic": "p", "max_attempts": 4, "ack_timeout_ms": LEASE_MS, "backoff": {"initial_ms": 10, "max_ms": 10}}),
     )
     .await;
     publish(&a0, "p", &event("poison")).await.unwrap();
     let mut attempts = Vec::new();
+    let mut handed_at: Vec<Instant> = Vec::new();
     let start = Instant::now();
     // Each round: the owner hands it out, then dies before any ack; the next owner
-    // continues the count from the ledger.
-    while attempts.len() < 4 && start.elapsed() < DEADLINE * 2 {
+    // continues the count from the ledger, and keeps the lease the dead owner gave:
+    // it hands the event out again only once that lease has ended.
+    while attempts.len() < 4 && start.elapsed() < DEADLINE * 4 {
         let live: BTreeSet<String> = c.live().iter().map(|i| c.ids[*i].clone()).collect();
         let any = c.addr(c.live()[0]);
         let o = all_owned_by(&any, "p", 1, &live, DEADLINE).await;
         let owner = c.index_of(&o[&("p".to_string(), 0)].0);
         let ds = pull_until(&c.addr(owner), "s", 1, Duration::from_secs(20)).await;
+        handed_at.push(Instant::now());
         attempts.push(ds[0].attempt);
         c.kill(owner);
         // Keep three instances: the killed one comes back (a new process).
@@ -390,6 +416,14 @@ async fn given_a_poison_event_handed_out_across_repeated_takeovers_then_it_is_de
         vec![1, 2, 3, 4],
         "each takeover continues the count"
     );
+    for pair in handed_at.windows(2) {
+        // The lease was set by the server before this client saw the hand-out.
+        assert!(
+            pair[1] - pair[0] >= Duration::from_millis(LEASE_MS - 100),
+            "handed out again {:?} after the last hand-out, within its {LEASE_MS} ms lease",
+            pair[1] - pair[0]
+        );
+    }
     let any = c.addr(c.live()[0]);
     wait_until(
         DEADLINE,
@@ -749,4 +783,130 @@ async fn given_one_instance_cut_off_from_etcd_then_it_stops_owning_and_is_not_re
     .await
     .unwrap();
     all_owned_by(&a0, "t", 12, &all, DEADLINE).await;
+}
+
+/// Issue 19: an owner paused with deliveries in flight. Its partitions move once
+/// (to the other instance, which keeps the leases instead of redelivering at once),
+/// do not bounce back when it resumes (sticky moves: `--rebalance-delay-ms`, 3 lease
+/// TTLs by default), and a consumer's ack of the attempt it holds is honoured by
+/// whichever instance owns the partition: the one that took over, and after the
+/// paced rebalance the one that took it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_owner_paused_with_deliveries_in_flight_then_its_partitions_move_once_and_every_ack_of_the_current_attempt_is_honoured(
+) {
+    let c = Cluster::start(2).await;
+    let a0 = c.addr(0);
+    create_topic(&a0, "t", 4).await;
+    create_subscription(&a0, "s", json!({"topic": "t", "ack_timeout_ms": 30000})).await;
+    let members: BTreeSet<String> = c.ids.iter().cloned().collect();
+    let before = all_owned_by(&a0, "t", 4, &members, DEADLINE).await;
+    let a = c.index_of(&before[&("t".to_string(), 0)].0);
+    let b = 1 - a;
+    let moved: BTreeSet<u64> = before
+        .iter()
+        .filter(|(_, (o, _))| *o == c.ids[a])
+        .map(|((_, p), _)| *p)
+        .collect();
+    for i in 0..40 {
+        publish(&a0, "t", &event(&format!("e{i}"))).await.unwrap();
+    }
+    // Everything of A's partitions handed out by A, and held (not acked).
+    let mut held: Vec<Delivery> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(10);
+    while held.is_empty() && Instant::now() < until {
+        held.extend(c.pull_own(a, "s").await);
+    }
+    assert!(!held.is_empty(), "A handed nothing out");
+    assert!(held
+        .iter()
+        .all(|d| moved.contains(&d.partition) && d.attempt == 1));
+    let held_at: BTreeSet<(u64, u64)> = held.iter().map(|d| (d.partition, d.offset)).collect();
+
+    // A paused past its lease: B takes A's partitions, once.
+    c.nodes[a].as_ref().unwrap().pause();
+    let only_b: BTreeSet<String> = [c.ids[b].clone()].into();
+    let moved_to_b = all_owned_by(&c.addr(b), "t", 4, &only_b, DEADLINE).await;
+    // B keeps A's leases: nothing A holds comes out again while they run (B hands
+    // out the rest of its own partitions' events meanwhile).
+    let mut from_b = Vec::new();
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        from_b.extend(c.pull_own(b, "s").await);
+    }
+    let again: Vec<_> = from_b
+        .iter()
+        .filter(|d| held_at.contains(&(d.partition, d.offset)))
+        .collect();
+    assert!(
+        again.is_empty(),
+        "redelivered within their lease: {again:?}"
+    );
+    let _ = ack(&c.addr(b), "s", &ids(&from_b)).await.unwrap();
+    // The consumer's acks of A's hand-outs, sent to B: honoured, not `unknown`.
+    let r = ack(&c.addr(b), "s", &ids(&held)).await.unwrap();
+    assert_eq!(set(&r["acked"]).len(), held.len(), "{r}");
+
+    // New events, handed out by B and held.
+    for i in 40..60 {
+        publish(&c.addr(b), "t", &event(&format!("e{i}")))
+            .await
+            .unwrap();
+    }
+    let mut held_b: Vec<Delivery> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(10);
+    while held_b.len() < 20 && Instant::now() < until {
+        held_b.extend(c.pull_own(b, "s").await);
+    }
+    assert_eq!(held_b.len(), 20, "B hands out every partition's events now");
+
+    // A resumes and rejoins. For the rebalance delay (3 lease TTLs) nothing moves
+    // back: one pause, one move.
+    c.nodes[a].as_ref().unwrap().resume();
+    let resumed = Instant::now();
+    while resumed.elapsed() < LEASE_TTL * 2 {
+        let now = owners(&c.addr(b)).await.unwrap();
+        for p in 0..4u64 {
+            let id = ("t".to_string(), p);
+            assert_eq!(
+                now.get(&id),
+                moved_to_b.get(&id),
+                "partition {p} moved again {:?} after the resume",
+                resumed.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Then the paced rebalance gives A its partitions back, and B's hand-outs of
+    // them are honoured by A, the owner now (acked through A).
+    let back = wait_until(DEADLINE, "A owns a partition again", || async {
+        let now = owners(&c.addr(b)).await?;
+        let mine: BTreeSet<u64> = now
+            .iter()
+            .filter(|(_, (o, _))| *o == c.ids[a])
+            .map(|((_, p), _)| *p)
+            .collect();
+        anyhow::ensure!(!mine.is_empty(), "{now:?}");
+        Ok(mine)
+    })
+    .await
+    .unwrap();
+    let on_a: Vec<Delivery> = held_b
+        .iter()
+        .filter(|d| back.contains(&d.partition))
+        .cloned()
+        .collect();
+    assert!(!on_a.is_empty(), "B held nothing of {back:?}");
+    let r = c.ack_own(a, "s", &ids(&on_a)).await;
+    assert_eq!(set(&r["acked"]).len(), on_a.len(), "{r}");
+    let rest: Vec<Delivery> = held_b
+        .iter()
+        .filter(|d| !back.contains(&d.partition))
+        .cloned()
+        .collect();
+    let r = ack(&c.addr(a), "s", &ids(&rest)).await.unwrap();
+    assert_eq!(set(&r["acked"]).len(), rest.len(), "{r}");
+    // Nothing comes out again: every event was acked once, by whoever owned it.
+    for i in 0..2 {
+        assert_no_delivery(&c.addr(i), "s", 500, "all acked").await;
+    }
 }

@@ -6,15 +6,20 @@
 //! (and started again on its data dir), the embedded Meta is closed (and reopened).
 //!
 //! The stories the cases pin:
-//! * what an owner records is what a later owner loads, per partition, and an empty
-//!   map removes the key;
-//! * after a takeover the old owner's writes are `Fenced` and change nothing: Meta
-//!   keeps the new owner's map, so attempt counts continue across takeovers;
-//! * the map survives a backend restart;
+//! * what an owner records (offset, attempt, lease deadline, session) is what a
+//!   later owner loads, per partition; acked entries leave, and records holding
+//!   nothing current are pruned by later writes;
+//! * every write is one small record, whatever is in flight: Meta's bytes per pull
+//!   batch follow the batch (issue 19: a whole map per batch filled etcd);
+//! * after a takeover the old owner's writes are `Fenced` and change nothing;
+//! * the ledger survives a backend restart;
 //! * Meta down is a typed, retryable error with nothing half-written, and a lost
 //!   answer is `Indeterminate` (a re-read tells);
-//! * deleting a subscription drops exactly its incarnation's ledgers;
-//! * a map above the cap is refused by name, and a damaged record is reported.
+//! * deleting a subscription drops exactly its incarnation's ledgers; a reset
+//!   clears one partition's;
+//! * a record above the cap is refused by name, a damaged record is reported, a
+//!   version-1 map is rewritten as version 2, and version 2 is what a version-1
+//!   reader refuses by name.
 
 mod common;
 
@@ -23,26 +28,27 @@ use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::{Meta, MetaError, Precondition, RangeOptions};
 use meshd_stores::attempts::{
-    ledger_key, AttemptError, AttemptLedger, MetaAttemptLedger, MAX_ENTRIES,
+    decode_v1, encode_v1, ledger_key, record_key, AttemptError, AttemptLedger, LedgerEntry,
+    LedgerState, MetaAttemptLedger, MAX_RECORD_ENTRIES,
 };
+use meshd_stores::delivery::SessionBinding;
 use meshd_stores::offsets::OffsetKey;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 backend_cases!(
-    record_then_load_returns_the_map_per_partition,
+    record_then_load_returns_the_current_entries_per_partition,
+    each_write_is_one_record_of_the_batch_whatever_is_in_flight,
     a_stale_owner_after_a_takeover_is_fenced_and_changes_nothing,
     the_ledger_survives_a_backend_restart,
     meta_unavailable_is_retryable_and_nothing_is_half_written,
     a_lost_answer_is_indeterminate_and_a_reread_tells,
     drop_subscription_removes_exactly_that_incarnations_ledgers,
-    an_oversized_map_is_refused_with_too_large_and_nothing_is_written,
+    clear_removes_one_partitions_ledger_fenced,
+    an_oversized_record_is_refused_with_too_large_and_nothing_is_written,
     a_damaged_ledger_is_reported_as_corrupt,
+    a_version_1_map_is_rewritten_as_version_2_which_a_version_1_reader_refuses,
 );
-
-// ---------------------------------------------------------------------------------
-// Helpers
-// ---------------------------------------------------------------------------------
 
 fn ledger(h: &Harness) -> MetaAttemptLedger {
     MetaAttemptLedger::new(h.meta())
@@ -70,8 +76,52 @@ async fn owner(meta: &dyn Meta, instance: &str, partition: u32) -> Ownership {
         .expect("owner key")
 }
 
-fn map(pairs: &[(u64, u32)]) -> BTreeMap<u64, u32> {
-    pairs.iter().copied().collect()
+/// An entry: attempt, deadline `1000 * offset + attempt`, no session.
+fn e(offset: u64, attempt: u32) -> LedgerEntry {
+    LedgerEntry {
+        offset,
+        attempt,
+        deadline_ms: 1000 * offset + u64::from(attempt),
+        session: None,
+    }
+}
+
+/// The owner's side as the runtime drives it: its state, staged writes applied
+/// only when Meta took them.
+struct Writer<'a> {
+    l: &'a MetaAttemptLedger,
+    key: OffsetKey,
+    own: Ownership,
+    state: LedgerState,
+}
+
+impl<'a> Writer<'a> {
+    /// Acquires: loads what Meta holds (above `committed`).
+    async fn acquire(l: &'a MetaAttemptLedger, key: OffsetKey, own: Ownership) -> Self {
+        let loaded = l.load(&key).await.expect("load");
+        let (state, migrate) = LedgerState::acquired(loaded, 0, 0);
+        assert!(migrate.is_none());
+        Self { l, key, own, state }
+    }
+
+    async fn record(&mut self, entries: Vec<LedgerEntry>) -> Result<(), AttemptError> {
+        let Some(w) = self.state.stage(entries) else {
+            return Ok(());
+        };
+        self.l.write(&self.key, &self.own, &w).await?;
+        self.state.applied(w);
+        Ok(())
+    }
+}
+
+/// offset → entry, as a new owner would inherit it.
+async fn current(l: &MetaAttemptLedger, k: &OffsetKey) -> BTreeMap<u64, LedgerEntry> {
+    let (state, _) = LedgerState::acquired(l.load(k).await.expect("load"), 0, 0);
+    state.entries().map(|e| (e.offset, e.clone())).collect()
+}
+
+fn by_offset(entries: &[LedgerEntry]) -> BTreeMap<u64, LedgerEntry> {
+    entries.iter().map(|e| (e.offset, e.clone())).collect()
 }
 
 /// Every key under `attempts/`, with its value.
@@ -92,55 +142,129 @@ async fn all_ledger_keys(meta: &dyn Meta) -> Vec<(String, Vec<u8>)> {
 // Cases
 // ---------------------------------------------------------------------------------
 
-async fn record_then_load_returns_the_map_per_partition(h: &mut Harness) {
+async fn record_then_load_returns_the_current_entries_per_partition(h: &mut Harness) {
     let meta = h.meta();
     let l = ledger(h);
     let own = owner(meta.as_ref(), "a", 0).await;
     let p0 = pkey("billing", 7, 0);
     let p1 = pkey("billing", 7, 1);
-    assert!(l.load(&p0).await.expect("load").is_empty(), "absent: empty");
+    assert_eq!(l.load(&p0).await.expect("load").head, None, "absent: empty");
+    let mut w = Writer::acquire(&l, p0.clone(), own.clone()).await;
 
-    let first = map(&[(10, 1), (11, 1), (12, 1)]);
-    l.record(&p0, &own, &first).await.expect("record");
-    assert_eq!(l.load(&p0).await.expect("load"), first);
-    assert!(l.load(&p1).await.expect("load").is_empty(), "per partition");
+    let bound = LedgerEntry {
+        session: Some(SessionBinding {
+            session_id: "worker-1".into(),
+            epoch: 4,
+        }),
+        ..e(12, 1)
+    };
+    w.record(vec![e(10, 1), e(11, 1), bound.clone()])
+        .await
+        .expect("record");
+    assert_eq!(
+        current(&l, &p0).await,
+        by_offset(&[e(10, 1), e(11, 1), bound.clone()])
+    );
+    assert!(current(&l, &p1).await.is_empty(), "per partition");
+    // Stored under the catalogued keys, in the documented format.
+    assert_eq!(
+        all_ledger_keys(meta.as_ref()).await,
+        vec![
+            (
+                "meshd/v1/attempts/billing/7/orders/0".to_string(),
+                br#"{"v":2,"layout":"records"}"#.to_vec()
+            ),
+            (
+                "meshd/v1/attempts/billing/7/orders/0/r/00000000000000000000".to_string(),
+                br#"{"v":2,"d":[[10,1,10001],[11,1,11001],[12,1,12001,"worker-1",4]]}"#.to_vec()
+            ),
+        ]
+    );
 
-    // The whole map is rewritten: 10 acked, 11 redelivered, 13 handed out.
-    let second = map(&[(11, 2), (12, 1), (13, 1)]);
-    l.record(&p0, &own, &second).await.expect("record");
-    assert_eq!(l.load(&p0).await.expect("load"), second);
+    // 10 acked, 11 handed out again, 13 handed out: the later record wins for 11.
+    w.state.forget([10]);
+    w.record(vec![e(11, 2), e(13, 1)]).await.expect("record");
+    // Record 0 still holds 12, so 10 is still in Meta: a new owner now would
+    // deliver it again once its lease ends (at least once); it leaves with record 0.
+    let want = by_offset(&[e(10, 1), e(11, 2), bound.clone(), e(13, 1)]);
+    assert_eq!(current(&l, &p0).await, want);
     // A fresh store object (another instance) reads the same.
     assert_eq!(
-        MetaAttemptLedger::new(h.client().await)
-            .load(&p0)
-            .await
-            .expect("load"),
-        second
+        current(&MetaAttemptLedger::new(h.client().await), &p0).await,
+        want
     );
-    // Stored under the catalogued key, in the documented format.
-    let keys = all_ledger_keys(meta.as_ref()).await;
+    // An extend is a record too: 12's lease is longer now.
+    let extended = LedgerEntry {
+        deadline_ms: 99_999,
+        ..bound
+    };
+    w.record(vec![extended.clone()]).await.expect("extend");
+    // Record 0 now holds nothing current (10 acked, 11 and 12 superseded): the
+    // extend's write pruned it.
+    let keys: Vec<String> = all_ledger_keys(meta.as_ref())
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        !keys.contains(&String::from_utf8(record_key(&p0, 0)).unwrap()),
+        "{keys:?}"
+    );
     assert_eq!(
-        keys,
-        vec![(
-            "meshd/v1/attempts/billing/7/orders/0".to_string(),
-            br#"{"v":1,"attempts":[[11,2],[12,1],[13,1]]}"#.to_vec()
-        )]
+        current(&l, &p0).await,
+        by_offset(&[e(11, 2), extended, e(13, 1)])
     );
 
-    // Nothing in flight: the key is gone, not an empty record.
-    l.record(&p0, &own, &BTreeMap::new()).await.expect("record");
-    assert!(l.load(&p0).await.expect("load").is_empty());
-    assert!(all_ledger_keys(meta.as_ref()).await.is_empty());
-    // Deleting an absent ledger is fine too.
-    l.record(&p0, &own, &BTreeMap::new()).await.expect("record");
+    // Everything acked, then a checkpoint's prune: only the head is left.
+    w.state.forget([11, 12, 13]);
+    w.record(vec![]).await.expect("prune");
+    assert_eq!(w.state.records(), 0);
+    assert_eq!(all_ledger_keys(meta.as_ref()).await.len(), 1, "the head");
+    assert!(current(&l, &p0).await.is_empty());
 
     // Attempt 0 is refused and nothing is written.
-    let err = l
-        .record(&p0, &own, &map(&[(1, 1), (2, 0)]))
+    let err = w
+        .record(vec![e(1, 1), e(2, 0)])
         .await
         .expect_err("attempt 0");
     assert!(matches!(err, AttemptError::Invalid(_)), "{err:?}");
-    assert!(all_ledger_keys(meta.as_ref()).await.is_empty());
+    assert_eq!(all_ledger_keys(meta.as_ref()).await.len(), 1);
+}
+
+async fn each_write_is_one_record_of_the_batch_whatever_is_in_flight(h: &mut Harness) {
+    let meta = h.meta();
+    let l = ledger(h);
+    let own = owner(meta.as_ref(), "a", 0).await;
+    let k = pkey("billing", 7, 0);
+    let mut w = Writer::acquire(&l, k.clone(), own).await;
+    // 500 deliveries held in flight (the pattern of issue 19).
+    for batch in 0..50u64 {
+        w.record((0..10).map(|i| e(batch * 10 + i, 1)).collect())
+            .await
+            .expect("record");
+    }
+    // Then pull one, ack one, 300 times: each write puts one record of one entry,
+    // and prunes the previous one (acked), so the ledger's keys stay put.
+    let keys_before = all_ledger_keys(meta.as_ref()).await.len();
+    for o in 500..800u64 {
+        w.record(vec![e(o, 1)]).await.expect("record");
+        w.state.forget([o]);
+    }
+    let all = all_ledger_keys(meta.as_ref()).await;
+    assert!(
+        all.len() <= keys_before + 1,
+        "{} keys after 300 pull-ack cycles, {keys_before} before",
+        all.len()
+    );
+    // Every record but the held ones' is small: the batch, not the 500 in flight.
+    for (key, value) in &all {
+        assert!(value.len() < 200, "{key}: {} bytes", value.len());
+    }
+    // The last acked one's record goes with the next write (here a prune).
+    assert_eq!(current(&l, &k).await.len(), 501);
+    w.record(vec![]).await.expect("prune");
+    assert_eq!(current(&l, &k).await.len(), 500);
+    assert_eq!(all_ledger_keys(meta.as_ref()).await.len(), 51, "head + 50");
 }
 
 async fn a_stale_owner_after_a_takeover_is_fenced_and_changes_nothing(h: &mut Harness) {
@@ -148,44 +272,47 @@ async fn a_stale_owner_after_a_takeover_is_fenced_and_changes_nothing(h: &mut Ha
     let l = ledger(h);
     let k = pkey("billing", 7, 3);
     let old = owner(meta.as_ref(), "a", 3).await;
-    l.record(&k, &old, &map(&[(100, 2), (101, 1)]))
+    let mut a = Writer::acquire(&l, k.clone(), old).await;
+    a.record(vec![e(100, 2), e(101, 1)])
         .await
         .expect("old owner records");
 
-    // Instance b takes the partition over, continues the counts and hands 100 out
-    // again (attempt 3) and 102 for the first time.
+    // Instance b takes the partition over, inherits both, hands 100 out again
+    // (attempt 3) and 102 for the first time.
     let new = owner(meta.as_ref(), "b", 3).await;
-    assert!(new.epoch() > old.epoch());
-    let mut continued = l.load(&k).await.expect("load");
-    assert_eq!(continued, map(&[(100, 2), (101, 1)]));
-    *continued.get_mut(&100).unwrap() += 1;
-    continued.insert(102, 1);
-    l.record(&k, &new, &continued).await.expect("new owner");
-    let revision_before = meta.get(&ledger_key(&k)).await.expect("get").kv;
+    assert!(new.epoch() > a.own.epoch());
+    let mut b = Writer::acquire(&l, k.clone(), new).await;
+    assert_eq!(current(&l, &k).await, by_offset(&[e(100, 2), e(101, 1)]));
+    b.record(vec![e(100, 3), e(102, 1)])
+        .await
+        .expect("new owner");
+    let before = all_ledger_keys(meta.as_ref()).await;
 
-    // The old owner, unaware, records its own view, and then "nothing in flight".
-    for stale_map in [map(&[(100, 3), (101, 2)]), BTreeMap::new()] {
-        let err = l
-            .record(&k, &old, &stale_map)
-            .await
-            .expect_err("a stale owner is fenced");
-        assert_eq!(err, AttemptError::Fenced);
-        assert_eq!(err.kind(), "fenced");
-        assert!(!err.is_retryable());
-    }
-    // Meta keeps the new owner's map, untouched (same revision).
-    assert_eq!(l.load(&k).await.expect("load"), continued);
+    // The old owner, unaware, records its own next attempts, and prunes.
+    let err = a
+        .record(vec![e(100, 3), e(101, 2)])
+        .await
+        .expect_err("a stale owner is fenced");
+    assert_eq!(err, AttemptError::Fenced);
+    assert_eq!(err.kind(), "fenced");
+    assert!(!err.is_retryable());
+    a.state.forget([100, 101]);
+    assert_eq!(a.record(vec![]).await, Err(AttemptError::Fenced));
     assert_eq!(
-        meta.get(&ledger_key(&k)).await.expect("get").kv,
-        revision_before
+        l.clear(&k, &a.own).await,
+        Err(AttemptError::Fenced),
+        "nor may it clear"
+    );
+    // Meta keeps the new owner's ledger, untouched.
+    assert_eq!(all_ledger_keys(meta.as_ref()).await, before);
+    assert_eq!(
+        current(&l, &k).await,
+        by_offset(&[e(100, 3), e(101, 1), e(102, 1)])
     );
     // Another partition's ledger is not the stale owner's to write either.
-    let other = pkey("billing", 7, 4);
-    assert_eq!(
-        l.record(&other, &old, &map(&[(1, 1)])).await,
-        Err(AttemptError::Fenced)
-    );
-    assert!(l.load(&other).await.expect("load").is_empty());
+    let mut other = Writer::acquire(&l, pkey("billing", 7, 4), a.own.clone()).await;
+    assert_eq!(other.record(vec![e(1, 1)]).await, Err(AttemptError::Fenced));
+    assert!(current(&l, &pkey("billing", 7, 4)).await.is_empty());
 }
 
 async fn the_ledger_survives_a_backend_restart(h: &mut Harness) {
@@ -194,29 +321,29 @@ async fn the_ledger_survives_a_backend_restart(h: &mut Harness) {
     let own = owner(meta.as_ref(), "a", 0).await;
     let mut want = BTreeMap::new();
     for p in 0..3u32 {
-        let m: BTreeMap<u64, u32> = (0..50u64)
-            .map(|o| (o * 3 + u64::from(p), 1 + (o % 5) as u32))
+        let mut w = Writer::acquire(&l, pkey("billing", 7, p), own.clone()).await;
+        let entries: Vec<LedgerEntry> = (0..50u64)
+            .map(|o| e(o * 3 + u64::from(p), 1 + (o % 5) as u32))
             .collect();
-        l.record(&pkey("billing", 7, p), &own, &m)
-            .await
-            .expect("record");
-        want.insert(p, m);
+        for chunk in entries.chunks(7) {
+            w.record(chunk.to_vec()).await.expect("record");
+        }
+        want.insert(p, by_offset(&entries));
     }
     h.restart().await;
     h.wait_ready().await;
     // The same store object (its client survived the restart) and a fresh one.
     let fresh = MetaAttemptLedger::new(h.client().await);
     for (p, m) in &want {
-        assert_eq!(&l.load(&pkey("billing", 7, *p)).await.expect("load"), m);
-        assert_eq!(&fresh.load(&pkey("billing", 7, *p)).await.expect("load"), m);
+        assert_eq!(&current(&l, &pkey("billing", 7, *p)).await, m);
+        assert_eq!(&current(&fresh, &pkey("billing", 7, *p)).await, m);
     }
     // The owner still holds its epoch (its lease survived) and keeps recording.
-    l.record(&pkey("billing", 7, 0), &own, &map(&[(0, 2)]))
-        .await
-        .expect("record after restart");
+    let mut w = Writer::acquire(&l, pkey("billing", 7, 0), own).await;
+    w.record(vec![e(0, 2)]).await.expect("record after restart");
     assert_eq!(
-        fresh.load(&pkey("billing", 7, 0)).await.expect("load"),
-        map(&[(0, 2)])
+        current(&fresh, &pkey("billing", 7, 0)).await.get(&0),
+        Some(&e(0, 2))
     );
 }
 
@@ -225,16 +352,17 @@ async fn meta_unavailable_is_retryable_and_nothing_is_half_written(h: &mut Harne
     let l = ledger(h);
     let own = owner(meta.as_ref(), "a", 0).await;
     let k = pkey("billing", 7, 0);
-    let before = map(&[(5, 1), (6, 2)]);
-    l.record(&k, &own, &before).await.expect("record");
+    let mut w = Writer::acquire(&l, k.clone(), own).await;
+    w.record(vec![e(5, 1), e(6, 2)]).await.expect("record");
+    let before = current(&l, &k).await;
 
     // Meta really down. The first write may race the kill on the open connection:
     // the client cannot tell whether it was sent, so it is `Indeterminate`; it is
     // never `Ok`.
     h.stop();
-    let during = map(&[(5, 2), (6, 3), (7, 1)]);
-    let first = l
-        .record(&k, &own, &during)
+    let during = vec![e(5, 2), e(6, 3), e(7, 1)];
+    let first = w
+        .record(during.clone())
         .await
         .expect_err("record as Meta dies");
     assert!(
@@ -246,8 +374,8 @@ async fn meta_unavailable_is_retryable_and_nothing_is_half_written(h: &mut Harne
     );
     // With the backend known gone, a write is the retryable "not applied", and a
     // read never says "empty" (that would reset every count).
-    let err = l
-        .record(&k, &own, &during)
+    let err = w
+        .record(during.clone())
         .await
         .expect_err("record while down");
     assert!(
@@ -268,21 +396,21 @@ async fn meta_unavailable_is_retryable_and_nothing_is_half_written(h: &mut Harne
     h.start().await;
     h.wait_ready().await;
     // Nothing of the refused writes reached Meta (it was dead).
-    assert_eq!(l.load(&k).await.expect("load"), before);
+    assert_eq!(current(&l, &k).await, before);
 
     // Refused at the transaction by a reachable Meta (no leader): the same class.
     h.proxy
         .inject(Fault::Refuse(MetaError::Unavailable("no leader".into())));
-    let err = l.record(&k, &own, &during).await.expect_err("refused");
+    let err = w.record(during.clone()).await.expect_err("refused");
     assert!(
         matches!(err, AttemptError::Unavailable(_)) && err.is_retryable(),
         "{err:?}"
     );
-    assert_eq!(l.load(&k).await.expect("load"), before);
+    assert_eq!(current(&l, &k).await, before);
 
-    // The retry on the same store, once Meta answers, applies the whole map.
-    l.record(&k, &own, &during).await.expect("retry");
-    assert_eq!(l.load(&k).await.expect("load"), during);
+    // The retry on the same store, once Meta answers, applies the whole record.
+    w.record(during.clone()).await.expect("retry");
+    assert_eq!(current(&l, &k).await, by_offset(&during));
 }
 
 async fn a_lost_answer_is_indeterminate_and_a_reread_tells(h: &mut Harness) {
@@ -290,30 +418,35 @@ async fn a_lost_answer_is_indeterminate_and_a_reread_tells(h: &mut Harness) {
     let l = ledger(h);
     let own = owner(meta.as_ref(), "a", 0).await;
     let k = pkey("billing", 7, 0);
-    l.record(&k, &own, &map(&[(1, 1)])).await.expect("record");
-    let next = map(&[(1, 2), (2, 1)]);
+    let mut w = Writer::acquire(&l, k.clone(), own.clone()).await;
+    w.record(vec![e(1, 1)]).await.expect("record");
     h.proxy
         .inject(Fault::ApplyThenFail(MetaError::Indeterminate(
             "timeout after send".into(),
         )));
-    let err = l.record(&k, &own, &next).await.expect_err("answer lost");
+    let next = vec![e(1, 2), e(2, 1)];
+    let err = w.record(next.clone()).await.expect_err("answer lost");
     assert!(
         matches!(err, AttemptError::Indeterminate(_)) && !err.is_retryable(),
         "{err:?}"
     );
     assert_eq!(err.kind(), "indeterminate");
-    // It was applied here: a re-read tells, and repeating the record is harmless.
-    assert_eq!(l.load(&k).await.expect("load"), next);
-    l.record(&k, &own, &next).await.expect("repeat");
-    assert_eq!(l.load(&k).await.expect("load"), next);
+    // It was applied here: a re-read (the re-acquisition an owner makes) tells.
+    assert_eq!(current(&l, &k).await, by_offset(&next));
+    let mut again = Writer::acquire(&l, k.clone(), own).await;
+    again.record(vec![e(3, 1)]).await.expect("continues");
+    assert_eq!(
+        current(&l, &k).await,
+        by_offset(&[e(1, 2), e(2, 1), e(3, 1)])
+    );
 }
 
 async fn drop_subscription_removes_exactly_that_incarnations_ledgers(h: &mut Harness) {
     let meta = h.meta();
     let l = ledger(h);
     let own = owner(meta.as_ref(), "a", 0).await;
-    // More partitions than one delete transaction takes (64).
-    let dropped: Vec<OffsetKey> = (0..150).map(|p| pkey("billing", 1, p)).collect();
+    // More keys than one delete transaction takes (64).
+    let dropped: Vec<OffsetKey> = (0..50).map(|p| pkey("billing", 1, p)).collect();
     let kept = vec![
         pkey("billing", 12, 0), // another incarnation whose digits extend "1"
         pkey("billing", 2, 0),  // another incarnation
@@ -325,25 +458,26 @@ async fn drop_subscription_removes_exactly_that_incarnations_ledgers(h: &mut Har
         },
     ];
     for (i, k) in dropped.iter().chain(&kept).enumerate() {
-        l.record(k, &own, &map(&[(i as u64, 1)]))
-            .await
-            .expect("record");
+        let mut w = Writer::acquire(&l, k.clone(), own.clone()).await;
+        w.record(vec![e(i as u64, 1)]).await.expect("record");
     }
     l.drop_subscription("billing", 1).await.expect("drop");
     for k in &dropped {
-        assert!(l.load(k).await.expect("load").is_empty(), "{k:?} dropped");
+        assert!(current(&l, k).await.is_empty(), "{k:?} dropped");
+        assert_eq!(l.load(k).await.expect("load").head, None);
     }
     let offset = dropped.len() as u64;
     for (i, k) in kept.iter().enumerate() {
         assert_eq!(
-            l.load(k).await.expect("load"),
-            map(&[(offset + i as u64, 1)]),
+            current(&l, k).await,
+            by_offset(&[e(offset + i as u64, 1)]),
             "{k:?} kept"
         );
     }
     let mut want: Vec<String> = kept
         .iter()
-        .map(|k| String::from_utf8(ledger_key(k)).unwrap())
+        .flat_map(|k| [ledger_key(k), record_key(k, 0)])
+        .map(|k| String::from_utf8(k).unwrap())
         .collect();
     want.sort();
     let got: Vec<String> = all_ledger_keys(meta.as_ref())
@@ -354,59 +488,98 @@ async fn drop_subscription_removes_exactly_that_incarnations_ledgers(h: &mut Har
     assert_eq!(got, want, "exactly the other ledgers are left");
     // Idempotent.
     l.drop_subscription("billing", 1).await.expect("drop again");
-    assert_eq!(all_ledger_keys(meta.as_ref()).await.len(), kept.len());
+    assert_eq!(all_ledger_keys(meta.as_ref()).await.len(), want.len());
 }
 
-async fn an_oversized_map_is_refused_with_too_large_and_nothing_is_written(h: &mut Harness) {
+async fn clear_removes_one_partitions_ledger_fenced(h: &mut Harness) {
+    let meta = h.meta();
+    let l = ledger(h);
+    let own = owner(meta.as_ref(), "a", 0).await;
+    // Partition 1's keys do not start with partition 10's prefix, nor the reverse.
+    let k = pkey("billing", 7, 1);
+    let neighbour = pkey("billing", 7, 10);
+    let mut w = Writer::acquire(&l, k.clone(), own.clone()).await;
+    // More records than one delete transaction takes (64).
+    for o in 0..100u64 {
+        w.record(vec![e(o, 1)]).await.expect("record");
+    }
+    let mut n = Writer::acquire(&l, neighbour.clone(), own.clone()).await;
+    n.record(vec![e(1, 1)]).await.expect("record");
+    l.clear(&k, &own).await.expect("clear");
+    assert!(current(&l, &k).await.is_empty());
+    assert_eq!(l.load(&k).await.expect("load").head, None);
+    assert_eq!(current(&l, &neighbour).await, by_offset(&[e(1, 1)]));
+}
+
+async fn an_oversized_record_is_refused_with_too_large_and_nothing_is_written(h: &mut Harness) {
     let meta = h.meta();
     let l = ledger(h);
     let own = owner(meta.as_ref(), "a", 0).await;
     let k = pkey("billing", 7, 0);
-    // At the cap, with the largest numbers: accepted by both backends (under etcd's
-    // request limit).
-    let full: BTreeMap<u64, u32> = (0..MAX_ENTRIES as u64)
-        .map(|i| (u64::MAX - i, u32::MAX))
+    let mut w = Writer::acquire(&l, k.clone(), own).await;
+    // At the cap, with the largest numbers and long session ids: accepted by both
+    // backends (under etcd's request limit).
+    let full: Vec<LedgerEntry> = (0..MAX_RECORD_ENTRIES as u64)
+        .map(|i| LedgerEntry {
+            offset: u64::MAX - i,
+            attempt: u32::MAX,
+            deadline_ms: u64::MAX,
+            session: Some(SessionBinding {
+                session_id: "s".repeat(256),
+                epoch: i64::MAX,
+            }),
+        })
         .collect();
-    l.record(&k, &own, &full).await.expect("a full ledger");
-    assert_eq!(l.load(&k).await.expect("load"), full);
+    w.record(full.clone()).await.expect("a full record");
+    assert_eq!(current(&l, &k).await, by_offset(&full));
 
-    let mut over = full.clone();
-    over.insert(0, 1);
-    let err = l.record(&k, &own, &over).await.expect_err("over the cap");
+    let over: Vec<LedgerEntry> = (0..=MAX_RECORD_ENTRIES as u64).map(|o| e(o, 1)).collect();
+    let err = w.record(over).await.expect_err("over the cap");
     assert_eq!(
         err,
         AttemptError::TooLarge {
-            entries: MAX_ENTRIES + 1,
-            max: MAX_ENTRIES
+            entries: MAX_RECORD_ENTRIES + 1,
+            max: MAX_RECORD_ENTRIES
         }
     );
     assert_eq!(err.kind(), "too_large");
     assert!(!err.is_retryable());
-    assert_eq!(l.load(&k).await.expect("load"), full, "unchanged");
-    assert!(l
-        .load(&pkey("billing", 7, 1))
-        .await
-        .expect("load")
-        .is_empty());
+    assert_eq!(current(&l, &k).await, by_offset(&full), "unchanged");
 }
 
 async fn a_damaged_ledger_is_reported_as_corrupt(h: &mut Harness) {
     let meta = h.meta();
     let l = ledger(h);
     let k = pkey("billing", 7, 0);
-    let key = ledger_key(&k);
-    for bad in [
-        &br#"{"v":1,"attempts":[[2,1],[1,1]]}"#[..],
-        br#"{"v":2,"attempts":[[1,1]]}"#,
-        br#"{"v":1,"attempts":[[1,1]"#,
-        b"garbage",
-    ] {
-        meta.put(&key, bad, Precondition::None, None)
+    let head = ledger_key(&k);
+    let record = record_key(&k, 3);
+    let cases: &[(&[u8], &[u8], &str)] = &[
+        (&head, br#"{"v":1,"attempts":[[2,1],[1,1]]}"#, "head"),
+        (&head, br#"{"v":3,"layout":"records"}"#, "head"),
+        (&head, br#"{"v":2,"layout":"maps"}"#, "head"),
+        (&head, b"garbage", "head"),
+        (&record, br#"{"v":2,"d":[[2,1,0],[1,1,0]]}"#, "record"),
+        (&record, br#"{"v":2,"d":[[1,0,0]]}"#, "record"),
+        (&record, br#"{"v":2,"d":[]}"#, "record"),
+        (&record, br#"{"v":1,"attempts":[[1,1]]}"#, "record"),
+        (&record, br#"{"v":2,"d":[[1,1,0]]"#, "record"),
+    ];
+    for (key, bad, which) in cases {
+        // A record is only read under a version-2 head.
+        let head_value: &[u8] = if *which == "record" {
+            br#"{"v":2,"layout":"records"}"#
+        } else {
+            bad
+        };
+        meta.put(&head, head_value, Precondition::None, None)
+            .await
+            .expect("put");
+        meta.put(key, bad, Precondition::None, None)
             .await
             .expect("put");
         match l.load(&k).await {
             Err(AttemptError::Corrupt { key: at, reason }) => {
-                assert_eq!(at, "meshd/v1/attempts/billing/7/orders/0");
+                assert_eq!(at.as_bytes(), *key, "{reason}");
                 assert!(!reason.is_empty());
             }
             other => panic!(
@@ -414,5 +587,74 @@ async fn a_damaged_ledger_is_reported_as_corrupt(h: &mut Harness) {
                 String::from_utf8_lossy(bad)
             ),
         }
+        meta.delete(&record, Precondition::None)
+            .await
+            .expect("delete");
     }
+    // Records without a version-2 head are not guessed at either.
+    meta.delete(&head, Precondition::None)
+        .await
+        .expect("delete");
+    meta.put(
+        &record,
+        br#"{"v":2,"d":[[1,1,0]]}"#,
+        Precondition::None,
+        None,
+    )
+    .await
+    .expect("put");
+    assert!(
+        matches!(l.load(&k).await, Err(AttemptError::Corrupt { .. })),
+        "records without a head"
+    );
+}
+
+async fn a_version_1_map_is_rewritten_as_version_2_which_a_version_1_reader_refuses(
+    h: &mut Harness,
+) {
+    let meta = h.meta();
+    let l = ledger(h);
+    let own = owner(meta.as_ref(), "a", 0).await;
+    let k = pkey("billing", 7, 0);
+    let v1: BTreeMap<u64, u32> = [(4, 1), (9, 3), (12, 2)].into_iter().collect();
+    meta.put(
+        &ledger_key(&k),
+        &encode_v1(&v1).unwrap(),
+        Precondition::None,
+        None,
+    )
+    .await
+    .expect("put");
+    // Acquired at committed 5: the map above it is rewritten, due at once (version
+    // 1 kept no deadline).
+    let loaded = l.load(&k).await.expect("load");
+    assert_eq!(loaded.head, Some(1));
+    let (mut state, migrate) = LedgerState::acquired(loaded, 5, 777);
+    let w = migrate.expect("a version-1 map is rewritten");
+    l.write(&k, &own, &w).await.expect("write");
+    state.applied(w);
+    let want = vec![
+        LedgerEntry {
+            offset: 9,
+            attempt: 3,
+            deadline_ms: 777,
+            session: None,
+        },
+        LedgerEntry {
+            offset: 12,
+            attempt: 2,
+            deadline_ms: 777,
+            session: None,
+        },
+    ];
+    assert_eq!(current(&l, &k).await, by_offset(&want));
+    assert_eq!(state.entries().cloned().collect::<Vec<_>>(), want);
+    // What a release that reads only version 1 finds at the key it reads: a
+    // version it does not know, refused by name (never an empty map).
+    let head = meta.get(&ledger_key(&k)).await.expect("get").kv.unwrap();
+    let err = decode_v1(&head.value).expect_err("a version-1 reader");
+    assert!(
+        err.contains("unknown attempt ledger record version 2"),
+        "{err}"
+    );
 }

@@ -171,6 +171,20 @@ fn ledger_bytes() -> impl Strategy<Value = Vec<u8>> {
             s.into_bytes()
         }),
         1 => record_bytes(&["attempts"]),
+        4 => prop::collection::vec(
+            ((0u64..8), (0u32..4), (0u64..3), prop::option::of(("[a-z]{0,3}", -1i64..3))),
+            0..6,
+        )
+        .prop_map(|entries| {
+            let d: Vec<Value> = entries
+                .into_iter()
+                .map(|(o, a, dl, s)| match s {
+                    Some((id, e)) => serde_json::json!([o, a, dl, id, e]),
+                    None => serde_json::json!([o, a, dl]),
+                })
+                .collect();
+            serde_json::json!({"v": 2, "d": d}).to_string().into_bytes()
+        }),
     ]
 }
 
@@ -315,10 +329,15 @@ proptest! {
 
     #[test]
     fn fuzz_attempt_ledger_decode(bytes in ledger_bytes()) {
-        if let Ok(map) = attempts::decode(&bytes) {
+        if let Ok(map) = attempts::decode_v1(&bytes) {
             prop_assert!(!map.is_empty() && map.values().all(|a| *a >= 1));
-            let again = attempts::encode(&map).unwrap();
-            prop_assert_eq!(attempts::decode(&again), Ok(map));
+            let again = attempts::encode_v1(&map).unwrap();
+            prop_assert_eq!(attempts::decode_v1(&again), Ok(map));
+        }
+        if let Ok(entries) = attempts::decode_record(&bytes) {
+            prop_assert!(!entries.is_empty() && entries.iter().all(|e| e.attempt >= 1));
+            let again = attempts::encode_record(&entries).unwrap();
+            prop_assert_eq!(attempts::decode_record(&again), Ok(entries));
         }
     }
 

@@ -8,7 +8,7 @@
 //! byte streams lost data) and lets fresh ones through.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -23,6 +23,8 @@ pub struct TcpProxy {
     swallow: Arc<AtomicBool>,
     /// Bumped by `cut`: every live connection ends.
     generation: watch::Sender<u64>,
+    /// Bytes clients sent through the proxy (what a process sent its backend).
+    sent: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -39,6 +41,8 @@ impl TcpProxy {
         let gen_tx = generation.clone();
         let is_open = open.clone();
         let swallowing = swallow.clone();
+        let sent = Arc::new(AtomicU64::new(0));
+        let counted = sent.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -51,6 +55,7 @@ impl TcpProxy {
                 let mut cut = gen_tx.subscribe();
                 cut.borrow_and_update();
                 let swallowing = swallowing.clone();
+                let counted = counted.clone();
                 let to = *target.lock().unwrap_or_else(|e| e.into_inner());
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(to).await else {
@@ -58,7 +63,17 @@ impl TcpProxy {
                     };
                     let (mut client_rx, mut client_tx) = client.into_split();
                     let (mut server_rx, mut server_tx) = server.into_split();
-                    let up = tokio::io::copy(&mut client_rx, &mut server_tx);
+                    let up = async {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = client_rx.read(&mut buf).await?;
+                            if n == 0 {
+                                return Ok::<(), std::io::Error>(());
+                            }
+                            counted.fetch_add(n as u64, Ordering::Relaxed);
+                            server_tx.write_all(&buf[..n]).await?;
+                        }
+                    };
                     let down = async {
                         let mut buf = vec![0u8; 16 * 1024];
                         loop {
@@ -85,8 +100,14 @@ impl TcpProxy {
             open,
             swallow,
             generation,
+            sent,
             task,
         })
+    }
+
+    /// Bytes clients have sent through the proxy so far.
+    pub fn bytes_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     /// The address clients connect to (`host:port`).

@@ -24,6 +24,7 @@ pub fn partition() -> Partition {
         key: key(),
         log_id: "instance-1".into(),
         owner_epoch: 11,
+        reset_epoch: 0,
     }
 }
 

@@ -4,13 +4,17 @@
 //!
 //! * **Acquiring** a partition: Meta is authoritative. The committed offset is the
 //!   checkpoint (or the start written when the subscription was created); the
-//!   attempt counts come from the attempt ledger; local records of an earlier
+//!   deliveries in flight come from the attempt ledger; local records of an earlier
 //!   ownership are dropped and the offset adopted in one batch. Every delivery the
-//!   ledger lists is due at once and goes out again with its next attempt (or to the
-//!   dead-letter store when it had its last).
-//! * **While owning**: every pull batch's attempt counts are written to the ledger,
-//!   fenced, before the hand-out; the committed offset is checkpointed, fenced, every
-//!   `--checkpoint-ms`; dead letters are fenced by the partition's owner key.
+//!   ledger lists stays in flight until its recorded lease deadline, and its id (a
+//!   MAC over the partition, offset, attempt, reset and session epochs, keyed by the
+//!   cluster secret) is rebuilt, so the consumer's ack, nack or extend of it is
+//!   honoured here; when the deadline passes it goes out again with its next attempt
+//!   (or to the dead-letter store when it had its last).
+//! * **While owning**: every pull batch (and every extend) is one small fenced
+//!   record in the ledger before the hand-out; the committed offset is checkpointed,
+//!   fenced, every `--checkpoint-ms`, and records that hold nothing current are
+//!   pruned; dead letters are fenced by the partition's owner key.
 //! * **Releasing** (the controller's drain): the task stops, then a last checkpoint.
 //!   **Losing** it (the lease's local deadline, or a `Fenced` write): the task stops at
 //!   once, without writing anything more under the old epoch.
@@ -21,7 +25,7 @@ use crate::cluster::forward;
 use crate::cluster::ownership::{Directory, Drain, Owned, PartitionId};
 use meshd_dispatch::SessionBinding;
 use meshd_meta::fence::Ownership;
-use meshd_stores::attempts::AttemptLedger;
+use meshd_stores::attempts::{AttemptLedger, LedgerState};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::offsets::{Committed, OffsetKey};
 use meshd_stores::subscriptions::StartPosition;
@@ -185,9 +189,8 @@ fn peer_error(peer: &str, status: u16, body: &[u8]) -> RuntimeError {
 pub struct PartitionCluster {
     pub owner: Ownership,
     pub ledger: Arc<dyn AttemptLedger>,
-    /// The attempt counts of the unresolved deliveries, as last written to the ledger
-    /// (minus what was resolved since).
-    pub attempts: BTreeMap<u64, u32>,
+    /// What the ledger in Meta holds, and which record holds it.
+    pub ledger_state: LedgerState,
     pub checkpoint_every: Duration,
     /// The committed offset of the last checkpoint.
     pub checkpointed: u64,
@@ -567,7 +570,7 @@ impl Runtime {
             };
             cluster
                 .ledger
-                .record(&key, &owner, &BTreeMap::new())
+                .clear(&key, &owner)
                 .await
                 .map_err(|e| meta_err("attempts")(e.to_string()))?;
             self.deps
@@ -722,42 +725,52 @@ impl Runtime {
                     .map_err(|e| unavailable("checkpoints")(e.to_string()))?
             }
         };
-        let mut attempts = cluster
+        let loaded = cluster
             .ledger
             .load(&key)
             .await
             .map_err(|e| unavailable("attempts")(e.to_string()))?;
-        attempts.retain(|offset, _| *offset >= committed.offset);
+        let now = super::partition::now_ms();
+        let (mut ledger_state, migrate) = LedgerState::acquired(loaded, committed.offset, now);
+        if let Some(w) = migrate {
+            // A version-1 map: rewritten in this release's form before anything
+            // is handed out (a release that reads only version 1 then refuses it).
+            cluster
+                .ledger
+                .write(&key, &owner, &w)
+                .await
+                .map_err(|e| unavailable("attempts")(e.to_string()))?;
+            tracing::info!(store = "attempts", backend = self.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition, "attempt ledger of version 1 rewritten as version 2");
+            ledger_state.applied(w);
+        }
         self.deps
             .deliveries
             .adopt_partition(
                 &key,
                 Committed {
-                    at_ms: super::partition::now_ms(),
+                    at_ms: now,
                     ..committed
                 },
             )
             .await
             .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?;
-        let now = super::partition::now_ms();
-        let records: Vec<DeliveryRecord> = attempts
-            .iter()
-            .map(|(offset, attempt)| DeliveryRecord {
+        let records: Vec<DeliveryRecord> = ledger_state
+            .entries()
+            .map(|e| DeliveryRecord {
                 key: key.clone(),
-                offset: *offset,
-                attempt: *attempt,
-                delivery_id: format!(
-                    "{}-{}-{}-{}-acquired",
-                    sub.sub.incarnation, partition, offset, attempt
-                ),
-                // Due now: it was handed out under the previous owner, whose
-                // consumers' acks cannot reach this one.
-                deadline_ms: now,
-                last_reason: Some("partition owner changed".into()),
+                offset: e.offset,
+                attempt: e.attempt,
+                // Rebuilt by the core from the fields its MAC covers, so the
+                // consumer's ack of this attempt is honoured here.
+                delivery_id: String::new(),
+                // The lease the previous owner gave: redelivered when it ends, as
+                // after a crash.
+                deadline_ms: e.deadline_ms,
+                last_reason: None,
                 first_delivered_at_ms: now,
                 state: DeliveryState::InFlight,
                 owner_epoch: owner.epoch(),
-                session: None,
+                session: e.session.clone(),
             })
             .collect();
         tracing::info!(store = "owners", subscription = %sub.sub.name(), topic = %key.topic, partition, epoch = owner.epoch(), committed = committed.offset, in_flight = records.len(), "partition acquired: state taken from Meta");
@@ -765,7 +778,7 @@ impl Runtime {
         let part = PartitionCluster {
             owner: owner.clone(),
             ledger: cluster.ledger.clone(),
-            attempts,
+            ledger_state,
             checkpoint_every: cluster.checkpoint_every,
             checkpointed: committed.offset,
             lost: lost.clone(),
@@ -774,7 +787,7 @@ impl Runtime {
         let handle = self.spawn_partition(
             &sub.sub,
             key,
-            committed.offset,
+            committed,
             records,
             counters,
             sub.notify.clone(),

@@ -71,6 +71,9 @@ pub struct Deps {
     pub subscriptions: Arc<MetaSubscriptionStore>,
     /// In-flight deliveries per subscription and partition.
     pub max_in_flight: usize,
+    /// The key of delivery-id MACs (cluster mode: from the cluster secret, so every
+    /// member rebuilds the ids of the partitions it takes over).
+    pub id_key: meshd_dispatch::IdKey,
     pub metrics: Arc<Metrics>,
     /// Cluster mode (a shared log): which partitions run here, and their Meta state.
     pub cluster: Option<cluster::ClusterDeps>,
@@ -524,11 +527,11 @@ impl Runtime {
         &self,
         sub: &Subscription,
         key: &OffsetKey,
-    ) -> Result<u64, RuntimeError> {
+    ) -> Result<Committed, RuntimeError> {
         let failed =
             |e: meshd_stores::offsets::OffsetError| RuntimeError::StoreFailed(e.to_string());
         if let Some(c) = self.deps.offsets.get(key).await.map_err(failed)? {
-            return Ok(c.offset);
+            return Ok(c);
         }
         let b = self
             .deps
@@ -540,8 +543,7 @@ impl Runtime {
             StartPosition::Latest => b.end,
             StartPosition::Earliest => b.start,
         };
-        self.deps.offsets.commit(key, start).await.map_err(failed)?;
-        Ok(start)
+        self.deps.offsets.commit(key, start).await.map_err(failed)
     }
 
     async fn start_locked(&self, sub: &Subscription) -> Result<u64, RuntimeError> {
@@ -643,12 +645,14 @@ impl Runtime {
         &self,
         sub: &Subscription,
         key: OffsetKey,
-        committed: u64,
+        committed: Committed,
         records: Vec<DeliveryRecord>,
         counters: Arc<SubCounters>,
         notify: watch::Sender<u64>,
         owned: Option<(Ownership, cluster::PartitionCluster)>,
     ) -> Result<PartitionHandle, RuntimeError> {
+        let reset_epoch = committed.epoch;
+        let committed = committed.offset;
         let mut config = Config::from_spec(&sub.spec);
         config.max_in_flight = self.deps.max_in_flight;
         let epoch = owned.as_ref().map(|(o, _)| o.epoch()).unwrap_or(0);
@@ -656,6 +660,7 @@ impl Runtime {
             key,
             log_id: self.deps.log.log_id().to_string(),
             owner_epoch: epoch,
+            reset_epoch,
         };
         let (core, initial) = PartitionCore::recover(
             partition,
@@ -663,14 +668,17 @@ impl Runtime {
             committed,
             records,
             now_ms(),
-            Sources::random(),
+            Sources::production(self.deps.id_key.clone()),
         )
         .map_err(|e| RuntimeError::Core(e.to_string()))?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let shared = Arc::new(Shared::default());
         shared.committed.store(committed, Ordering::Release);
-        if owned.is_some() {
+        if let Some((_, c)) = &owned {
             shared.checkpointed_at_ms.store(now_ms(), Ordering::Release);
+            shared
+                .ledger_records
+                .store(c.ledger_state.records(), Ordering::Release);
         }
         let (owner, cluster) = match owned {
             Some((o, c)) => (Arc::new(RwLock::new(Some(o))), Some(c)),
@@ -1244,6 +1252,7 @@ impl Runtime {
                 key: key.clone(),
                 log_id: log_id.clone(),
                 owner_epoch: 0,
+                reset_epoch: 0,
             }
             .dead_letter_id(r.offset);
             if let Err(e) = self
@@ -1317,6 +1326,19 @@ impl Runtime {
                         age as f64 / 1000.0
                     );
                 }
+            }
+            let _ = writeln!(out, "# HELP meshd_attempt_ledger_records Cluster mode: attempt-ledger records in Meta of this instance's partitions of the subscription (at most one per delivery in flight, plus what awaits its prune).\n# TYPE meshd_attempt_ledger_records gauge");
+            for s in &subs {
+                let records: usize = s
+                    .running_parts()
+                    .iter()
+                    .map(|p| p.shared.ledger_records.load(Ordering::Acquire))
+                    .sum();
+                let _ = writeln!(
+                    out,
+                    "meshd_attempt_ledger_records{{subscription=\"{}\"}} {records}",
+                    s.sub.name()
+                );
             }
         }
         let mut rows = Vec::new();

@@ -13,8 +13,9 @@ use meshd_dispatch::{
 };
 use meshd_events::Event;
 use meshd_meta::fence::Ownership;
+use meshd_stores::attempts::{AttemptError, LedgerEntry, MAX_RECORD_ENTRIES};
 use meshd_stores::deadletters::{DeadLetterError, NewDeadLetter};
-use meshd_stores::delivery::DeliveryRecord;
+use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::log::LogError;
 use meshd_stores::offsets::OffsetKey;
 use meshd_stores::sessions::SessionError;
@@ -97,6 +98,8 @@ pub struct Shared {
     /// Cluster mode: when the committed offset was last checkpointed to Meta (or the
     /// partition acquired), unix ms; 0 in standalone mode.
     pub checkpointed_at_ms: AtomicU64,
+    /// Cluster mode: the partition's attempt-ledger records in Meta.
+    pub ledger_records: AtomicUsize,
 }
 
 impl Shared {
@@ -312,6 +315,9 @@ impl PartitionTask {
             self.shared
                 .checkpointed_at_ms
                 .store(now_ms(), Ordering::Release);
+            if c.ledger_state.garbage() > 0 {
+                self.write_ledger(Vec::new(), "prune").await;
+            }
             return;
         }
         match self
@@ -322,9 +328,15 @@ impl PartitionTask {
         {
             Ok(()) => {
                 c.checkpointed = committed;
+                // Below a durable checkpoint every entry is resolved for good (the
+                // dead-lettered ones stayed until now): their records can go.
+                c.ledger_state.checkpointed(committed);
                 self.shared
                     .checkpointed_at_ms
                     .store(now_ms(), Ordering::Release);
+                if c.ledger_state.garbage() > 0 {
+                    self.write_ledger(Vec::new(), "prune").await;
+                }
             }
             Err(e) => {
                 let kind = match &e {
@@ -783,6 +795,22 @@ impl PartitionTask {
                     }
                     self.persist(records).await
                 }
+                Command::Update(record)
+                    if record.state == DeliveryState::InFlight && self.cluster.is_some() =>
+                {
+                    // Extends: their new deadlines go to the ledger (one record for
+                    // the run of them), so a new owner keeps the extended leases.
+                    let mut records = vec![record];
+                    while let Some(Command::Update(r)) = queue.front() {
+                        if r.state != DeliveryState::InFlight {
+                            break;
+                        }
+                        if let Some(Command::Update(r)) = queue.pop_front() {
+                            records.push(r);
+                        }
+                    }
+                    self.record_extends(records, fx).await
+                }
                 other => self.run_one(other, fx).await,
             };
             for input in inputs {
@@ -795,6 +823,31 @@ impl PartitionTask {
                 }
             }
         }
+    }
+
+    /// Extends in cluster mode: the ledger first (a failure other than a fence is
+    /// logged and counted: the lease holds here, a move before the next record would
+    /// end it at its earlier deadline), then the local records.
+    async fn record_extends(
+        &mut self,
+        records: Vec<DeliveryRecord>,
+        fx: &mut Effects,
+    ) -> Vec<Input> {
+        let entries = records
+            .iter()
+            .map(|r| LedgerEntry {
+                offset: r.offset,
+                attempt: r.attempt,
+                deadline_ms: r.deadline_ms,
+                session: r.session.clone(),
+            })
+            .collect();
+        self.write_ledger(entries, "extend").await;
+        let mut inputs = Vec::new();
+        for r in records {
+            inputs.extend(self.run_one(Command::Update(r), fx).await);
+        }
+        inputs
     }
 
     fn fail(&self, store: &'static str, error: String) {
@@ -844,53 +897,83 @@ impl PartitionTask {
             .collect()
     }
 
-    /// Cluster mode: the attempt counts of this pull (with every other unresolved
-    /// one) written to Meta, fenced by the owner epoch, before anything is recorded
-    /// locally or handed out, so a new owner continues the counts. `false`: not
-    /// written (nothing may be handed out; the core tries again later).
+    /// Cluster mode: the attempts of this pull written to the attempt ledger in Meta,
+    /// fenced by the owner epoch, before anything is recorded locally or handed out,
+    /// so a new owner continues the counts and keeps the leases. `false`: not written
+    /// (nothing may be handed out; the core tries again later).
     async fn record_in_ledger(&mut self, records: &[DeliveryRecord]) -> bool {
+        // Redrives (below the committed offset) are not inherited by a new owner:
+        // their dead-letter entry goes back to `dead` instead.
         let committed = self.core.committed();
+        let entries: Vec<LedgerEntry> = records
+            .iter()
+            .filter(|r| r.offset >= committed)
+            .map(|r| LedgerEntry {
+                offset: r.offset,
+                attempt: r.attempt,
+                deadline_ms: r.deadline_ms,
+                session: r.session.clone(),
+            })
+            .collect();
+        self.write_ledger(entries, "record").await
+    }
+
+    /// Cluster mode: writes `entries` to the attempt ledger (one fenced record per
+    /// [`MAX_RECORD_ENTRIES`], each pruning what earlier changes left empty). `true`
+    /// outside cluster mode and when there is nothing to write.
+    async fn write_ledger(&mut self, entries: Vec<LedgerEntry>, op: &'static str) -> bool {
         let key = self.key().clone();
         let Some(c) = self.cluster.as_mut() else {
             return true;
         };
-        let mut next = c.attempts.clone();
-        next.retain(|offset, _| *offset >= committed);
-        for r in records {
-            next.insert(r.offset, r.attempt);
+        let mut chunks: Vec<Vec<LedgerEntry>> = entries
+            .chunks(MAX_RECORD_ENTRIES)
+            .map(|c| c.to_vec())
+            .collect();
+        if chunks.is_empty() {
+            // Nothing to record: only prune (a checkpoint made records garbage).
+            chunks.push(Vec::new());
         }
-        let started = Instant::now();
-        let result = c.ledger.record(&key, &c.owner, &next).await;
-        self.deps.metrics.write_latency(
-            "attempts",
-            self.deps.meta_backend,
-            "record",
-            started.elapsed(),
-        );
-        match result {
-            Ok(()) => {
-                c.attempts = next;
-                true
-            }
-            Err(e) => {
-                self.deps
-                    .metrics
-                    .store_error("attempts", self.deps.meta_backend, e.kind());
-                if matches!(
-                    e,
-                    meshd_stores::attempts::AttemptError::Fenced
-                        | meshd_stores::attempts::AttemptError::Indeterminate(_)
-                ) {
-                    // Fenced: another owner. Indeterminate: this owner no longer
-                    // knows what Meta holds. Either way it stops and the partition is
-                    // started again from Meta (if still owned) before it acts again.
-                    c.lose(&format!("attempt ledger write: {e}"));
-                } else {
-                    tracing::warn!(store = "attempts", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "attempt ledger write failed; nothing handed out, retried");
+        for chunk in chunks {
+            let Some(write) = c.ledger_state.stage(chunk) else {
+                continue;
+            };
+            let started = Instant::now();
+            let result = c.ledger.write(&key, &c.owner, &write).await;
+            self.deps.metrics.write_latency(
+                "attempts",
+                self.deps.meta_backend,
+                op,
+                started.elapsed(),
+            );
+            match result {
+                Ok(()) => {
+                    self.deps.metrics.ledger_write(
+                        write.record.as_ref().map_or(0, |(_, e)| e.len()),
+                        write.prune.len(),
+                    );
+                    c.ledger_state.applied(write);
                 }
-                false
+                Err(e) => {
+                    self.deps
+                        .metrics
+                        .store_error("attempts", self.deps.meta_backend, e.kind());
+                    if matches!(e, AttemptError::Fenced | AttemptError::Indeterminate(_)) {
+                        // Fenced: another owner. Indeterminate: this owner no longer
+                        // knows what Meta holds. Either way it stops and the partition
+                        // is started again from Meta (if still owned) before it acts.
+                        c.lose(&format!("attempt ledger write: {e}"));
+                    } else {
+                        tracing::warn!(store = "attempts", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, op, error = %e, "attempt ledger write failed; nothing handed out, retried");
+                    }
+                    return false;
+                }
             }
         }
+        self.shared
+            .ledger_records
+            .store(c.ledger_state.records(), Ordering::Release);
+        true
     }
 
     async fn run_one(&mut self, cmd: Command, fx: &mut Effects) -> Vec<Input> {
@@ -941,11 +1024,6 @@ impl PartitionTask {
             }
             Command::Resolve { remove, advance } => {
                 let started = Instant::now();
-                if let Some(c) = self.cluster.as_mut() {
-                    for o in &remove {
-                        c.attempts.remove(o);
-                    }
-                }
                 let remove = remove.into_iter().map(|o| (key.clone(), o)).collect();
                 let r = self.deps.deliveries.resolve(remove, advance).await;
                 self.delivery_write_done("resolve", started, r);
@@ -1001,6 +1079,18 @@ impl PartitionTask {
                 }
             },
             Command::Reply(r) => {
+                if let (
+                    Reply::Ack {
+                        delivery_id,
+                        outcome: AckOutcome::Acked,
+                    },
+                    Some(c),
+                ) = (&r, self.cluster.as_mut())
+                {
+                    // Acked: out of the ledger (a move before the next checkpoint
+                    // delivers it again, as at-least-once allows).
+                    c.ledger_state.forget(super::offset_of(delivery_id));
+                }
                 fx.replies.push(r);
                 vec![]
             }
