@@ -27,6 +27,9 @@
 //! driver) shares the machine's cores, so on a small machine N instances cannot be
 //! expected to beat one: the point is the measurement.
 
+#[path = "cluster_footprint.rs"]
+mod footprint;
+
 use crate::http::Conn;
 use crate::load::{self, median, Op, Window};
 use crate::procs::{self, JsSync, Server};
@@ -73,6 +76,9 @@ pub struct Settings {
     pub window: Window,
     pub repeat: usize,
     pub events: Events,
+    /// (c): pull batches per consumer pattern; (d): events through the moves.
+    pub footprint_batches: usize,
+    pub moves_events: usize,
 }
 
 // ---- the report ----------------------------------------------------------------------
@@ -88,6 +94,10 @@ pub struct ClusterReport {
     /// meshd, nats-server, etcd.
     pub binaries: [String; 3],
     pub takeover: TakeoverSummary,
+    /// (c): etcd requests and bytes per delivered event, per consumer pattern.
+    pub footprint: Vec<footprint::FootprintRun>,
+    /// (d): duplicates per move (one pause past the lease, one SIGKILL).
+    pub moves: Option<footprint::MovesRun>,
     pub throughput: Vec<ThroughputRow>,
     pub ratios: Vec<ScaleRatio>,
     pub throughput_runs: Vec<ThroughputRun>,
@@ -232,6 +242,44 @@ impl ClusterReport {
             self.lease_ttl_ms as f64 / 1000.0,
             t.owned_median_s
         );
+        if !self.footprint.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nMeta (etcd) per delivered event, one instance, etcd's own counters (Txn requests, bytes received)"
+            );
+            let _ = writeln!(
+                s,
+                "{:<26} {:>9} {:>8} {:>11} {:>12} {:>11} {:>12}",
+                "pattern",
+                "delivered",
+                "batches",
+                "txn/event",
+                "bytes/event",
+                "txn/batch",
+                "bytes/batch"
+            );
+            for r in &self.footprint {
+                let _ = writeln!(
+                    s,
+                    "{:<26} {:>9} {:>8} {:>11.3} {:>12.1} {:>11.3} {:>12.1}",
+                    r.pattern,
+                    r.delivered,
+                    r.pull_batches,
+                    r.txns_per_event,
+                    r.bytes_per_event,
+                    r.txns_per_batch,
+                    r.bytes_per_batch
+                );
+            }
+        }
+        if let Some(m) = &self.moves {
+            let _ = writeln!(
+                s,
+                "\nduplicates per move ({} instances, consumer acks at once): {} events, {} deliveries, \
+                 {} moves ({} partitions moved), {} duplicates, {:.1} per move",
+                self.instances, m.events, m.deliveries, m.moves, m.moved_partitions, m.duplicates, m.duplicates_per_move
+            );
+        }
         if !self.throughput.is_empty() {
             let _ = writeln!(
                 s,
@@ -316,6 +364,23 @@ pub async fn run(bins: &Binaries<'_>, s: &Settings) -> Result<ClusterReport> {
         );
         takeovers.push(r);
     }
+    eprintln!(
+        "meshd-bench: cluster Meta footprint, {} pull batches per pattern",
+        s.footprint_batches
+    );
+    let fp = footprint::footprint(bins, s.lease_ttl_ms, s.footprint_batches).await?;
+    eprintln!(
+        "meshd-bench: cluster duplicates per move, {} instances, {} events",
+        s.instances, s.moves_events
+    );
+    let moves = footprint::moves(
+        bins,
+        s.instances,
+        s.partitions,
+        s.lease_ttl_ms,
+        s.moves_events,
+    )
+    .await?;
     let mut runs = Vec::new();
     for &batch in &s.batch {
         for &concurrency in &s.concurrency {
@@ -332,6 +397,8 @@ pub async fn run(bins: &Binaries<'_>, s: &Settings) -> Result<ClusterReport> {
         }
     }
     let mut report = build_report(s, takeovers, runs);
+    report.footprint = fp;
+    report.moves = Some(moves);
     report.binaries = [bins.meshd, bins.nats, bins.etcd].map(|p| p.display().to_string());
     Ok(report)
 }
@@ -411,6 +478,8 @@ fn build_report(
         log: JsSync::Always.label(),
         binaries: Default::default(),
         takeover,
+        footprint: Vec::new(),
+        moves: None,
         throughput: rows,
         ratios,
         throughput_runs: runs,
@@ -527,6 +596,32 @@ impl Cluster {
             .and_then(Option::take)
             .ok_or_else(|| anyhow!("instance {i} is not running"))?;
         server.kill()
+    }
+
+    /// SIGSTOPs instance `i` (it keeps its connections, answers nothing).
+    fn pause(&self, i: usize) -> Result<()> {
+        self.signal(i, libc::SIGSTOP)
+    }
+
+    fn resume(&self, i: usize) -> Result<()> {
+        self.signal(i, libc::SIGCONT)
+    }
+
+    fn signal(&self, i: usize, sig: libc::c_int) -> Result<()> {
+        let pid = self
+            .nodes
+            .get(i)
+            .and_then(|n| n.as_ref())
+            .map(Server::pid)
+            .ok_or_else(|| anyhow!("instance {i} is not running"))?;
+        // SAFETY: kill(2) with a pid of a child this process started and still holds.
+        let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+        ensure!(
+            rc == 0,
+            "signal {sig} to instance {i}: {}",
+            std::io::Error::last_os_error()
+        );
+        Ok(())
     }
 
     fn pids(&self) -> (Vec<u32>, u32, u32) {
@@ -756,12 +851,16 @@ struct Delivery {
 }
 
 async fn pull(addr: SocketAddr) -> Result<Vec<Delivery>> {
+    pull_with(addr, &json!({"max_events": 100, "wait_ms": 0})).await
+}
+
+async fn pull_with(addr: SocketAddr, body: &Value) -> Result<Vec<Delivery>> {
     let v = call_json(
         addr,
         "POST",
         &format!("/v1/subscriptions/{SUBSCRIPTION}/pull"),
         "application/json",
-        &json!({"max_events": 100, "wait_ms": 0}),
+        body,
         &[200],
     )
     .await?;

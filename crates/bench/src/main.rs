@@ -301,6 +301,8 @@ fn main() -> Result<()> {
             window,
             repeat: args.repeat,
             events: events.clone(),
+            footprint_batches: if args.tiny { 50 } else { 500 },
+            moves_events: if args.tiny { 300 } else { 3000 },
         };
         let bins = cluster::Binaries {
             meshd: &bins.0,

@@ -141,6 +141,24 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
         stdout.contains("takeover after SIGKILL"),
         "a cluster table on stdout:\n{stdout}"
     );
+    // Meta per delivered event for both consumer patterns, and duplicates per move.
+    let footprint = cluster["footprint"].as_array().expect("footprint rows");
+    assert_eq!(footprint.len(), 2, "{footprint:#?}");
+    for r in footprint {
+        assert!(r["delivered"].as_u64().unwrap_or(0) > 0, "{r:#}");
+        assert!(r["txns_per_batch"].as_f64().unwrap_or(0.0) > 0.0, "{r:#}");
+        assert!(r["bytes_per_batch"].as_f64().unwrap_or(0.0) > 0.0, "{r:#}");
+    }
+    let moves = &cluster["moves"];
+    assert_eq!(moves["moves"], 2, "{moves:#}");
+    assert!(
+        moves["deliveries"].as_u64().unwrap_or(0) >= moves["events"].as_u64().unwrap_or(1),
+        "every event delivered: {moves:#}"
+    );
+    assert!(
+        stdout.contains("duplicates per move") && stdout.contains("per delivered event"),
+        "the footprint and move tables on stdout:\n{stdout}"
+    );
     let png = std::fs::read(&plot).expect("the PNG plot");
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG file");
     // Scenario 5: a restart after SIGKILL re-arms every in-flight record.

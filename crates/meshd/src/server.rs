@@ -837,6 +837,12 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
                 "meshd_meta_db_size_bytes{{backend=\"{backend}\"}} {}\n",
                 s.db_size_bytes
             ));
+            if let Some(q) = s.quota_bytes {
+                out.push_str("# HELP meshd_meta_quota_bytes The size at which Meta refuses every write (etcd's --quota-backend-bytes, read from its /metrics).\n# TYPE meshd_meta_quota_bytes gauge\n");
+                out.push_str(&format!(
+                    "meshd_meta_quota_bytes{{backend=\"{backend}\"}} {q}\n"
+                ));
+            }
             out.push_str("# HELP meshd_meta_alarm An alarm Meta has raised (etcd's NOSPACE refuses every write until the operator frees space and disarms it).\n# TYPE meshd_meta_alarm gauge\n");
             for a in &s.alarms {
                 out.push_str(&format!(

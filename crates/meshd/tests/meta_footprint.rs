@@ -102,6 +102,8 @@ async fn given_an_etcd_without_auto_compaction_then_meshd_compacts_the_history_i
     // `/v1/cluster` shows Meta's size and (no) alarms.
     let c = get(a.addr(), "/v1/cluster").await.unwrap().json().unwrap();
     assert!(c["meta"]["db_size_bytes"].as_u64().unwrap() > 0, "{c}");
+    // etcd's default quota, read from its /metrics.
+    assert_eq!(c["meta"]["quota_bytes"], json!(2u64 << 30), "{c}");
     assert_eq!(c["meta"]["alarms"], json!([]), "{c}");
 }
 
@@ -160,6 +162,14 @@ async fn given_etcd_raises_its_nospace_alarm_then_readyz_metrics_and_the_cluster
     );
     let c = get(a, "/v1/cluster").await.unwrap().json().unwrap();
     assert_eq!(c["meta"]["alarms"], json!(["NOSPACE"]), "{c}");
+    // The quota the database ran into, as etcd was started with it.
+    assert_eq!(c["meta"]["quota_bytes"], json!(32u64 << 20), "{c}");
+    assert_eq!(
+        metric(a, "meshd_meta_quota_bytes{backend=\"etcd\"}")
+            .await
+            .unwrap(),
+        (32u64 << 20) as f64
+    );
     // A write through meshd is refused as unavailable, naming Meta; nothing stored.
     let r = send_json(a, "PUT", "/v1/topics/t", &json!({"partitions": 1}))
         .await

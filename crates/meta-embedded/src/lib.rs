@@ -465,6 +465,7 @@ impl Meta for EmbeddedMeta {
                 Ok(MetaStatus {
                     revision: s.revision.load(Ordering::SeqCst),
                     db_size_bytes: engine.size_bytes(),
+                    quota_bytes: None,
                     alarms: Vec::new(),
                 })
             })

@@ -49,6 +49,7 @@
 
 mod classify;
 mod config;
+mod quota;
 
 pub use config::{ConfigError, EtcdConfig, EtcdCredentials, EtcdTls, SCHEME};
 
@@ -92,7 +93,14 @@ struct Inner {
     request_timeout: Duration,
     /// The etcd user every endpoint's client authenticates as, if any.
     credentials: Option<EtcdCredentials>,
+    /// Per endpoint (same order): how to read etcd's quota from its `/metrics`.
+    quota: Vec<Option<quota::QuotaProbe>>,
+    /// The quota last read (when, value): read at most once a minute.
+    quota_cache: std::sync::Mutex<Option<(Instant, Option<u64>)>>,
 }
+
+/// How long a read quota is reused (it changes only when etcd restarts).
+const QUOTA_EVERY: Duration = Duration::from_secs(60);
 
 struct Endpoint {
     url: String,
@@ -148,10 +156,12 @@ impl EtcdMeta {
             // re-authenticates once and is sent again. Without credentials this
             // does nothing.
             .with_auto_token_refresh(true);
+        let mut loaded_pems = None;
         if let Some(tls) = &config.tls {
             let pems = tls
                 .load()
                 .map_err(|e| MetaError::InvalidRequest(e.to_string()))?;
+            loaded_pems = Some(pems.clone());
             let mut tls_options = TlsOptions::new().ca_certificate(Certificate::from_pem(pems.ca));
             if let Some((cert, key)) = pems.identity {
                 tls_options = tls_options.identity(Identity::from_pem(cert, key));
@@ -175,14 +185,59 @@ impl EtcdMeta {
                 authenticated: tokio::sync::OnceCell::new(),
             });
         }
+        let quota = config
+            .endpoints
+            .iter()
+            .map(|url| match quota::QuotaProbe::new(url, loaded_pems.as_ref()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(backend = "etcd", endpoint = %url, error = %e, "etcd's quota cannot be read from this endpoint's /metrics; /v1/cluster shows it as unknown");
+                    None
+                }
+            })
+            .collect();
         Ok(Self {
             inner: Arc::new(Inner {
                 endpoints,
                 current: AtomicUsize::new(0),
                 request_timeout: config.request_timeout,
                 credentials: config.credentials,
+                quota,
+                quota_cache: std::sync::Mutex::new(None),
             }),
         })
+    }
+
+    /// etcd's backend quota (from the current endpoint's `/metrics`), read at most once
+    /// a minute; `None` when it cannot be read (logged).
+    async fn quota_bytes(&self) -> Option<u64> {
+        let cached = *self
+            .inner
+            .quota_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, value)) = cached {
+            if at.elapsed() < QUOTA_EVERY {
+                return value;
+            }
+        }
+        let i = self.inner.current.load(Ordering::Relaxed) % self.inner.quota.len().max(1);
+        let value = match self.inner.quota.get(i).and_then(Option::as_ref) {
+            None => None,
+            Some(probe) => match probe.read(self.inner.request_timeout).await {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    tracing::warn!(backend = "etcd", endpoint = %self.inner.endpoints[i].url, error = %e, "reading etcd's quota failed; shown as unknown");
+                    None
+                }
+            },
+        };
+        *self
+            .inner
+            .quota_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((Instant::now(), value));
+        value
     }
 
     /// Gives `endpoint`'s client an auth token, once (concurrent first calls wait
@@ -830,6 +885,7 @@ impl Meta for EtcdMeta {
         Ok(MetaStatus {
             revision: revision(status.header(), Kind::Read, "status")?,
             db_size_bytes: u64::try_from(status.db_size()).unwrap_or(0),
+            quota_bytes: self.quota_bytes().await,
             alarms: names,
         })
     }

@@ -116,6 +116,12 @@ async fn exercise(meta: &EtcdMeta, tag: &str) -> anyhow::Result<()> {
         .await?
         .expect("watch open")?;
     assert_eq!(batch.events.len(), 1, "{batch:?}");
+    // etcd's quota, read from its /metrics over the same TLS (and client
+    // certificate): the default 2 GiB.
+    assert_eq!(
+        meta.status().await?.quota_bytes,
+        Some(2 * 1024 * 1024 * 1024)
+    );
     Ok(())
 }
 

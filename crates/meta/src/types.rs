@@ -304,6 +304,10 @@ pub struct WatchBatch {
 pub struct MetaStatus {
     pub revision: i64,
     pub db_size_bytes: u64,
+    /// The size at which Meta refuses writes (etcd's `--quota-backend-bytes`), when
+    /// known: `None` for the embedded Meta (bounded by its disk) and when etcd's
+    /// metrics cannot be read.
+    pub quota_bytes: Option<u64>,
     /// Active alarms by name (etcd's `NOSPACE`, `CORRUPT`): while `NOSPACE` is raised
     /// every write fails. Empty for the embedded Meta.
     pub alarms: Vec<String>,

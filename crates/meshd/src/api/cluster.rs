@@ -24,9 +24,9 @@ pub fn routes() -> Router<Arc<Api>> {
 
 async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
     let status = tokio::time::timeout(META_TIMEOUT, api.meta.status()).await;
-    let (healthy, db_size, alarms) = match status {
-        Ok(Ok(s)) => (true, Some(s.db_size_bytes), s.alarms),
-        _ => (false, None, Vec::new()),
+    let (healthy, db_size, quota, alarms) = match status {
+        Ok(Ok(s)) => (true, Some(s.db_size_bytes), s.quota_bytes, s.alarms),
+        _ => (false, None, None, Vec::new()),
     };
     let members =
         match tokio::time::timeout(META_TIMEOUT, crate::membership::members(api.meta.as_ref()))
@@ -88,7 +88,7 @@ async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
     }
     Ok(Json(json!({
         "instance": api.instance_id,
-        "meta": {"backend": api.meta_backend, "healthy": healthy, "db_size_bytes": db_size, "alarms": alarms},
+        "meta": {"backend": api.meta_backend, "healthy": healthy, "db_size_bytes": db_size, "quota_bytes": quota, "alarms": alarms},
         "log": {
             "backend": if api.log_backend == "nats" { "nats" } else { "embedded" },
             "id": api.log.log_id(),
