@@ -516,6 +516,17 @@ impl PartitionCore {
         self.committed
     }
 
+    /// Offsets above the committed one that are resolved already (acked,
+    /// dead-lettered or filtered above a gap), ascending: what a release hands over
+    /// with its checkpoint so that the next owner does not deliver them again.
+    pub fn resolved_above(&self) -> Vec<u64> {
+        self.entries
+            .range(Loc::Window(self.committed)..)
+            .filter(|(_, e)| matches!(e.status, Status::Resolved { .. }))
+            .map(|(loc, _)| loc.offset())
+            .collect()
+    }
+
     pub fn partition(&self) -> &Partition {
         &self.partition
     }

@@ -39,10 +39,11 @@ impl Membership {
         self.lease.subscribe()
     }
 
-    /// Registers and keeps the membership alive until the process ends (or the
-    /// task is aborted).
-    pub fn spawn(self) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move { self.run().await })
+    /// Registers and keeps the membership alive until `stop` is set: then the lease
+    /// is revoked (the member key and every owner key on it go at once, so the other
+    /// instances take what is left without waiting for the TTL) and the task ends.
+    pub fn spawn(self, stop: tokio::sync::watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move { self.run(stop).await })
     }
 
     async fn register(&self) -> Result<LeaseId, meshd_meta::MetaError> {
@@ -73,10 +74,14 @@ impl Membership {
         Ok(lease.id)
     }
 
-    async fn run(self) {
+    async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
         let renew = self.ttl / 3;
         let mut lease: Option<LeaseId> = None;
         loop {
+            if *stop.borrow_and_update() {
+                self.leave(lease).await;
+                return;
+            }
             match lease {
                 None => match self.register().await {
                     Ok(id) => {
@@ -106,7 +111,26 @@ impl Membership {
                     }
                 }
             }
-            tokio::time::sleep(renew).await;
+            tokio::select! {
+                _ = tokio::time::sleep(renew) => {}
+                r = stop.changed() => if r.is_err() {
+                    return;
+                },
+            }
+        }
+    }
+
+    /// Revokes the lease at a graceful stop (bounded by the Meta request timeout).
+    async fn leave(&self, lease: Option<LeaseId>) {
+        self.lease.send_replace(None);
+        let Some(id) = lease else { return };
+        match self.meta.revoke(id).await {
+            Ok(()) => {
+                tracing::info!(store = "members", backend = self.meta.backend(), instance = %self.instance_id, "membership lease revoked: this instance left the cluster")
+            }
+            Err(e) => {
+                tracing::warn!(store = "members", backend = self.meta.backend(), error = %e, "revoking the membership lease failed; it ends with its TTL")
+            }
         }
     }
 }

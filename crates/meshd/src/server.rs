@@ -494,7 +494,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         limits: config.limits,
         quotas,
     });
-    membership.spawn();
+    // A graceful stop (SIGTERM, ^C): `stopping` ends long polls and makes the
+    // ownership controller release every partition; `leaving` then revokes the
+    // membership lease (http-api.md, "Graceful stop").
+    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+    let (leaving_tx, leaving_rx) = tokio::sync::watch::channel(false);
+    let membership_task = membership.spawn(leaving_rx);
+    let mut controller_task = None;
     if config.log.is_cluster() {
         state
             .metrics
@@ -502,24 +508,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .cluster
             .store(true, std::sync::atomic::Ordering::Relaxed);
         // Cluster mode: partitions are owned under the membership lease.
-        crate::cluster::ownership::Controller {
-            meta: meta.clone(),
-            me: state.instance_id.clone(),
-            lease,
-            topics: state.topics.clone(),
-            drain: Arc::new(crate::runtime::cluster::RuntimeDrain(Arc::downgrade(
-                &state.runtime,
-            ))),
-            owned: owned_tx,
-            directory: directory_tx,
-            metrics: state.metrics.clone(),
-            waiting_since: Default::default(),
-            rebalance_delay: Duration::from_millis(config.rebalance_delay_ms),
-            member_since: Default::default(),
-            tick: (Duration::from_millis(config.lease_ttl_ms) / 10).max(Duration::from_millis(100)),
-        }
-        .spawn();
+        controller_task = Some(
+            crate::cluster::ownership::Controller {
+                meta: meta.clone(),
+                me: state.instance_id.clone(),
+                lease,
+                topics: state.topics.clone(),
+                drain: Arc::new(crate::runtime::cluster::RuntimeDrain(Arc::downgrade(
+                    &state.runtime,
+                ))),
+                owned: owned_tx,
+                directory: directory_tx,
+                metrics: state.metrics.clone(),
+                waiting_since: Default::default(),
+                rebalance_delay: Duration::from_millis(config.rebalance_delay_ms),
+                member_since: Default::default(),
+                tick: (Duration::from_millis(config.lease_ttl_ms) / 10)
+                    .max(Duration::from_millis(100)),
+                stop: stopping_rx.clone(),
+            }
+            .spawn(),
+        );
     }
+    let stop_runtime = state.runtime.clone();
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -538,6 +549,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         crate::access::gate,
     ));
     spawn_reload_on_hangup(access, tls.clone(), http.clone());
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!(
+            "meshd stopping: new connections refused, long polls answered, partitions released"
+        );
+        stop_runtime.begin_stop();
+        stopping_tx.send_replace(true);
+    });
+    let mut stopped = stopping_rx.clone();
+    let listener_stop = async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    };
     crate::listen::serve(
         listener,
         tls,
@@ -548,9 +571,26 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
         },
         http,
-        shutdown_signal(),
+        listener_stop,
     )
     .await;
+    // The release ran meanwhile (other requests were finishing): wait for it, then
+    // leave the cluster, then flush and close the stores.
+    if let Some(task) = controller_task {
+        if tokio::time::timeout(RELEASE_WITHIN, task).await.is_err() {
+            tracing::warn!(store = "owners", "releasing the partitions took longer than {RELEASE_WITHIN:?}; the membership lease ends the rest");
+        }
+    }
+    leaving_tx.send_replace(true);
+    if tokio::time::timeout(Duration::from_secs(5), membership_task)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            store = "members",
+            "leaving the cluster took longer than 5 s"
+        );
+    }
     tracing::info!("meshd shutting down: flushing delivery state");
     if let Err(e) = local.deliveries.flush().await {
         tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "final flush failed");
@@ -695,6 +735,9 @@ fn spawn_reload_on_hangup(
         }
     });
 }
+
+/// How long a graceful stop waits for the partitions to be released.
+const RELEASE_WITHIN: Duration = Duration::from_secs(20);
 
 async fn shutdown_signal() {
     let ctrl_c = async {

@@ -39,6 +39,10 @@ struct Cluster {
 
 impl Cluster {
     async fn start(n: usize) -> Self {
+        Self::start_with_ttl(n, LEASE_TTL).await
+    }
+
+    async fn start_with_ttl(n: usize, lease_ttl: Duration) -> Self {
         let etcd = EtcdProcess::start().await.unwrap();
         let nats = NatsProcess::start().await.unwrap();
         let secret_dir = tempfile::tempdir().unwrap();
@@ -53,7 +57,7 @@ impl Cluster {
             "--cluster-secret-file".to_string(),
             secret_file.to_string_lossy().into_owned(),
             "--lease-ttl-ms".to_string(),
-            LEASE_TTL.as_millis().to_string(),
+            lease_ttl.as_millis().to_string(),
             "--checkpoint-ms".to_string(),
             "200".to_string(),
         ];
@@ -909,4 +913,119 @@ async fn given_an_owner_paused_with_deliveries_in_flight_then_its_partitions_mov
     for i in 0..2 {
         assert_no_delivery(&c.addr(i), "s", 500, "all acked").await;
     }
+}
+
+/// Graceful stop (http-api.md): SIGTERM ends long polls at once, releases every
+/// owned partition with a checkpoint that carries the acked offsets above a gap, and
+/// revokes the membership lease. With a 10 s lease TTL the other instance owns the
+/// partitions in well under half of it, the acked events are not delivered again,
+/// the delivery still in flight keeps its lease and its ack is honoured by the new
+/// owner, and the stopped instance exits 0 without a warning in its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_owner_sigtermed_then_its_partitions_move_at_once_without_duplicates_and_it_exits_cleanly(
+) {
+    let ttl = Duration::from_secs(10);
+    let mut c = Cluster::start_with_ttl(2, ttl).await;
+    let a0 = c.addr(0);
+    create_topic(&a0, "t", 2).await;
+    create_subscription(&a0, "s", json!({"topic": "t", "ack_timeout_ms": 60000})).await;
+    let members: BTreeSet<String> = c.ids.iter().cloned().collect();
+    let before = all_owned_by(&a0, "t", 2, &members, DEADLINE).await;
+    let victim = c.index_of(&before[&("t".to_string(), 0)].0);
+    let other = 1 - victim;
+    for i in 0..20 {
+        publish(&a0, "t", &event(&format!("e{i}"))).await.unwrap();
+    }
+    // Everything of the victim's partitions, handed out by the victim: the lowest of
+    // each partition held, the rest acked (above a gap: not committed yet).
+    let mut got: Vec<Delivery> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(10);
+    while got.is_empty() && Instant::now() < until {
+        got.extend(c.pull_own(victim, "s").await);
+    }
+    assert!(got.len() >= 2, "{got:?}");
+    let mut lowest: BTreeMap<u64, u64> = BTreeMap::new();
+    for d in &got {
+        let l = lowest.entry(d.partition).or_insert(d.offset);
+        *l = (*l).min(d.offset);
+    }
+    let (held, acked): (Vec<Delivery>, Vec<Delivery>) = got
+        .into_iter()
+        .partition(|d| lowest[&d.partition] == d.offset);
+    assert!(!acked.is_empty(), "something to ack above the gap");
+    let r = ack(&c.addr(victim), "s", &ids(&acked)).await.unwrap();
+    assert_eq!(set(&r["acked"]).len(), acked.len(), "{r}");
+    // A long poll waiting on the victim.
+    let victim_addr = c.addr(victim);
+    let poll = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = pull(
+            &victim_addr,
+            "s",
+            &json!({"max_events": 10, "wait_ms": 30000}),
+        )
+        .await;
+        (started.elapsed(), r)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped_at = Instant::now();
+    let code = c.nodes[victim]
+        .as_mut()
+        .unwrap()
+        .terminate(Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "a graceful stop exits 0");
+    let (waited, answer) = poll.await.unwrap();
+    // The long poll was answered (or its connection ended) at the stop, not after
+    // its 30 s wait.
+    assert!(
+        waited < Duration::from_secs(10),
+        "the long poll waited {waited:?}: {answer:?}"
+    );
+    let only_other: BTreeSet<String> = [c.ids[other].clone()].into();
+    all_owned_by(&c.addr(other), "t", 2, &only_other, DEADLINE).await;
+    let moved_in = stopped_at.elapsed();
+    assert!(
+        moved_in < ttl / 2,
+        "the partitions moved {moved_in:?} after SIGTERM (lease TTL {ttl:?})"
+    );
+    // No warning on a normal stop.
+    let log = c.nodes[victim].as_ref().unwrap().log_tail(400);
+    let after_stop: Vec<&str> = log
+        .lines()
+        .skip_while(|l| !l.contains("meshd stopping"))
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(
+        log.contains("meshd stopping") && log.contains(" INFO "),
+        "{log}"
+    );
+    assert!(
+        after_stop.is_empty(),
+        "warnings at a normal stop: {after_stop:#?}"
+    );
+    // The acked events are never delivered again; the held ones keep their lease
+    // (not delivered again either) and their acks are honoured by the new owner.
+    let mut again = Vec::new();
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        again.extend(c.pull_own(other, "s").await);
+    }
+    let acked_at: BTreeSet<(u64, u64)> = acked.iter().map(|d| (d.partition, d.offset)).collect();
+    let held_at: BTreeSet<(u64, u64)> = held.iter().map(|d| (d.partition, d.offset)).collect();
+    let dup: Vec<_> = again
+        .iter()
+        .filter(|d| {
+            acked_at.contains(&(d.partition, d.offset))
+                || held_at.contains(&(d.partition, d.offset))
+        })
+        .collect();
+    assert!(
+        dup.is_empty(),
+        "delivered again after a graceful move: {dup:?}"
+    );
+    let r = ack(&c.addr(other), "s", &ids(&held)).await.unwrap();
+    assert_eq!(set(&r["acked"]).len(), held.len(), "{r}");
+    let _ = ack(&c.addr(other), "s", &ids(&again)).await;
 }

@@ -344,28 +344,34 @@ impl OffsetStore for RocksOffsetStore {
         self.inner.backwards.load(Ordering::Relaxed)
     }
 
-    async fn checkpoint(
+    async fn checkpoint_with(
         &self,
         meta: &dyn Meta,
         owner: &Ownership,
         key: &OffsetKey,
+        resolved: &[u64],
     ) -> Result<(), OffsetError> {
         let Some(c) = self.get(key).await? else {
             return Ok(());
         };
-        let value = serde_json::to_vec(&CheckpointRecord { v: 1, committed: c })
-            .map_err(|e| OffsetError::Failed(format!("encoding checkpoint: {e}")))?;
+        let resolved = meshd_stores::offsets::resolved_ranges(c.offset, resolved);
+        let value = serde_json::to_vec(&CheckpointRecord {
+            v: 1,
+            committed: c,
+            resolved,
+        })
+        .map_err(|e| OffsetError::Failed(format!("encoding checkpoint: {e}")))?;
         owner
             .commit(meta, Txn::new().put(&Self::checkpoint_key(key), &value))
             .await?;
         Ok(())
     }
 
-    async fn load_checkpoint(
+    async fn load_checkpoint_with(
         &self,
         meta: &dyn Meta,
         key: &OffsetKey,
-    ) -> Result<Option<Committed>, OffsetError> {
+    ) -> Result<Option<(Committed, Vec<u64>)>, OffsetError> {
         let k = Self::checkpoint_key(key);
         let Some(kv) = meta.get(&k).await?.kv else {
             return Ok(None);
@@ -381,7 +387,12 @@ impl OffsetStore for RocksOffsetStore {
                 reason: format!("unknown checkpoint version {}", rec.v),
             });
         }
-        Ok(Some(rec.committed))
+        let resolved = meshd_stores::offsets::expand_resolved(rec.committed.offset, &rec.resolved)
+            .map_err(|reason| OffsetError::Corrupt {
+                key: String::from_utf8_lossy(&k).into_owned(),
+                reason,
+            })?;
+        Ok(Some((rec.committed, resolved)))
     }
 
     async fn init_checkpoint(
@@ -398,6 +409,7 @@ impl OffsetStore for RocksOffsetStore {
         let value = serde_json::to_vec(&CheckpointRecord {
             v: 1,
             committed: start,
+            resolved: Vec::new(),
         })
         .map_err(|e| OffsetError::Failed(format!("encoding checkpoint: {e}")))?;
         match meta
@@ -432,11 +444,17 @@ impl OffsetStore for RocksOffsetStore {
     }
 }
 
-/// A partition's committed offset in Meta (cluster mode).
+/// A partition's committed offset in Meta (cluster mode), with the offsets above it
+/// that are resolved already (acked or dead-lettered above a gap) as
+/// `[from, to)` ranges, so a new owner does not deliver them again. A release that
+/// does not know `resolved` ignores it (it delivers those again: duplicates, never a
+/// loss), and this one reads a record without it as none.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct CheckpointRecord {
     v: u32,
     committed: Committed,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    resolved: Vec<(u64, u64)>,
 }
 
 impl From<MetaError> for OffsetErrorOrLocal {

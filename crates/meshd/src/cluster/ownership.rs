@@ -297,19 +297,28 @@ pub struct Controller {
     pub rebalance_delay: std::time::Duration,
     /// When this instance first saw each current member.
     pub member_since: std::sync::Mutex<BTreeMap<String, std::time::Instant>>,
+    /// Set at a graceful stop: every owned partition is released (drained,
+    /// checkpointed, its owner key deleted), then the controller ends.
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Hand-overs to other members per step at most.
 const MOVES_PER_STEP: usize = 8;
 
 impl Controller {
-    pub fn spawn(self) {
-        tokio::spawn(async move { self.run().await });
+    /// Runs until a graceful stop has released everything (or the membership ends).
+    pub fn spawn(self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move { self.run().await })
     }
 
     async fn run(self) {
         let mut lease = self.lease.clone();
+        let mut stop = self.stop.clone();
         loop {
+            if *stop.borrow_and_update() {
+                self.release_all().await;
+                return;
+            }
             let current = *lease.borrow_and_update();
             match current {
                 Some(l) if l.deadline.is_live(std::time::Instant::now()) => {
@@ -325,6 +334,10 @@ impl Controller {
                     self.drop_all("the membership stopped");
                     return;
                 },
+                r = stop.changed() => if r.is_err() {
+                    // The server is gone without a graceful stop.
+                    return;
+                },
                 _ = tokio::time::sleep(self.tick) => {}
                 // Stop acting the moment the local deadline passes.
                 _ = async {
@@ -335,6 +348,51 @@ impl Controller {
                 } => {}
             }
         }
+    }
+
+    /// Stops acting on `p` (publishing `rest` as what is owned), drains it (its tasks
+    /// stop, its checkpoint is written with the resolved offsets) and deletes its
+    /// owner key, fenced.
+    async fn release_one(
+        &self,
+        p: &PartitionId,
+        o: meshd_meta::fence::Ownership,
+        rest: &BTreeMap<PartitionId, meshd_meta::fence::Ownership>,
+    ) {
+        // Stop acting on it before anything else.
+        self.owned.send_replace(std::sync::Arc::new(rest.clone()));
+        self.drain.drain(p, &o).await;
+        match o.release(self.meta.as_ref()).await {
+            Ok(()) => {
+                self.metrics
+                    .ownership
+                    .released
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition released")
+            }
+            Err(e) => {
+                tracing::warn!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "releasing a partition failed; its lease ends it")
+            }
+        }
+    }
+
+    /// A graceful stop: every owned partition released, one after the other.
+    async fn release_all(&self) {
+        let mut owned: BTreeMap<_, _> = (**self.owned.borrow()).clone();
+        let n = owned.len();
+        tracing::info!(
+            store = "owners",
+            backend = self.meta.backend(),
+            owned = n,
+            "graceful stop: releasing every owned partition"
+        );
+        while let Some((p, o)) = owned.pop_first() {
+            self.release_one(&p, o, &owned).await;
+        }
+        self.metrics
+            .ownership
+            .owned
+            .store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn drop_all(&self, why: &str) {
@@ -463,21 +521,8 @@ impl Controller {
         }
         for p in &todo.release {
             let Some(o) = owned.remove(p) else { continue };
-            // Stop acting on it before anything else.
-            self.owned.send_replace(std::sync::Arc::new(owned.clone()));
-            self.drain.drain(p, &o).await;
+            self.release_one(p, o, &owned).await;
             holders.remove(p);
-            match o.release(self.meta.as_ref()).await {
-                Ok(()) => {
-                    counters
-                        .released
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition released")
-                }
-                Err(e) => {
-                    tracing::warn!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "releasing a partition failed; its lease ends it")
-                }
-            }
         }
         for p in &todo.acquire {
             match meshd_meta::fence::Ownership::acquire(
@@ -585,20 +630,29 @@ mod controller_tests {
         owned: tokio::sync::watch::Receiver<Owned>,
         drains: Arc<Drains>,
         membership: tokio::task::JoinHandle<()>,
+        controller: tokio::task::JoinHandle<()>,
+        stop: tokio::sync::watch::Sender<bool>,
+        leave: tokio::sync::watch::Sender<bool>,
     }
 
     fn node(meta: &Arc<dyn Meta>, topics: &Arc<MetaTopicStore>, me: &str) -> Node {
-        let m = Membership::new(
-            meta.clone(),
-            me.into(),
-            "127.0.0.1:1".into(),
-            Duration::from_secs(1),
-        );
+        node_with_ttl(meta, topics, me, Duration::from_secs(1))
+    }
+
+    fn node_with_ttl(
+        meta: &Arc<dyn Meta>,
+        topics: &Arc<MetaTopicStore>,
+        me: &str,
+        ttl: Duration,
+    ) -> Node {
+        let m = Membership::new(meta.clone(), me.into(), "127.0.0.1:1".into(), ttl);
         let lease = m.lease();
-        let membership = m.spawn();
+        let (leave, leaving) = tokio::sync::watch::channel(false);
+        let membership = m.spawn(leaving);
         let (tx, owned) = tokio::sync::watch::channel(Owned::default());
         let drains = Arc::new(Drains::default());
-        Controller {
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let controller = Controller {
             meta: meta.clone(),
             me: me.into(),
             lease,
@@ -611,12 +665,16 @@ mod controller_tests {
             waiting_since: Default::default(),
             rebalance_delay: Duration::ZERO,
             member_since: Default::default(),
+            stop: stopping,
         }
         .spawn();
         Node {
             owned,
             drains,
             membership,
+            controller,
+            stop,
+            leave,
         }
     }
 
@@ -671,5 +729,70 @@ mod controller_tests {
         b.membership.abort();
         until("b drops its partitions", || set(&b).is_empty()).await;
         until("a owns every partition again", || set(&a) == all).await;
+    }
+
+    /// A graceful stop releases every partition (drained with its epoch, owner key
+    /// deleted) and revokes the membership lease: the other member owns everything at
+    /// once, long before the stopped one's lease TTL (30 s here) could run out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_graceful_stop_hands_every_partition_over_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta: Arc<dyn Meta> = Arc::new(
+            meshd_meta_embedded::EmbeddedMeta::open_dir(dir.path(), Default::default()).unwrap(),
+        );
+        let topics = Arc::new(MetaTopicStore::start(meta.clone()).await.unwrap());
+        topics.ensure("t", 8).await.unwrap();
+        let all: BTreeSet<PartitionId> = (0..8).map(|p| ("t".to_string(), p)).collect();
+        let ttl = Duration::from_secs(30);
+        let mut a = node_with_ttl(&meta, &topics, "a", ttl);
+        let b = node_with_ttl(&meta, &topics, "b", ttl);
+        until("a and b split the partitions", || {
+            let (sa, sb) = (set(&a), set(&b));
+            !sa.is_empty()
+                && !sb.is_empty()
+                && sa.union(&sb).cloned().collect::<BTreeSet<_>>() == all
+        })
+        .await;
+        let held = set(&a);
+        let started = std::time::Instant::now();
+        a.stop.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(5), &mut a.controller)
+            .await
+            .expect("the controller ends after releasing")
+            .unwrap();
+        assert!(set(&a).is_empty(), "a acts on nothing any more");
+        let drained: BTreeSet<PartitionId> = a
+            .drains
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(p, _)| p.clone())
+            .collect();
+        assert!(
+            held.is_subset(&drained),
+            "every partition drained: {drained:?}"
+        );
+        a.leave.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(5), &mut a.membership)
+            .await
+            .expect("the membership ends after revoking")
+            .unwrap();
+        assert!(
+            crate::membership::members(meta.as_ref())
+                .await
+                .unwrap()
+                .iter()
+                .all(|m| m["instance"] != "a"),
+            "a left the member list"
+        );
+        until("b owns every partition", || set(&b) == all).await;
+        // A liveness bound from the configuration: far below the 30 s TTL that a
+        // stop without a release would have to wait for.
+        assert!(
+            started.elapsed() < ttl / 6,
+            "handed over in {:?}",
+            started.elapsed()
+        );
     }
 }

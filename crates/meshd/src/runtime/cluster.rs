@@ -337,11 +337,11 @@ impl Runtime {
                     }
                 }
             }
-            if !got.is_empty() || tokio::time::Instant::now() >= deadline {
+            if !got.is_empty() || tokio::time::Instant::now() >= deadline || self.is_stopping() {
                 return Ok(got);
             }
             let step = deadline.min(tokio::time::Instant::now() + PEER_POLL);
-            let _ = tokio::time::timeout_at(step, woken.changed()).await;
+            self.wait_for_more(step, &mut woken).await;
         }
     }
 
@@ -708,21 +708,23 @@ impl Runtime {
         };
         let key = Self::key(&sub.sub, partition);
         let meta = self.deps.meta.as_ref();
-        let committed = match self
+        let (committed, resolved) = match self
             .deps
             .offsets
-            .load_checkpoint(meta, &key)
+            .load_checkpoint_with(meta, &key)
             .await
             .map_err(|e| unavailable("checkpoints")(e.to_string()))?
         {
             Some(c) => c,
             None => {
                 let start = start_of(self, sub.sub.spec.start, &key).await?;
-                self.deps
+                let c = self
+                    .deps
                     .offsets
                     .init_checkpoint(meta, &key, start)
                     .await
-                    .map_err(|e| unavailable("checkpoints")(e.to_string()))?
+                    .map_err(|e| unavailable("checkpoints")(e.to_string()))?;
+                (c, Vec::new())
             }
         };
         let loaded = cluster
@@ -743,6 +745,9 @@ impl Runtime {
             tracing::info!(store = "attempts", backend = self.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition, "attempt ledger of version 1 rewritten as version 2");
             ledger_state.applied(w);
         }
+        // Resolved above the checkpoint (a release handed them over): never delivered
+        // again, whatever the ledger still says of them.
+        ledger_state.forget(resolved.iter().copied());
         self.deps
             .deliveries
             .adopt_partition(
@@ -772,6 +777,18 @@ impl Runtime {
                 owner_epoch: owner.epoch(),
                 session: e.session.clone(),
             })
+            .chain(resolved.iter().map(|offset| DeliveryRecord {
+                key: key.clone(),
+                offset: *offset,
+                attempt: 1,
+                delivery_id: String::new(),
+                deadline_ms: u64::MAX,
+                last_reason: None,
+                first_delivered_at_ms: now,
+                state: DeliveryState::AckedAwaitingCommit,
+                owner_epoch: owner.epoch(),
+                session: None,
+            }))
             .collect();
         tracing::info!(store = "owners", subscription = %sub.sub.name(), topic = %key.topic, partition, epoch = owner.epoch(), committed = committed.offset, in_flight = records.len(), "partition acquired: state taken from Meta");
         let lost = Arc::new(AtomicBool::new(false));
@@ -876,14 +893,17 @@ impl Drain for RuntimeDrain {
                 .write()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
-            if let Some(h) = taken {
-                Runtime::stop_handle(&h).await;
-            }
+            let resolved = match taken {
+                Some(h) => Runtime::stop_handle(&h).await,
+                None => Vec::new(),
+            };
             let key = Runtime::key(&sub.sub, partition.1);
+            // The acked offsets above the committed one go with the checkpoint: the
+            // next owner does not deliver them again (a release causes no duplicates).
             if let Err(e) = rt
                 .deps
                 .offsets
-                .checkpoint(rt.deps.meta.as_ref(), owner, &key)
+                .checkpoint_with(rt.deps.meta.as_ref(), owner, &key, &resolved)
                 .await
             {
                 tracing::warn!(store = "checkpoints", backend = rt.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition = key.partition, error = %e, "the checkpoint at release failed; the next owner resumes from the previous one");

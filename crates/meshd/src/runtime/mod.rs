@@ -190,6 +190,8 @@ pub struct Runtime {
     me: std::sync::Weak<Runtime>,
     /// Cluster mode: pulls served for other instances, by their forward id.
     forwarded: cluster::ForwardedPulls,
+    /// Set at a graceful stop: long polls answer at once with what they have.
+    stopping: watch::Sender<bool>,
 }
 
 impl SubRuntime {
@@ -235,7 +237,35 @@ impl Runtime {
             owner: Arc::new(RwLock::new(None)),
             me: me.clone(),
             forwarded: cluster::ForwardedPulls::default(),
+            stopping: watch::channel(false).0,
         })
+    }
+
+    /// A graceful stop begins: every long poll answers now with what it has, and new
+    /// ones do not wait.
+    pub fn begin_stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    fn is_stopping(&self) -> bool {
+        *self.stopping.borrow()
+    }
+
+    /// Waits until `deadline`, a wake-up on `woken`, or a graceful stop.
+    async fn wait_for_more(
+        &self,
+        deadline: tokio::time::Instant,
+        woken: &mut watch::Receiver<u64>,
+    ) {
+        let mut stopping = self.stopping.subscribe();
+        if *stopping.borrow_and_update() {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = woken.changed() => {}
+            _ = stopping.changed() => {}
+        }
     }
 
     /// Recovery finished: every subscription known at boot is re-armed.
@@ -458,12 +488,16 @@ impl Runtime {
 
     /// Stops one partition task: it finishes the request at hand (its state is in
     /// the stores) and ends.
-    async fn stop_handle(p: &PartitionHandle) {
+    /// Stops a partition task after the work it has queued; returns the offsets above
+    /// its committed one that were resolved already (empty when it had ended).
+    async fn stop_handle(p: &PartitionHandle) -> Vec<u64> {
         let (tx, rx) = oneshot::channel();
+        let mut resolved = Vec::new();
         if p.tx.send(Msg::Stop { reply: tx }).await.is_ok() {
-            let _ = rx.await;
+            resolved = rx.await.unwrap_or_default();
         }
         p.join.abort();
+        resolved
     }
 
     async fn drop_state(&self, sub: &Subscription) {
@@ -859,14 +893,14 @@ impl Runtime {
             if let (true, Some(reason)) = (got.is_empty(), failed) {
                 return Err(RuntimeError::StoreFailed(reason));
             }
-            if !got.is_empty() || tokio::time::Instant::now() >= deadline {
+            if !got.is_empty() || tokio::time::Instant::now() >= deadline || self.is_stopping() {
                 return Ok(got);
             }
             // A partition that becomes ready (an append, a due retry, a lease that
             // ran out) bumps `notify`; a settings change replaces the runtime, so
             // wake up now and then to find it.
             let step = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
-            let _ = tokio::time::timeout_at(step, woken.changed()).await;
+            self.wait_for_more(step, &mut woken).await;
         }
     }
 

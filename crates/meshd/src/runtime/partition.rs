@@ -71,8 +71,10 @@ pub enum Msg {
         offset: u64,
         reply: oneshot::Sender<Result<(), RuntimeError>>,
     },
-    /// Finish the current work and end the task (its state is in the stores).
-    Stop { reply: oneshot::Sender<()> },
+    /// Finish the current work and end the task (its state is in the stores). The
+    /// answer: the offsets above the committed one resolved already (for a release's
+    /// checkpoint).
+    Stop { reply: oneshot::Sender<Vec<u64>> },
 }
 
 /// Per-id answers of an ack, nack or extend, by the list they belong in.
@@ -256,7 +258,7 @@ impl PartitionTask {
                 msg = self.rx.recv() => match msg {
                     None => return,
                     Some(Msg::Stop { reply }) => {
-                        let _ = reply.send(());
+                        let _ = reply.send(self.core.resolved_above());
                         return;
                     }
                     Some(msg) => {
@@ -320,10 +322,12 @@ impl PartitionTask {
             }
             return;
         }
+        // The acked offsets above a gap go with it (a new owner skips them).
+        let resolved = self.core.resolved_above();
         match self
             .deps
             .offsets
-            .checkpoint(self.deps.meta.as_ref(), &c.owner, &key)
+            .checkpoint_with(self.deps.meta.as_ref(), &c.owner, &key, &resolved)
             .await
         {
             Ok(()) => {
@@ -467,7 +471,7 @@ impl PartitionTask {
                 let _ = reply.send(result);
             }
             Msg::Stop { reply } => {
-                let _ = reply.send(());
+                let _ = reply.send(self.core.resolved_above());
             }
         }
     }
@@ -497,7 +501,7 @@ impl PartitionTask {
                         } => pulls.push((budget, session, reply)),
                         Msg::Ack { ids, reply } => acks.push((ids, reply)),
                         Msg::Stop { reply } => {
-                            let _ = reply.send(());
+                            let _ = reply.send(self.core.resolved_above());
                             return true;
                         }
                         other => self.request(other).await,
