@@ -2,6 +2,7 @@
 
 use crate::config::{backoff_delay, Config};
 use crate::error::CoreError;
+use crate::id::DeliveryId;
 use crate::io::{
     AckOutcome, Command, DeadLetterRequest, Delivery, DeliveryRef, EventMeta, ExtendOutcome, Input,
     NackOutcome, PullId, Reply, SessionCheck,
@@ -723,15 +724,15 @@ impl PartitionCore {
             session_epoch: session.map(|s| s.epoch),
             redrive,
         });
-        format!(
-            "{}-{}-{}-{}{}-{:016x}",
-            k.incarnation,
-            k.partition,
-            loc.offset(),
-            if redrive { "r" } else { "" },
+        DeliveryId {
+            incarnation: k.incarnation,
+            partition: k.partition,
+            offset: loc.offset(),
             attempt,
-            tag
-        )
+            redrive,
+            tag,
+        }
+        .to_string()
     }
 
     fn validate(&self, input: &Input) -> Result<(), CoreError> {
@@ -1470,21 +1471,4 @@ impl PartitionCore {
             max,
         });
     }
-}
-
-/// The partition a delivery id names (ids are
-/// `{incarnation}-{partition}-{offset}-{attempt}-{nonce}`), so the shell can route an
-/// ack to its partition core. `None` for anything that is not such an id.
-pub fn partition_of(delivery_id: &str) -> Option<u32> {
-    let mut parts = delivery_id.rsplitn(5, '-');
-    let nonce = parts.next()?;
-    let attempt = parts.next()?;
-    let offset = parts.next()?;
-    let partition = parts.next()?;
-    let incarnation = parts.next()?;
-    let ok = u64::from_str_radix(nonce, 16).is_ok()
-        && attempt.trim_start_matches('r').parse::<u32>().is_ok()
-        && offset.parse::<u64>().is_ok()
-        && incarnation.parse::<i64>().is_ok();
-    ok.then(|| partition.parse().ok()).flatten()
 }

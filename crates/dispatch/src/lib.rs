@@ -68,14 +68,14 @@
 pub mod config;
 mod core;
 mod error;
+mod id;
 mod io;
 mod sources;
 
 pub use crate::config::{Config, ConfigError};
-pub use crate::core::{
-    partition_of, Partition, PartitionCore, Stats, ACK_TIMEOUT_REASON, MAX_ATTEMPTS_REASON,
-};
+pub use crate::core::{Partition, PartitionCore, Stats, ACK_TIMEOUT_REASON, MAX_ATTEMPTS_REASON};
 pub use crate::error::CoreError;
+pub use crate::id::DeliveryId;
 pub use crate::io::{
     AckOutcome, Command, DeadLetterRequest, Delivery, DeliveryRef, EventMeta, ExtendOutcome, Input,
     NackOutcome, PullId, Reply, SessionCheck,

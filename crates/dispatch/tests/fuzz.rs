@@ -5,7 +5,7 @@
 //!
 //! Case count: `MESHD_FUZZ_CASES` (default 2000, the CI pass); see docs/fuzzing.md.
 
-use meshd_dispatch::partition_of;
+use meshd_dispatch::DeliveryId;
 use proptest::prelude::*;
 
 fn cases() -> u32 {
@@ -51,11 +51,13 @@ proptest! {
 
     #[test]
     fn fuzz_delivery_id_partition(id in id()) {
-        if let Some(p) = partition_of(&id) {
-            // The partition is the second of the last five parts, exactly as written.
+        if let Some(d) = DeliveryId::parse(&id) {
+            // The partition is the second of the last five parts, exactly as written,
+            // and the id prints back as it was read.
             let parts: Vec<&str> = id.rsplitn(5, '-').collect();
             prop_assert_eq!(parts.len(), 5);
-            prop_assert_eq!(parts[3].parse::<u32>().ok(), Some(p));
+            prop_assert_eq!(parts[3].parse::<u32>().ok(), Some(d.partition));
+            prop_assert_eq!(d.to_string(), id);
         }
     }
 }

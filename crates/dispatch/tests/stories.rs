@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use meshd_dispatch::config::{backoff_cap, backoff_delay};
 use meshd_dispatch::{
-    partition_of, AckOutcome, Command, CoreError, DeliveryRecord, DeliveryRef, DeliveryState,
+    AckOutcome, Command, CoreError, DeliveryId, DeliveryRecord, DeliveryRef, DeliveryState,
     ExtendOutcome, FixedJitter, Input, NackOutcome, Partition, PartitionCore, Reply, RngJitter,
     SessionBinding, SessionCheck, Sources, ACK_TIMEOUT_REASON,
 };
@@ -99,7 +99,10 @@ fn given_a_first_hand_out_then_attempt_is_1_and_every_attempt_has_a_fresh_id() {
     s.publish(1);
     let first = s.deliver(1).remove(0);
     assert_eq!(first.attempt, 1);
-    assert_eq!(partition_of(&first.delivery_id), Some(3));
+    assert_eq!(
+        DeliveryId::parse(&first.delivery_id).map(|d| d.partition),
+        Some(3)
+    );
     s.nack(&[&first.delivery_id], "no");
     s.advance(10_000);
     let second = s.deliver(1).remove(0);
@@ -110,7 +113,7 @@ fn given_a_first_hand_out_then_attempt_is_1_and_every_attempt_has_a_fresh_id() {
         "{}",
         second.delivery_id
     );
-    assert_eq!(partition_of("not-an-id"), None);
+    assert_eq!(DeliveryId::parse("not-an-id"), None);
 }
 
 #[test]
@@ -1020,7 +1023,10 @@ fn given_a_redriven_event_when_acked_then_the_entry_is_settled_and_the_offset_is
     assert_eq!(d[0].redrive_of, Some(entry0()));
     assert_eq!(d[1].redrive_of, None);
     assert!(d[0].delivery_id.starts_with("7-3-0-r1-"));
-    assert_eq!(partition_of(&d[0].delivery_id), Some(3));
+    assert_eq!(
+        DeliveryId::parse(&d[0].delivery_id).map(|d| d.partition),
+        Some(3)
+    );
 
     // Repeating the redrive while it is under way changes nothing.
     let cmds = s.input(Input::Redrive {

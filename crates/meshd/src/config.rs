@@ -875,7 +875,7 @@ impl Config {
             _ => {}
         }
         if let Some(id) = &self.instance_id {
-            if !valid_name(id) {
+            if !meshd_stores::names::is_valid_name(id) {
                 return Err(invalid(
                     "--instance-id",
                     id,
@@ -898,13 +898,6 @@ fn cidrs(
         .filter(|v| !v.trim().is_empty())
         .map(|v| crate::egress::Cidr::parse(v).map_err(|e| invalid(flag, v, e)))
         .collect()
-}
-
-/// Names (topics, subscriptions, client ids, instances): 1–249 of `[A-Za-z0-9._-]`.
-pub fn valid_name(s: &str) -> bool {
-    (1..=249).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {

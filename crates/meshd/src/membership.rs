@@ -8,9 +8,42 @@ use crate::cluster::ownership::LeaseState;
 use meshd_meta::fence::LeaseDeadline;
 use meshd_meta::keys::{key, prefix, KeyKind};
 use meshd_meta::{LeaseId, Meta, Precondition, RangeOptions};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The version of [`MemberRecord`] this release writes.
+const VERSION: u64 = 1;
+
+/// What `members/{instance id}` holds: who the member is, where it listens, since
+/// when, and which release it runs (so that a feature writing new record shapes can
+/// wait until every member reads them). Fields a later release adds are ignored
+/// here, not "corrupt"; a record without `v`, or of a version above this one's,
+/// still names its instance and address where it can.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    #[serde(default)]
+    pub v: u64,
+    pub instance: String,
+    pub addr: String,
+    #[serde(default)]
+    pub since: String,
+    /// The member's meshd release (`CARGO_PKG_VERSION`); empty from a release that
+    /// did not write it.
+    #[serde(default)]
+    pub release: String,
+}
+
+/// Member records that could not be decoded (counted; the member is left out of the
+/// ownership plan and the directory, so it owns nothing until it writes a readable
+/// record).
+static UNDECODABLE: AtomicU64 = AtomicU64::new(0);
+
+/// How many member records could not be decoded so far.
+pub fn undecodable_records() -> u64 {
+    UNDECODABLE.load(Ordering::Relaxed)
+}
 
 pub struct Membership {
     meta: Arc<dyn Meta>,
@@ -49,12 +82,16 @@ impl Membership {
     async fn register(&self) -> Result<LeaseId, meshd_meta::MetaError> {
         let sent_at = Instant::now();
         let lease = self.meta.grant(self.ttl).await?;
-        let value = json!({
-            "instance": self.instance_id,
-            "addr": self.addr,
-            "since": meshd_stores::time::Timestamp::now().to_rfc3339(),
+        let value = serde_json::to_string(&MemberRecord {
+            v: VERSION,
+            instance: self.instance_id.clone(),
+            addr: self.addr.clone(),
+            since: meshd_stores::time::Timestamp::now().to_rfc3339(),
+            release: env!("CARGO_PKG_VERSION").to_string(),
         })
-        .to_string();
+        .map_err(|e| {
+            meshd_meta::MetaError::InvalidRequest(format!("encoding the member record: {e}"))
+        })?;
         self.meta
             .put(
                 &key(KeyKind::Members, &[&self.instance_id]),
@@ -136,12 +173,59 @@ impl Membership {
 }
 
 /// The members Meta knows (instances holding a membership lease), by instance id.
-pub async fn members(meta: &dyn Meta) -> Result<Vec<Value>, meshd_meta::MetaError> {
+/// A record that does not decode is left out, counted
+/// (`meshd_meta_undecodable_records_total{store="members"}`) and logged at most once
+/// a minute.
+pub async fn members(meta: &dyn Meta) -> Result<Vec<MemberRecord>, meshd_meta::MetaError> {
     let r = meta
         .range(&prefix(KeyKind::Members, &[]), RangeOptions::default())
         .await?;
-    Ok(r.kvs
-        .iter()
-        .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
-        .collect())
+    let mut out = Vec::with_capacity(r.kvs.len());
+    for kv in &r.kvs {
+        match serde_json::from_slice::<MemberRecord>(&kv.value) {
+            Ok(m) => out.push(m),
+            Err(e) => {
+                UNDECODABLE.fetch_add(1, Ordering::Relaxed);
+                static LOGGED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+                let mut last = LOGGED
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    *last = Some(Instant::now());
+                    tracing::warn!(store = "members", backend = meta.backend(), key = %String::from_utf8_lossy(&kv.key), error = %e, "a member record does not decode; that member is left out of the cluster view and owns nothing");
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_other_releases_decode_and_garbage_does_not() {
+        // The record of the release before this one (no `v`, no `release`).
+        let old: MemberRecord = serde_json::from_str(
+            r#"{"instance":"a","addr":"127.0.0.1:1","since":"2026-11-01T00:00:00.000Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (old.instance.as_str(), old.v, old.release.as_str()),
+            ("a", 0, "")
+        );
+        // A later release's record with a field this one does not know.
+        let later: MemberRecord = serde_json::from_str(
+            r#"{"v":2,"instance":"b","addr":"h:2","since":"","release":"9.0.0","reads":["ledger-v3"]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (later.instance.as_str(), later.release.as_str()),
+            ("b", "9.0.0")
+        );
+        for bad in [&b"{}"[..], b"garbage", br#"{"instance":1,"addr":"x"}"#] {
+            assert!(serde_json::from_slice::<MemberRecord>(bad).is_err());
+        }
+    }
 }

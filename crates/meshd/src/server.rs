@@ -1,9 +1,13 @@
-//! Opening the stores and serving HTTP.
+//! `meshd serve`: opening the stores, recovering, starting the background work and
+//! serving HTTP until a graceful stop.
 //!
-//! This version opens the Local RocksDB (exclusively) and recovers the Local stores
-//! (log, offsets, deliveries), opens Meta (embedded on that RocksDB, or etcd), prints
-//! the effective backends and serves `/healthz`, `/readyz` and `/metrics`. The event
-//! API arrives with the runtime.
+//! [`run`] opens the Local RocksDB (exclusively) and its stores (log, offsets,
+//! deliveries), Meta (embedded on that RocksDB, or etcd) and, in cluster mode, the
+//! JetStream log; recovers every subscription's partitions before `/readyz` says
+//! ready; starts membership, ownership (cluster mode), requeue, compaction and
+//! housekeeping; serves the public API, `/internal` and the probes; and on SIGTERM
+//! answers long polls, releases owned partitions, revokes the membership lease,
+//! flushes and closes the stores.
 
 use crate::config::{Config, LogBackend, MetaBackend};
 use crate::metered::MeteredMeta;
@@ -761,7 +765,7 @@ async fn shutdown_signal() {
 fn stable_instance_id(data_dir: &Path) -> anyhow::Result<String> {
     let path = data_dir.join("instance-id");
     match std::fs::read_to_string(&path) {
-        Ok(s) if crate::config::valid_name(s.trim()) => return Ok(s.trim().to_string()),
+        Ok(s) if meshd_stores::names::is_valid_name(s.trim()) => return Ok(s.trim().to_string()),
         Ok(s) => anyhow::bail!(
             "{} holds an invalid instance id {:?}",
             path.display(),
@@ -899,6 +903,11 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     out.push_str(&format!(
         "meshd_meta_up{{backend=\"{backend}\"}} {}\n",
         u8::from(meta_up)
+    ));
+    out.push_str("# HELP meshd_meta_undecodable_records_total Meta records that did not decode and were left out, by store.\n# TYPE meshd_meta_undecodable_records_total counter\n");
+    out.push_str(&format!(
+        "meshd_meta_undecodable_records_total{{store=\"members\"}} {}\n",
+        crate::membership::undecodable_records()
     ));
     // Counted in the cache, never copied (a scrape must stay cheap with many).
     let live = state.quotas.sessions_live();

@@ -547,7 +547,7 @@ mod tests {
     }
 }
 
-/// Fuzzing the delivery key parser (issue 9, item 6; docs/fuzzing.md): a key read back
+/// Fuzzing the delivery key parser (docs/fuzzing.md): a key read back
 /// from the `deliveries` column family parses only into the record it is the key of.
 #[cfg(test)]
 mod fuzz {

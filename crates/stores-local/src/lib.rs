@@ -3,7 +3,7 @@
 //! The partition log ([`log::RocksLog`], which is also the dead-letter body stream),
 //! the OffsetStore ([`offsets::RocksOffsetStore`]) and the DeliveryStateStore
 //! ([`delivery::RocksDeliveryStore`]). All share the instance's one RocksDB (column
-//! families in [`keys::COLUMN_FAMILIES`]) and one group committer per store, so
+//! families in [`keys::COLUMN_FAMILIES`]) and one group committer for all three, so
 //! concurrent writers share fsyncs. Every key layout is in [`keys`].
 
 pub mod delivery;

@@ -716,7 +716,7 @@ mod tests {
     }
 }
 
-/// Fuzzing the private dead-letter stream records (issue 9, item 6; docs/fuzzing.md):
+/// Fuzzing the private dead-letter stream records (docs/fuzzing.md):
 /// a body or sequence record read back damaged is reported, never a panic or a value.
 #[cfg(test)]
 mod fuzz {

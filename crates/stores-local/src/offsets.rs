@@ -490,7 +490,7 @@ mod tests {
     }
 }
 
-/// Fuzzing the Meta checkpoint record (issue 9, item 6; docs/fuzzing.md): whatever
+/// Fuzzing the Meta checkpoint record (docs/fuzzing.md): whatever
 /// Meta holds under a checkpoint key decodes or fails, and a decode is exact.
 #[cfg(test)]
 mod fuzz {

@@ -1024,7 +1024,7 @@ mod tests {
     }
 }
 
-/// Fuzzing the dead-letter records (issue 9, item 6; docs/fuzzing.md): an entry or an
+/// Fuzzing the dead-letter records (docs/fuzzing.md): an entry or an
 /// id index record read back from Meta decodes exactly or is corrupt, never a panic.
 /// Valid entries are mutated member by member (removed, replaced by any JSON value,
 /// joined by strangers) so the cases get past the version probe and the id check.

@@ -22,6 +22,7 @@ pub mod attempts;
 pub mod deadletters;
 pub mod delivery;
 pub mod log;
+pub mod names;
 pub mod offsets;
 pub mod sessions;
 pub mod subscriptions;

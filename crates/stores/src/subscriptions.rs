@@ -49,35 +49,12 @@ pub const MAX_ATTEMPTS_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
 pub const ACK_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 100..=600_000;
 pub const BACKOFF_MAX_MS: u64 = 3_600_000;
 /// Names are 1–249 characters of `[A-Za-z0-9._-]`.
-pub const MAX_NAME_LEN: usize = 249;
+pub use crate::names::{validate_name, MAX_NAME_LEN};
 /// Bounds on free-text settings, so a record stays small in Meta.
 pub const MAX_FILTER_LEN: usize = 1024;
 pub const MAX_PUSH_URL_LEN: usize = 2048;
 
 const STORE: &str = "subscriptions";
-
-/// Checks a name (topic, subscription, client id, agent): 1–249 characters of
-/// `[A-Za-z0-9._-]`. The error says what is wrong.
-pub fn validate_name(value: &str) -> Result<(), String> {
-    if value.is_empty() {
-        return Err("must not be empty".into());
-    }
-    if value.len() > MAX_NAME_LEN {
-        return Err(format!(
-            "is {} characters long; at most {MAX_NAME_LEN} are allowed",
-            value.len()
-        ));
-    }
-    if let Some(c) = value
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(format!(
-            "contains {c:?}; only A-Z, a-z, 0-9, '.', '_' and '-' are allowed"
-        ));
-    }
-    Ok(())
-}
 
 /// Retry backoff of a subscription's deliveries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -683,25 +683,8 @@ pub fn new_task_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-/// Names (task ids, agents, client ids) follow the API's rules: 1–249 characters of
-/// `[A-Za-z0-9._-]`.
-pub fn is_valid_name(name: &str) -> bool {
-    (1..=249).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-/// `Err` (the reason) unless `name`, a `what`, [is a valid name](is_valid_name).
-pub(crate) fn check_name_reason(what: &str, name: &str) -> Result<(), String> {
-    if is_valid_name(name) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} {name:?} is not 1-249 characters of [A-Za-z0-9._-]"
-        ))
-    }
-}
+pub(crate) use crate::names::check_name_reason;
+pub use crate::names::is_valid_name;
 
 fn check_name(what: &str, name: &str) -> Result<(), TaskError> {
     check_name_reason(what, name).map_err(TaskError::Invalid)
@@ -1177,7 +1160,7 @@ mod tests {
     }
 }
 
-/// Fuzzing the task record (issue 9, item 6; docs/fuzzing.md): whatever Meta holds
+/// Fuzzing the task record (docs/fuzzing.md): whatever Meta holds
 /// under a task key decodes exactly or is corrupt, never a panic. Valid records are
 /// mutated member by member so the cases get past the version probe.
 #[cfg(test)]

@@ -429,7 +429,7 @@ pub async fn put_offset_with(
     Ok(Json(offset_json(partition, c)).into_response())
 }
 
-/// Fuzzing the pull, ack, nack, extend and offset-reset bodies (issue 9, item 6;
+/// Fuzzing the pull, ack, nack, extend and offset-reset bodies (see
 /// docs/fuzzing.md): each goes through the same field reads its handler makes before
 /// the runtime is called; any body is accepted or cleanly rejected, never a panic.
 #[cfg(test)]

@@ -169,7 +169,7 @@ pub fn body_problem(e: BytesRejection) -> Problem {
 
 /// Names (topics, subscriptions, client ids, agents): 1–249 of `[A-Za-z0-9._-]`.
 pub fn valid_name_or_400(what: &str, name: &str) -> Result<(), Problem> {
-    if crate::config::valid_name(name) {
+    if meshd_stores::names::is_valid_name(name) {
         Ok(())
     } else {
         Err(Problem::invalid_field(
@@ -259,7 +259,7 @@ async fn method_not_allowed() -> Problem {
     )
 }
 
-/// What the request-body fuzzers of the route modules share (issue 9, item 6;
+/// What the request-body fuzzers of the route modules share (see
 /// docs/fuzzing.md): the case count, header and body generators, and the "clean
 /// rejection" check. Bodies are arbitrary bytes or JSON objects written member by
 /// member (duplicates possible) from the route's own field names, with values at and

@@ -29,8 +29,8 @@ use std::time::Duration;
 /// Session `ttl_ms`: 2000–3600000 (the store's own bounds), default 10000.
 const TTL_MS: RangeInclusive<u64> = (MIN_TTL.as_millis() as u64)..=(MAX_TTL.as_millis() as u64);
 const DEFAULT_TTL_MS: u64 = 10_000;
-/// Client ids are names: 1–249 of `[A-Za-z0-9._-]`.
-const MAX_NAME_LEN: usize = 249;
+// Client ids are names (`meshd_stores::names`).
+use meshd_stores::names::MAX_NAME_LEN;
 /// List pages: `limit` default 100, at most 1000.
 const DEFAULT_LIMIT: u64 = 100;
 const MAX_LIMIT: u64 = 1000;
@@ -118,7 +118,7 @@ fn parse_open(
     let client_id = f
         .string("client_id", MAX_NAME_LEN)?
         .ok_or_else(|| Problem::invalid_field("client_id", "client_id is required"))?;
-    if !crate::config::valid_name(&client_id) {
+    if !meshd_stores::names::is_valid_name(&client_id) {
         return Err(Problem::invalid_field(
             "client_id",
             format!("client_id must be 1-249 characters of [A-Za-z0-9._-], got {client_id:?}"),
@@ -208,7 +208,7 @@ async fn list(
     let Query(q) = query.map_err(|e| Problem::bad_request(format!("invalid query: {e}")))?;
     let limit = query_number("limit", q.limit.as_deref(), DEFAULT_LIMIT, 1..=MAX_LIMIT)? as usize;
     if let Some(c) = q.cursor.as_deref() {
-        if !crate::config::valid_name(c) {
+        if !meshd_stores::names::is_valid_name(c) {
             return Err(Problem::invalid_field(
                 "cursor",
                 "cursor must be a next_cursor from an earlier page",
@@ -316,7 +316,7 @@ mod tests {
     }
 }
 
-/// Fuzzing the session open and heartbeat bodies (issue 9, item 6; docs/fuzzing.md):
+/// Fuzzing the session open and heartbeat bodies (docs/fuzzing.md):
 /// the handlers' field reads; any body is accepted or a clean 400/415, never a panic.
 #[cfg(test)]
 mod fuzz {
@@ -326,7 +326,7 @@ mod fuzz {
 
     fn open(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
         let (client_id, ttl) = parse_open(h, Ok(b))?;
-        assert!(crate::config::valid_name(&client_id));
+        assert!(meshd_stores::names::is_valid_name(&client_id));
         assert!(TTL_MS.contains(&ttl));
         Ok(())
     }

@@ -301,7 +301,7 @@ pub async fn delete_subscription(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Fuzzing the subscription PUT body and its preconditions (issue 9, item 6;
+/// Fuzzing the subscription PUT body and its preconditions (see
 /// docs/fuzzing.md): the handler's parse, `spec_of` and the store's `validate`, in
 /// that order; any body is a valid spec or a clean 400/415, never a panic.
 #[cfg(test)]

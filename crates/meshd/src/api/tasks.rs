@@ -473,8 +473,8 @@ pub async fn cancel(
     Ok(task_response(StatusCode::OK, &task))
 }
 
-/// Fuzzing the task submit, claim and transition bodies and `If-Match` (issue 9,
-/// item 6; docs/fuzzing.md): the handlers' field reads before the store is called;
+/// Fuzzing the task submit, claim and transition bodies and `If-Match` (see
+/// docs/fuzzing.md): the handlers' field reads before the store is called;
 /// any body is accepted or a clean 400/415, never a panic.
 #[cfg(test)]
 mod fuzz {
@@ -486,8 +486,8 @@ mod fuzz {
 
     fn submit(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
         let (id, agent, input) = parse_submit(h, Ok(b))?;
-        assert!(id.is_none_or(|id| crate::config::valid_name(&id)));
-        assert!(crate::config::valid_name(&agent) && !input.is_null());
+        assert!(id.is_none_or(|id| meshd_stores::names::is_valid_name(&id)));
+        assert!(meshd_stores::names::is_valid_name(&agent) && !input.is_null());
         Ok(())
     }
 

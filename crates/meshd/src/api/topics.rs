@@ -349,7 +349,7 @@ pub async fn browse(
 
 /// Fuzzing the topic PUT body, the publish request as the handler hands it to the
 /// CloudEvents parser (headers from a real `HeaderMap`), and browse's query numbers
-/// (issue 9, item 6; docs/fuzzing.md): accepted or a clean 4xx, never a panic.
+/// (docs/fuzzing.md): accepted or a clean 4xx, never a panic.
 #[cfg(test)]
 mod fuzz {
     use super::super::fuzz::{body, cases, clean, headers};

@@ -1,4 +1,4 @@
-//! Partition ownership in cluster mode (issue 7, item 2).
+//! Partition ownership in cluster mode.
 //!
 //! Each instance holds `members/{instance}` under its membership lease. The designated
 //! owner of every (topic, partition) follows from the member list ([`super::assign`]).
@@ -421,19 +421,9 @@ impl Controller {
         let listed = crate::membership::members(self.meta.as_ref())
             .await
             .map_err(|e| e.to_string())?;
-        let members: Vec<String> = listed
-            .iter()
-            .filter_map(|m| m["instance"].as_str().map(str::to_string))
-            .collect();
-        let addrs: BTreeMap<String, String> = listed
-            .iter()
-            .filter_map(|m| {
-                Some((
-                    m["instance"].as_str()?.to_string(),
-                    m["addr"].as_str()?.to_string(),
-                ))
-            })
-            .collect();
+        let members: Vec<String> = listed.iter().map(|m| m.instance.clone()).collect();
+        let addrs: BTreeMap<String, String> =
+            listed.into_iter().map(|m| (m.instance, m.addr)).collect();
         let partitions: Vec<PartitionId> = self
             .topics
             .list()
@@ -783,7 +773,7 @@ mod controller_tests {
                 .await
                 .unwrap()
                 .iter()
-                .all(|m| m["instance"] != "a"),
+                .all(|m| m.instance != "a"),
             "a left the member list"
         );
         until("b owns every partition", || set(&b) == all).await;

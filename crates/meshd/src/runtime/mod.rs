@@ -26,7 +26,7 @@ pub mod push;
 
 use crate::metrics::{Metrics, SubCounters};
 use futures::StreamExt;
-use meshd_dispatch::{Config, Partition, PartitionCore, SessionBinding, Sources};
+use meshd_dispatch::{Config, DeliveryId, Partition, PartitionCore, SessionBinding, Sources};
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{key, KeyKind};
 use meshd_meta::Meta;
@@ -217,14 +217,9 @@ pub enum Reach {
     Local,
 }
 
-/// The offset a delivery id names (`{incarnation}-{partition}-{offset}-{attempt}-{nonce}`).
+/// The offset a delivery id names.
 pub fn offset_of(delivery_id: &str) -> Option<u64> {
-    delivery_id.rsplit('-').nth(2)?.parse().ok()
-}
-
-/// The incarnation a delivery id names.
-fn incarnation_of(delivery_id: &str) -> Option<i64> {
-    delivery_id.rsplitn(5, '-').nth(4)?.parse().ok()
+    DeliveryId::parse(delivery_id).map(|d| d.offset)
 }
 
 impl Runtime {
@@ -951,11 +946,12 @@ impl Runtime {
         let sub = self.running_now(name)?;
         let mut by_partition: BTreeMap<u32, Vec<String>> = BTreeMap::new();
         for id in ids {
-            match (meshd_dispatch::partition_of(&id), incarnation_of(&id)) {
-                (Some(p), Some(inc))
-                    if inc == sub.sub.incarnation && (p as usize) < sub.parts.len() =>
+            match DeliveryId::parse(&id) {
+                Some(d)
+                    if d.incarnation == sub.sub.incarnation
+                        && (d.partition as usize) < sub.parts.len() =>
                 {
-                    by_partition.entry(p).or_default().push(id)
+                    by_partition.entry(d.partition).or_default().push(id)
                 }
                 _ => unknown.push(id),
             }
@@ -1430,11 +1426,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn delivery_ids_name_their_offset_and_incarnation() {
+    fn delivery_ids_name_their_offset() {
         assert_eq!(offset_of("42-3-17-2-00000000000000ff"), Some(17));
-        assert_eq!(incarnation_of("42-3-17-2-00000000000000ff"), Some(42));
         assert_eq!(offset_of("42-3-17-r1-00000000000000ff"), Some(17));
         assert_eq!(offset_of("garbage"), None);
-        assert_eq!(incarnation_of("a-b"), None);
     }
 }

@@ -1281,7 +1281,8 @@ impl PartitionTask {
 /// and source are then not needed). A stored payload that does not parse (it was
 /// validated at publish, so only damage does this) gets an empty type and source: it
 /// is delivered as it is without a filter, but a filter resolves it without delivery
-/// (a known gap: corrupt-record handling is issue 9).
+/// (it is not dead-lettered: a damaged stored event under a filtered subscription is
+/// skipped, a known gap).
 fn meta_of(offset: u64, payload: Option<&[u8]>) -> EventMeta {
     match payload.map(Event::from_stored) {
         Some(Ok(e)) => EventMeta {

@@ -146,7 +146,7 @@ mod pinned_format {
     }
 }
 
-/// Fuzzing the embedded Meta's records (issue 9, item 6; docs/fuzzing.md). They are
+/// Fuzzing the embedded Meta's records (docs/fuzzing.md). They are
 /// read at open (recovery) and on every get and watch, so damaged bytes must be a
 /// reported error, never a panic that crash-loops the instance, and never a value:
 /// whatever decodes re-encodes to exactly the bytes it came from.
