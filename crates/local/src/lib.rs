@@ -116,6 +116,11 @@ pub enum LocalError {
     /// The data dir could not be opened.
     #[error("cannot open data dir {dir}: {reason}")]
     Open { dir: PathBuf, reason: String },
+    /// The data dir could not be opened because what is on disk is damaged (RocksDB's
+    /// `Corruption`: a WAL record or a file that fails its checksum). Nothing was
+    /// dropped: the open refused.
+    #[error("cannot open data dir {dir}, its data is damaged: {reason}")]
+    OpenCorrupt { dir: PathBuf, reason: String },
 }
 
 impl LocalError {

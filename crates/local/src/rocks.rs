@@ -98,7 +98,12 @@ impl RocksEngine {
             .map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| {
             let reason = e.to_string();
-            if reason.contains("lock") {
+            if e.kind() == rocksdb::ErrorKind::Corruption {
+                LocalError::OpenCorrupt {
+                    dir: dir.to_path_buf(),
+                    reason,
+                }
+            } else if reason.contains("lock") {
                 LocalError::Locked {
                     dir: dir.to_path_buf(),
                     reason,

@@ -56,7 +56,7 @@ fn given_a_flipped_byte_in_the_middle_of_the_wal_when_opening_then_the_open_fail
     let err = RocksEngine::open(dir.path(), &[CF])
         .err()
         .expect("a damaged WAL must not open");
-    assert!(matches!(err, LocalError::Open { .. }), "{err:?}");
+    assert!(matches!(err, LocalError::OpenCorrupt { .. }), "{err:?}");
     assert!(err.to_string().contains("Corruption"), "{err}");
 }
 

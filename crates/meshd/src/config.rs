@@ -255,7 +255,8 @@ struct FileConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MetaBackend {
     Embedded,
-    Etcd(String),
+    /// Parsed from `--meta` once; TLS and credentials are added from their own flags.
+    Etcd(Box<meshd_meta_etcd::EtcdConfig>),
 }
 
 /// Where the event log lives. A JetStream log is shared: instances on it run in
@@ -263,7 +264,8 @@ pub enum MetaBackend {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogBackend {
     Embedded,
-    Nats(String),
+    /// Parsed from `--log` once; retention, TLS and credentials come from their flags.
+    Nats(Box<meshd_log_nats::NatsConfig>),
 }
 
 impl LogBackend {
@@ -479,8 +481,10 @@ impl Config {
         let meta = if meta == "embedded" {
             MetaBackend::Embedded
         } else if meta.starts_with("etcd://") {
-            meshd_meta_etcd::EtcdConfig::parse(&meta).map_err(|e| invalid("--meta", &meta, e))?;
-            MetaBackend::Etcd(meta)
+            MetaBackend::Etcd(Box::new(
+                meshd_meta_etcd::EtcdConfig::parse(&meta)
+                    .map_err(|e| invalid("--meta", &meta, e))?,
+            ))
         } else {
             return Err(invalid(
                 "--meta",
@@ -492,8 +496,9 @@ impl Config {
         let log = if log == "embedded" {
             LogBackend::Embedded
         } else if log.starts_with("nats://") {
-            meshd_log_nats::NatsConfig::parse(&log).map_err(|e| invalid("--log", &log, e))?;
-            LogBackend::Nats(log)
+            LogBackend::Nats(Box::new(
+                meshd_log_nats::NatsConfig::parse(&log).map_err(|e| invalid("--log", &log, e))?,
+            ))
         } else {
             return Err(invalid(
                 "--log",

@@ -22,7 +22,7 @@ use axum::{Json, Router};
 use meshd_local::RocksEngine;
 use meshd_meta::Meta;
 use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
-use meshd_meta_etcd::{EtcdConfig, EtcdCredentials, EtcdMeta, EtcdTls};
+use meshd_meta_etcd::{EtcdCredentials, EtcdMeta, EtcdTls};
 use meshd_stores::deadletters::{DeadLetterStore, MetaDeadLetterStore};
 use meshd_stores::delivery::DeliveryStateStore;
 use meshd_stores::log::{PartitionLog, Retention};
@@ -150,19 +150,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.push_deny_cidr.clone(),
         config.push_allow_cidr.clone(),
     ));
-    if let MetaBackend::Etcd(url) = &config.meta {
-        if let Ok(etcd) = EtcdConfig::parse(url) {
-            push_egress
-                .add_own_named("Meta (etcd)", &etcd.endpoints)
-                .await;
-        }
+    if let MetaBackend::Etcd(etcd) = &config.meta {
+        push_egress
+            .add_own_named("Meta (etcd)", &etcd.endpoints)
+            .await;
     }
-    if let LogBackend::Nats(url) = &config.log {
-        if let Ok(nats) = meshd_log_nats::NatsConfig::parse(url) {
-            push_egress
-                .add_own_named("the log (NATS)", &nats.servers)
-                .await;
-        }
+    if let LogBackend::Nats(nats) = &config.log {
+        push_egress
+            .add_own_named("the log (NATS)", &nats.servers)
+            .await;
     }
     if let Some(a) = &config.advertise {
         push_egress
@@ -187,9 +183,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             config.wal_recovery,
         )
         .map_err(|e| {
-            let text = e.to_string();
+            let corrupt = matches!(e, meshd_local::LocalError::OpenCorrupt { .. });
             let e = anyhow::Error::new(e);
-            if text.contains("Corruption") {
+            if corrupt {
                 e.context(format!(
                     "the write-ahead log in {} is damaged and meshd does not drop acknowledged writes in silence: restore the data dir, or, if this follows a power loss (an unsynced tail torn), start once with --wal-recovery point-in-time to open it up to the damage (everything after it is dropped)",
                     config.data_dir.display()
@@ -221,8 +217,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             embedded = Some(m.clone());
             m
         }
-        MetaBackend::Etcd(url) => {
-            let mut cfg = EtcdConfig::parse(url)?;
+        MetaBackend::Etcd(etcd) => {
+            let mut cfg = etcd.as_ref().clone();
             cfg.tls = config.etcd.ca_file.clone().map(|ca_file| EtcdTls {
                 ca_file,
                 cert_file: config.etcd.cert_file.clone(),
@@ -283,9 +279,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let l = Arc::new(local.log.clone());
             (l.clone(), l, "rocksdb")
         }
-        LogBackend::Nats(url) => {
-            let mut cfg = meshd_log_nats::NatsConfig::parse(url)
-                .map_err(|e| anyhow::anyhow!("--log {url}: {e}"))?;
+        LogBackend::Nats(nats) => {
+            let mut cfg = nats.as_ref().clone();
             cfg.retention = retention_of(&config);
             cfg.tls = config
                 .nats
@@ -303,11 +298,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }),
                 _ => None,
             };
-            let l = Arc::new(
-                meshd_log_nats::NatsLog::connect(cfg)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("cannot open the JetStream log at {url}: {e}"))?,
-            );
+            let l = Arc::new(meshd_log_nats::NatsLog::connect(cfg).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the JetStream log at {}: {e}",
+                    nats.servers.join(",")
+                )
+            })?);
             (l.clone(), l, "nats")
         }
     };
@@ -379,7 +375,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    spawn_housekeeping(&config, log.clone(), deadletters.clone(), tasks.clone());
+    spawn_housekeeping(
+        &config,
+        log.clone(),
+        log_backend,
+        deadletters.clone(),
+        tasks.clone(),
+    );
     crate::requeue::spawn(
         tasks.clone(),
         sessions.clone(),
@@ -633,7 +635,6 @@ async fn collect_orphan_bodies(meta: Arc<MeteredMeta>, local: &LocalStores) {
     }
 }
 
-/// Log retention and dead-letter expiry, in the background.
 /// Log retention from the flags.
 fn retention_of(config: &Config) -> Retention {
     Retention {
@@ -642,9 +643,11 @@ fn retention_of(config: &Config) -> Retention {
     }
 }
 
+/// Log retention, dead-letter and task expiry, in the background.
 fn spawn_housekeeping(
     config: &Config,
     log: Arc<dyn PartitionLog>,
+    log_backend: &'static str,
     deadletters: Arc<dyn DeadLetterStore>,
     tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
 ) {
@@ -660,7 +663,7 @@ fn spawn_housekeeping(
                 Ok(r) if r.events_removed > 0 => {
                     tracing::info!(
                         store = "log",
-                        backend = "rocksdb",
+                        backend = log_backend,
                         events = r.events_removed,
                         bytes = r.bytes_removed,
                         "log retention removed events"
@@ -668,7 +671,7 @@ fn spawn_housekeeping(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(store = "log", backend = "rocksdb", error = %e, "log retention failed")
+                    tracing::warn!(store = "log", backend = log_backend, error = %e, "log retention failed")
                 }
             }
             match deadletters.expire(keep_dead).await {

@@ -210,6 +210,10 @@ impl EmbeddedMeta {
     pub fn open_dir(dir: &Path, config: EmbeddedConfig) -> Result<Self, MetaError> {
         let engine = RocksEngine::open(dir, &[records::CF]).map_err(|e| match e {
             LocalError::Locked { .. } => MetaError::Failed(e.to_string()),
+            LocalError::OpenCorrupt { ref dir, .. } => MetaError::Corrupt {
+                key: dir.display().to_string(),
+                reason: e.to_string(),
+            },
             other => MetaError::Unavailable(other.to_string()),
         })?;
         Self::open(Arc::new(engine), config)

@@ -214,6 +214,8 @@ impl RocksLog {
         })
     }
 
+    /// A read (or anything that writes nothing) on the blocking pool: a task that
+    /// panicked or was cancelled wrote nothing, so it is `Unavailable`.
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Inner) -> Result<T, LogError> + Send + 'static,
@@ -222,6 +224,21 @@ impl RocksLog {
         tokio::task::spawn_blocking(move || f(&inner))
             .await
             .map_err(|e| LogError::Unavailable(format!("log task failed: {e}")))?
+    }
+
+    /// A write on the blocking pool: a task that panicked or was cancelled may have
+    /// written part of what it was given (a batch reached the engine, or not), so its
+    /// outcome is unknown, never "not applied".
+    async fn blocking_write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T, LogError> + Send + 'static,
+    ) -> Result<T, LogError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| {
+                LogError::Indeterminate(format!("log write task failed, outcome unknown: {e}"))
+            })?
     }
 }
 
@@ -568,7 +585,7 @@ impl PartitionLog for RocksLog {
         events: Vec<(u32, Vec<u8>)>,
     ) -> Result<Vec<(u32, u64)>, LogError> {
         let topic = topic.to_string();
-        self.blocking(move |l| l.append(&topic, events)).await
+        self.blocking_write(move |l| l.append(&topic, events)).await
     }
 
     async fn read(
@@ -590,7 +607,7 @@ impl PartitionLog for RocksLog {
 
     async fn delete_topic(&self, topic: &str) -> Result<(), LogError> {
         let topic = topic.to_string();
-        self.blocking(move |l| l.delete_topic(&topic)).await
+        self.blocking_write(move |l| l.delete_topic(&topic)).await
     }
 
     async fn enforce_retention(
@@ -598,7 +615,7 @@ impl PartitionLog for RocksLog {
         retention: Retention,
         now_ms: u64,
     ) -> Result<RetentionReport, LogError> {
-        self.blocking(move |l| l.enforce_retention(retention, now_ms))
+        self.blocking_write(move |l| l.enforce_retention(retention, now_ms))
             .await
     }
 
@@ -618,7 +635,7 @@ impl DeadLetterBodies for RocksLog {
 
     async fn append_body(&self, body: &[u8]) -> Result<BodyRef, LogError> {
         let body = body.to_vec();
-        let seq = self.blocking(move |l| l.append_body(&body)).await?;
+        let seq = self.blocking_write(move |l| l.append_body(&body)).await?;
         Ok(BodyRef {
             log_id: self.inner.log_id.clone(),
             seq,
@@ -639,7 +656,7 @@ impl DeadLetterBodies for RocksLog {
         }
         let mut batch = Batch::new();
         batch.delete(CF_DLQ, keys::body_key(body.seq));
-        self.blocking(move |l| l.group.commit(batch).map_err(write_err))
+        self.blocking_write(move |l| l.group.commit(batch).map_err(write_err))
             .await
     }
 

@@ -842,9 +842,10 @@ async fn restart_keeps_every_acknowledged_submit_and_transition(b: &mut Harness)
     let who = session(meta.as_ref(), "restart", AGENT).await;
     // Writers run while the backend is restarted under them.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut writers = Vec::new();
     for w in 0..2 {
-        let (s, who, stop) = (s.clone(), who.clone(), stop.clone());
+        let (s, who, stop, acks) = (s.clone(), who.clone(), stop.clone(), acks.clone());
         writers.push(tokio::spawn(async move {
             // The last acknowledged (state, version) of every task.
             let mut acked: HashMap<String, (TaskState, i64)> = HashMap::new();
@@ -857,6 +858,7 @@ async fn restart_keeps_every_acknowledged_submit_and_transition(b: &mut Harness)
                     continue;
                 };
                 acked.insert(id.clone(), (sub.task.state, sub.task.version));
+                acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let Ok(t) = s.claim(&id, &who).await else {
                     continue;
                 };
@@ -877,10 +879,35 @@ async fn restart_keeps_every_acknowledged_submit_and_transition(b: &mut Harness)
             acked
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Acknowledged writes before the restart, and again after it.
+    let acked_past = |n: usize| {
+        let acks = acks.clone();
+        move || {
+            let acks = acks.clone();
+            async move {
+                let now = acks.load(std::sync::atomic::Ordering::SeqCst);
+                anyhow::ensure!(now >= n, "{now} acknowledged submits, waiting for {n}");
+                Ok(())
+            }
+        }
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "submits before the restart",
+        acked_past(5),
+    )
+    .await
+    .expect("writers make progress");
     b.restart().await;
     b.wait_ready().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = acks.load(std::sync::atomic::Ordering::SeqCst) + 5;
+    wait_until(
+        Duration::from_secs(20),
+        "submits after the restart",
+        acked_past(after),
+    )
+    .await
+    .expect("writers make progress after the restart");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut acked = HashMap::new();
     for w in writers {
@@ -914,8 +941,13 @@ async fn restart_keeps_every_acknowledged_submit_and_transition(b: &mut Harness)
 async fn meta_unavailable_never_drops_a_submit(b: &mut Harness) {
     let s = Arc::new(store(b));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // (succeeded, failed) so far.
+    let counts = Arc::new((
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    ));
     let submitter = {
-        let (s, stop) = (s.clone(), stop.clone());
+        let (s, stop, counts) = (s.clone(), stop.clone(), counts.clone());
         tokio::spawn(async move {
             let mut outcomes: Vec<(String, Result<bool, TaskError>)> = Vec::new();
             let mut i = 0;
@@ -924,6 +956,8 @@ async fn meta_unavailable_never_drops_a_submit(b: &mut Harness) {
                 i += 1;
                 let r = s.submit(Some(&id), AGENT, json!({"i": i})).await;
                 let failed = r.is_err();
+                let counter = if failed { &counts.1 } else { &counts.0 };
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 outcomes.push((id, r.map(|sub| sub.created)));
                 if failed {
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -932,10 +966,34 @@ async fn meta_unavailable_never_drops_a_submit(b: &mut Harness) {
             outcomes
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let counted = |which: usize, n: usize| {
+        let counts = counts.clone();
+        move || {
+            let counts = counts.clone();
+            async move {
+                let c = if which == 0 { &counts.0 } else { &counts.1 };
+                let now = c.load(std::sync::atomic::Ordering::SeqCst);
+                anyhow::ensure!(now >= n, "{now} of {n}");
+                Ok(())
+            }
+        }
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "a submit before the stop",
+        counted(0, 1),
+    )
+    .await
+    .expect("submits work");
     b.stop();
     // While Meta is down, submits fail with a typed error (checked below) ...
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until(
+        Duration::from_secs(20),
+        "submits failing while Meta is down",
+        counted(1, 3),
+    )
+    .await
+    .expect("submits fail while Meta is down");
     b.start().await;
     // ... and work again on the same store once it is back.
     let s2 = s.clone();

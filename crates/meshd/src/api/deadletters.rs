@@ -18,7 +18,9 @@ const DEFAULT_LIMIT: u64 = 100;
 /// Entry ids are derived hashes; anything far longer is not one.
 const MAX_ID_LEN: usize = 512;
 
-pub fn deadletter_problem(e: DeadLetterError, backend: &str) -> Problem {
+/// The problem for a dead-letter failure: entries live in Meta (`backend`), bodies in
+/// the log (`log_backend`: the Local RocksDB, or JetStream in cluster mode).
+pub fn deadletter_problem(e: DeadLetterError, backend: &str, log_backend: &str) -> Problem {
     match e {
         DeadLetterError::NotFound { id } => {
             Problem::not_found(format!("dead-letter entry {id:?} does not exist"))
@@ -34,14 +36,14 @@ pub fn deadletter_problem(e: DeadLetterError, backend: &str) -> Problem {
             Problem::fail_stopped("deadletters", backend, reason)
         }
         DeadLetterError::Log(LogError::Unavailable(_)) => {
-            Problem::unavailable("deadletters", "rocksdb", e.to_string())
+            Problem::unavailable("deadletters", log_backend, e.to_string())
         }
         // The dead-letter stream shares the log's fail-stop.
         DeadLetterError::Log(LogError::Failed(reason)) => {
-            Problem::fail_stopped("deadletters", "rocksdb", reason)
+            Problem::fail_stopped("deadletters", log_backend, reason)
         }
         DeadLetterError::Log(LogError::Indeterminate(_)) => {
-            Problem::indeterminate("deadletters", "rocksdb", e.to_string())
+            Problem::indeterminate("deadletters", log_backend, e.to_string())
         }
         other => Problem::internal("deadletters", backend, other.to_string()),
     }
@@ -60,11 +62,11 @@ async fn entry_json(api: &Api, e: &DeadLetterEntry) -> Result<String, Problem> {
         .deadletters
         .read_body(e)
         .await
-        .map_err(|err| deadletter_problem(err, api.meta_backend))?;
+        .map_err(|err| deadletter_problem(err, api.meta_backend, api.log_backend))?;
     let event = super::raw_event(body).ok_or_else(|| {
         Problem::internal(
             "deadletters",
-            "rocksdb",
+            api.log_backend,
             format!("the body of dead-letter entry {} is not valid JSON", e.id),
         )
     })?;
@@ -120,7 +122,7 @@ pub async fn list(
         .await
         .map_err(|e| match e {
             DeadLetterError::Invalid(d) => Problem::invalid_field("cursor", d),
-            e => deadletter_problem(e, api.meta_backend),
+            e => deadletter_problem(e, api.meta_backend, api.log_backend),
         })?;
     // Bodies are read one at a time and the answer stops at the byte bound.
     let mut out = super::BoundedList::new("{\"entries\":[", max_bytes);
@@ -141,7 +143,7 @@ pub async fn get(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<
         .deadletters
         .get(&id)
         .await
-        .map_err(|e| deadletter_problem(e, api.meta_backend))?;
+        .map_err(|e| deadletter_problem(e, api.meta_backend, api.log_backend))?;
     let body = entry_json(&api, &e).await?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
@@ -154,7 +156,7 @@ pub async fn delete(
     api.deadletters
         .delete(&id)
         .await
-        .map_err(|e| deadletter_problem(e, api.meta_backend))?;
+        .map_err(|e| deadletter_problem(e, api.meta_backend, api.log_backend))?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -181,7 +183,7 @@ pub async fn redrive_with(
         .deadletters
         .get(&id)
         .await
-        .map_err(|e| deadletter_problem(e, backend))?;
+        .map_err(|e| deadletter_problem(e, backend, api.log_backend))?;
     if reach == crate::runtime::Reach::Cluster {
         if let Some((status, body)) = api
             .runtime
@@ -207,7 +209,7 @@ pub async fn redrive_with(
         .deadletters
         .redrive(&id)
         .await
-        .map_err(|e| deadletter_problem(e, backend))?;
+        .map_err(|e| deadletter_problem(e, backend, api.log_backend))?;
     api.runtime
         .inject_redrive(&entry)
         .await

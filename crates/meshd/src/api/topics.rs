@@ -90,11 +90,13 @@ pub fn log_problem(e: LogError, backend: &'static str) -> Problem {
     }
 }
 
-fn event_problem(e: EventError) -> Problem {
+/// The problem for an event that does not parse; a 500 is a stored event read back
+/// from the log (`log_backend`) that does not parse (damage).
+fn event_problem(e: EventError, log_backend: &str) -> Problem {
     let p = match e.status {
         413 => Problem::too_large(e.detail.clone()),
         415 => Problem::unsupported_media_type(e.detail.clone()),
-        500 => Problem::internal("log", "rocksdb", e.detail.clone()),
+        500 => Problem::internal("log", log_backend, e.detail.clone()),
         _ => Problem::bad_request(e.detail.clone()),
     };
     match e.field {
@@ -232,7 +234,7 @@ pub async fn publish(
         .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
         .collect();
     let events: Vec<Event> = parse_publish(content_type, &ce_headers, &body, &Limits::default())
-        .map_err(event_problem)?;
+        .map_err(|e| event_problem(e, api.log_backend))?;
     let batch: Vec<(u32, Vec<u8>)> = events
         .iter()
         .map(|e| (partition_for(e, topic.partitions), e.stored().to_vec()))
@@ -318,7 +320,8 @@ pub async fn browse(
     let mut out = super::BoundedList::new("{\"events\":[", max_bytes);
     let mut next = None;
     for e in &events {
-        let event = Event::from_stored(&e.payload).map_err(event_problem)?;
+        let event =
+            Event::from_stored(&e.payload).map_err(|err| event_problem(err, api.log_backend))?;
         let item = format!(
             "{{\"offset\":{},\"event\":{}}}",
             e.offset,
@@ -412,7 +415,7 @@ mod fuzz {
                     }
                 }
                 Err(e) => {
-                    let p = event_problem(e);
+                    let p = event_problem(e, "rocksdb");
                     prop_assert!([400u16, 413, 415].contains(&p.status.as_u16()), "{}", p.status);
                 }
             }
