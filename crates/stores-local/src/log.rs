@@ -220,10 +220,10 @@ impl RocksLog {
         &self,
         f: impl FnOnce(&Inner) -> Result<T, LogError> + Send + 'static,
     ) -> Result<T, LogError> {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || f(&inner))
-            .await
-            .map_err(|e| LogError::Unavailable(format!("log task failed: {e}")))?
+        self.on_pool(f, |e| {
+            LogError::Unavailable(format!("log task failed: {e}"))
+        })
+        .await
     }
 
     /// A write on the blocking pool: a task that panicked or was cancelled may have
@@ -233,12 +233,21 @@ impl RocksLog {
         &self,
         f: impl FnOnce(&Inner) -> Result<T, LogError> + Send + 'static,
     ) -> Result<T, LogError> {
+        self.on_pool(f, |e| {
+            LogError::Indeterminate(format!("log write task failed, outcome unknown: {e}"))
+        })
+        .await
+    }
+
+    async fn on_pool<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T, LogError> + Send + 'static,
+        failed: impl FnOnce(tokio::task::JoinError) -> LogError,
+    ) -> Result<T, LogError> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || f(&inner))
             .await
-            .map_err(|e| {
-                LogError::Indeterminate(format!("log write task failed, outcome unknown: {e}"))
-            })?
+            .map_err(failed)?
     }
 }
 

@@ -201,6 +201,16 @@ fn merge_resolves(cmds: Vec<Command>) -> Vec<Command> {
     out
 }
 
+/// What the attempt ledger records of a delivery record.
+fn ledger_entry(r: &DeliveryRecord) -> LedgerEntry {
+    LedgerEntry {
+        offset: r.offset,
+        attempt: r.attempt,
+        deadline_ms: r.deadline_ms,
+        session: r.session.clone(),
+    }
+}
+
 pub fn now_ms() -> u64 {
     u64::try_from(Timestamp::now().as_millis()).unwrap_or(0)
 }
@@ -837,15 +847,7 @@ impl PartitionTask {
         records: Vec<DeliveryRecord>,
         fx: &mut Effects,
     ) -> Vec<Input> {
-        let entries = records
-            .iter()
-            .map(|r| LedgerEntry {
-                offset: r.offset,
-                attempt: r.attempt,
-                deadline_ms: r.deadline_ms,
-                session: r.session.clone(),
-            })
-            .collect();
+        let entries = records.iter().map(ledger_entry).collect();
         self.write_ledger(entries, "extend").await;
         let mut inputs = Vec::new();
         for r in records {
@@ -912,12 +914,7 @@ impl PartitionTask {
         let entries: Vec<LedgerEntry> = records
             .iter()
             .filter(|r| r.offset >= committed)
-            .map(|r| LedgerEntry {
-                offset: r.offset,
-                attempt: r.attempt,
-                deadline_ms: r.deadline_ms,
-                session: r.session.clone(),
-            })
+            .map(ledger_entry)
             .collect();
         self.write_ledger(entries, "record").await
     }
