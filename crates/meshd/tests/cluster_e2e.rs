@@ -13,6 +13,7 @@ mod common;
 use common::*;
 use meshd_test_support::etcd::EtcdProcess;
 use meshd_test_support::http::get;
+use meshd_test_support::http::metric;
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::nats::NatsProcess;
 use meshd_test_support::wait::wait_until;
@@ -682,15 +683,6 @@ async fn given_a_consumer_on_one_instance_then_it_gets_the_events_of_every_parti
     .await
     .unwrap();
     assert_eq!(r.status, 401, "{}", r.body);
-}
-
-/// A sample of `name` from `/metrics` of the instance at `a`.
-async fn metric(a: &str, name: &str) -> anyhow::Result<f64> {
-    let text = get(a, "/metrics").await?.body;
-    text.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no {name} in /metrics"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -851,13 +851,9 @@ async fn given_a_leased_delivery_when_extended_then_it_outlives_its_ack_timeout_
     wait_committed(a, "s", 0, 1).await;
 }
 
-/// The value of one sample line of `/metrics` (`name{labels} value`).
+/// One sample of `/metrics`, `None` when absent.
 async fn metric(a: &str, sample: &str) -> Option<f64> {
-    let r = http::get(a, "/metrics").await.ok()?;
-    r.body
-        .lines()
-        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    http::metric(a, sample).await.ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,16 +53,9 @@ async fn given_an_etcd_without_auto_compaction_then_meshd_compacts_the_history_i
         .unwrap();
         assert!(r.status == 200 || r.status == 201, "{}", r.body);
     }
-    let revision = get(a.addr(), "/metrics")
+    let revision = metric(a.addr(), "meshd_meta_revision{backend=\"etcd\"}")
         .await
-        .unwrap()
-        .body
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("meshd_meta_revision{backend=\"etcd\"} ")
-                .and_then(|v| v.parse::<i64>().ok())
-        })
-        .expect("meshd_meta_revision");
+        .expect("meshd_meta_revision") as i64;
     assert!(revision > 400, "{revision}");
     // Compacted to within the retention (a compaction follows once the history is
     // half a retention past the last one): the oldest kept revision is close behind.

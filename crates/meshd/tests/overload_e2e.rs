@@ -35,14 +35,10 @@ async fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (String, bool)
     (String::from_utf8_lossy(&raw).into_owned(), closed)
 }
 
-async fn metric(a: &str, line_prefix: &str) -> u64 {
-    let r = http::get(a, "/metrics").await.expect("metrics");
-    r.body
-        .lines()
-        .find_map(|l| l.strip_prefix(line_prefix))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no metric {line_prefix:?} in\n{}", r.body))
+async fn metric(a: &str, sample: &str) -> u64 {
+    http::metric(a, sample.trim_end())
+        .await
+        .unwrap_or_else(|e| panic!("{e}")) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -157,3 +157,32 @@ fn dechunk(mut s: &str) -> anyhow::Result<String> {
         s = rest.get(n + 2..).ok_or_else(|| anyhow!("short chunk"))?;
     }
 }
+
+/// The value of one sample in a Prometheus text page: the line `sample value` where
+/// `sample` is `name` or `name{labels}` exactly as rendered.
+pub fn sample_of(text: &str, sample: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
+        .and_then(|l| l[sample.len()..].trim().parse().ok())
+}
+
+/// One sample of the `/metrics` page of the meshd at `addr` (see [`sample_of`]).
+pub async fn metric(addr: &str, sample: &str) -> anyhow::Result<f64> {
+    let r = get(addr, "/metrics").await?;
+    anyhow::ensure!(r.status == 200, "/metrics answered {}", r.status);
+    sample_of(&r.body, sample).ok_or_else(|| anyhow::anyhow!("no sample {sample} in /metrics"))
+}
+
+#[cfg(test)]
+mod metric_tests {
+    use super::sample_of;
+
+    #[test]
+    fn finds_exactly_the_sample_asked_for() {
+        let page = "# HELP x\nm_total 3\nm_total{a=\"b\"} 4.5\nm_total_more 9\n";
+        assert_eq!(sample_of(page, "m_total"), Some(3.0));
+        assert_eq!(sample_of(page, "m_total{a=\"b\"}"), Some(4.5));
+        assert_eq!(sample_of(page, "m_tot"), None);
+        assert_eq!(sample_of(page, "absent"), None);
+    }
+}

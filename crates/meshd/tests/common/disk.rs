@@ -82,16 +82,7 @@ pub async fn assert_not_ready(a: &str, checks: &[(&str, &str)]) -> Value {
     body
 }
 
-/// The value of one sample of `/metrics` (`name{labels}` exactly as rendered).
-pub async fn metric(a: &str, sample: &str) -> anyhow::Result<f64> {
-    let r = http::get(a, "/metrics").await?;
-    ensure!(r.status == 200, "metrics answered {}", r.status);
-    r.body
-        .lines()
-        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .ok_or_else(|| anyhow!("no sample {sample} in /metrics"))
-}
+pub use meshd_test_support::http::metric;
 
 /// A fail-stop's refusal: 503 `unavailable` (not applied) naming `store` on
 /// `backend`, saying that a restart is needed, with the slow `Retry-After` every
