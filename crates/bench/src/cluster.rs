@@ -695,6 +695,19 @@ async fn call_json(
         .with_context(|| format!("{method} {path} on {addr}: the answer is not JSON"))
 }
 
+/// Publishes `events` as one batch to [`TOPIC`]; the 201 answer.
+async fn publish_batch(addr: SocketAddr, events: Vec<Value>) -> Result<Value> {
+    call_json(
+        addr,
+        "POST",
+        &format!("/v1/topics/{TOPIC}/events"),
+        "application/cloudevents-batch+json",
+        &Value::Array(events),
+        &[201],
+    )
+    .await
+}
+
 fn keyed_event(id: &str, key: &str) -> Value {
     json!({
         "specversion": "1.0",
@@ -733,15 +746,7 @@ async fn partition_keys(addr: SocketAddr, partitions: u32) -> Result<Vec<String>
             .map(|j| keyed_event(&format!("probe-{j}"), &format!("k{j}")))
             .collect();
         next += batch.len();
-        let v = call_json(
-            addr,
-            "POST",
-            &format!("/v1/topics/{TOPIC}/events"),
-            "application/cloudevents-batch+json",
-            &Value::Array(batch),
-            &[201],
-        )
-        .await?;
+        let v = publish_batch(addr, batch).await?;
         for e in v["events"].as_array().into_iter().flatten() {
             let (Some(id), Some(p)) = (e["id"].as_str(), e["partition"].as_u64()) else {
                 bail!("publish answer row without id or partition: {e}");

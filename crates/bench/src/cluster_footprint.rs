@@ -81,16 +81,7 @@ fn event(i: usize) -> Value {
 async fn publish_range(addr: SocketAddr, from: usize, n: usize) -> Result<()> {
     let all: Vec<usize> = (from..from + n).collect();
     for chunk in all.chunks(100) {
-        let batch: Vec<Value> = chunk.iter().map(|i| event(*i)).collect();
-        call_json(
-            addr,
-            "POST",
-            &format!("/v1/topics/{TOPIC}/events"),
-            "application/cloudevents-batch+json",
-            &Value::Array(batch),
-            &[201],
-        )
-        .await?;
+        super::publish_batch(addr, chunk.iter().map(|i| event(*i)).collect()).await?;
     }
     Ok(())
 }
