@@ -664,7 +664,7 @@ async fn call(
     let exchange = async {
         let mut c = Conn::connect(addr).await?;
         let r = c.request(method, path, content_type, body).await?;
-        anyhow::Ok((r.status, r.body))
+        anyhow::Ok((r.status, r.body.to_vec()))
     };
     tokio::time::timeout(REQUEST_TIMEOUT, exchange)
         .await

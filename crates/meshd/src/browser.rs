@@ -173,7 +173,7 @@ fn request_host(req: &Request) -> Option<String> {
 /// Whether `authority` (`host[:port]`) names a loopback host or one of `extra`.
 fn host_allowed(authority: &str, extra: &[String]) -> bool {
     let authority = authority.trim().to_ascii_lowercase();
-    let host = match crate::net::split_host_port(&authority) {
+    let host = match meshd_client::split_host_port(&authority) {
         Some((h, _)) => h.to_string(),
         None => authority
             .trim_start_matches('[')

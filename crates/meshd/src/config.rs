@@ -861,7 +861,7 @@ impl Config {
         }
         match &self.advertise {
             Some(a)
-                if !crate::net::split_host_port(a)
+                if !meshd_client::split_host_port(a)
                     .is_some_and(|(h, p)| !h.is_empty() && p != 0) =>
             {
                 return Err(invalid(

@@ -14,7 +14,6 @@ mod listen;
 mod membership;
 mod metered;
 mod metrics;
-mod net;
 mod problem;
 mod quota;
 mod requeue;

@@ -137,10 +137,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // the system's bundle (without one, https pushes fail naming the flag).
     let push_tls = match &config.push_ca_file {
         Some(f) => Some(
-            crate::net::client_connector(Some(f))
+            meshd_client::tls::connector(Some(f))
                 .map_err(|e| anyhow::anyhow!("--push-ca-file: {e}"))?,
         ),
-        None => crate::net::client_connector(None)
+        None => meshd_client::tls::connector(None)
             .inspect_err(|e| tracing::warn!(error = %e, "no system CA bundle: https push URLs need --push-ca-file"))
             .ok(),
     };
@@ -168,7 +168,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Instances that serve HTTPS call each other over HTTPS too.
     let peer_tls = match (&tls, config.log.is_cluster()) {
         (Some(_), true) => Some(
-            crate::net::client_connector(config.cluster_ca_file.as_deref())
+            meshd_client::tls::connector(config.cluster_ca_file.as_deref())
                 .map_err(|e| anyhow::anyhow!("--cluster-ca-file: {e}"))?,
         ),
         _ => None,
@@ -323,18 +323,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ),
         false => None,
     };
-    let cluster = cluster_secret
-        .clone()
-        .map(|secret| crate::runtime::cluster::ClusterDeps {
+    let cluster = match &cluster_secret {
+        Some(secret) => Some(crate::runtime::cluster::ClusterDeps {
             owned: owned_rx,
             directory: directory_rx,
-            peers: crate::cluster::forward::Peers {
-                secret,
-                tls: peer_tls,
-            },
+            peers: crate::cluster::forward::Peers::new(secret, peer_tls)?,
             ledger: Arc::new(meshd_stores::attempts::MetaAttemptLedger::new(meta.clone())),
             checkpoint_every: Duration::from_millis(config.checkpoint_ms),
-        });
+        }),
+        None => None,
+    };
     let metrics = Arc::new(Metrics::default());
     let tasks: Arc<dyn meshd_stores::tasks::TaskStore> = Arc::new(
         meshd_stores::tasks::MetaTaskStore::new(

@@ -16,7 +16,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
@@ -68,26 +68,18 @@ async fn https1_as(
     content_type: &str,
     body: &str,
 ) -> anyhow::Result<(u16, String)> {
-    let mut s = tls_connect(addr, c).await?;
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await?;
-    let mut raw = Vec::new();
-    // rustls reports a close without close_notify as an error; the answer is complete.
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw)).await;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("no HTTP answer: {text:?}"))?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
-    Ok((status, body.unwrap_or_default()))
+    let target = meshd_client::Target::peer(addr, true)?;
+    let mut req = meshd_client::Request::new(method.parse()?, path)
+        .body(content_type, body.to_string())
+        .timeout(Duration::from_secs(10));
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let a = meshd_client::Transport::new()
+        .with_tls(c.clone())
+        .send(&target, req)
+        .await?;
+    Ok((a.status, a.text()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

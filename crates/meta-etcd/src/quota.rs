@@ -4,14 +4,12 @@
 //! against (`--quota-backend-bytes`, 2 GiB by default). etcd 3.4+ exports the quota as
 //! the gauge `etcd_server_quota_backend_bytes` on `/metrics`, which it serves on its
 //! client URLs (over TLS with the same certificates when the client URLs are TLS). This
-//! module reads that one value: a plain HTTP/1.0 GET (so the answer is not chunked),
-//! the body read to its end within a deadline and a size cap.
+//! module reads that one value through `meshd_client`'s transport, within a deadline
+//! and a size cap.
 
 use crate::config::TlsPems;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// The gauge etcd exports its quota as.
 const GAUGE: &str = "etcd_server_quota_backend_bytes";
@@ -21,9 +19,8 @@ const MAX_BYTES: usize = 4 * 1024 * 1024;
 /// How to reach one endpoint's metrics.
 #[derive(Clone)]
 pub(crate) struct QuotaProbe {
-    host: String,
-    port: u16,
-    tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
+    target: meshd_client::Target,
+    transport: meshd_client::Transport,
 }
 
 impl QuotaProbe {
@@ -47,37 +44,36 @@ impl QuotaProbe {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string();
-        let tls = match tls {
-            Some(pems) => Some(Arc::new(client_config(pems)?)),
-            None => None,
+        let mut transport = meshd_client::Transport::new();
+        if let Some(pems) = tls {
+            let config = Arc::new(client_config(pems)?);
+            transport = transport.with_tls(tokio_rustls::TlsConnector::from(config));
+        }
+        let authority = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
         };
-        Ok(Self { host, port, tls })
+        let target = meshd_client::Target::peer(&authority, tls.is_some())
+            .map_err(|e| format!("etcd endpoint {endpoint:?}: {e}"))?;
+        Ok(Self { target, transport })
     }
 
     /// The quota in bytes, or why it could not be read.
     pub(crate) async fn read(&self, timeout: Duration) -> Result<u64, String> {
-        tokio::time::timeout(timeout, self.fetch())
+        let req = meshd_client::Request::get("/metrics")
+            .header("accept", "text/plain")
+            .timeout(timeout)
+            .max_answer(MAX_BYTES);
+        let answer = self
+            .transport
+            .send(&self.target, req)
             .await
-            .map_err(|_| format!("no answer from etcd's /metrics within {timeout:?}"))?
-    }
-
-    async fn fetch(&self) -> Result<u64, String> {
-        let tcp = TcpStream::connect((self.host.as_str(), self.port))
-            .await
-            .map_err(|e| format!("connecting to etcd's /metrics: {e}"))?;
-        let body = match &self.tls {
-            None => get(tcp, &self.host).await?,
-            Some(config) => {
-                let name = tokio_rustls::rustls::pki_types::ServerName::try_from(self.host.clone())
-                    .map_err(|e| format!("etcd host {:?}: {e}", self.host))?;
-                let stream = tokio_rustls::TlsConnector::from(config.clone())
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|e| format!("TLS to etcd's /metrics: {e}"))?;
-                get(stream, &self.host).await?
-            }
-        };
-        parse(&body)
+            .map_err(|e| format!("etcd's /metrics: {e}"))?;
+        if answer.status != 200 {
+            return Err(format!("etcd's /metrics answered {}", answer.status));
+        }
+        parse(&answer.body)
     }
 }
 
@@ -110,43 +106,9 @@ fn client_config(pems: &TlsPems) -> Result<tokio_rustls::rustls::ClientConfig, S
     }
 }
 
-async fn get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, host: &str) -> Result<Vec<u8>, String> {
-    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain\r\n\r\n");
-    s.write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("asking etcd's /metrics: {e}"))?;
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match s.read(&mut buf).await {
-            Ok(n) => n,
-            // A TLS peer that closes without close_notify: what was read is whole
-            // when the headers said so; the parse tells.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
-            Err(e) => return Err(format!("reading etcd's /metrics: {e}")),
-        };
-        if n == 0 {
-            return Ok(out);
-        }
-        if out.len() + n > MAX_BYTES {
-            return Err(format!(
-                "etcd's /metrics answer is larger than {MAX_BYTES} bytes"
-            ));
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-}
-
-/// The gauge's value in an HTTP/1.x answer with status 200.
-fn parse(answer: &[u8]) -> Result<u64, String> {
-    let text = String::from_utf8_lossy(answer);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or("etcd's /metrics answer has no header end")?;
-    let status = head.lines().next().unwrap_or_default();
-    if !status.starts_with("HTTP/1.") || status.split(' ').nth(1) != Some("200") {
-        return Err(format!("etcd's /metrics answered {status:?}"));
-    }
+/// The gauge's value in etcd's metrics page.
+fn parse(page: &[u8]) -> Result<u64, String> {
+    let body = String::from_utf8_lossy(page);
     for line in body.lines() {
         let Some(rest) = line.strip_prefix(GAUGE) else {
             continue;
@@ -175,20 +137,13 @@ mod tests {
 
     #[test]
     fn reads_the_gauge_and_refuses_what_is_not_it() {
-        let ok = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n# HELP etcd_server_quota_backend_bytes x\n# TYPE etcd_server_quota_backend_bytes gauge\netcd_server_quota_backend_bytes_x 1\netcd_server_quota_backend_bytes 2.147483648e+09\n";
+        let ok = b"# HELP etcd_server_quota_backend_bytes x\n# TYPE etcd_server_quota_backend_bytes gauge\netcd_server_quota_backend_bytes_x 1\netcd_server_quota_backend_bytes 2.147483648e+09\n";
         assert_eq!(parse(ok), Ok(2_147_483_648));
         for (bad, why) in [
-            (&b"HTTP/1.0 404 Not Found\r\n\r\n"[..], "answered"),
-            (b"HTTP/1.0 200 OK\r\n\r\nother 1\n", "has no"),
-            (
-                b"HTTP/1.0 200 OK\r\n\r\netcd_server_quota_backend_bytes x\n",
-                "not a number",
-            ),
-            (
-                b"HTTP/1.0 200 OK\r\n\r\netcd_server_quota_backend_bytes -1\n",
-                "is -1",
-            ),
-            (b"garbage", "header end"),
+            (&b"other 1\n"[..], "has no"),
+            (b"etcd_server_quota_backend_bytes x\n", "not a number"),
+            (b"etcd_server_quota_backend_bytes -1\n", "is -1"),
+            (b"garbage", "has no"),
         ] {
             let e = parse(bad).unwrap_err();
             assert!(e.contains(why), "{e}");
@@ -203,10 +158,14 @@ mod tests {
             "HTTPS://127.0.0.1:2379/",
         ] {
             let p = QuotaProbe::new(e, None).unwrap();
-            assert_eq!((p.host.as_str(), p.port), ("127.0.0.1", 2379), "{e}");
+            assert_eq!(
+                (p.target.host.as_str(), p.target.port),
+                ("127.0.0.1", 2379),
+                "{e}"
+            );
         }
         let p = QuotaProbe::new("[::1]:2379", None).unwrap();
-        assert_eq!(p.host, "::1");
+        assert_eq!(p.target.host, "::1");
         assert!(QuotaProbe::new("localhost", None).is_err());
         assert!(QuotaProbe::new("localhost:x", None).is_err());
     }

@@ -293,12 +293,8 @@ async fn given_an_idle_watch_when_nothing_changes_past_etcds_ping_policy_then_it
 
 /// Reads one gauge from etcd's `/metrics` on the client port.
 fn etcd_metric(endpoint: &str, name: &str) -> anyhow::Result<f64> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(endpoint)?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n")?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body)?;
+    let body =
+        meshd_test_support::http::get_blocking(endpoint, "/metrics", Duration::from_secs(2))?.body;
     let line = body
         .lines()
         .find(|l| l.split_whitespace().next() == Some(name))

@@ -1,10 +1,8 @@
-//! A minimal HTTP/1.1 client for tests (one request per connection), so tests need no
-//! heavy client stack and see exactly what went over the wire.
+//! Requests for tests over [`meshd_client`]'s transport (one connection per request),
+//! with answers kept as text so assertions can show them.
 
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 #[derive(Debug, Clone)]
 pub struct Response {
@@ -22,7 +20,7 @@ impl Response {
     }
 
     pub fn json(&self) -> anyhow::Result<serde_json::Value> {
-        serde_json::from_str(&self.body).with_context(|| format!("not JSON: {:?}", self.body))
+        serde_json::from_str(&self.body).map_err(|e| anyhow!("not JSON ({e}): {:?}", self.body))
     }
 }
 
@@ -34,13 +32,34 @@ pub async fn request(
     body: Option<&str>,
     timeout: Duration,
 ) -> anyhow::Result<Response> {
-    tokio::time::timeout(timeout, request_inner(addr, method, path, body))
-        .await
-        .map_err(|_| anyhow!("{method} {path} on {addr}: no answer within {timeout:?}"))?
+    let headers = [("Content-Type", "application/json")];
+    exchange(
+        addr,
+        method,
+        path,
+        &headers,
+        body.unwrap_or("").as_bytes(),
+        timeout,
+    )
+    .await
 }
 
 pub async fn get(addr: &str, path: &str) -> anyhow::Result<Response> {
     request(addr, "GET", path, None, Duration::from_secs(10)).await
+}
+
+/// A `GET` from synchronous code (process harnesses, blocking tests): runs on a thread
+/// of its own, so it works inside an async runtime too.
+pub fn get_blocking(addr: &str, path: &str, timeout: Duration) -> anyhow::Result<Response> {
+    let (addr, path) = (addr.to_string(), path.to_string());
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(request(&addr, "GET", &path, None, timeout))
+    })
+    .join()
+    .map_err(|_| anyhow!("the request thread panicked"))?
 }
 
 /// Sends a JSON body (`application/json`).
@@ -63,29 +82,7 @@ pub async fn request_with(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> anyhow::Result<Response> {
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        exchange(addr, method, path, headers, body),
-    )
-    .await
-    .map_err(|_| anyhow!("{method} {path} on {addr}: no answer within 10 s"))?
-}
-
-async fn request_inner(
-    addr: &str,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> anyhow::Result<Response> {
-    let body = body.unwrap_or("");
-    exchange(
-        addr,
-        method,
-        path,
-        &[("Content-Type", "application/json")],
-        body.as_bytes(),
-    )
-    .await
+    exchange(addr, method, path, headers, body, Duration::from_secs(10)).await
 }
 
 async fn exchange(
@@ -94,68 +91,34 @@ async fn exchange(
     path: &str,
     headers: &[(&str, &str)],
     body: &[u8],
+    timeout: Duration,
 ) -> anyhow::Result<Response> {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connecting to {addr}"))?;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
-    // The address connected to, unless the caller names another Host.
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        req.push_str(&format!("Host: {addr}\r\n"));
-    }
+    let target = meshd_client::Target::peer(addr, false)?;
+    let method = meshd_client::Method::from_bytes(method.as_bytes())?;
+    let mut req = meshd_client::Request::new(method, path)
+        .raw_body(body.to_vec())
+        .timeout(timeout);
     for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
+        req = req.header(k, *v);
     }
-    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-    s.write_all(req.as_bytes()).await?;
-    // A server may answer (413) and close before reading a large body: the answer
-    // is what counts.
-    let _ = s.write_all(body).await;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("malformed response {text:?}"))?;
-    let mut lines = head.lines();
-    let status_line = lines.next().unwrap_or_default();
-    let status: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("malformed status line {status_line:?}"))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let body = if chunked {
-        dechunk(rest)?
-    } else {
-        rest.to_string()
-    };
+    let a = meshd_client::Transport::new()
+        .send(&target, req)
+        .await
+        .map_err(|e| anyhow!("{path} on {addr}: {e}"))?;
     Ok(Response {
-        status,
-        headers,
-        body,
+        status: a.status,
+        headers: a
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: a.text(),
     })
-}
-
-fn dechunk(mut s: &str) -> anyhow::Result<String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = s
-            .split_once("\r\n")
-            .ok_or_else(|| anyhow!("bad chunk framing"))?;
-        let n = usize::from_str_radix(size.trim(), 16)?;
-        if n == 0 {
-            return Ok(out);
-        }
-        out.push_str(rest.get(..n).ok_or_else(|| anyhow!("short chunk"))?);
-        s = rest.get(n + 2..).ok_or_else(|| anyhow!("short chunk"))?;
-    }
 }
 
 /// The value of one sample in a Prometheus text page: the line `sample value` where

@@ -86,26 +86,13 @@ pub async fn wait_healthy(
 /// A blocking `GET path` with short timeouts: `Ok` when the answer is 200 and its body
 /// contains `expect`.
 pub fn http_health(addr: std::net::SocketAddr, path: &str, expect: &str) -> anyhow::Result<()> {
-    use anyhow::{bail, Context};
-    use std::io::{Read, Write};
-    let timeout = std::time::Duration::from_millis(500);
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
-        .with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .with_context(|| format!("sending GET {path}"))?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .with_context(|| format!("reading the {path} response"))?;
-    let response = String::from_utf8_lossy(&response);
-    if !(response.starts_with("HTTP/1.1 200") && response.contains(expect)) {
-        bail!("{path} answered: {}", response.trim());
+    let r = crate::http::get_blocking(
+        &addr.to_string(),
+        path,
+        std::time::Duration::from_millis(500),
+    )?;
+    if !(r.status == 200 && r.body.contains(expect)) {
+        anyhow::bail!("{path} answered {}: {}", r.status, r.body.trim());
     }
     Ok(())
 }

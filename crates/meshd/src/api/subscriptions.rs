@@ -113,7 +113,7 @@ fn spec_of(name: &str, body: PutSubscription) -> Result<SubscriptionSpec, Proble
     });
     if let Some(p) = &body.push {
         if let Err(e) = crate::runtime::push::Target::parse(&p.url) {
-            return Err(Problem::invalid_field("push.url", e));
+            return Err(Problem::invalid_field("push.url", e.to_string()));
         }
     }
     spec.push = body.push.map(|p| Push { url: p.url });

@@ -3,7 +3,7 @@
 //! stderr for long runs, and exit 1 if any id failed.
 
 use super::error::{CliError, Problem};
-use super::http::{query, segment, shorten, Request};
+use super::http::{query, segment, shorten, Method, Request};
 use super::output::{cell, note, Table};
 use super::{Ctx, DlqCmd};
 use serde::Deserialize;
@@ -35,7 +35,7 @@ pub fn dlq(ctx: &Ctx, cmd: DlqCmd) -> Result<(), CliError> {
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             let mut t = Table::new(&["FIELD", "VALUE"]);
             for k in [
                 "id",
@@ -58,10 +58,13 @@ pub fn dlq(ctx: &Ctx, cmd: DlqCmd) -> Result<(), CliError> {
             ctx.out.line(&format!("event:\n{pretty}"))
         }
         DlqCmd::Redrive { ids } => each_id(ctx, ids, "redrive", |id| {
-            Request::new("POST", format!("/v1/deadletters/{}/redrive", segment(id)))
+            Request::new(
+                Method::POST,
+                format!("/v1/deadletters/{}/redrive", segment(id)),
+            )
         }),
         DlqCmd::Delete { ids } => each_id(ctx, ids, "delete", |id| {
-            Request::new("DELETE", format!("/v1/deadletters/{}", segment(id)))
+            Request::new(Method::DELETE, format!("/v1/deadletters/{}", segment(id)))
         }),
     }
 }
@@ -169,7 +172,7 @@ fn each_id(
     ctx: &Ctx,
     args: Vec<String>,
     verb: &str,
-    request: impl Fn(&str) -> Request<'static>,
+    request: impl Fn(&str) -> Request,
 ) -> Result<(), CliError> {
     let ids = ids_of(args)?;
     let total = ids.len();

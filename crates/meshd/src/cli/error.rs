@@ -3,7 +3,7 @@
 //! command line or its input was wrong (nothing was sent for the bad part), 3 the
 //! server could not be reached or the connection was lost.
 
-use super::http::{shorten, Answer};
+use super::http::Answer;
 use std::process::ExitCode;
 
 #[derive(Debug)]
@@ -51,29 +51,17 @@ pub struct Problem {
 impl Problem {
     /// Reads a problem+json answer; a body that is not one is shown as it came.
     pub fn of(answer: &Answer) -> Self {
-        let parsed: Option<serde_json::Value> = serde_json::from_slice(&answer.body).ok();
-        let text_of = |k: &str| {
-            parsed
-                .as_ref()
-                .and_then(|v| v.get(k))
-                .and_then(|v| v.as_str())
-                .map(str::to_string)
-        };
-        let detail = text_of("detail")
-            .or_else(|| text_of("title"))
-            .unwrap_or_else(|| {
-                let body = answer.text();
-                if body.trim().is_empty() {
-                    "the server gave no detail".to_string()
-                } else {
-                    shorten(body.trim(), 300)
-                }
-            });
+        Self::from(meshd_client::Problem::of(answer))
+    }
+}
+
+impl From<meshd_client::Problem> for Problem {
+    fn from(p: meshd_client::Problem) -> Self {
         Self {
-            status: answer.status,
-            detail,
-            field: text_of("field"),
-            retry_after: answer.header("retry-after").map(str::to_string),
+            status: p.status,
+            detail: p.detail,
+            field: p.field,
+            retry_after: p.retry_after,
             context: None,
         }
     }

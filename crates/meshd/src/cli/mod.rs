@@ -287,13 +287,12 @@ pub struct Ctx {
 
 impl Ctx {
     fn new(conn: &Conn) -> Result<Self, CliError> {
-        let target = http::Target::parse(&conn.server)?;
         let token = match &conn.token_file {
             Some(path) => Some(read_token_file(path)?),
             None => conn.token.clone(),
         };
         Ok(Self {
-            client: http::Client::new(target, token, conn.ca_file.as_deref())?,
+            client: http::Client::new(&conn.server, token, conn.ca_file.as_deref())?,
             json: conn.json,
             out: output::Out,
         })

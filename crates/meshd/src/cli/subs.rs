@@ -1,7 +1,7 @@
 //! `meshd sub ...` and `meshd pull`.
 
 use super::error::CliError;
-use super::http::{segment, shorten, Request, REQUEST_TIMEOUT};
+use super::http::{segment, shorten, Method, Request, REQUEST_TIMEOUT};
 use super::output::{cell, list, note, Table};
 use super::{Ctx, PullArgs, Start, SubCmd, SubCreate};
 use serde_json::{json, Map, Value};
@@ -15,7 +15,7 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             let mut t = Table::new(&[
                 "NAME",
                 "TOPIC",
@@ -38,7 +38,7 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let s = a.json()?;
+            let s = super::http::json(&a)?;
             let o = ctx
                 .client
                 .get(format!("/v1/subscriptions/{}/offsets", segment(&name)))?
@@ -68,7 +68,7 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
         }
         SubCmd::Delete { name } => {
             let a = ctx.client.ok(Request::new(
-                "DELETE",
+                Method::DELETE,
                 format!("/v1/subscriptions/{}", segment(&name)),
             ))?;
             if ctx.json {
@@ -147,11 +147,14 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
     if let Some(u) = c.push_url {
         body.insert("push".into(), json!({ "url": u }));
     }
-    let mut req = Request::new("PUT", format!("/v1/subscriptions/{}", segment(&c.name)))
-        .json(&Value::Object(body));
+    let mut req = Request::new(
+        Method::PUT,
+        format!("/v1/subscriptions/{}", segment(&c.name)),
+    )
+    .json(&Value::Object(body));
     if !c.upsert {
         // Create-only: an existing subscription is never changed by accident.
-        req.headers.push(("If-None-Match", "*".into()));
+        req.headers.push(("If-None-Match".into(), "*".into()));
     }
     let a = ctx.client.send(req)?;
     if a.status == 412 && !c.upsert {
@@ -168,7 +171,7 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
     if ctx.json {
         return ctx.out.raw(&a.body);
     }
-    let v = a.json()?;
+    let v = super::http::json(&a)?;
     let verb = if a.status == 201 {
         "created"
     } else {
@@ -191,14 +194,14 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
         body.insert("wait_ms".into(), json!(n));
     }
     let mut req = Request::new(
-        "POST",
+        Method::POST,
         format!("/v1/subscriptions/{}/pull", segment(&a.subscription)),
     )
     .json(&Value::Object(body));
     // A long poll may legitimately take `wait_ms` before the answer starts.
     req.timeout = REQUEST_TIMEOUT + Duration::from_millis(a.wait_ms.unwrap_or(0).min(3_600_000));
     let answer = ctx.client.ok(req)?;
-    let v = answer.json()?;
+    let v = super::http::json(&answer)?;
     let deliveries = list(&v, "deliveries")?;
     // With --json the pull answer is printed exactly as it came, before acking, so the
     // events are shown even if the ack then fails.
@@ -245,11 +248,11 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
     let acked = ctx
         .client
         .ok(Request::new(
-            "POST",
+            Method::POST,
             format!("/v1/subscriptions/{}/ack", segment(&a.subscription)),
         )
         .json(&json!({ "delivery_ids": ids })))?
-        .json()?;
+        .json::<Value>()?;
     let count = |k: &str| acked.get(k).and_then(Value::as_array).map_or(0, Vec::len);
     let not_acked: Vec<String> = ["unknown", "fenced", "failed"]
         .iter()

@@ -3,7 +3,7 @@
 //! shown as `-` when absent.
 
 use super::error::CliError;
-use super::http::{query, segment, shorten, Request};
+use super::http::{query, segment, shorten, Method, Request};
 use super::output::{cell, list, note, Table};
 use super::{Ctx, SessionCmd, TaskCmd};
 use serde_json::{json, Map, Value};
@@ -23,11 +23,11 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             }
             let a = ctx
                 .client
-                .ok(Request::new("POST", "/v1/tasks".into()).json(&Value::Object(body)))?;
+                .ok(Request::new(Method::POST, "/v1/tasks").json(&Value::Object(body)))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             if a.status == 200 {
                 note("a task with this id and body exists already: nothing changed");
             }
@@ -44,7 +44,7 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             let mut t = Table::new(&["FIELD", "VALUE"]);
             for k in ["id", "agent", "state", "version"] {
                 t.row(vec![k.to_string(), cell(&v, &[k])]);
@@ -92,7 +92,7 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             let mut t = Table::new(&["ID", "AGENT", "STATE", "VERSION", "ASSIGNEE"]);
             for task in list(&v, "tasks")? {
                 let assignee = task
@@ -114,13 +114,13 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
         }
         TaskCmd::Cancel { id } => {
             let a = ctx.client.ok(Request::new(
-                "POST",
+                Method::POST,
                 format!("/v1/tasks/{}/cancel", segment(&id)),
             ))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             let state = match cell(&v, &["state"]) {
                 s if s == "-" => "canceled".to_string(),
                 s => s,
@@ -137,7 +137,7 @@ pub fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<(), CliError> {
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             let mut t = Table::new(&["SESSION", "CLIENT_ID", "EPOCH", "INSTANCE", "TTL_MS"]);
             for s in list(&v, "sessions")? {
                 t.row(vec![

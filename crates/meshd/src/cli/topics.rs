@@ -7,7 +7,7 @@
 //! lines that was, so an operator can resume with `tail -n +LINE`.
 
 use super::error::CliError;
-use super::http::{segment, Request};
+use super::http::{segment, Method, Request};
 use super::output::{cell, list, note, Table};
 use super::{Ctx, PublishArgs, TopicCmd};
 use serde_json::{json, Value};
@@ -26,14 +26,15 @@ const MAX_ROWS: usize = 1000;
 pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
     match cmd {
         TopicCmd::Create { name, partitions } => {
-            let a = ctx.client.ok(
-                Request::new("PUT", format!("/v1/topics/{}", segment(&name)))
-                    .json(&json!({ "partitions": partitions })),
-            )?;
+            let a = ctx.client.ok(Request::new(
+                Method::PUT,
+                format!("/v1/topics/{}", segment(&name)),
+            )
+            .json(&json!({ "partitions": partitions })))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             let verb = if a.status == 201 {
                 "created"
             } else {
@@ -50,7 +51,7 @@ pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             let mut t = Table::new(&["NAME", "PARTITIONS"]);
             for topic in list(&v, "topics")? {
                 t.row(vec![cell(topic, &["name"]), cell(topic, &["partitions"])]);
@@ -62,7 +63,7 @@ pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = a.json()?;
+            let v = super::http::json(&a)?;
             let mut t = Table::new(&["PARTITION", "END_OFFSET"]);
             for (p, end) in list(&v, "end_offsets")?.iter().enumerate() {
                 t.row(vec![p.to_string(), end.to_string()]);
@@ -76,7 +77,7 @@ pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
         }
         TopicCmd::Delete { name } => {
             let a = ctx.client.ok(Request::new(
-                "DELETE",
+                Method::DELETE,
                 format!("/v1/topics/{}", segment(&name)),
             ))?;
             if ctx.json {
@@ -156,9 +157,11 @@ impl<'a> Publisher<'a> {
         body.push('[');
         body.push_str(&self.batch.join(","));
         body.push(']');
-        let mut req = Request::new("POST", format!("/v1/topics/{}/events", segment(self.topic)));
-        req.content_type = Some("application/cloudevents-batch+json");
-        req.body = body.into_bytes();
+        let mut req = Request::new(
+            Method::POST,
+            format!("/v1/topics/{}/events", segment(self.topic)),
+        );
+        req = req.body("application/cloudevents-batch+json", body);
         let range = match (self.origins.first(), self.origins.last()) {
             (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
             (Some(a), _) => a.clone(),
@@ -194,7 +197,7 @@ impl<'a> Publisher<'a> {
             ));
             return Err(CliError::Api(p));
         }
-        let v = answer.json()?;
+        let v = super::http::json(&answer)?;
         let events = list(&v, "events")?;
         if events.len() != self.batch.len() {
             return Err(CliError::Failed(format!(

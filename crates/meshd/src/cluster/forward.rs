@@ -11,7 +11,6 @@ use meshd_meta::keys::{key, KeyKind};
 use meshd_meta::{Meta, MetaError, Precondition};
 use std::path::Path;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The header that carries the cluster secret.
 pub const SECRET_HEADER: &str = "meshd-cluster-secret";
@@ -85,13 +84,24 @@ async fn read_secret(file: Option<&Path>, meta: &dyn Meta) -> anyhow::Result<Str
 /// the instances serve HTTPS (`--tls-cert`), trusting `--cluster-ca-file` (or the
 /// system's CAs). A peer is dialled at the address it advertises (its listen
 /// address), so its certificate must name that IP address.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Peers {
-    pub secret: String,
-    pub tls: Option<tokio_rustls::TlsConnector>,
+    transport: meshd_client::Transport,
+    https: bool,
 }
 
 impl Peers {
+    pub fn new(secret: &str, tls: Option<tokio_rustls::TlsConnector>) -> anyhow::Result<Self> {
+        let mut transport = meshd_client::Transport::new()
+            .with_header(SECRET_HEADER, secret)
+            .map_err(|e| anyhow::anyhow!("the cluster secret: {e}"))?;
+        let https = tls.is_some();
+        if let Some(tls) = tls {
+            transport = transport.with_tls(tls);
+        }
+        Ok(Self { transport, https })
+    }
+
     /// POSTs `body` (JSON) to `path` on the peer at `addr` with the secret; returns
     /// the status and the body. One connection per call.
     pub async fn post(
@@ -114,143 +124,23 @@ impl Peers {
         timeout: Duration,
         max_answer: usize,
     ) -> Result<(u16, Vec<u8>), String> {
-        let call = Call {
-            addr,
-            path,
-            secret: &self.secret,
-            tls: self.tls.as_ref(),
-            max_answer,
-        };
-        post(call, body, timeout).await
-    }
-}
-
-/// One call to a peer.
-struct Call<'a> {
-    addr: &'a str,
-    path: &'a str,
-    secret: &'a str,
-    tls: Option<&'a tokio_rustls::TlsConnector>,
-    max_answer: usize,
-}
-
-/// A connection to the peer at `addr` (`host:port`, its listen address).
-async fn connect(
-    addr: &str,
-    tls: Option<&tokio_rustls::TlsConnector>,
-) -> Result<Box<dyn crate::net::Stream>, String> {
-    let (host, port) =
-        crate::net::split_host_port(addr).ok_or_else(|| format!("{addr} is not host:port"))?;
-    crate::net::connect(host, port, tls)
-        .await
-        .map_err(|e| format!("connecting to {addr}: {e}"))
-}
-
-async fn post(call: Call<'_>, body: &[u8], timeout: Duration) -> Result<(u16, Vec<u8>), String> {
-    let Call {
-        addr,
-        path,
-        secret,
-        tls,
-        max_answer,
-    } = call;
-    let exchange = async {
-        let mut s = connect(addr, tls).await?;
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{SECRET_HEADER}: {secret}\r\n\r\n",
-            body.len()
-        );
-        s.write_all(head.as_bytes())
+        let target = meshd_client::Target::peer(addr, self.https).map_err(|e| e.to_string())?;
+        let req = meshd_client::Request::post(path)
+            .body("application/json", body.to_vec())
+            .timeout(timeout)
+            .max_answer(max_answer);
+        let answer = self
+            .transport
+            .send(&target, req)
             .await
-            .map_err(|e| format!("sending to {addr}: {e}"))?;
-        s.write_all(body)
-            .await
-            .map_err(|e| format!("sending to {addr}: {e}"))?;
-        let mut answer = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = s
-                .read(&mut buf)
-                .await
-                .map_err(|e| format!("reading from {addr}: {e}"))?;
-            if n == 0 {
-                break;
-            }
-            answer.extend_from_slice(&buf[..n]);
-            if answer.len() > max_answer {
-                return Err(format!(
-                    "the answer of {addr} is larger than {max_answer} bytes"
-                ));
-            }
-        }
-        parse_answer(&answer).ok_or_else(|| format!("{addr} did not answer HTTP"))
-    };
-    match tokio::time::timeout(timeout, exchange).await {
-        Ok(r) => r,
-        Err(_) => Err(format!(
-            "{addr} did not answer within {} ms",
-            timeout.as_millis()
-        )),
+            .map_err(|e| e.to_string())?;
+        Ok((answer.status, answer.body.to_vec()))
     }
-}
-
-/// Status and body of a complete HTTP/1.1 answer (`Connection: close`; a
-/// `Content-Length` when present bounds the body, chunked bodies are decoded).
-fn parse_answer(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..end]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let mut length = None;
-    let mut chunked = false;
-    for l in lines {
-        let (k, v) = l.split_once(':')?;
-        if k.trim().eq_ignore_ascii_case("content-length") {
-            length = v.trim().parse::<usize>().ok();
-        }
-        if k.trim().eq_ignore_ascii_case("transfer-encoding")
-            && v.trim().eq_ignore_ascii_case("chunked")
-        {
-            chunked = true;
-        }
-    }
-    let rest = &raw[end + 4..];
-    let body = if chunked {
-        let mut out = Vec::new();
-        let mut r = rest;
-        loop {
-            let line_end = r.windows(2).position(|w| w == b"\r\n")?;
-            let size =
-                usize::from_str_radix(std::str::from_utf8(&r[..line_end]).ok()?.trim(), 16).ok()?;
-            r = &r[line_end + 2..];
-            if size == 0 {
-                break;
-            }
-            out.extend_from_slice(r.get(..size)?);
-            r = r.get(size + 2..)?;
-        }
-        out
-    } else {
-        match length {
-            Some(n) => rest.get(..n)?.to_vec(),
-            None => rest.to_vec(),
-        }
-    };
-    Some((status, body))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn answers_parse_with_length_or_chunks() {
-        let raw = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
-        assert_eq!(parse_answer(raw), Some((200, b"{}".to_vec())));
-        let raw = b"HTTP/1.1 503 Service Unavailable\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
-        assert_eq!(parse_answer(raw), Some((503, b"{}".to_vec())));
-        assert_eq!(parse_answer(b"garbage"), None);
-    }
 
     #[tokio::test]
     async fn the_first_secret_in_meta_is_everyones() {

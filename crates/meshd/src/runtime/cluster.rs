@@ -370,7 +370,7 @@ impl Runtime {
         }
         let path = format!(
             "/internal/v1/subscriptions/{}/pull",
-            crate::cli::http::segment(name)
+            meshd_client::segment(name)
         );
         // The answer holds at most the budget (or one event of the largest size)
         // plus each delivery's JSON around it.
@@ -434,7 +434,7 @@ impl Runtime {
         let addr = addr.to_string();
         let path = format!(
             "/internal/v1/subscriptions/{}/release",
-            crate::cli::http::segment(name)
+            meshd_client::segment(name)
         );
         let name = name.to_string();
         tokio::spawn(async move {
@@ -485,7 +485,7 @@ impl Runtime {
         let mut answers = super::Answers::default();
         let path = format!(
             "/internal/v1/subscriptions/{}/{}",
-            crate::cli::http::segment(name),
+            meshd_client::segment(name),
             f.op
         );
         for (addr, ids) in by_owner {
@@ -606,7 +606,7 @@ impl Runtime {
         };
         let path = format!(
             "/internal/v1/subscriptions/{}/offsets/{partition}",
-            crate::cli::http::segment(sub.sub.name())
+            meshd_client::segment(sub.sub.name())
         );
         let body = serde_json::json!({ "offset": offset }).to_string();
         let (status, answer) = cluster
@@ -662,7 +662,7 @@ impl Runtime {
         };
         let path = format!(
             "/internal/v1/deadletters/{}/redrive",
-            crate::cli::http::segment(&entry.id)
+            meshd_client::segment(&entry.id)
         );
         cluster
             .peers

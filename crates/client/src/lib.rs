@@ -1,0 +1,42 @@
+//! `meshd-client`: the Rust client of meshd.
+//!
+//! - [`Client`]: one typed async method per operation of the public HTTP API
+//!   (topics, publish, pull/ack/nack/extend, subscriptions, offsets, dead letters,
+//!   sessions, tasks, cluster).
+//! - [`Transport`]: the HTTP/1.1 transport under it (hyper; TLS with rustls), which
+//!   every part of meshd that calls over HTTP uses: the CLI, push delivery, calls
+//!   between cluster instances, the test harnesses and the load generator.
+//!
+//! Errors say whether the request may have been applied ([`Error::outcome_unknown`]):
+//! a failure to connect is [`Error::Unreachable`] (nothing was sent); a connection
+//! lost after sending, or a deadline passed, is [`Error::Lost`].
+//!
+//! ```no_run
+//! use meshd_client::{Client, Pull};
+//!
+//! # async fn run() -> Result<(), meshd_client::Error> {
+//! let meshd = Client::connect("http://127.0.0.1:7070")?;
+//! meshd
+//!     .put_subscription("billing", &serde_json::json!({ "topic": "orders" }))
+//!     .await?;
+//! let pull = Pull { max_events: Some(10), wait_ms: Some(1000), ..Pull::default() };
+//! for d in meshd.pull("billing", &pull).await? {
+//!     println!("{} attempt {}: {}", d.delivery_id, d.attempt, d.event);
+//!     meshd.ack("billing", &[d.delivery_id]).await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+mod api;
+mod error;
+mod target;
+pub mod tls;
+pub mod transport;
+
+pub use api::{
+    Acked, Client, Delivery, Extended, Nacked, Offset, Pull, Session, Stored, Topic, TopicSummary,
+};
+pub use error::{shorten, Error, Problem};
+pub use http::Method;
+pub use target::{query, segment, split_host_port, Target};
+pub use transport::{Request, Response, Transport};
