@@ -217,7 +217,7 @@ impl Client {
         match a.status {
             200 => Ok(true),
             503 => Ok(false),
-            _ => Err(Error::Api(crate::Problem::of(&a))),
+            _ => Err(Error::Api(Box::new(crate::Problem::of(&a)))),
         }
     }
 

@@ -23,7 +23,7 @@ pub enum Error {
     Malformed(String),
     /// The server answered with a status outside 2xx.
     #[error("{0}")]
-    Api(Problem),
+    Api(Box<Problem>),
 }
 
 impl Error {

@@ -153,7 +153,7 @@ impl Response {
         if self.is_success() {
             Ok(self)
         } else {
-            Err(Error::Api(crate::Problem::of(&self)))
+            Err(Error::Api(Box::new(crate::Problem::of(&self))))
         }
     }
 }

@@ -1,26 +1,8 @@
-//! `meshd`: the event-mesh runtime binary. Boot is a pipeline (house style 11):
-//! config → validate → open stores → recover → serve.
-
-mod access;
-mod admission;
-mod api;
-mod browser;
-mod cli;
-mod cluster;
-mod compaction;
-mod config;
-mod egress;
-mod listen;
-mod membership;
-mod metered;
-mod metrics;
-mod problem;
-mod quota;
-mod requeue;
-mod runtime;
-mod server;
+//! `meshd`: the binary. `meshd serve` runs an instance ([`meshd::server::run`]); every
+//! other command is the operator client ([`meshd::cli`]).
 
 use clap::{Parser, Subcommand};
+use meshd::{cli, config, server};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -46,7 +28,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    init_logging();
+    meshd::init_logging();
     let cli = Cli::parse();
     match cli.command {
         Command::Client(cmd) => cli::run(cmd),
@@ -73,22 +55,5 @@ fn main() -> ExitCode {
                 }
             }
         }
-    }
-}
-
-/// Structured logs on stderr, filtered with `RUST_LOG` (default `info`);
-/// `MESHD_LOG_FORMAT=json` writes one JSON object per line.
-fn init_logging() {
-    use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    if std::env::var("MESHD_LOG_FORMAT").as_deref() == Ok("json") {
-        builder.json().init();
-    } else {
-        builder.init();
     }
 }

@@ -120,7 +120,38 @@ struct AppState {
     compaction_retention: u64,
 }
 
+/// Runs meshd as the binary does: listens on `config.listen` once recovery is done and
+/// stops gracefully at SIGTERM or ^C.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let listen = Listen::Bind(config.listen);
+    boot(config, listen, Box::pin(shutdown_signal())).await
+}
+
+/// Runs meshd on `listener` (already bound, e.g. to port 0 by an embedding program or
+/// a test) until `shutdown` completes, then stops gracefully (http-api.md, "Graceful
+/// stop"): long polls answered, partitions released, the lease revoked, the stores
+/// flushed and closed.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    boot(config, Listen::Bound(listener), Box::pin(shutdown)).await
+}
+
+/// Where the API is served: an address bound once the stores are recovered (so
+/// clients are refused, not left hanging, during recovery), or a listener bound by
+/// the caller.
+enum Listen {
+    Bind(std::net::SocketAddr),
+    Bound(tokio::net::TcpListener),
+}
+
+async fn boot(
+    config: Config,
+    listen: Listen,
+    shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+) -> anyhow::Result<()> {
     // Token files first: a typo in one must not cost a boot's worth of recovery.
     let access = crate::access::Access::load(crate::access::TokenFiles {
         client: config.client_token_file.clone(),
@@ -388,9 +419,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         meta_backend,
     );
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let listener = match listen {
+        Listen::Bound(l) => l,
+        Listen::Bind(at) => tokio::net::TcpListener::bind(at)
+            .await
+            .with_context(|| format!("cannot listen on {at}"))?,
+    };
     let addr = listener.local_addr()?;
     push_egress.add_own("meshd's listen address", [addr]);
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -554,7 +588,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ));
     spawn_reload_on_hangup(access, tls.clone(), http.clone());
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         tracing::info!(
             "meshd stopping: new connections refused, long polls answered, partitions released"
         );

@@ -93,6 +93,8 @@ async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
             "backend": if api.log_backend == "nats" { "nats" } else { "embedded" },
             "id": api.log.log_id(),
         },
+        "release": crate::membership::Release::this().to_string(),
+        "oldest_release": crate::membership::oldest_release(&members).to_string(),
         "members": members,
         "partitions": partitions,
     }))

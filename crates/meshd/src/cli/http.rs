@@ -17,7 +17,7 @@ impl From<meshd_client::Error> for CliError {
             E::Invalid(m) => CliError::Usage(m),
             E::Unreachable(m) | E::Lost(m) => CliError::Unreachable(m),
             E::Malformed(m) => CliError::Failed(m),
-            E::Api(p) => CliError::Api(Problem::from(p)),
+            E::Api(p) => CliError::Api(Problem::from(*p)),
         }
     }
 }

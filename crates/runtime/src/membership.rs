@@ -35,6 +35,49 @@ pub struct MemberRecord {
     pub release: String,
 }
 
+/// A meshd release as members announce it (`major.minor.patch`). A record that names
+/// none comes from before members announced their release: the oldest of all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Release(pub u64, pub u64, pub u64);
+
+impl Release {
+    /// This binary's release.
+    pub fn this() -> Release {
+        Release::parse(env!("CARGO_PKG_VERSION"))
+    }
+
+    /// `1.2.3` (a pre-release or build suffix is ignored); anything else is the oldest
+    /// release, so a record nobody can place never switches a new shape on.
+    pub fn parse(s: &str) -> Release {
+        let core = s.split(['-', '+']).next().unwrap_or_default();
+        let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(Some(a)), Some(Some(b)), Some(Some(c)), None) => Release(a, b, c),
+            _ => Release::default(),
+        }
+    }
+}
+
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+/// The oldest release among `members` (this binary's when there are none yet). A
+/// record shape that release R first reads is written only while
+/// `oldest_release(members) >= R`: during a rolling upgrade the old shape stays in use
+/// until the last member of the previous release has left (state-plane.md,
+/// "Records"). A member that joins later with an older release lowers it again, and
+/// writers switch back; readers always read both shapes.
+pub fn oldest_release(members: &[MemberRecord]) -> Release {
+    members
+        .iter()
+        .map(|m| Release::parse(&m.release))
+        .min()
+        .unwrap_or_else(Release::this)
+}
+
 /// Member records that could not be decoded (counted; the member is left out of the
 /// ownership plan and the directory, so it owns nothing until it writes a readable
 /// record).
@@ -203,6 +246,36 @@ pub async fn members(meta: &dyn Meta) -> Result<Vec<MemberRecord>, meshd_meta::M
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oldest_announced_release_gates_new_record_shapes() {
+        let member = |release: &str| MemberRecord {
+            v: VERSION,
+            instance: format!("i-{release}"),
+            addr: "h:1".into(),
+            since: String::new(),
+            release: release.into(),
+        };
+        assert_eq!(Release::parse("0.2.0"), Release(0, 2, 0));
+        assert_eq!(Release::parse("1.10.3-rc.1+abc"), Release(1, 10, 3));
+        for unplaceable in ["", "1.2", "1.2.3.4", "x.y.z", "1.-2.3"] {
+            assert_eq!(
+                Release::parse(unplaceable),
+                Release::default(),
+                "{unplaceable}"
+            );
+        }
+        assert!(Release(0, 10, 0) > Release(0, 9, 9));
+        let mixed = [member("0.2.0"), member("0.1.0"), member("0.3.1")];
+        assert_eq!(oldest_release(&mixed), Release(0, 1, 0));
+        // A member of a release that did not announce one holds every new shape back.
+        assert_eq!(
+            oldest_release(&[member("0.2.0"), member("")]),
+            Release::default()
+        );
+        assert_eq!(oldest_release(&[]), Release::this());
+        assert_eq!(Release(0, 2, 0).to_string(), "0.2.0");
+    }
 
     #[test]
     fn records_of_other_releases_decode_and_garbage_does_not() {

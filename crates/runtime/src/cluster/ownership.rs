@@ -246,6 +246,9 @@ pub struct Directory {
     pub holders: BTreeMap<PartitionId, String>,
     /// Instance id → `host:port` of its HTTP listener.
     pub addrs: BTreeMap<String, String>,
+    /// The oldest release any member announces: which record shapes every member
+    /// reads ([`crate::membership::oldest_release`]).
+    pub oldest_release: crate::membership::Release,
 }
 
 impl Directory {
@@ -422,6 +425,7 @@ impl Controller {
             .await
             .map_err(|e| e.to_string())?;
         let members: Vec<String> = listed.iter().map(|m| m.instance.clone()).collect();
+        let oldest_release = crate::membership::oldest_release(&listed);
         let addrs: BTreeMap<String, String> =
             listed.into_iter().map(|m| (m.instance, m.addr)).collect();
         let partitions: Vec<PartitionId> = self
@@ -544,8 +548,11 @@ impl Controller {
                 }
             }
         }
-        self.directory
-            .send_replace(std::sync::Arc::new(Directory { holders, addrs }));
+        self.directory.send_replace(std::sync::Arc::new(Directory {
+            holders,
+            addrs,
+            oldest_release,
+        }));
         if std::time::Instant::now() >= lease.deadline.deadline() {
             // Publish what is held so far, then drop it: it is counted as lost.
             self.owned.send_replace(std::sync::Arc::new(owned));

@@ -1,0 +1,295 @@
+//! A rolling upgrade through real processes: the previous release's binary
+//! (`MESHD_PREVIOUS_BIN`, built by `scripts/previous-release` from the commit in
+//! `release/previous`) and this tree's binary share one etcd and one JetStream. Each
+//! serves, forwards to and takes over from the other: every record one writes
+//! (subscriptions, owner keys, checkpoints, the attempt ledger, membership) the other
+//! reads, in both directions (state-plane.md, "Records").
+
+mod common;
+
+use common::*;
+use meshd_test_support::etcd::EtcdProcess;
+use meshd_test_support::http::get;
+use meshd_test_support::meshd::MeshdProcess;
+use meshd_test_support::nats::NatsProcess;
+use meshd_test_support::wait::wait_until;
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const LEASE_TTL_MS: u64 = 2000;
+const DEADLINE: Duration = Duration::from_secs(60);
+const PARTITIONS: u64 = 4;
+
+fn previous_bin() -> PathBuf {
+    let p = std::env::var_os("MESHD_PREVIOUS_BIN")
+        .map(PathBuf::from)
+        .expect(
+            "MESHD_PREVIOUS_BIN is not set: build the previous release with \
+         `MESHD_PREVIOUS_BIN=$(scripts/previous-release)` (scripts/test does)",
+        );
+    assert!(
+        p.is_file(),
+        "MESHD_PREVIOUS_BIN={} is not a file",
+        p.display()
+    );
+    p
+}
+
+/// The release of the previous binary, as `release/previous` names it.
+fn previous_release() -> String {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../release/previous"
+    ))
+    .expect("release/previous");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.split_whitespace().nth(1))
+        .expect("release/previous names the release after the commit")
+        .to_string()
+}
+
+/// The instance that owns each partition, as `a` reports it.
+async fn owners(a: &str) -> anyhow::Result<Vec<Option<String>>> {
+    let v = get(a, "/v1/cluster").await?.json()?;
+    let mut out = vec![None; PARTITIONS as usize];
+    for p in v["partitions"].as_array().into_iter().flatten() {
+        if p["topic"] == "t" {
+            let n = p["partition"].as_u64().unwrap_or(u64::MAX) as usize;
+            if let Some(slot) = out.get_mut(n) {
+                *slot = p["owner"].as_str().map(str::to_string);
+            }
+        }
+    }
+    Ok(out)
+}
+
+async fn wait_owned_by(a: &str, allowed: &[&str], what: &str) {
+    wait_until(DEADLINE, what, || async {
+        let o = owners(a).await?;
+        anyhow::ensure!(
+            o.iter()
+                .all(|x| x.as_deref().is_some_and(|x| allowed.contains(&x))),
+            "owners {o:?}"
+        );
+        Ok(())
+    })
+    .await
+    .unwrap();
+}
+
+async fn publish_n(a: &str, from: usize, n: usize) -> BTreeSet<(u64, u64)> {
+    let mut placed = BTreeSet::new();
+    for i in from..from + n {
+        placed.insert(publish(a, "t", &event(&format!("e{i}"))).await.unwrap());
+    }
+    placed
+}
+
+/// Waits until the subscription's committed offsets reach the topic's end offsets, in
+/// the owners and in their checkpoints in etcd (what a new owner starts from: acks not
+/// checkpointed yet are redelivered after a crash, the documented duplicates per move).
+async fn wait_all_committed(a: &str, etcd: &str) {
+    use meshd_meta::keys::{prefix, KeyKind};
+    use meshd_meta::Meta;
+    let ends = end_offsets(a, "t").await;
+    for (p, end) in ends.iter().enumerate() {
+        wait_committed(a, "s", p as u64, *end).await;
+    }
+    let meta = meshd_meta_etcd::EtcdMeta::connect(meshd_meta_etcd::EtcdConfig::new([etcd]))
+        .await
+        .unwrap();
+    wait_until(DEADLINE, "checkpoints at the end offsets", || async {
+        let kvs = meta
+            .range(&prefix(KeyKind::Checkpoints, &["s"]), Default::default())
+            .await?
+            .kvs;
+        let mut at = vec![0u64; ends.len()];
+        for kv in kvs {
+            let key = String::from_utf8_lossy(&kv.key).into_owned();
+            let p: usize = key.rsplit('/').next().unwrap_or_default().parse()?;
+            let v: serde_json::Value = serde_json::from_slice(&kv.value)?;
+            if let (Some(slot), Some(o)) = (at.get_mut(p), v["committed"]["offset"].as_u64()) {
+                *slot = o;
+            }
+        }
+        anyhow::ensure!(at == ends, "checkpoints {at:?}, ends {ends:?}");
+        Ok(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_forwards_to_and_takes_over_from_the_other(
+) {
+    let previous = previous_bin();
+    let etcd = EtcdProcess::start().await.unwrap();
+    let nats = NatsProcess::start().await.unwrap();
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret_file = secret_dir.path().join("secret");
+    std::fs::write(
+        &secret_file,
+        "rolling-upgrade-secret-0123456789abcdef0123\n",
+    )
+    .unwrap();
+    let common_args = [
+        "--meta".to_string(),
+        format!("etcd://{}", etcd.endpoint()),
+        "--log".to_string(),
+        nats.url(),
+        "--cluster-secret-file".to_string(),
+        secret_file.to_string_lossy().into_owned(),
+        "--lease-ttl-ms".to_string(),
+        LEASE_TTL_MS.to_string(),
+        "--checkpoint-ms".to_string(),
+        "200".to_string(),
+    ];
+    let args = |id: &'static str| {
+        let mut a: Vec<String> = common_args.to_vec();
+        a.extend(["--instance-id".to_string(), id.to_string()]);
+        a
+    };
+    // Instance ids whose rendezvous weights split the topic's partitions between them.
+    let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let old_args = args("prev");
+    let new_args = args("next");
+    let as_strs = |a: &[String]| a.iter().map(String::clone).collect::<Vec<_>>();
+    let start = |bin: PathBuf, dir: PathBuf, a: Vec<String>| async move {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        MeshdProcess::start(&bin, &dir, &a).await.unwrap()
+    };
+    let mut old = start(previous.clone(), old_dir.path().into(), as_strs(&old_args)).await;
+    let mut new = start(bin().into(), new_dir.path().into(), as_strs(&new_args)).await;
+    let (o, n) = (old.addr().to_string(), new.addr().to_string());
+
+    // Both releases are members and announce themselves; partitions split between them.
+    create_topic(&n, "t", PARTITIONS as u32).await;
+    create_subscription(&o, "s", json!({"topic": "t", "ack_timeout_ms": 2000})).await;
+    wait_until(DEADLINE, "both instances own partitions", || async {
+        let own = owners(&o).await?;
+        for id in ["prev", "next"] {
+            anyhow::ensure!(own.iter().any(|x| x.as_deref() == Some(id)), "{own:?}");
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let members = get(&n, "/v1/cluster").await.unwrap().json().unwrap();
+    let listed: BTreeSet<&str> = members["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["instance"].as_str())
+        .collect();
+    assert_eq!(listed, BTreeSet::from(["next", "prev"]), "{members}");
+    // The previous release announces itself; while it is a member, new record shapes
+    // stay off (membership::oldest_release).
+    let release_of = |id: &str| {
+        members["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["instance"] == id)
+            .map(|m| m["release"].clone())
+    };
+    assert_eq!(
+        release_of("next"),
+        Some(members["release"].clone()),
+        "{members}"
+    );
+    assert_eq!(
+        release_of("prev"),
+        Some(json!(previous_release())),
+        "{members}"
+    );
+    assert_eq!(
+        members["oldest_release"],
+        json!(previous_release()),
+        "{members}"
+    );
+
+    // Publishes through both; a consumer on each gets the other's partitions through
+    // forwarding, and acks go back across releases.
+    let mut placed = publish_n(&o, 0, 10).await;
+    placed.append(&mut publish_n(&n, 10, 10).await);
+    let from_old = pull_until(&o, "s", 10, DEADLINE).await;
+    let from_new = pull_until(&n, "s", 20 - from_old.len(), DEADLINE).await;
+    let got: BTreeSet<(u64, u64)> = from_old
+        .iter()
+        .chain(&from_new)
+        .map(|d| (d.partition, d.offset))
+        .collect();
+    assert_eq!(got, placed, "every event once, through either release");
+    let acked_by_new = ack(&n, "s", &ids(&from_old)).await.unwrap();
+    let acked_by_old = ack(&o, "s", &ids(&from_new)).await.unwrap();
+    assert_eq!(
+        set(&acked_by_new["acked"]).len(),
+        from_old.len(),
+        "{acked_by_new}"
+    );
+    assert_eq!(
+        set(&acked_by_old["acked"]).len(),
+        from_new.len(),
+        "{acked_by_old}"
+    );
+    wait_all_committed(&n, &etcd.endpoint()).await;
+
+    // This release dies with deliveries in flight: the previous one takes its
+    // partitions from its records and hands those out again as the next attempt.
+    let more = publish_n(&o, 20, 8).await;
+    let held = pull_until(&n, "s", 8, DEADLINE).await;
+    new.kill();
+    wait_owned_by(&o, &["prev"], "the previous release owns every partition").await;
+    let again = pull_until(&o, "s", 8, DEADLINE).await;
+    assert_eq!(
+        again
+            .iter()
+            .map(|d| (d.partition, d.offset))
+            .collect::<BTreeSet<_>>(),
+        more,
+        "exactly the unacked events come back"
+    );
+    for d in &again {
+        let before = held
+            .iter()
+            .find(|h| (h.partition, h.offset) == (d.partition, d.offset));
+        assert!(d.attempt >= 2 || before.is_none(), "{:?}", summary(&again));
+    }
+    ack(&o, "s", &ids(&again)).await.unwrap();
+    wait_all_committed(&o, &etcd.endpoint()).await;
+
+    // And the other way: this release comes back, the previous one dies with work in
+    // flight, and this release continues from the previous one's records.
+    new.start_again().await.unwrap();
+    let n = new.addr().to_string();
+    let last = publish_n(&n, 28, 8).await;
+    let held = pull_until(&o, "s", 8, DEADLINE).await;
+    assert_eq!(
+        held.iter()
+            .map(|d| (d.partition, d.offset))
+            .collect::<BTreeSet<_>>(),
+        last
+    );
+    old.kill();
+    wait_owned_by(&n, &["next"], "this release owns every partition").await;
+    let again = pull_until(&n, "s", 8, DEADLINE).await;
+    assert_eq!(
+        again
+            .iter()
+            .map(|d| (d.partition, d.offset))
+            .collect::<BTreeSet<_>>(),
+        last,
+        "nothing acked under the previous release comes back, everything unacked does"
+    );
+    assert!(
+        again.iter().all(|d| d.attempt >= 2),
+        "{:?}",
+        summary(&again)
+    );
+    ack(&n, "s", &ids(&again)).await.unwrap();
+    wait_all_committed(&n, &etcd.endpoint()).await;
+    assert_no_delivery(&n, "s", 500, "everything was acked").await;
+}
