@@ -132,7 +132,9 @@ impl Client {
         Self {
             transport,
             target,
-            publish_retries: 3,
+            // Off until meshd deduplicates publishes (the contract's dedup window):
+            // without it a retried request may store its events twice.
+            publish_retries: 0,
         }
     }
 
@@ -175,7 +177,8 @@ impl Client {
     }
 
     /// How often [`Client::publish`] sends a request again whose outcome is unknown
-    /// (default 3; 0: never).
+    /// (default 0). Safe once the server deduplicates publishes within the topic's
+    /// window; against a meshd without dedup a retry may store an event twice.
     pub fn with_publish_retries(mut self, retries: u32) -> Self {
         self.publish_retries = retries;
         self
@@ -268,7 +271,8 @@ impl Client {
 
     /// Publishes structured-mode CloudEvents as one batch; answered once every event is
     /// durable. A request whose outcome is unknown (connection lost, 504) is sent again
-    /// up to the retry count: within the topic's dedup window each event is stored once.
+    /// up to [`Client::with_publish_retries`] times (within the topic's dedup window
+    /// each event is then stored once).
     pub async fn publish(&self, topic: &str, events: &[Value]) -> Result<Vec<Stored>, Error> {
         #[derive(Deserialize)]
         struct Answer {

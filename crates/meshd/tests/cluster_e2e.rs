@@ -50,18 +50,7 @@ impl Cluster {
         let secret = "cluster-e2e-secret-0123456789abcdef0123456789".to_string();
         let secret_file = secret_dir.path().join("secret");
         std::fs::write(&secret_file, format!("{secret}\n")).unwrap();
-        let args = vec![
-            "--meta".to_string(),
-            format!("etcd://{}", etcd.endpoint()),
-            "--log".to_string(),
-            nats.url(),
-            "--cluster-secret-file".to_string(),
-            secret_file.to_string_lossy().into_owned(),
-            "--lease-ttl-ms".to_string(),
-            lease_ttl.as_millis().to_string(),
-            "--checkpoint-ms".to_string(),
-            "200".to_string(),
-        ];
+        let args = cluster_args(&etcd, &nats, &secret_file, lease_ttl);
         let mut c = Cluster {
             nodes: Vec::new(),
             ids: Vec::new(),

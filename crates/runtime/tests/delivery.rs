@@ -130,24 +130,31 @@ impl Node {
     /// The ids in each outcome list of an ack or nack.
     async fn ack(&self, ids: &[&Handed]) -> Vec<(&'static str, String)> {
         let ids = ids.iter().map(|h| h.delivery_id.clone()).collect();
-        self.rt
-            .ack("s", ids, Reach::Local)
-            .await
-            .expect("ack")
-            .lists
+        named(self.rt.ack("s", ids, Reach::Local).await.expect("ack"))
     }
 
     async fn nack(&self, h: &Handed) -> Vec<(&'static str, String)> {
-        self.rt
-            .nack("s", vec![h.delivery_id.clone()], "no".into(), Reach::Local)
-            .await
-            .expect("nack")
-            .lists
+        let ids = vec![h.delivery_id.clone()];
+        named(
+            self.rt
+                .nack("s", ids, "no".into(), Reach::Local)
+                .await
+                .expect("nack"),
+        )
     }
 
     async fn committed(&self) -> u64 {
         self.rt.offsets("s").await.expect("offsets")[0].1.offset
     }
+}
+
+/// The answer lists as the API names them.
+fn named(answers: meshd_runtime::runtime::Answers) -> Vec<(&'static str, String)> {
+    answers
+        .lists
+        .into_iter()
+        .map(|(list, id)| (list.as_str(), id))
+        .collect()
 }
 
 fn spec() -> SubscriptionSpec {

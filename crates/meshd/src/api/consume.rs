@@ -4,7 +4,7 @@
 use super::fields::Fields;
 use super::{valid_name_or_400, Api};
 use crate::problem::Problem;
-use crate::runtime::{Answers, PullBudget, Reach, RuntimeError};
+use crate::runtime::{Answers, Outcome, PullBudget, Reach, RuntimeError};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -142,13 +142,13 @@ fn parse_put_offset(
 }
 
 /// Builds `{"<list>":[ids...], ...}` with every list present (empty when unused).
-fn answers_json(lists: &[&str], answers: Answers) -> Value {
+fn answers_json(lists: &[Outcome], answers: Answers) -> Value {
     let mut out = serde_json::Map::new();
     for l in lists {
-        out.insert((*l).to_string(), Value::Array(vec![]));
+        out.insert(l.as_str().to_string(), Value::Array(vec![]));
     }
     for (list, id) in answers.lists {
-        if let Some(Value::Array(a)) = out.get_mut(list) {
+        if let Some(Value::Array(a)) = out.get_mut(list.as_str()) {
             a.push(Value::String(id));
         }
     }
@@ -292,12 +292,16 @@ pub async fn ack_with(
         .ack(&name, ids, reach)
         .await
         .map_err(|e| runtime_problem(e, api.meta_backend))?;
-    all_fenced_or(n, answers, &["acked", "unknown", "fenced", "failed"])
+    all_fenced_or(n, answers, &Outcome::ACK)
 }
 
 /// The answer, or 409 fenced when every id was fenced.
-fn all_fenced_or(n: usize, answers: Answers, lists: &[&str]) -> Result<Response, Problem> {
-    let fenced = answers.lists.iter().filter(|(l, _)| *l == "fenced").count();
+fn all_fenced_or(n: usize, answers: Answers, lists: &[Outcome]) -> Result<Response, Problem> {
+    let fenced = answers
+        .lists
+        .iter()
+        .filter(|(l, _)| *l == Outcome::Fenced)
+        .count();
     if n > 0 && fenced == n {
         return Err(Problem::new(
             StatusCode::CONFLICT,
@@ -332,17 +336,7 @@ pub async fn nack_with(
         .nack(&name, ids, reason, reach)
         .await
         .map_err(|e| runtime_problem(e, api.meta_backend))?;
-    all_fenced_or(
-        n,
-        answers,
-        &[
-            "retrying",
-            "dead_lettered",
-            "dead_lettering",
-            "unknown",
-            "fenced",
-        ],
-    )
+    all_fenced_or(n, answers, &Outcome::NACK)
 }
 
 pub async fn extend(
@@ -369,7 +363,7 @@ pub async fn extend_with(
         .extend(&name, ids, ms, reach)
         .await
         .map_err(|e| runtime_problem(e, api.meta_backend))?;
-    all_fenced_or(n, answers, &["extended", "unknown", "fenced"])
+    all_fenced_or(n, answers, &Outcome::EXTEND)
 }
 
 fn offset_json(partition: u32, c: Committed) -> Value {

@@ -380,3 +380,25 @@ pub async fn bare(a: &str, method: &str, path: &str) -> Response {
         .with_context(|| format!("{method} {path}"))
         .unwrap()
 }
+
+/// The `meshd serve` flags of a cluster instance on `etcd` and `nats` (without
+/// `--instance-id`): the shared secret file, the lease TTL, checkpoints every 200 ms.
+pub fn cluster_args(
+    etcd: &meshd_test_support::etcd::EtcdProcess,
+    nats: &meshd_test_support::nats::NatsProcess,
+    secret_file: &Path,
+    lease_ttl: Duration,
+) -> Vec<String> {
+    vec![
+        "--meta".to_string(),
+        format!("etcd://{}", etcd.endpoint()),
+        "--log".to_string(),
+        nats.url(),
+        "--cluster-secret-file".to_string(),
+        secret_file.to_string_lossy().into_owned(),
+        "--lease-ttl-ms".to_string(),
+        lease_ttl.as_millis().to_string(),
+        "--checkpoint-ms".to_string(),
+        "200".to_string(),
+    ]
+}

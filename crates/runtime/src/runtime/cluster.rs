@@ -145,18 +145,6 @@ impl Forward {
     }
 }
 
-/// The answer lists an internal route can name, as `Answers` keeps them.
-const LISTS: [&str; 8] = [
-    "acked",
-    "unknown",
-    "fenced",
-    "failed",
-    "retrying",
-    "dead_lettered",
-    "dead_lettering",
-    "extended",
-];
-
 /// One delivery as the internal pull route answers it (the event exactly as stored).
 #[derive(serde::Deserialize)]
 struct WireDelivery {
@@ -513,13 +501,13 @@ impl Runtime {
                 409 => {
                     answers
                         .lists
-                        .extend(ids.into_iter().map(|id| ("fenced", id)));
+                        .extend(ids.into_iter().map(|id| (super::Outcome::Fenced, id)));
                     continue;
                 }
                 _ => return Err(peer_error(&addr, status, &answer)),
             };
-            for list in LISTS {
-                for id in v[list].as_array().into_iter().flatten() {
+            for list in super::Outcome::ALL {
+                for id in v[list.as_str()].as_array().into_iter().flatten() {
                     if let Some(id) = id.as_str() {
                         answers.lists.push((list, id.to_string()));
                     }

@@ -39,8 +39,8 @@ use meshd_stores::subscriptions::{
     MetaSubscriptionStore, StartPosition, Subscription, SubscriptionStore,
 };
 use meshd_stores::topics::{MetaTopicStore, TopicStore};
-pub use partition::Answers;
 use partition::{now_ms, Msg, PartitionTask, Shared};
+pub use partition::{Answers, Outcome};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -974,7 +974,7 @@ impl Runtime {
         let mut answers = Answers::default();
         answers
             .lists
-            .extend(unknown.into_iter().map(|id| ("unknown", id)));
+            .extend(unknown.into_iter().map(|id| (Outcome::Unknown, id)));
         let mut waiting = Vec::new();
         let mut elsewhere: BTreeMap<u32, Vec<String>> = BTreeMap::new();
         for (p, ids) in routed {
@@ -996,9 +996,12 @@ impl Runtime {
                         .await?;
                     answers.lists.extend(more.lists);
                 }
-                _ => answers
-                    .lists
-                    .extend(elsewhere.into_values().flatten().map(|id| ("unknown", id))),
+                _ => answers.lists.extend(
+                    elsewhere
+                        .into_values()
+                        .flatten()
+                        .map(|id| (Outcome::Unknown, id)),
+                ),
             }
         }
         for rx in waiting {

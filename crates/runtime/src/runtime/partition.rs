@@ -80,7 +80,76 @@ pub enum Msg {
 /// Per-id answers of an ack, nack or extend, by the list they belong in.
 #[derive(Default, Debug)]
 pub struct Answers {
-    pub lists: Vec<(&'static str, String)>,
+    pub lists: Vec<(Outcome, String)>,
+}
+
+/// Which list of an ack, nack or extend answer a delivery id is in (the contract's
+/// list names, http-api.md "Consuming").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Acked,
+    Unknown,
+    Fenced,
+    /// The ack could not be checked or recorded (a store was unavailable).
+    Failed,
+    Retrying,
+    DeadLettered,
+    /// The dead-letter entry is not durable yet; the partition keeps trying.
+    DeadLettering,
+    Extended,
+}
+
+impl Outcome {
+    /// Every outcome, in the order an internal route's answer is read.
+    pub const ALL: [Outcome; 8] = [
+        Outcome::Acked,
+        Outcome::Unknown,
+        Outcome::Fenced,
+        Outcome::Failed,
+        Outcome::Retrying,
+        Outcome::DeadLettered,
+        Outcome::DeadLettering,
+        Outcome::Extended,
+    ];
+    /// The lists of an ack answer.
+    pub const ACK: [Outcome; 4] = [
+        Outcome::Acked,
+        Outcome::Unknown,
+        Outcome::Fenced,
+        Outcome::Failed,
+    ];
+    /// The lists of a nack answer.
+    pub const NACK: [Outcome; 5] = [
+        Outcome::Retrying,
+        Outcome::DeadLettered,
+        Outcome::DeadLettering,
+        Outcome::Unknown,
+        Outcome::Fenced,
+    ];
+    /// The lists of an extend answer.
+    pub const EXTEND: [Outcome; 3] = [Outcome::Extended, Outcome::Unknown, Outcome::Fenced];
+
+    /// The list's name in an answer.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Acked => "acked",
+            Outcome::Unknown => "unknown",
+            Outcome::Fenced => "fenced",
+            Outcome::Failed => "failed",
+            Outcome::Retrying => "retrying",
+            Outcome::DeadLettered => "dead_lettered",
+            Outcome::DeadLettering => "dead_lettering",
+            Outcome::Extended => "extended",
+        }
+    }
+
+    /// Whether a nack answered with it was a nack that counted.
+    pub fn is_nacked(self) -> bool {
+        matches!(
+            self,
+            Outcome::Retrying | Outcome::DeadLettered | Outcome::DeadLettering
+        )
+    }
 }
 
 /// What other tasks see of a partition without asking it.
@@ -437,7 +506,7 @@ impl PartitionTask {
             Msg::Ack { ids, reply } => self.acks(vec![(ids, reply)]).await,
             Msg::Nack { ids, reason, reply } => {
                 let answer = self
-                    .resolve_ids(ids, "unknown", |deliveries| Input::Nack {
+                    .resolve_ids(ids, Outcome::Unknown, |deliveries| Input::Nack {
                         deliveries,
                         reason,
                     })
@@ -450,7 +519,7 @@ impl PartitionTask {
                 reply,
             } => {
                 let answer = self
-                    .resolve_ids(ids, "unknown", |deliveries| Input::Extend {
+                    .resolve_ids(ids, Outcome::Unknown, |deliveries| Input::Extend {
                         deliveries,
                         ack_timeout_ms,
                     })
@@ -606,7 +675,7 @@ impl PartitionTask {
         // Which request each fed id answers (an id acked twice: in order).
         let mut of_id: HashMap<String, VecDeque<usize>> = HashMap::new();
         for (i, (ids, reply)) in acks.into_iter().enumerate() {
-            let (refs, answers) = self.checked(ids, "failed").await;
+            let (refs, answers) = self.checked(ids, Outcome::Failed).await;
             if !refs.is_empty() && self.shared.failed().is_none() {
                 for r in &refs {
                     of_id.entry(r.delivery_id.clone()).or_default().push_back(i);
@@ -646,7 +715,7 @@ impl PartitionTask {
     async fn resolve_ids(
         &mut self,
         ids: Vec<String>,
-        unavailable_list: &'static str,
+        unavailable_list: Outcome,
         input: impl FnOnce(Vec<DeliveryRef>) -> Input,
     ) -> Result<Answers, RuntimeError> {
         let (refs, mut answers) = self.checked(ids, unavailable_list).await;
@@ -664,7 +733,7 @@ impl PartitionTask {
     async fn checked(
         &self,
         ids: Vec<String>,
-        unavailable_list: &'static str,
+        unavailable_list: Outcome,
     ) -> (Vec<DeliveryRef>, Answers) {
         let mut refs = Vec::with_capacity(ids.len());
         let mut answers = Answers::default();
@@ -713,9 +782,9 @@ impl PartitionTask {
                     outcome,
                 } => {
                     let list = match outcome {
-                        AckOutcome::Acked => "acked",
-                        AckOutcome::Unknown => "unknown",
-                        AckOutcome::Fenced => "fenced",
+                        AckOutcome::Acked => Outcome::Acked,
+                        AckOutcome::Unknown => Outcome::Unknown,
+                        AckOutcome::Fenced => Outcome::Fenced,
                     };
                     (list, delivery_id)
                 }
@@ -724,18 +793,18 @@ impl PartitionTask {
                     outcome,
                 } => {
                     let list = match outcome {
-                        NackOutcome::Retrying { .. } => "retrying",
+                        NackOutcome::Retrying { .. } => Outcome::Retrying,
                         NackOutcome::DeadLettering => {
                             let done = super::offset_of(&delivery_id)
                                 .is_some_and(|o| fx.dead_lettered.contains(&o));
                             if done {
-                                "dead_lettered"
+                                Outcome::DeadLettered
                             } else {
-                                "dead_lettering"
+                                Outcome::DeadLettering
                             }
                         }
-                        NackOutcome::Unknown => "unknown",
-                        NackOutcome::Fenced => "fenced",
+                        NackOutcome::Unknown => Outcome::Unknown,
+                        NackOutcome::Fenced => Outcome::Fenced,
                     };
                     (list, delivery_id)
                 }
@@ -744,21 +813,19 @@ impl PartitionTask {
                     outcome,
                 } => {
                     let list = match outcome {
-                        ExtendOutcome::Extended { .. } => "extended",
-                        ExtendOutcome::Unknown => "unknown",
-                        ExtendOutcome::Fenced => "fenced",
+                        ExtendOutcome::Extended { .. } => Outcome::Extended,
+                        ExtendOutcome::Unknown => Outcome::Unknown,
+                        ExtendOutcome::Fenced => Outcome::Fenced,
                     };
                     (list, delivery_id)
                 }
                 // Releases are answered by `Msg::Release`, never through here.
                 Reply::Release { .. } => continue,
             };
-            match list {
-                "acked" => SubCounters::add(&self.counters.acked, 1),
-                "retrying" | "dead_lettered" | "dead_lettering" => {
-                    SubCounters::add(&self.counters.nacked, 1)
-                }
-                _ => {}
+            if list == Outcome::Acked {
+                SubCounters::add(&self.counters.acked, 1);
+            } else if list.is_nacked() {
+                SubCounters::add(&self.counters.nacked, 1);
             }
             answers.lists.push((list, id));
         }
