@@ -129,8 +129,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// Runs meshd on `listener` (already bound, e.g. to port 0 by an embedding program or
 /// a test) until `shutdown` completes, then stops gracefully (http-api.md, "Graceful
-/// stop"): long polls answered, partitions released, the lease revoked, the stores
-/// flushed and closed.
+/// stop"): long polls answered, partitions released, the lease revoked, delivery state
+/// flushed. Not every background task is tracked yet: some outlive the returned future
+/// and keep the data directory open, so a second `serve` on the same directory in the
+/// same process is refused as locked until the process (or its tokio runtime) ends.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     config: Config,
@@ -463,7 +465,7 @@ async fn boot(
     let http = Arc::new(crate::listen::HttpCounters::default());
     // The DNS-rebinding Host check guards the one mode a browser page can reach
     // without credentials: loopback, no client or admin tokens, no --insecure-listen.
-    let host_check = config.listen.ip().is_loopback()
+    let host_check = addr.ip().is_loopback()
         && config.client_token_file.is_none()
         && config.admin_token_file.is_none()
         && !config.insecure_listen;
