@@ -336,19 +336,26 @@ impl Transport {
     /// Sends `req` to `target` on a connection of its own and returns the answer,
     /// whatever its status.
     pub async fn send(&self, target: &Target, req: Request) -> Result<Response, Error> {
-        let deadline = Instant::now() + req.timeout;
-        let mut conn = self.open_by(target, deadline).await?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        conn.send(req.timeout(left)).await
+        self.one_shot(target, req, true).await
     }
 
     /// [`Transport::send`], but the answer's body is not read (see
     /// [`Connection::send_for_status`]).
     pub async fn send_for_status(&self, target: &Target, req: Request) -> Result<Response, Error> {
+        self.one_shot(target, req, false).await
+    }
+
+    /// One request on a connection of its own, connect included in its timeout.
+    async fn one_shot(
+        &self,
+        target: &Target,
+        req: Request,
+        read_body: bool,
+    ) -> Result<Response, Error> {
         let deadline = Instant::now() + req.timeout;
         let mut conn = self.open_by(target, deadline).await?;
         let left = deadline.saturating_duration_since(Instant::now());
-        conn.send_for_status(req.timeout(left)).await
+        conn.exchange(req.timeout(left), read_body).await
     }
 
     /// A keep-alive connection to `target`: requests go one at a time.
@@ -393,7 +400,8 @@ struct AnswerFirst {
 }
 
 impl AnswerFirst {
-    fn forgive(&mut self, r: std::io::Result<usize>, len: usize) -> std::io::Result<usize> {
+    /// `r`, or `written` when `r` says the peer stopped reading.
+    fn forgive<T>(&mut self, r: std::io::Result<T>, written: T) -> std::io::Result<T> {
         match r {
             Err(e)
                 if matches!(
@@ -402,7 +410,7 @@ impl AnswerFirst {
                 ) =>
             {
                 self.broken = true;
-                Ok(len)
+                Ok(written)
             }
             other => other,
         }
@@ -442,9 +450,7 @@ impl AsyncWrite for AnswerFirst {
             return std::task::Poll::Ready(Ok(()));
         }
         match std::pin::Pin::new(&mut self.inner).poll_flush(cx) {
-            std::task::Poll::Ready(r) => {
-                std::task::Poll::Ready(self.forgive(r.map(|()| 0), 0).map(drop))
-            }
+            std::task::Poll::Ready(r) => std::task::Poll::Ready(self.forgive(r, ())),
             pending => pending,
         }
     }
