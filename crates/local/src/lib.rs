@@ -16,7 +16,7 @@ mod rocks;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use rocks::{RocksEngine, WalRecovery};
+pub use rocks::{Closed, RocksEngine, WalRecovery};
 
 use std::path::PathBuf;
 

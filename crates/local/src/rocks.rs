@@ -34,6 +34,52 @@ pub struct RocksEngine {
     poisoned: Mutex<Option<String>>,
     /// Held for the engine's lifetime: the OS releases it when the process dies.
     _lock: File,
+    /// Last, so that it is dropped after the database and the lock: set once both are
+    /// released ([`RocksEngine::closed`]).
+    closed: SignalOnDrop,
+}
+
+/// Tells when an engine has been closed: its database shut down and its directory
+/// unlocked, so that it can be opened again (by this process too). An engine closes
+/// when the last reference to it goes.
+#[derive(Clone, Debug, Default)]
+pub struct Closed(std::sync::Arc<(Mutex<bool>, std::sync::Condvar)>);
+
+impl Closed {
+    /// Blocks until the engine has closed, at most `limit`; whether it has.
+    pub fn wait(&self, limit: std::time::Duration) -> bool {
+        let (done, changed) = &*self.0;
+        let guard = done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (guard, _) = changed
+            .wait_timeout_while(guard, limit, |closed| !*closed)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *guard
+    }
+
+    /// Whether the engine has closed.
+    pub fn is_closed(&self) -> bool {
+        *self
+            .0
+             .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The engine's own copy of its [`Closed`]: sets it when dropped.
+#[derive(Debug, Default)]
+struct SignalOnDrop(Closed);
+
+impl Drop for SignalOnDrop {
+    fn drop(&mut self) {
+        let (done, changed) = &*self.0 .0;
+        *done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        changed.notify_all();
+    }
 }
 
 impl RocksEngine {
@@ -122,11 +168,18 @@ impl RocksEngine {
             column_families: column_families.to_vec(),
             poisoned: Mutex::new(None),
             _lock: lock,
+            closed: SignalOnDrop::default(),
         })
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// A handle that tells when this engine has closed (the last reference dropped,
+    /// the database shut down, the directory unlocked).
+    pub fn closed(&self) -> Closed {
+        self.closed.0.clone()
     }
 
     /// Writes every column family's memtable to SST files (and lets RocksDB drop
@@ -326,6 +379,21 @@ mod tests {
         assert!(err.to_string().contains("locked by another meshd process"));
         drop(first);
         RocksEngine::open(dir.path(), &["a"]).unwrap();
+    }
+
+    #[test]
+    fn closed_tells_when_the_last_reference_is_gone_and_the_dir_can_be_opened_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = std::sync::Arc::new(RocksEngine::open(dir.path(), &["a"]).unwrap());
+        let closed = engine.closed();
+        let other = engine.clone();
+        drop(engine);
+        assert!(!closed.is_closed(), "a reference is left");
+        assert!(!closed.wait(std::time::Duration::from_millis(10)));
+        let dropper = std::thread::spawn(move || drop(other));
+        assert!(closed.wait(std::time::Duration::from_secs(10)));
+        dropper.join().unwrap();
+        RocksEngine::open(dir.path(), &["a"]).expect("unlocked once closed");
     }
 
     #[test]

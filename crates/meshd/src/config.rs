@@ -394,6 +394,14 @@ impl Secured {
         Ok(())
     }
 
+    /// The user and the password, when both are configured.
+    fn credentials(&self) -> anyhow::Result<Option<(String, String)>> {
+        Ok(match (&self.user, self.password()?) {
+            (Some(user), Some(password)) => Some((user.clone(), password)),
+            _ => None,
+        })
+    }
+
     /// The password: the first line of the password file, trimmed. Read at start-up.
     pub fn password(&self) -> anyhow::Result<Option<String>> {
         let Some(path) = &self.password_file else {
@@ -465,6 +473,62 @@ pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
 const HOURS: std::ops::RangeInclusive<u64> = 1..=876_000;
 
 impl Config {
+    /// Log retention from `--log-retention-hours` and `--log-retention-bytes`.
+    pub fn retention(&self) -> meshd_stores::log::Retention {
+        meshd_stores::log::Retention {
+            max_age_ms: Some(self.log_retention_hours.saturating_mul(3_600_000)),
+            max_bytes: self.log_retention_bytes,
+        }
+    }
+
+    /// The etcd connection meshd opens: `--meta`'s endpoints with the `--etcd-*` TLS
+    /// and credentials (the password file is read now). `None`: the embedded Meta.
+    pub fn etcd_connection(&self) -> anyhow::Result<Option<meshd_meta_etcd::EtcdConfig>> {
+        let MetaBackend::Etcd(etcd) = &self.meta else {
+            return Ok(None);
+        };
+        let mut cfg = etcd.as_ref().clone();
+        cfg.tls = self
+            .etcd
+            .ca_file
+            .clone()
+            .map(|ca_file| meshd_meta_etcd::EtcdTls {
+                ca_file,
+                cert_file: self.etcd.cert_file.clone(),
+                key_file: self.etcd.key_file.clone(),
+            });
+        cfg.credentials = self
+            .etcd
+            .credentials()?
+            .map(|(user, password)| meshd_meta_etcd::EtcdCredentials { user, password });
+        Ok(Some(cfg))
+    }
+
+    /// The JetStream connection meshd opens: `--log`'s servers with the retention
+    /// flags and the `--nats-*` TLS and credentials (the password file is read now).
+    /// `None`: the embedded log.
+    pub fn nats_connection(&self) -> anyhow::Result<Option<meshd_log_nats::NatsConfig>> {
+        let LogBackend::Nats(nats) = &self.log else {
+            return Ok(None);
+        };
+        let mut cfg = nats.as_ref().clone();
+        cfg.retention = self.retention();
+        cfg.tls = self
+            .nats
+            .ca_file
+            .clone()
+            .map(|ca_file| meshd_log_nats::NatsTls {
+                ca_file,
+                cert_file: self.nats.cert_file.clone(),
+                key_file: self.nats.key_file.clone(),
+            });
+        cfg.credentials = self
+            .nats
+            .credentials()?
+            .map(|(user, password)| meshd_log_nats::NatsCredentials { user, password });
+        Ok(Some(cfg))
+    }
+
     pub fn resolve(args: ServeArgs) -> Result<Config, ConfigError> {
         let file = match &args.config {
             Some(path) => read_file(path)?,

@@ -22,10 +22,10 @@ use axum::{Json, Router};
 use meshd_local::RocksEngine;
 use meshd_meta::Meta;
 use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
-use meshd_meta_etcd::{EtcdCredentials, EtcdMeta, EtcdTls};
+use meshd_meta_etcd::EtcdMeta;
 use meshd_stores::deadletters::{DeadLetterStore, MetaDeadLetterStore};
 use meshd_stores::delivery::DeliveryStateStore;
-use meshd_stores::log::{PartitionLog, Retention};
+use meshd_stores::log::PartitionLog;
 use meshd_stores::offsets::OffsetStore;
 use meshd_stores::sessions::{MetaSessionStore, SessionStore, SessionStoreConfig};
 use meshd_stores::subscriptions::{
@@ -98,24 +98,18 @@ impl MetaProbe {
 /// How often log retention and dead-letter expiry run.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(60);
 
+/// What `/readyz` and `/metrics` read besides the API's own state.
 struct AppState {
+    api: Arc<crate::api::Api>,
+    /// The concrete session store, for its counters.
+    sessions: Arc<MetaSessionStore>,
     /// Cluster mode: the membership lease partitions are owned under.
     cluster_lease:
         Option<tokio::sync::watch::Receiver<Option<crate::cluster::ownership::LeaseState>>>,
-    instance_id: String,
-    meta: Arc<MeteredMeta>,
     meta_probe: MetaProbe,
-    meta_backend: &'static str,
     local: Arc<LocalStores>,
-    topics: Arc<MetaTopicStore>,
-    subscriptions: Arc<MetaSubscriptionStore>,
-    sessions: Arc<MetaSessionStore>,
-    runtime: Arc<Runtime>,
-    metrics: Arc<Metrics>,
-    admission: Arc<crate::admission::Admission>,
     gate: Arc<crate::access::Gate>,
     http: Arc<crate::listen::HttpCounters>,
-    quotas: Arc<crate::quota::Quotas>,
     compaction: Arc<crate::compaction::CompactionCounters>,
     compaction_retention: u64,
 }
@@ -129,10 +123,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// Runs meshd on `listener` (already bound, e.g. to port 0 by an embedding program or
 /// a test) until `shutdown` completes, then stops gracefully (http-api.md, "Graceful
-/// stop"): long polls answered, partitions released, the lease revoked, delivery state
-/// flushed. Not every background task is tracked yet: some outlive the returned future
-/// and keep the data directory open, so a second `serve` on the same directory in the
-/// same process is refused as locked until the process (or its tokio runtime) ends.
+/// stop"): long polls answered, partitions released, the lease revoked, every
+/// background task ended, delivery state flushed and the stores closed. When it
+/// returns, the data directory is unlocked: another `serve` may open it.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     config: Config,
@@ -149,199 +142,269 @@ enum Listen {
     Bound(tokio::net::TcpListener),
 }
 
+/// The phases of an instance's life, in order: [`Preflight::load`],
+/// [`Stores::open`], [`start`] (recovery and the background work), [`Started::serve`]
+/// and [`Started::stop`].
 async fn boot(
     config: Config,
     listen: Listen,
     shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 ) -> anyhow::Result<()> {
-    // Token files first: a typo in one must not cost a boot's worth of recovery.
-    let access = crate::access::Access::load(crate::access::TokenFiles {
-        client: config.client_token_file.clone(),
-        admin: config.admin_token_file.clone(),
-        metrics: config.metrics_token_file.clone(),
-    })?
-    .map(Arc::new);
-    // And the TLS identity, for the same reason.
-    let tls = match (&config.tls_cert, &config.tls_key) {
-        (Some(cert), Some(key)) => Some(Arc::new(crate::listen::ServerTls::load(cert, key)?)),
-        _ => None,
-    };
-    // `https://` push URLs: the CA of --push-ca-file (an error stops start-up), else
-    // the system's bundle (without one, https pushes fail naming the flag).
-    let push_tls = match &config.push_ca_file {
-        Some(f) => Some(
-            meshd_client::tls::connector(Some(f))
-                .map_err(|e| anyhow::anyhow!("--push-ca-file: {e}"))?,
-        ),
-        None => meshd_client::tls::connector(None)
-            .inspect_err(|e| tracing::warn!(error = %e, "no system CA bundle: https push URLs need --push-ca-file"))
-            .ok(),
-    };
-    // Where push may connect: never meshd's own services (the listen address is added
-    // once bound), link-local ranges or operator-denied ranges (crate::egress).
-    let push_egress = Arc::new(crate::egress::Egress::new(
-        config.push_deny_cidr.clone(),
-        config.push_allow_cidr.clone(),
-    ));
-    if let MetaBackend::Etcd(etcd) = &config.meta {
-        push_egress
-            .add_own_named("Meta (etcd)", &etcd.endpoints)
-            .await;
-    }
-    if let LogBackend::Nats(nats) = &config.log {
-        push_egress
-            .add_own_named("the log (NATS)", &nats.servers)
-            .await;
-    }
-    if let Some(a) = &config.advertise {
-        push_egress
-            .add_own_named("meshd's advertise address", std::slice::from_ref(a))
-            .await;
-    }
-    // Instances that serve HTTPS call each other over HTTPS too.
-    let peer_tls = match (&tls, config.log.is_cluster()) {
-        (Some(_), true) => Some(
-            meshd_client::tls::connector(config.cluster_ca_file.as_deref())
-                .map_err(|e| anyhow::anyhow!("--cluster-ca-file: {e}"))?,
-        ),
-        _ => None,
-    };
-    // Open stores.
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-    let engine = Arc::new(
-        RocksEngine::open_with(
-            &config.data_dir,
-            meshd_stores_local::keys::COLUMN_FAMILIES,
-            config.wal_recovery,
-        )
-        .map_err(|e| {
-            let corrupt = matches!(e, meshd_local::LocalError::OpenCorrupt { .. });
-            let e = anyhow::Error::new(e);
-            if corrupt {
-                e.context(format!(
-                    "the write-ahead log in {} is damaged and meshd does not drop acknowledged writes in silence: restore the data dir, or, if this follows a power loss (an unsynced tail torn), start once with --wal-recovery point-in-time to open it up to the damage (everything after it is dropped)",
-                    config.data_dir.display()
-                ))
-            } else {
-                e
-            }
-        })?,
-    );
-    let instance_id = match &config.instance_id {
-        Some(id) => id.clone(),
-        None => stable_instance_id(&config.data_dir)?,
-    };
-    // Recovery of the Local stores (partition heads, committed offsets) runs here,
-    // before anything is served. The embedded log's id is the instance id.
-    let local = LocalStores::open(
-        engine.clone(),
-        &instance_id,
-        Duration::from_millis(config.delivery_flush_ms),
-    )?;
-    let mut embedded = None;
-    let meta: Arc<dyn Meta> = match &config.meta {
-        MetaBackend::Embedded => {
-            // Recovery (state record, lease deadlines) runs inside open, before serving.
-            let m = Arc::new(EmbeddedMeta::open(
-                engine.clone(),
-                EmbeddedConfig::default(),
-            )?);
-            embedded = Some(m.clone());
-            m
-        }
-        MetaBackend::Etcd(etcd) => {
-            let mut cfg = etcd.as_ref().clone();
-            cfg.tls = config.etcd.ca_file.clone().map(|ca_file| EtcdTls {
-                ca_file,
-                cert_file: config.etcd.cert_file.clone(),
-                key_file: config.etcd.key_file.clone(),
-            });
-            cfg.credentials = match (&config.etcd.user, config.etcd.password()?) {
-                (Some(user), Some(password)) => Some(EtcdCredentials {
-                    user: user.clone(),
-                    password,
-                }),
-                _ => None,
-            };
-            // Connecting is lazy: meshd starts while etcd is down and reports not ready.
-            Arc::new(EtcdMeta::connect(cfg).await?)
-        }
-    };
-    let meta = Arc::new(MeteredMeta::new(meta));
-    let meta_backend = meta.backend();
-    // In cluster mode the bodies live in the shared log, where another instance may
-    // have appended a body it has not referenced yet: no collection there.
-    if !config.log.is_cluster() {
-        collect_orphan_bodies(meta.clone(), &local).await;
-    }
-    // The topic cache loads in the background; it is part of readiness.
-    let topics = Arc::new(
-        MetaTopicStore::start(meta.clone())
+    let preflight = Preflight::load(&config).await?;
+    let stores = Stores::open(&config).await?;
+    let started = start(&config, &preflight, stores).await?;
+    let listener = match listen {
+        Listen::Bound(l) => l,
+        Listen::Bind(at) => tokio::net::TcpListener::bind(at)
             .await
-            .map_err(|e| anyhow::anyhow!("starting the topic store: {e}"))?,
-    );
-    let subscriptions = Arc::new(
-        MetaSubscriptionStore::start(meta.clone(), SubscriptionStoreConfig::default())
-            .map_err(|e| anyhow::anyhow!("starting the subscription store: {e}"))?,
-    );
-    // Boot waits (bounded) for the caches to load, so a started instance is ready at
-    // once when Meta answers; with Meta down it serves and reports not ready.
-    let sessions = Arc::new(
-        MetaSessionStore::start(meta.clone(), SessionStoreConfig::new(instance_id.clone()))
-            .map_err(|e| anyhow::anyhow!("starting the session store: {e}"))?,
-    );
-    let loaded_topics = topics.wait_ready(CACHE_LOAD_WAIT).await;
-    let loaded_subscriptions = subscriptions.wait_ready(CACHE_LOAD_WAIT).await;
-    if !(loaded_topics && loaded_subscriptions) {
-        tracing::warn!(
-            meta = meta_backend,
-            "topic/subscription caches not loaded yet (Meta unreachable?); serving, not ready"
-        );
-    }
-
-    let local = Arc::new(local);
-    // The log (and the dead-letter bodies): this instance's RocksDB, or a JetStream
-    // shared by the instances of a cluster.
-    let (log, bodies, log_backend): (
-        Arc<dyn PartitionLog>,
-        Arc<dyn meshd_stores::log::DeadLetterBodies>,
-        &'static str,
-    ) = match &config.log {
-        LogBackend::Embedded => {
-            let l = Arc::new(local.log.clone());
-            (l.clone(), l, "rocksdb")
-        }
-        LogBackend::Nats(nats) => {
-            let mut cfg = nats.as_ref().clone();
-            cfg.retention = retention_of(&config);
-            cfg.tls = config
-                .nats
-                .ca_file
-                .clone()
-                .map(|ca_file| meshd_log_nats::NatsTls {
-                    ca_file,
-                    cert_file: config.nats.cert_file.clone(),
-                    key_file: config.nats.key_file.clone(),
-                });
-            cfg.credentials = match (&config.nats.user, config.nats.password()?) {
-                (Some(user), Some(password)) => Some(meshd_log_nats::NatsCredentials {
-                    user: user.clone(),
-                    password,
-                }),
-                _ => None,
-            };
-            let l = Arc::new(meshd_log_nats::NatsLog::connect(cfg).await.map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot open the JetStream log at {}: {e}",
-                    nats.servers.join(",")
-                )
-            })?);
-            (l.clone(), l, "nats")
-        }
+            .with_context(|| format!("cannot listen on {at}"))?,
     };
-    let deadletters: Arc<dyn DeadLetterStore> =
-        Arc::new(MetaDeadLetterStore::new(meta.clone(), bodies));
+    let stop = started
+        .serve(&config, preflight, listener, shutdown)
+        .await?;
+    stop.run().await;
+    Ok(())
+}
+
+/// Phase 1, before anything is opened: the files whose mistakes must not cost a
+/// boot's worth of recovery (token files, certificates, CAs), and the address rules
+/// push connects under.
+struct Preflight {
+    access: Option<Arc<crate::access::Access>>,
+    tls: Option<Arc<crate::listen::ServerTls>>,
+    push_tls: Option<tokio_rustls::TlsConnector>,
+    push_egress: Arc<crate::egress::Egress>,
+    /// Cluster mode with TLS: how instances call each other.
+    peer_tls: Option<tokio_rustls::TlsConnector>,
+}
+
+impl Preflight {
+    async fn load(config: &Config) -> anyhow::Result<Self> {
+        let access = crate::access::Access::load(crate::access::TokenFiles {
+            client: config.client_token_file.clone(),
+            admin: config.admin_token_file.clone(),
+            metrics: config.metrics_token_file.clone(),
+        })?
+        .map(Arc::new);
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => Some(Arc::new(crate::listen::ServerTls::load(cert, key)?)),
+            _ => None,
+        };
+        // `https://` push URLs: the CA of --push-ca-file (an error stops start-up),
+        // else the system's bundle (without one, https pushes fail naming the flag).
+        let push_tls = match &config.push_ca_file {
+            Some(f) => Some(
+                meshd_client::tls::connector(Some(f))
+                    .map_err(|e| anyhow::anyhow!("--push-ca-file: {e}"))?,
+            ),
+            None => meshd_client::tls::connector(None)
+                .inspect_err(|e| tracing::warn!(error = %e, "no system CA bundle: https push URLs need --push-ca-file"))
+                .ok(),
+        };
+        // Where push may connect: never meshd's own services (the listen address is
+        // added once bound), link-local ranges or operator-denied ranges
+        // (crate::egress).
+        let push_egress = Arc::new(crate::egress::Egress::new(
+            config.push_deny_cidr.clone(),
+            config.push_allow_cidr.clone(),
+        ));
+        if let MetaBackend::Etcd(etcd) = &config.meta {
+            push_egress
+                .add_own_named("Meta (etcd)", &etcd.endpoints)
+                .await;
+        }
+        if let LogBackend::Nats(nats) = &config.log {
+            push_egress
+                .add_own_named("the log (NATS)", &nats.servers)
+                .await;
+        }
+        if let Some(a) = &config.advertise {
+            push_egress
+                .add_own_named("meshd's advertise address", std::slice::from_ref(a))
+                .await;
+        }
+        // Instances that serve HTTPS call each other over HTTPS too.
+        let peer_tls = match (&tls, config.log.is_cluster()) {
+            (Some(_), true) => Some(
+                meshd_client::tls::connector(config.cluster_ca_file.as_deref())
+                    .map_err(|e| anyhow::anyhow!("--cluster-ca-file: {e}"))?,
+            ),
+            _ => None,
+        };
+        Ok(Self {
+            access,
+            tls,
+            push_tls,
+            push_egress,
+            peer_tls,
+        })
+    }
+}
+
+/// Phase 2: the stores, open and recovered: the Local RocksDB (partition heads,
+/// committed offsets), Meta (the embedded one's lease deadlines; etcd connects lazily,
+/// so meshd starts while etcd is down and reports not ready), the Meta caches (loaded,
+/// or given up on after a bounded wait), and the log.
+struct Stores {
+    instance_id: String,
+    data_dir: std::path::PathBuf,
+    /// Tells when the Local engine has closed (the last step of a stop).
+    engine_closed: meshd_local::Closed,
+    local: Arc<LocalStores>,
+    embedded: Option<Arc<EmbeddedMeta>>,
+    meta: Arc<MeteredMeta>,
+    topics: Arc<MetaTopicStore>,
+    subscriptions: Arc<MetaSubscriptionStore>,
+    sessions: Arc<MetaSessionStore>,
+    /// Whether the topic and subscription caches loaded within [`CACHE_LOAD_WAIT`].
+    caches_loaded: bool,
+    log: Arc<dyn PartitionLog>,
+    log_backend: &'static str,
+    deadletters: Arc<dyn DeadLetterStore>,
+    tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
+}
+
+impl Stores {
+    async fn open(config: &Config) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+        let engine = Arc::new(
+            RocksEngine::open_with(
+                &config.data_dir,
+                meshd_stores_local::keys::COLUMN_FAMILIES,
+                config.wal_recovery,
+            )
+            .map_err(|e| {
+                let corrupt = matches!(e, meshd_local::LocalError::OpenCorrupt { .. });
+                let e = anyhow::Error::new(e);
+                if corrupt {
+                    e.context(format!(
+                        "the write-ahead log in {} is damaged and meshd does not drop acknowledged writes in silence: restore the data dir, or, if this follows a power loss (an unsynced tail torn), start once with --wal-recovery point-in-time to open it up to the damage (everything after it is dropped)",
+                        config.data_dir.display()
+                    ))
+                } else {
+                    e
+                }
+            })?,
+        );
+        let engine_closed = engine.closed();
+        let instance_id = match &config.instance_id {
+            Some(id) => id.clone(),
+            None => stable_instance_id(&config.data_dir)?,
+        };
+        // Recovery of the Local stores (partition heads, committed offsets) runs here,
+        // before anything is served. The embedded log's id is the instance id.
+        let local = LocalStores::open(
+            engine.clone(),
+            &instance_id,
+            Duration::from_millis(config.delivery_flush_ms),
+        )?;
+        let mut embedded = None;
+        let meta: Arc<dyn Meta> = match config.etcd_connection()? {
+            None => {
+                // Recovery (state record, lease deadlines) runs inside open.
+                let m = Arc::new(EmbeddedMeta::open(engine, EmbeddedConfig::default())?);
+                embedded = Some(m.clone());
+                m
+            }
+            Some(etcd) => Arc::new(EtcdMeta::connect(etcd).await?),
+        };
+        let meta = Arc::new(MeteredMeta::new(meta));
+        // In cluster mode the bodies live in the shared log, where another instance
+        // may have appended a body it has not referenced yet: no collection there.
+        if !config.log.is_cluster() {
+            collect_orphan_bodies(meta.clone(), &local).await;
+        }
+        let topics = Arc::new(
+            MetaTopicStore::start(meta.clone())
+                .await
+                .map_err(|e| anyhow::anyhow!("starting the topic store: {e}"))?,
+        );
+        let subscriptions = Arc::new(
+            MetaSubscriptionStore::start(meta.clone(), SubscriptionStoreConfig::default())
+                .map_err(|e| anyhow::anyhow!("starting the subscription store: {e}"))?,
+        );
+        let sessions = Arc::new(
+            MetaSessionStore::start(meta.clone(), SessionStoreConfig::new(instance_id.clone()))
+                .map_err(|e| anyhow::anyhow!("starting the session store: {e}"))?,
+        );
+        // Boot waits (bounded) for the caches to load, so a started instance is ready
+        // at once when Meta answers; with Meta down it serves and reports not ready.
+        let caches_loaded = topics.wait_ready(CACHE_LOAD_WAIT).await
+            && subscriptions.wait_ready(CACHE_LOAD_WAIT).await;
+        if !caches_loaded {
+            tracing::warn!(
+                meta = meta.backend(),
+                "topic/subscription caches not loaded yet (Meta unreachable?); serving, not ready"
+            );
+        }
+        let local = Arc::new(local);
+        // The log (and the dead-letter bodies): this instance's RocksDB, or a
+        // JetStream shared by the instances of a cluster.
+        let (log, bodies, log_backend): (
+            Arc<dyn PartitionLog>,
+            Arc<dyn meshd_stores::log::DeadLetterBodies>,
+            &'static str,
+        ) = match config.nats_connection()? {
+            None => {
+                let l = Arc::new(local.log.clone());
+                (l.clone(), l, "rocksdb")
+            }
+            Some(nats) => {
+                let servers = nats.servers.join(",");
+                let l = Arc::new(meshd_log_nats::NatsLog::connect(nats).await.map_err(|e| {
+                    anyhow::anyhow!("cannot open the JetStream log at {servers}: {e}")
+                })?);
+                (l.clone(), l, "nats")
+            }
+        };
+        let deadletters: Arc<dyn DeadLetterStore> =
+            Arc::new(MetaDeadLetterStore::new(meta.clone(), bodies));
+        let tasks: Arc<dyn meshd_stores::tasks::TaskStore> = Arc::new(
+            meshd_stores::tasks::MetaTaskStore::new(
+                meta.clone(),
+                meshd_stores::tasks::TaskStoreConfig::default(),
+            )
+            .map_err(|e| anyhow::anyhow!("starting the task store: {e}"))?,
+        );
+        Ok(Self {
+            instance_id,
+            data_dir: config.data_dir.clone(),
+            engine_closed,
+            local,
+            embedded,
+            meta,
+            topics,
+            subscriptions,
+            sessions,
+            caches_loaded,
+            log,
+            log_backend,
+            deadletters,
+            tasks,
+        })
+    }
+}
+
+/// What a started instance holds between phases.
+struct Started {
+    stores: Stores,
+    background: meshd_runtime::background::Background,
+    runtime: Arc<Runtime>,
+    metrics: Arc<Metrics>,
+    cluster_secret: Option<String>,
+    /// Cluster mode: where the ownership controller publishes what it owns.
+    owned_tx: tokio::sync::watch::Sender<crate::cluster::ownership::Owned>,
+    directory_tx: tokio::sync::watch::Sender<Arc<crate::cluster::ownership::Directory>>,
+}
+
+/// Phase 3: the runtime recovered (every subscription's partitions re-armed before
+/// `/readyz` says ready; boot waits for it, bounded like the caches, so an instance
+/// whose stores answer is ready once it prints its start-up line) and the background
+/// work started (housekeeping, the task requeuer).
+async fn start(config: &Config, preflight: &Preflight, stores: Stores) -> anyhow::Result<Started> {
+    let background = meshd_runtime::background::Background::new();
+    let meta_backend = stores.meta.backend();
     let (owned_tx, owned_rx) =
         tokio::sync::watch::channel(crate::cluster::ownership::Owned::default());
     let (directory_tx, directory_rx) =
@@ -350,7 +413,7 @@ async fn boot(
         true => Some(
             crate::cluster::forward::load_secret(
                 config.cluster_secret_file.as_deref(),
-                meta.as_ref(),
+                stores.meta.as_ref(),
             )
             .await?,
         ),
@@ -360,32 +423,27 @@ async fn boot(
         Some(secret) => Some(crate::runtime::cluster::ClusterDeps {
             owned: owned_rx,
             directory: directory_rx,
-            peers: crate::cluster::forward::Peers::new(secret, peer_tls)?,
-            ledger: Arc::new(meshd_stores::attempts::MetaAttemptLedger::new(meta.clone())),
+            peers: crate::cluster::forward::Peers::new(secret, preflight.peer_tls.clone())?,
+            ledger: Arc::new(meshd_stores::attempts::MetaAttemptLedger::new(
+                stores.meta.clone(),
+            )),
             checkpoint_every: Duration::from_millis(config.checkpoint_ms),
         }),
         None => None,
     };
     let metrics = Arc::new(Metrics::default());
-    let tasks: Arc<dyn meshd_stores::tasks::TaskStore> = Arc::new(
-        meshd_stores::tasks::MetaTaskStore::new(
-            meta.clone(),
-            meshd_stores::tasks::TaskStoreConfig::default(),
-        )
-        .map_err(|e| anyhow::anyhow!("starting the task store: {e}"))?,
-    );
     let runtime = Runtime::new(Deps {
-        instance_id: instance_id.clone(),
-        meta: meta.clone(),
+        instance_id: stores.instance_id.clone(),
+        meta: stores.meta.clone(),
         meta_backend,
-        log: log.clone(),
-        log_backend,
-        offsets: Arc::new(local.offsets.clone()),
-        deliveries: Arc::new(local.deliveries.clone()),
-        deadletters: deadletters.clone(),
-        sessions: sessions.clone(),
-        topics: topics.clone(),
-        subscriptions: subscriptions.clone(),
+        log: stores.log.clone(),
+        log_backend: stores.log_backend,
+        offsets: Arc::new(stores.local.offsets.clone()),
+        deliveries: Arc::new(stores.local.deliveries.clone()),
+        deadletters: stores.deadletters.clone(),
+        sessions: stores.sessions.clone(),
+        topics: stores.topics.clone(),
+        subscriptions: stores.subscriptions.clone(),
         max_in_flight: config.max_in_flight as usize,
         id_key: match &cluster_secret {
             Some(secret) => meshd_dispatch::IdKey::from_secret(secret.as_bytes()),
@@ -393,252 +451,338 @@ async fn boot(
         },
         metrics: metrics.clone(),
         cluster,
-        push_tls,
-        push_egress: push_egress.clone(),
+        push_tls: preflight.push_tls.clone(),
+        push_egress: preflight.push_egress.clone(),
+        background: background.clone(),
     });
-    // Recovery (re-arming every delivery) runs once the subscription cache is loaded;
-    // /readyz stays 503 until it is done. Boot waits for it (bounded, like the caches),
-    // so an instance whose stores answer is ready once it prints its start-up line.
     runtime.start();
-    if loaded_topics && loaded_subscriptions {
+    if stores.caches_loaded {
         let until = tokio::time::Instant::now() + CACHE_LOAD_WAIT;
         while !runtime.is_recovered() && tokio::time::Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
     spawn_housekeeping(
-        &config,
-        log.clone(),
-        log_backend,
-        deadletters.clone(),
-        tasks.clone(),
+        &background,
+        config,
+        stores.log.clone(),
+        stores.log_backend,
+        stores.deadletters.clone(),
+        stores.tasks.clone(),
     );
     crate::requeue::spawn(
-        tasks.clone(),
-        sessions.clone(),
-        sessions.changes(),
+        &background,
+        stores.tasks.clone(),
+        stores.sessions.clone(),
+        stores.sessions.changes(),
         metrics.clone(),
         meta_backend,
     );
-
-    let listener = match listen {
-        Listen::Bound(l) => l,
-        Listen::Bind(at) => tokio::net::TcpListener::bind(at)
-            .await
-            .with_context(|| format!("cannot listen on {at}"))?,
-    };
-    let addr = listener.local_addr()?;
-    push_egress.add_own("meshd's listen address", [addr]);
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    // The one start-up line: address, instance, effective backend of every store.
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(
-            out,
-            "meshd listening on {scheme}://{addr} instance={instance_id} meta={meta_backend} log={} local=rocksdb:{}",
-            if log_backend == "nats" { "nats" } else { "embedded" },
-            config.data_dir.display()
-        )?;
-        out.flush()?;
-    }
-    tracing::info!(%addr, scheme, instance = %instance_id, meta = meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
-
-    // What the other instances dial: --advertise, else the listen address (config
-    // refuses an unspecified listen address without --advertise in cluster mode).
-    let advertised = config.advertise.clone().unwrap_or_else(|| addr.to_string());
-    let membership = crate::membership::Membership::new(
-        meta.clone(),
-        instance_id.clone(),
-        advertised,
-        Duration::from_millis(config.lease_ttl_ms),
-    );
-    let lease = membership.lease();
-    let admission = Arc::new(crate::admission::Admission::new(
-        crate::admission::AdmissionConfig {
-            max_requests: config.max_requests as usize,
-            body_budget: config.max_body_memory as usize,
-            body_timeout: Duration::from_millis(config.body_timeout_ms),
-            max_long_polls: config.max_long_polls as usize,
-            max_wait: Duration::from_millis(config.idle_timeout_ms.saturating_sub(500)),
-        },
-    ));
-    let http = Arc::new(crate::listen::HttpCounters::default());
-    // The DNS-rebinding Host check guards the one mode a browser page can reach
-    // without credentials: loopback, no client or admin tokens, no --insecure-listen.
-    let host_check = addr.ip().is_loopback()
-        && config.client_token_file.is_none()
-        && config.admin_token_file.is_none()
-        && !config.insecure_listen;
-    let gate = Arc::new(crate::access::Gate::new(
-        access.clone(),
-        cluster_secret,
-        crate::browser::BrowserRules::new(
-            config.allowed_origins.clone(),
-            config.allowed_hosts.clone(),
-            host_check,
-            tls.is_some(),
-        ),
-    ));
-    let quotas = Arc::new(crate::quota::Quotas::new(
-        config.limits,
-        topics.clone(),
-        subscriptions.clone(),
-        sessions.clone(),
-        meshd_stores::tasks::usage::TaskUsageWatch::start(meta.clone())
-            .context("starting the task quota watch")?,
-    ));
-    let compaction = Arc::new(crate::compaction::CompactionCounters::default());
-    crate::compaction::spawn(
-        meta.clone(),
-        config.meta_compaction_retention,
-        std::env::var("MESHD_META_COMPACTION_CHECK_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_millis),
-        compaction.clone(),
-        metrics.clone(),
-    );
-    let state = Arc::new(AppState {
-        compaction,
-        compaction_retention: config.meta_compaction_retention,
-        quotas: quotas.clone(),
-        gate: gate.clone(),
-        admission: admission.clone(),
-        http: http.clone(),
-        cluster_lease: config.log.is_cluster().then(|| lease.clone()),
-        instance_id,
-        meta: meta.clone(),
-        meta_probe: MetaProbe::new(meta.clone(), matches!(config.meta, MetaBackend::Etcd(_))),
-        meta_backend,
-        local: local.clone(),
-        topics: topics.clone(),
-        subscriptions: subscriptions.clone(),
-        sessions: sessions.clone(),
-        runtime: runtime.clone(),
-        metrics: metrics.clone(),
-    });
-    let api = Arc::new(crate::api::Api {
-        topics,
-        subscriptions: subscriptions.clone(),
-        log: log.clone(),
-        log_backend,
-        meta_backend,
+    Ok(Started {
+        stores,
+        background,
         runtime,
-        deadletters,
-        sessions,
         metrics,
-        meta: meta.clone(),
-        instance_id: state.instance_id.clone(),
-        tasks: tasks.clone(),
-        admission: admission.clone(),
-        limits: config.limits,
-        quotas,
-    });
-    // A graceful stop (SIGTERM, ^C): `stopping` ends long polls and makes the
-    // ownership controller release every partition; `leaving` then revokes the
-    // membership lease (http-api.md, "Graceful stop").
-    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
-    let (leaving_tx, leaving_rx) = tokio::sync::watch::channel(false);
-    let membership_task = membership.spawn(leaving_rx);
-    let mut controller_task = None;
-    if config.log.is_cluster() {
-        state
-            .metrics
-            .ownership
-            .cluster
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        // Cluster mode: partitions are owned under the membership lease.
-        controller_task = Some(
-            crate::cluster::ownership::Controller {
-                meta: meta.clone(),
-                me: state.instance_id.clone(),
-                lease,
-                topics: state.topics.clone(),
-                drain: Arc::new(crate::runtime::cluster::RuntimeDrain(Arc::downgrade(
-                    &state.runtime,
-                ))),
-                owned: owned_tx,
-                directory: directory_tx,
-                metrics: state.metrics.clone(),
-                waiting_since: Default::default(),
-                rebalance_delay: Duration::from_millis(config.rebalance_delay_ms),
-                member_since: Default::default(),
-                tick: (Duration::from_millis(config.lease_ttl_ms) / 10)
-                    .max(Duration::from_millis(100)),
-                stop: stopping_rx.clone(),
-            }
-            .spawn(),
+        cluster_secret,
+        owned_tx,
+        directory_tx,
+    })
+}
+
+impl Started {
+    /// Phase 4: serves the API, `/internal` and the probes on `listener`, with
+    /// membership and (cluster mode) partition ownership running, until `shutdown`;
+    /// then answers long polls, refuses new connections, releases the partitions and
+    /// gives open connections their grace. What is left to do is the [`Stop`].
+    async fn serve(
+        self,
+        config: &Config,
+        preflight: Preflight,
+        listener: tokio::net::TcpListener,
+        shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ) -> anyhow::Result<Stop> {
+        let Started {
+            stores,
+            background,
+            runtime,
+            metrics,
+            cluster_secret,
+            owned_tx,
+            directory_tx,
+        } = self;
+        let Preflight {
+            access,
+            tls,
+            push_egress,
+            ..
+        } = preflight;
+        let meta_backend = stores.meta.backend();
+        let instance_id = stores.instance_id.clone();
+        let addr = listener.local_addr()?;
+        push_egress.add_own("meshd's listen address", [addr]);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        // The one start-up line: address, instance, effective backend of every store.
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "meshd listening on {scheme}://{addr} instance={instance_id} meta={meta_backend} log={} local=rocksdb:{}",
+                if stores.log_backend == "nats" { "nats" } else { "embedded" },
+                config.data_dir.display()
+            )?;
+            out.flush()?;
+        }
+        tracing::info!(%addr, scheme, instance = %instance_id, meta = meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
+
+        // What the other instances dial: --advertise, else the listen address (config
+        // refuses an unspecified listen address without --advertise in cluster mode).
+        let advertised = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+        let membership = crate::membership::Membership::new(
+            stores.meta.clone(),
+            instance_id.clone(),
+            advertised,
+            Duration::from_millis(config.lease_ttl_ms),
         );
+        let lease = membership.lease();
+        let admission = Arc::new(crate::admission::Admission::new(
+            crate::admission::AdmissionConfig {
+                max_requests: config.max_requests as usize,
+                body_budget: config.max_body_memory as usize,
+                body_timeout: Duration::from_millis(config.body_timeout_ms),
+                max_long_polls: config.max_long_polls as usize,
+                max_wait: Duration::from_millis(config.idle_timeout_ms.saturating_sub(500)),
+            },
+        ));
+        let http = Arc::new(crate::listen::HttpCounters::default());
+        // The DNS-rebinding Host check guards the one mode a browser page can reach
+        // without credentials: loopback, no client or admin tokens, no
+        // --insecure-listen.
+        let host_check = addr.ip().is_loopback()
+            && config.client_token_file.is_none()
+            && config.admin_token_file.is_none()
+            && !config.insecure_listen;
+        let gate = Arc::new(crate::access::Gate::new(
+            access.clone(),
+            cluster_secret,
+            crate::browser::BrowserRules::new(
+                config.allowed_origins.clone(),
+                config.allowed_hosts.clone(),
+                host_check,
+                tls.is_some(),
+            ),
+        ));
+        let quotas = Arc::new(crate::quota::Quotas::new(
+            config.limits,
+            stores.topics.clone(),
+            stores.subscriptions.clone(),
+            stores.sessions.clone(),
+            meshd_stores::tasks::usage::TaskUsageWatch::start(stores.meta.clone())
+                .context("starting the task quota watch")?,
+        ));
+        let compaction = Arc::new(crate::compaction::CompactionCounters::default());
+        crate::compaction::spawn(
+            &background,
+            stores.meta.clone(),
+            config.meta_compaction_retention,
+            std::env::var("MESHD_META_COMPACTION_CHECK_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis),
+            compaction.clone(),
+            metrics.clone(),
+        );
+        let api = Arc::new(crate::api::Api {
+            topics: stores.topics.clone(),
+            subscriptions: stores.subscriptions.clone(),
+            log: stores.log.clone(),
+            log_backend: stores.log_backend,
+            meta_backend,
+            runtime: runtime.clone(),
+            deadletters: stores.deadletters.clone(),
+            sessions: stores.sessions.clone(),
+            metrics: metrics.clone(),
+            meta: stores.meta.clone(),
+            instance_id,
+            tasks: stores.tasks.clone(),
+            admission: admission.clone(),
+            limits: config.limits,
+            quotas,
+        });
+        let state = Arc::new(AppState {
+            api: api.clone(),
+            sessions: stores.sessions.clone(),
+            cluster_lease: config.log.is_cluster().then(|| lease.clone()),
+            meta_probe: MetaProbe::new(
+                stores.meta.clone(),
+                matches!(config.meta, MetaBackend::Etcd(_)),
+            ),
+            local: stores.local.clone(),
+            gate: gate.clone(),
+            http: http.clone(),
+            compaction,
+            compaction_retention: config.meta_compaction_retention,
+        });
+        // A graceful stop (SIGTERM, ^C): `stopping` ends long polls and makes the
+        // ownership controller release every partition; `leaving` then revokes the
+        // membership lease (http-api.md, "Graceful stop").
+        let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+        let (leaving_tx, leaving_rx) = tokio::sync::watch::channel(false);
+        let membership_task = membership.spawn(&background, leaving_rx);
+        let mut controller_task = None;
+        if config.log.is_cluster() {
+            metrics
+                .ownership
+                .cluster
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            // Cluster mode: partitions are owned under the membership lease.
+            controller_task = Some(
+                crate::cluster::ownership::Controller {
+                    meta: stores.meta.clone(),
+                    me: stores.instance_id.clone(),
+                    lease,
+                    topics: stores.topics.clone(),
+                    drain: Arc::new(crate::runtime::cluster::RuntimeDrain(Arc::downgrade(
+                        &runtime,
+                    ))),
+                    owned: owned_tx,
+                    directory: directory_tx,
+                    metrics: metrics.clone(),
+                    waiting_since: Default::default(),
+                    rebalance_delay: Duration::from_millis(config.rebalance_delay_ms),
+                    member_since: Default::default(),
+                    tick: (Duration::from_millis(config.lease_ttl_ms) / 10)
+                        .max(Duration::from_millis(100)),
+                    stop: stopping_rx,
+                }
+                .spawn(&background),
+            );
+        }
+        let app = Router::new()
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics_text))
+            .with_state(state)
+            .merge(crate::api::router(api))
+            .fallback(not_found);
+        // Outermost first: the gate (tokens, the cluster secret: refusals that hold no
+        // request slot and read no body), then admission (load shedding).
+        let app = app.layer(axum::middleware::from_fn_with_state(
+            admission,
+            crate::admission::admit,
+        ));
+        let app = app.layer(axum::middleware::from_fn_with_state(
+            gate,
+            crate::access::gate,
+        ));
+        spawn_reload_on_hangup(&background, access, tls.clone(), http.clone());
+        let stop_runtime = runtime.clone();
+        let stopping = async move {
+            shutdown.await;
+            tracing::info!(
+                "meshd stopping: new connections refused, long polls answered, partitions released"
+            );
+            stop_runtime.begin_stop();
+            stopping_tx.send_replace(true);
+        };
+        drop(runtime);
+        crate::listen::serve(
+            listener,
+            tls,
+            app,
+            crate::listen::Limits {
+                max_connections: config.max_connections as usize,
+                header_timeout: Duration::from_millis(config.header_timeout_ms),
+                idle_timeout: Duration::from_millis(config.idle_timeout_ms),
+            },
+            http,
+            stopping,
+        )
+        .await;
+        Ok(Stop {
+            stores,
+            background,
+            controller_task,
+            leaving_tx,
+            membership_task,
+        })
     }
-    let stop_runtime = state.runtime.clone();
-    let app = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(state)
-        .merge(crate::api::router(api))
-        .fallback(not_found);
-    // Outermost first: the gate (tokens, the cluster secret: refusals that hold no
-    // request slot and read no body), then admission (load shedding).
-    let app = app.layer(axum::middleware::from_fn_with_state(
-        admission,
-        crate::admission::admit,
-    ));
-    let app = app.layer(axum::middleware::from_fn_with_state(
-        gate,
-        crate::access::gate,
-    ));
-    spawn_reload_on_hangup(access, tls.clone(), http.clone());
-    tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!(
-            "meshd stopping: new connections refused, long polls answered, partitions released"
-        );
-        stop_runtime.begin_stop();
-        stopping_tx.send_replace(true);
-    });
-    let mut stopped = stopping_rx.clone();
-    let listener_stop = async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    };
-    crate::listen::serve(
-        listener,
-        tls,
-        app,
-        crate::listen::Limits {
-            max_connections: config.max_connections as usize,
-            header_timeout: Duration::from_millis(config.header_timeout_ms),
-            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
-        },
-        http,
-        listener_stop,
-    )
-    .await;
-    // The release ran meanwhile (other requests were finishing): wait for it, then
-    // leave the cluster, then flush and close the stores.
-    if let Some(task) = controller_task {
-        if tokio::time::timeout(RELEASE_WITHIN, task).await.is_err() {
-            tracing::warn!(store = "owners", "releasing the partitions took longer than {RELEASE_WITHIN:?}; the membership lease ends the rest");
+}
+
+/// How long a graceful stop waits for the partitions to be released.
+const RELEASE_WITHIN: Duration = Duration::from_secs(20);
+
+/// How long a graceful stop waits for the membership lease to be revoked.
+const LEAVE_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long a graceful stop waits for the background tasks to end once cancelled
+/// (they end at their next `await`; a store call in a blocking thread finishes first).
+const BACKGROUND_STOP_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long a graceful stop waits for the Local engine to close once everything that
+/// used it has ended.
+const CLOSE_WITHIN: Duration = Duration::from_secs(10);
+
+/// Phase 5, after the listener has stopped: what a graceful stop does last.
+struct Stop {
+    stores: Stores,
+    background: meshd_runtime::background::Background,
+    controller_task: Option<tokio::task::JoinHandle<()>>,
+    leaving_tx: tokio::sync::watch::Sender<bool>,
+    membership_task: tokio::task::JoinHandle<()>,
+}
+
+impl Stop {
+    /// Waits for the partitions' release (it ran while the last requests finished),
+    /// revokes the membership lease, ends every background task, flushes the delivery
+    /// state and closes the stores, the Local engine last.
+    async fn run(self) {
+        let Stop {
+            stores,
+            background,
+            controller_task,
+            leaving_tx,
+            membership_task,
+        } = self;
+        if let Some(task) = controller_task {
+            if tokio::time::timeout(RELEASE_WITHIN, task).await.is_err() {
+                tracing::warn!(store = "owners", "releasing the partitions took longer than {RELEASE_WITHIN:?}; the membership lease ends the rest");
+            }
+        }
+        leaving_tx.send_replace(true);
+        if tokio::time::timeout(LEAVE_WITHIN, membership_task)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                store = "members",
+                "leaving the cluster took longer than {LEAVE_WITHIN:?}"
+            );
+        }
+        if let Err(running) = background.stop(BACKGROUND_STOP_WITHIN).await {
+            tracing::warn!(
+                tasks = running,
+                "background tasks still running {BACKGROUND_STOP_WITHIN:?} after the stop; closing the stores under them"
+            );
+        }
+        tracing::info!("meshd shutting down: flushing delivery state");
+        if let Err(e) = stores.local.deliveries.flush().await {
+            tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "final flush failed");
+        }
+        if let Some(m) = &stores.embedded {
+            m.close();
+        }
+        let closed = stores.engine_closed.clone();
+        let data_dir = stores.data_dir.clone();
+        drop(stores);
+        let is_closed = tokio::task::spawn_blocking(move || closed.wait(CLOSE_WITHIN))
+            .await
+            .unwrap_or(false);
+        if is_closed {
+            tracing::info!(store = "local", backend = "rocksdb", data_dir = %data_dir.display(), "stores closed");
+        } else {
+            tracing::warn!(store = "local", backend = "rocksdb", data_dir = %data_dir.display(), "the Local engine is still in use {CLOSE_WITHIN:?} after the stop; it closes when the process ends");
         }
     }
-    leaving_tx.send_replace(true);
-    if tokio::time::timeout(Duration::from_secs(5), membership_task)
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            store = "members",
-            "leaving the cluster took longer than 5 s"
-        );
-    }
-    tracing::info!("meshd shutting down: flushing delivery state");
-    if let Err(e) = local.deliveries.flush().await {
-        tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "final flush failed");
-    }
-    if let Some(m) = embedded {
-        m.close();
-    }
-    Ok(())
 }
 
 /// Boot step: a crash between appending a dead-letter body and creating its entry
@@ -669,26 +813,19 @@ async fn collect_orphan_bodies(meta: Arc<MeteredMeta>, local: &LocalStores) {
     }
 }
 
-/// Log retention from the flags.
-fn retention_of(config: &Config) -> Retention {
-    Retention {
-        max_age_ms: Some(config.log_retention_hours.saturating_mul(3_600_000)),
-        max_bytes: config.log_retention_bytes,
-    }
-}
-
 /// Log retention, dead-letter and task expiry, in the background.
 fn spawn_housekeeping(
+    background: &meshd_runtime::background::Background,
     config: &Config,
     log: Arc<dyn PartitionLog>,
     log_backend: &'static str,
     deadletters: Arc<dyn DeadLetterStore>,
     tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
 ) {
-    let retention = retention_of(config);
+    let retention = config.retention();
     let keep_dead = Duration::from_secs(config.deadletter_retention_hours.saturating_mul(3600));
     let keep_tasks = Duration::from_secs(config.task_retention_hours.saturating_mul(3600));
-    tokio::spawn(async move {
+    background.spawn(async move {
         let mut every = tokio::time::interval(HOUSEKEEPING_EVERY);
         loop {
             every.tick().await;
@@ -728,6 +865,7 @@ fn spawn_housekeeping(
 /// to load is reported (log and `meshd_config_reloads_total{outcome="failed"}`) and
 /// the settings in force stay.
 fn spawn_reload_on_hangup(
+    background: &meshd_runtime::background::Background,
     access: Option<Arc<crate::access::Access>>,
     tls: Option<Arc<crate::listen::ServerTls>>,
     counters: Arc<crate::listen::HttpCounters>,
@@ -742,7 +880,7 @@ fn spawn_reload_on_hangup(
             return;
         }
     };
-    tokio::spawn(async move {
+    background.spawn(async move {
         while hangups.recv().await.is_some() {
             if access.is_none() && tls.is_none() {
                 tracing::info!("SIGHUP: no token files or TLS certificate to reload");
@@ -776,9 +914,6 @@ fn spawn_reload_on_hangup(
         }
     });
 }
-
-/// How long a graceful stop waits for the partitions to be released.
-const RELEASE_WITHIN: Duration = Duration::from_secs(20);
 
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -842,15 +977,15 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         Err(_) => "failed",
     };
     let cache = |ready: bool| if ready { "ok" } else { "loading" };
-    let topics = cache(state.topics.health().is_ready());
-    let subscriptions = cache(state.subscriptions.health().is_ready());
+    let topics = cache(state.api.topics.health().is_ready());
+    let subscriptions = cache(state.api.subscriptions.health().is_ready());
     let sessions = cache(state.sessions.health().is_ready());
-    let recovery = if state.runtime.is_recovered() {
+    let recovery = if state.api.runtime.is_recovered() {
         "ok"
     } else {
         "recovering"
     };
-    let dispatch = if state.runtime.failures().is_empty() {
+    let dispatch = if state.api.runtime.failures().is_empty() {
         "ok"
     } else {
         "failed"
@@ -870,9 +1005,9 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         && dispatch == "ok";
     let mut body = json!({
         "status": if ready { "ready" } else { "unavailable" },
-        "instance": state.instance_id,
+        "instance": state.api.instance_id,
         "checks": {
-            format!("meta:{}", state.meta_backend): meta,
+            format!("meta:{}", state.api.meta_backend): meta,
             "local:rocksdb": local,
             "topics": topics,
             "subscriptions": subscriptions,
@@ -898,14 +1033,14 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     out.push_str(&format!(
         "meshd_build_info{{version=\"{}\",instance=\"{}\"}} 1\n",
         env!("CARGO_PKG_VERSION"),
-        state.instance_id
+        state.api.instance_id
     ));
-    state.quotas.render(&mut out);
+    state.api.quotas.render(&mut out);
     state
         .compaction
         .render(&mut out, state.compaction_retention);
     let status = state.meta_probe.status().await;
-    let backend = state.meta_backend;
+    let backend = state.api.meta_backend;
     let meta_up = status.is_ok();
     out.push_str("# HELP meshd_meta_healthy Whether Meta answered a status call.\n# TYPE meshd_meta_healthy gauge\n");
     match status {
@@ -947,7 +1082,7 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         crate::membership::undecodable_records()
     ));
     // Counted in the cache, never copied (a scrape must stay cheap with many).
-    let live = state.quotas.sessions_live();
+    let live = state.api.quotas.sessions_live();
     out.push_str("# HELP meshd_sessions_live Live sessions (all instances), from the session cache.\n# TYPE meshd_sessions_live gauge\n");
     if let Some(n) = live {
         out.push_str(&format!(
@@ -964,11 +1099,11 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         "meshd_session_fenced_writes_total{{backend=\"{backend}\"}} {}\n",
         state.sessions.fenced_writes()
     ));
-    state.meta.render(&mut out);
-    state.metrics.render(&mut out);
-    state.runtime.render(&mut out);
+    state.meta_probe.meta.render(&mut out);
+    state.api.metrics.render(&mut out);
+    state.api.runtime.render(&mut out);
     state.http.render(&mut out);
-    state.admission.render(&mut out);
+    state.api.admission.render(&mut out);
     state.gate.render(&mut out);
     out.push_str("# HELP meshd_local_healthy Whether the Local RocksDB stores accept writes (0 after a failed write or fsync, or damaged data found on read).\n# TYPE meshd_local_healthy gauge\n");
     out.push_str(&format!(

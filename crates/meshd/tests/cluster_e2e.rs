@@ -1016,6 +1016,8 @@ async fn given_an_owner_sigtermed_then_its_partitions_move_at_once_without_dupli
         log.contains("meshd stopping") && log.contains(" INFO "),
         "{log}"
     );
+    // Every background task ended and the Local engine closed before the exit.
+    assert!(log.contains("stores closed"), "{log}");
     assert!(
         after_stop.is_empty(),
         "warnings at a normal stop: {after_stop:#?}"

@@ -1003,6 +1003,9 @@ async fn given_an_ack_above_a_gap_when_meshd_gets_sigterm_at_once_then_it_exits_
     assert_eq!(set(&r["acked"]).len(), 1, "{r}");
     let code = m.terminate(Duration::from_secs(30)).await.unwrap();
     assert_eq!(code, Some(0), "a graceful shutdown exits 0");
+    // Every background task ended and the Local engine closed before the exit.
+    let log = m.log_tail(200);
+    assert!(log.contains("stores closed"), "{log}");
 
     m.start_again().await.unwrap();
     let a = m.addr().to_string();

@@ -1,9 +1,9 @@
 //! `meshd::serve` in process: an instance on a listener the caller bound, driven through
 //! the typed client (`meshd-client`) and stopped by the caller's shutdown future.
 //! Durability is proven through the binary elsewhere; this proves the library entry
-//! point and the client against the real server. (A second `serve` on the same data
-//! directory in the same process is refused today: background tasks are not all
-//! tracked yet, so the stores stay open after the stop; see `meshd::serve`.)
+//! point, the client against the real server, and that a stopped `serve` has ended
+//! every task it started and closed its stores (a second `serve` opens the same data
+//! directory in the same process).
 
 use meshd_client::{Client, Pull};
 use serde_json::json;
@@ -107,4 +107,58 @@ async fn given_a_bound_listener_then_serve_runs_an_instance_until_told_to_stop()
         matches!(gone, meshd_client::Error::Unreachable(_)),
         "{gone}"
     );
+}
+
+/// Structured shutdown: when `serve` returns, every background task it started has
+/// ended and the Local engine is closed, so the same process can open the directory
+/// again (RocksDB's lock and meshd's own are released) and finds its state there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_stopped_serve_then_a_second_serve_opens_the_same_directory_with_its_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let pull = Pull {
+        max_events: Some(10),
+        wait_ms: Some(1000),
+        ..Pull::default()
+    };
+    let (meshd, halt, server) = start(dir.path()).await;
+    assert!(meshd.create_topic("orders", 1).await.unwrap());
+    meshd
+        .put_subscription(
+            "billing",
+            &json!({ "topic": "orders", "ack_timeout_ms": 1000 }),
+        )
+        .await
+        .unwrap();
+    let events: Vec<_> = (0..3)
+        .map(|i| json!({"specversion": "1.0", "id": format!("o-{i}"), "source": "/shop", "type": "order.placed"}))
+        .collect();
+    meshd.publish("orders", &events).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let more = meshd.pull("billing", &pull).await.unwrap();
+        assert!(!more.is_empty(), "fewer than 3 deliveries: {got:?}");
+        got.extend(more);
+    }
+    got.sort_by_key(|d| d.offset);
+    // The first stays unacked; the others are acked.
+    let acked: Vec<String> = got[1..].iter().map(|d| d.delivery_id.clone()).collect();
+    assert_eq!(meshd.ack("billing", &acked).await.unwrap().acked.len(), 2);
+    stop(halt, server).await;
+
+    let (meshd, halt, server) = start(dir.path()).await;
+    let topics = meshd.topics().await.unwrap();
+    assert!(topics.iter().any(|t| t.name == "orders"), "{topics:?}");
+    // The unacked event comes back once its lease has run out, as attempt 2; the
+    // acked ones never do.
+    let mut again = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while again.is_empty() && tokio::time::Instant::now() < until {
+        again = meshd.pull("billing", &pull).await.unwrap();
+    }
+    let seen: Vec<(u64, u32)> = again.iter().map(|d| (d.offset, d.attempt)).collect();
+    assert_eq!(seen, vec![(got[0].offset, 2)], "{again:?}");
+    let ids: Vec<String> = again.iter().map(|d| d.delivery_id.clone()).collect();
+    assert_eq!(meshd.ack("billing", &ids).await.unwrap().acked.len(), 1);
+    assert!(meshd.pull("billing", &pull).await.unwrap().is_empty());
+    stop(halt, server).await;
 }

@@ -46,6 +46,7 @@ struct Record {
 /// Starts the loop (nothing with `retention` 0). `every` is [`CHECK_EVERY`] unless a
 /// test asks for less.
 pub fn spawn(
+    background: &crate::background::Background,
     meta: Arc<dyn Meta>,
     retention: u64,
     every: Option<Duration>,
@@ -61,7 +62,7 @@ pub fn spawn(
         return;
     }
     let every = every.unwrap_or(CHECK_EVERY);
-    tokio::spawn(async move {
+    background.spawn(async move {
         loop {
             tokio::time::sleep(every).await;
             match check(meta.as_ref(), retention).await {

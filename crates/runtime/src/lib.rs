@@ -6,6 +6,7 @@
 //!   rule, retries and dead-lettering, redrives, offsets, push workers
 //!   ([`runtime::push`]), and in cluster mode the partitions this instance owns plus
 //!   forwarding to the owners of the others ([`runtime::cluster`]).
+//! - [`background`]: the tracked background tasks a graceful stop cancels and waits for.
 //! - [`cluster`]: partition ownership (the [`cluster::ownership::Controller`], the
 //!   assignment rule) and the calls between instances ([`cluster::forward`]).
 //! - [`membership`]: the instance's membership record and lease in Meta.
@@ -18,6 +19,7 @@
 //! has no HTTP server and no global state, so its delivery rules are tested in process
 //! over embedded Meta and Local stores in a temp dir (`tests/`).
 
+pub mod background;
 pub mod cluster;
 pub mod compaction;
 pub mod egress;

@@ -118,8 +118,12 @@ impl Membership {
     /// Registers and keeps the membership alive until `stop` is set: then the lease
     /// is revoked (the member key and every owner key on it go at once, so the other
     /// instances take what is left without waiting for the TTL) and the task ends.
-    pub fn spawn(self, stop: tokio::sync::watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move { self.run(stop).await })
+    pub fn spawn(
+        self,
+        background: &crate::background::Background,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        background.spawn(async move { self.run(stop).await })
     }
 
     async fn register(&self) -> Result<LeaseId, meshd_meta::MetaError> {

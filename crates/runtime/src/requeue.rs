@@ -17,13 +17,14 @@ const COUNT_EVERY: Duration = Duration::from_secs(30);
 const PAGE: usize = 500;
 
 pub fn spawn(
+    background: &crate::background::Background,
     tasks: Arc<dyn TaskStore>,
     sessions: Arc<dyn SessionStore>,
     changes: tokio::sync::watch::Receiver<u64>,
     metrics: Arc<Metrics>,
     backend: &'static str,
 ) {
-    tokio::spawn(async move {
+    background.spawn(async move {
         let mut changes = changes;
         let mut counted: Option<std::time::Instant> = None;
         loop {

@@ -79,6 +79,7 @@ impl Node {
             cluster: None,
             push_tls: None,
             push_egress: Arc::new(meshd_runtime::egress::Egress::new(vec![], vec![])),
+            background: Default::default(),
         });
         rt.start();
         let until = tokio::time::Instant::now() + Duration::from_secs(10);

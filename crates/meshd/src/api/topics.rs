@@ -176,7 +176,7 @@ pub async fn delete_topic(
     // The definition is gone from Meta; the data goes in the background.
     let log = api.log.clone();
     let backend = api.log_backend;
-    tokio::spawn(async move {
+    api.runtime.background().spawn(async move {
         if let Err(e) = log.delete_topic(&name).await {
             tracing::warn!(store = "log", backend, topic = %name, error = %e, "removing a deleted topic's events failed; retried at the next delete");
         }

@@ -310,8 +310,8 @@ const MOVES_PER_STEP: usize = 8;
 
 impl Controller {
     /// Runs until a graceful stop has released everything (or the membership ends).
-    pub fn spawn(self) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move { self.run().await })
+    pub fn spawn(self, background: &crate::background::Background) -> tokio::task::JoinHandle<()> {
+        background.spawn(async move { self.run().await })
     }
 
     async fn run(self) {
@@ -645,7 +645,8 @@ mod controller_tests {
         let m = Membership::new(meta.clone(), me.into(), "127.0.0.1:1".into(), ttl);
         let lease = m.lease();
         let (leave, leaving) = tokio::sync::watch::channel(false);
-        let membership = m.spawn(leaving);
+        let bg = crate::background::Background::new();
+        let membership = m.spawn(&bg, leaving);
         let (tx, owned) = tokio::sync::watch::channel(Owned::default());
         let drains = Arc::new(Drains::default());
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -664,7 +665,7 @@ mod controller_tests {
             member_since: Default::default(),
             stop: stopping,
         }
-        .spawn();
+        .spawn(&bg);
         Node {
             owned,
             drains,

@@ -425,7 +425,7 @@ impl Runtime {
             meshd_client::segment(name)
         );
         let name = name.to_string();
-        tokio::spawn(async move {
+        self.deps.background.spawn(async move {
             let body = serde_json::json!({ "forward_id": id }).to_string();
             match peers
                 .post(&addr, &path, body.as_bytes(), PEER_TIMEOUT)

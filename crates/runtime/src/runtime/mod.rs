@@ -81,6 +81,9 @@ pub struct Deps {
     pub push_tls: Option<tokio_rustls::TlsConnector>,
     /// Where push may connect (`crate::egress`).
     pub push_egress: Arc<crate::egress::Egress>,
+    /// Where the runtime's tasks run (partition tasks, push workers, the ownership and
+    /// subscription followers): a graceful stop cancels and waits for them.
+    pub background: crate::background::Background,
 }
 
 /// What one pull may take: events, bytes of stored events (the contract's
@@ -316,11 +319,12 @@ impl Runtime {
             // Cluster mode: dead letters are fenced by each partition's owner key, and
             // nothing local is authoritative: partitions start from Meta as they are
             // acquired.
-            tokio::spawn(rt.clone().follow_ownership());
-            tokio::spawn(async move { rt.follow_subscriptions().await });
+            let bg = &self.deps.background;
+            bg.spawn(rt.clone().follow_ownership());
+            bg.spawn(async move { rt.follow_subscriptions().await });
             return;
         }
-        tokio::spawn(async move {
+        self.deps.background.spawn(async move {
             rt.acquire_ownership().await;
             rt.follow_subscriptions().await
         });
@@ -641,6 +645,11 @@ impl Runtime {
         Ok(total)
     }
 
+    /// Where work that outlives a request runs (a graceful stop ends it).
+    pub fn background(&self) -> &crate::background::Background {
+        &self.deps.background
+    }
+
     /// The address rules of push (`PUT` checks a literal address with them).
     pub fn push_egress(&self) -> &crate::egress::Egress {
         &self.deps.push_egress
@@ -650,13 +659,14 @@ impl Runtime {
     fn push_worker(&self, sub: &Subscription) -> Option<tokio::task::JoinHandle<()>> {
         let p = sub.spec.push.as_ref()?;
         match push::Target::parse(&p.url) {
-            Ok(target) => Some(tokio::spawn(push::worker(
+            Ok(target) => Some(self.deps.background.spawn(push::worker(
                 self.me.clone(),
                 sub.name().to_string(),
                 target,
                 push::transport(self.deps.push_tls.clone(), self.deps.push_egress.clone()),
                 Duration::from_millis(sub.spec.ack_timeout_ms),
                 self.deps.metrics.subscription(sub.name()),
+                self.deps.background.clone(),
             ))),
             Err(e) => {
                 tracing::error!(subscription = %sub.name(), error = %e, "push URL cannot be served; the subscription is not pushed (pull still works)");
@@ -727,7 +737,7 @@ impl Runtime {
             stats_dirty: false,
             cluster,
         };
-        let join = tokio::spawn(task.run());
+        let join = self.deps.background.spawn(task.run());
         Ok(PartitionHandle {
             tx,
             shared,

@@ -49,6 +49,7 @@ pub async fn worker(
     transport: meshd_client::Transport,
     ack_timeout: Duration,
     counters: Arc<SubCounters>,
+    background: crate::background::Background,
 ) {
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     loop {
@@ -96,7 +97,7 @@ pub async fn worker(
             let target = target.clone();
             let transport = transport.clone();
             let counters = counters.clone();
-            tokio::spawn(async move {
+            background.spawn(async move {
                 let outcome = post(&transport, &target, &d, ack_timeout).await;
                 let Some(rt) = runtime.upgrade() else {
                     return;
