@@ -36,7 +36,7 @@ impl MeteredMeta {
                 e,
                 MetaError::Conflict { .. } | MetaError::Fenced | MetaError::LeaseNotFound(_)
             ) {
-                tracing::warn!(store = "meta", backend = self.inner.backend(), op, error = %e, "meta call failed");
+                tracing::warn!(store = "meta", backend = %self.inner.backend(), op, error = %e, "meta call failed");
             }
             let mut m = self.errors.lock().unwrap_or_else(|p| p.into_inner());
             *m.entry((op, e.kind())).or_default() += 1;
@@ -66,7 +66,7 @@ impl MeteredMeta {
 
 #[async_trait]
 impl Meta for MeteredMeta {
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> meshd_meta::Backend {
         self.inner.backend()
     }
     async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {

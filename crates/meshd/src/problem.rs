@@ -86,10 +86,14 @@ impl Problem {
     }
 
     /// A backend that cannot serve now (503, with `Retry-After`).
-    pub fn unavailable(store: &str, backend: &str, detail: impl Into<String>) -> Self {
+    pub fn unavailable(
+        store: &str,
+        backend: meshd_meta::Backend,
+        detail: impl Into<String>,
+    ) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
             .with("store", store)
-            .with("backend", backend)
+            .with("backend", backend.as_str())
     }
 
     /// A store that fail-stopped after a failed disk write (a Local store, or the
@@ -98,7 +102,11 @@ impl Problem {
     /// back by itself — only a restart of meshd (once the disk is healthy) does — so
     /// the detail says so and `Retry-After` (which the contract gives every 503) asks
     /// for a slow retry.
-    pub fn fail_stopped(store: &str, backend: &str, reason: impl std::fmt::Display) -> Self {
+    pub fn fail_stopped(
+        store: &str,
+        backend: meshd_meta::Backend,
+        reason: impl std::fmt::Display,
+    ) -> Self {
         let mut p = Self::unavailable(
             store,
             backend,
@@ -111,17 +119,21 @@ impl Problem {
     }
 
     /// The write may or may not have been applied (504).
-    pub fn indeterminate(store: &str, backend: &str, detail: impl Into<String>) -> Self {
+    pub fn indeterminate(
+        store: &str,
+        backend: meshd_meta::Backend,
+        detail: impl Into<String>,
+    ) -> Self {
         Self::new(StatusCode::GATEWAY_TIMEOUT, "indeterminate", detail)
             .with("store", store)
-            .with("backend", backend)
+            .with("backend", backend.as_str())
     }
 
     /// Stored data meshd cannot trust (500).
-    pub fn internal(store: &str, backend: &str, detail: impl Into<String>) -> Self {
+    pub fn internal(store: &str, backend: meshd_meta::Backend, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", detail)
             .with("store", store)
-            .with("backend", backend)
+            .with("backend", backend.as_str())
     }
 
     fn title(&self) -> &'static str {
@@ -163,7 +175,7 @@ mod tests {
 
     #[test]
     fn a_fail_stop_is_a_503_with_a_slow_retry_after_and_says_what_stopped() {
-        let p = Problem::fail_stopped("log", "rocksdb", "fsync failed: EIO");
+        let p = Problem::fail_stopped("log", meshd_meta::Backend::RocksDb, "fsync failed: EIO");
         assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(p.kind, "unavailable");
         assert_eq!(p.extra.get("store"), Some(&Value::from("log")));
@@ -184,12 +196,16 @@ mod tests {
 
     #[test]
     fn other_503s_and_429s_carry_retry_after_and_504s_do_not() {
-        let p = Problem::unavailable("topics", "etcd", "connection refused");
+        let p = Problem::unavailable("topics", meshd_meta::Backend::Etcd, "connection refused");
         assert_eq!(retry_after(p).as_deref(), Some(RETRY_AFTER_SECS));
         let p = Problem::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", "busy");
         assert_eq!(retry_after(p).as_deref(), Some(RETRY_AFTER_SECS));
         assert_eq!(
-            retry_after(Problem::indeterminate("log", "rocksdb", "?")),
+            retry_after(Problem::indeterminate(
+                "log",
+                meshd_meta::Backend::RocksDb,
+                "?"
+            )),
             None
         );
     }

@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use meshd_local::RocksEngine;
-use meshd_meta::Meta;
+use meshd_meta::{Backend, Meta};
 use meshd_meta_embedded::{EmbeddedConfig, EmbeddedMeta};
 use meshd_meta_etcd::EtcdMeta;
 use meshd_stores::deadletters::{DeadLetterStore, MetaDeadLetterStore};
@@ -259,7 +259,7 @@ struct Stores {
     /// Whether the topic and subscription caches loaded within [`CACHE_LOAD_WAIT`].
     caches_loaded: bool,
     log: Arc<dyn PartitionLog>,
-    log_backend: &'static str,
+    log_backend: Backend,
     deadletters: Arc<dyn DeadLetterStore>,
     tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
 }
@@ -334,7 +334,7 @@ impl Stores {
             && subscriptions.wait_ready(CACHE_LOAD_WAIT).await;
         if !caches_loaded {
             tracing::warn!(
-                meta = meta.backend(),
+                meta = %meta.backend(),
                 "topic/subscription caches not loaded yet (Meta unreachable?); serving, not ready"
             );
         }
@@ -344,18 +344,18 @@ impl Stores {
         let (log, bodies, log_backend): (
             Arc<dyn PartitionLog>,
             Arc<dyn meshd_stores::log::DeadLetterBodies>,
-            &'static str,
+            Backend,
         ) = match config.nats_connection()? {
             None => {
                 let l = Arc::new(local.log.clone());
-                (l.clone(), l, "rocksdb")
+                (l.clone(), l, Backend::RocksDb)
             }
             Some(nats) => {
                 let servers = nats.servers.join(",");
                 let l = Arc::new(meshd_log_nats::NatsLog::connect(nats).await.map_err(|e| {
                     anyhow::anyhow!("cannot open the JetStream log at {servers}: {e}")
                 })?);
-                (l.clone(), l, "nats")
+                (l.clone(), l, Backend::Nats)
             }
         };
         let deadletters: Arc<dyn DeadLetterStore> =
@@ -527,12 +527,12 @@ impl Started {
             writeln!(
                 out,
                 "meshd listening on {scheme}://{addr} instance={instance_id} meta={meta_backend} log={} local=rocksdb:{}",
-                if stores.log_backend == "nats" { "nats" } else { "embedded" },
+                if stores.log_backend == Backend::Nats { "nats" } else { "embedded" },
                 config.data_dir.display()
             )?;
             out.flush()?;
         }
-        tracing::info!(%addr, scheme, instance = %instance_id, meta = meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
+        tracing::info!(%addr, scheme, instance = %instance_id, meta = %meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
 
         // What the other instances dial: --advertise, else the listen address (config
         // refuses an unspecified listen address without --advertise in cluster mode).
@@ -818,7 +818,7 @@ fn spawn_housekeeping(
     background: &meshd_runtime::background::Background,
     config: &Config,
     log: Arc<dyn PartitionLog>,
-    log_backend: &'static str,
+    log_backend: Backend,
     deadletters: Arc<dyn DeadLetterStore>,
     tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
 ) {
@@ -834,7 +834,7 @@ fn spawn_housekeeping(
                 Ok(r) if r.events_removed > 0 => {
                     tracing::info!(
                         store = "log",
-                        backend = log_backend,
+                        backend = %log_backend,
                         events = r.events_removed,
                         bytes = r.bytes_removed,
                         "log retention removed events"
@@ -842,7 +842,7 @@ fn spawn_housekeeping(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(store = "log", backend = log_backend, error = %e, "log retention failed")
+                    tracing::warn!(store = "log", backend = %log_backend, error = %e, "log retention failed")
                 }
             }
             match deadletters.expire(keep_dead).await {

@@ -324,8 +324,8 @@ impl Drop for EmbeddedMeta {
 
 #[async_trait]
 impl Meta for EmbeddedMeta {
-    fn backend(&self) -> &'static str {
-        "embedded"
+    fn backend(&self) -> meshd_meta::Backend {
+        meshd_meta::Backend::Embedded
     }
 
     async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {

@@ -579,8 +579,8 @@ fn watch_stream(watch: etcd_client::WatchStream, endpoint: String) -> WatchStrea
 
 #[async_trait]
 impl Meta for EtcdMeta {
-    fn backend(&self) -> &'static str {
-        "etcd"
+    fn backend(&self) -> meshd_meta::Backend {
+        meshd_meta::Backend::Etcd
     }
 
     async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
@@ -907,7 +907,7 @@ mod tests {
         let meta = EtcdMeta::connect(EtcdConfig::new(["127.0.0.1:1"]))
             .await
             .expect("lazy connect");
-        assert_eq!(meta.backend(), "etcd");
+        assert_eq!(meta.backend(), meshd_meta::Backend::Etcd);
         assert_eq!(meta.current_endpoint(), "127.0.0.1:1");
         let err = meta.get(b"k").await.expect_err("nothing listens on port 1");
         assert!(matches!(err, MetaError::Unavailable(_)), "{err:?}");

@@ -67,10 +67,48 @@ pub type WatchStream = BoxStream<'static, Result<WatchBatch, WatchError>>;
 ///
 /// A read never reports "absent" when the backend could not be read: it returns
 /// `Unavailable` instead.
+/// The system a store's data lives in, as logs, metrics (`backend="…"`), readiness
+/// checks and problems (`backend`) name it. Every store names its real backend: the
+/// dead-letter bodies and the log are `nats` in cluster mode, not `rocksdb`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backend {
+    /// Meta on the instance's own RocksDB (`--meta embedded`).
+    Embedded,
+    /// Meta on etcd.
+    Etcd,
+    /// The instance's RocksDB: the Local stores (offsets, delivery state) and the
+    /// embedded log.
+    RocksDb,
+    /// The JetStream log of cluster mode.
+    Nats,
+    /// Another meshd instance, called over HTTP (cluster forwarding).
+    Http,
+}
+
+impl Backend {
+    /// The name: `embedded`, `etcd`, `rocksdb`, `nats` or `http`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Backend::Embedded => "embedded",
+            Backend::Etcd => "etcd",
+            Backend::RocksDb => "rocksdb",
+            Backend::Nats => "nats",
+            Backend::Http => "http",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[async_trait]
 pub trait Meta: Send + Sync + 'static {
-    /// Which backend this is ("etcd" or "embedded"), for logs, metrics and readiness.
-    fn backend(&self) -> &'static str;
+    /// Which backend this is ([`Backend::Etcd`] or [`Backend::Embedded`]), for logs,
+    /// metrics and readiness.
+    fn backend(&self) -> Backend;
 
     /// Reads one key, with the store revision the read observed.
     async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError>;

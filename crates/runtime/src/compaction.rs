@@ -56,7 +56,7 @@ pub fn spawn(
     if retention == 0 {
         tracing::info!(
             store = "meta",
-            backend = meta.backend(),
+            backend = %meta.backend(),
             "--meta-compaction-retention 0: meshd does not compact Meta's history"
         );
         return;
@@ -71,7 +71,7 @@ pub fn spawn(
                     counters.compactions.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         store = "meta",
-                        backend = meta.backend(),
+                        backend = %meta.backend(),
                         revision = to,
                         retention,
                         "compacted Meta's history"
@@ -81,7 +81,7 @@ pub fn spawn(
                 Err(e) => {
                     counters.failures.fetch_add(1, Ordering::Relaxed);
                     metrics.store_error("meta", meta.backend(), e.kind());
-                    tracing::warn!(store = "meta", backend = meta.backend(), error = %e, "compacting Meta's history failed; tried again at the next check");
+                    tracing::warn!(store = "meta", backend = %meta.backend(), error = %e, "compacting Meta's history failed; tried again at the next check");
                 }
             }
         }

@@ -169,11 +169,11 @@ impl Membership {
             match lease {
                 None => match self.register().await {
                     Ok(id) => {
-                        tracing::info!(store = "members", backend = self.meta.backend(), instance = %self.instance_id, "membership registered");
+                        tracing::info!(store = "members", backend = %self.meta.backend(), instance = %self.instance_id, "membership registered");
                         lease = Some(id);
                     }
                     Err(e) => {
-                        tracing::warn!(store = "members", backend = self.meta.backend(), error = %e, "membership registration failed; retrying");
+                        tracing::warn!(store = "members", backend = %self.meta.backend(), error = %e, "membership registration failed; retrying");
                     }
                 },
                 Some(id) => {
@@ -185,7 +185,7 @@ impl Membership {
                             }
                         }),
                         Err(e) => {
-                            tracing::warn!(store = "members", backend = self.meta.backend(), error = %e, "membership keep-alive failed");
+                            tracing::warn!(store = "members", backend = %self.meta.backend(), error = %e, "membership keep-alive failed");
                             if matches!(e, meshd_meta::MetaError::LeaseNotFound(_)) {
                                 self.lease.send_replace(None);
                                 lease = None;
@@ -210,10 +210,10 @@ impl Membership {
         let Some(id) = lease else { return };
         match self.meta.revoke(id).await {
             Ok(()) => {
-                tracing::info!(store = "members", backend = self.meta.backend(), instance = %self.instance_id, "membership lease revoked: this instance left the cluster")
+                tracing::info!(store = "members", backend = %self.meta.backend(), instance = %self.instance_id, "membership lease revoked: this instance left the cluster")
             }
             Err(e) => {
-                tracing::warn!(store = "members", backend = self.meta.backend(), error = %e, "revoking the membership lease failed; it ends with its TTL")
+                tracing::warn!(store = "members", backend = %self.meta.backend(), error = %e, "revoking the membership lease failed; it ends with its TTL")
             }
         }
     }
@@ -239,7 +239,7 @@ pub async fn members(meta: &dyn Meta) -> Result<Vec<MemberRecord>, meshd_meta::M
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
                     *last = Some(Instant::now());
-                    tracing::warn!(store = "members", backend = meta.backend(), key = %String::from_utf8_lossy(&kv.key), error = %e, "a member record does not decode; that member is left out of the cluster view and owns nothing");
+                    tracing::warn!(store = "members", backend = %meta.backend(), key = %String::from_utf8_lossy(&kv.key), error = %e, "a member record does not decode; that member is left out of the cluster view and owns nothing");
                 }
             }
         }

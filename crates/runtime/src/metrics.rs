@@ -3,6 +3,7 @@
 //! store and backend, and the recovery figures. Rendered as text by `/metrics`; every
 //! name starts with `meshd_`.
 
+use meshd_meta::Backend;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,8 +54,8 @@ struct Histogram {
 pub struct Metrics {
     subs: Mutex<BTreeMap<String, Arc<SubCounters>>>,
     published: Mutex<BTreeMap<String, u64>>,
-    latency: Mutex<BTreeMap<(&'static str, &'static str, &'static str), Histogram>>,
-    errors: Mutex<BTreeMap<(&'static str, &'static str, String), u64>>,
+    latency: Mutex<BTreeMap<(&'static str, Backend, &'static str), Histogram>>,
+    errors: Mutex<BTreeMap<(&'static str, Backend, String), u64>>,
     recovery: Mutex<Option<(Duration, u64)>>,
     tasks_requeued: AtomicU64,
     /// Hand-outs released because the forwarded answer holding them did not reach
@@ -155,7 +156,7 @@ impl Metrics {
     pub fn write_latency(
         &self,
         store: &'static str,
-        backend: &'static str,
+        backend: Backend,
         op: &'static str,
         took: Duration,
     ) {
@@ -172,7 +173,7 @@ impl Metrics {
     }
 
     /// One failed store call, by error kind.
-    pub fn store_error(&self, store: &'static str, backend: &'static str, kind: &str) {
+    pub fn store_error(&self, store: &'static str, backend: Backend, kind: &str) {
         *lock(&self.errors)
             .entry((store, backend, kind.to_string()))
             .or_default() += 1;
@@ -348,9 +349,14 @@ mod tests {
     #[test]
     fn histogram_buckets_are_cumulative_and_count_everything() {
         let m = Metrics::default();
-        m.write_latency("log", "rocksdb", "append", Duration::from_micros(300));
-        m.write_latency("log", "rocksdb", "append", Duration::from_millis(20));
-        m.write_latency("log", "rocksdb", "append", Duration::from_secs(9));
+        m.write_latency(
+            "log",
+            Backend::RocksDb,
+            "append",
+            Duration::from_micros(300),
+        );
+        m.write_latency("log", Backend::RocksDb, "append", Duration::from_millis(20));
+        m.write_latency("log", Backend::RocksDb, "append", Duration::from_secs(9));
         let mut out = String::new();
         m.render(&mut out);
         let line = |le: &str| {

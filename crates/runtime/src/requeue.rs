@@ -22,7 +22,7 @@ pub fn spawn(
     sessions: Arc<dyn SessionStore>,
     changes: tokio::sync::watch::Receiver<u64>,
     metrics: Arc<Metrics>,
-    backend: &'static str,
+    backend: meshd_meta::Backend,
 ) {
     background.spawn(async move {
         let mut changes = changes;
@@ -31,7 +31,7 @@ pub fn spawn(
             if sessions.health().is_ready() {
                 if let Err(e) = sweep(tasks.as_ref(), sessions.as_ref(), &metrics).await {
                     metrics.store_error("tasks", backend, "requeue_sweep");
-                    tracing::warn!(store = "tasks", backend, error = %e, "requeue sweep failed; retried");
+                    tracing::warn!(store = "tasks", %backend, error = %e, "requeue sweep failed; retried");
                 }
             }
             if counted.is_none_or(|t| t.elapsed() >= COUNT_EVERY) {
@@ -41,7 +41,7 @@ pub fn spawn(
                         counted = Some(std::time::Instant::now());
                     }
                     Err(e) => {
-                        tracing::warn!(store = "tasks", backend, error = %e, "counting tasks failed; retried")
+                        tracing::warn!(store = "tasks", %backend, error = %e, "counting tasks failed; retried")
                     }
                 }
             }

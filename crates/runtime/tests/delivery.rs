@@ -64,9 +64,9 @@ impl Node {
         let rt = Runtime::new(Deps {
             instance_id: "node-a".into(),
             meta: meta.clone(),
-            meta_backend: "embedded",
+            meta_backend: meshd_meta::Backend::Embedded,
             log: log.clone(),
-            log_backend: "rocksdb",
+            log_backend: meshd_meta::Backend::RocksDb,
             offsets: Arc::new(local.offsets.clone()),
             deliveries: Arc::new(local.deliveries.clone()),
             deadletters: deadletters.clone(),

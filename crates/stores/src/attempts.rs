@@ -277,7 +277,7 @@ impl MetaAttemptLedger {
         Self { meta }
     }
 
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> meshd_meta::Backend {
         self.meta.backend()
     }
 
@@ -291,7 +291,7 @@ impl MetaAttemptLedger {
         match err {
             AttemptError::TooLarge { .. } | AttemptError::Invalid(_) => tracing::debug!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 ledger = what,
                 kind = err.kind(),
@@ -300,7 +300,7 @@ impl MetaAttemptLedger {
             ),
             _ => tracing::warn!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 ledger = what,
                 kind = err.kind(),
@@ -416,7 +416,7 @@ impl AttemptLedger for MetaAttemptLedger {
             .map_err(|e| self.meta_error("write", &what, e))?;
         tracing::debug!(
             store = STORE,
-            backend = self.backend(),
+            backend = %self.backend(),
             ledger = %what,
             epoch = owner.epoch(),
             record = ?w.record.as_ref().map(|(s, e)| (s, e.len())),
@@ -571,7 +571,7 @@ impl AttemptLedger for MetaAttemptLedger {
         .map_err(|e| self.meta_error("drop_subscription", &what, e))?;
         tracing::info!(
             store = STORE,
-            backend = self.backend(),
+            backend = %self.backend(),
             subscription,
             incarnation,
             deleted,

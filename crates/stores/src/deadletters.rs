@@ -386,7 +386,7 @@ impl MetaDeadLetterStore {
         )
     }
 
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> meshd_meta::Backend {
         self.meta.backend()
     }
 
@@ -407,7 +407,7 @@ impl MetaDeadLetterStore {
             | DeadLetterError::FailStopped(_)
             | DeadLetterError::Failed(_) => tracing::warn!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 entry = id,
                 kind = err.kind(),
@@ -416,7 +416,7 @@ impl MetaDeadLetterStore {
             ),
             _ => tracing::debug!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 entry = id,
                 kind = err.kind(),
@@ -533,7 +533,7 @@ impl MetaDeadLetterStore {
                 next.version = revision;
                 tracing::info!(
                     store = STORE,
-                    backend = self.backend(),
+                    backend = %self.backend(),
                     op,
                     entry = %next.id,
                     subscription = %next.subscription,
@@ -561,7 +561,7 @@ impl MetaDeadLetterStore {
             Ok(Some(_)) => {
                 tracing::info!(
                     store = STORE,
-                    backend = self.backend(),
+                    backend = %self.backend(),
                     op,
                     entry = %current.id,
                     subscription = %current.subscription,
@@ -580,7 +580,7 @@ impl MetaDeadLetterStore {
         if body.log_id != self.bodies.log_id() {
             tracing::info!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 entry = id,
                 %body,
@@ -591,7 +591,7 @@ impl MetaDeadLetterStore {
         if let Err(e) = self.bodies.delete_body(body).await {
             tracing::warn!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 entry = id,
                 %body,
@@ -733,7 +733,7 @@ impl DeadLetterStore for MetaDeadLetterStore {
                     entry.version = r.revision;
                     tracing::info!(
                         store = STORE,
-                        backend = self.backend(),
+                        backend = %self.backend(),
                         entry = %id,
                         subscription = %entry.subscription,
                         topic = %entry.topic,
@@ -976,7 +976,7 @@ impl DeadLetterStore for MetaDeadLetterStore {
                     deleted += 1;
                     tracing::info!(
                         store = STORE,
-                        backend = self.backend(),
+                        backend = %self.backend(),
                         %body,
                         "orphaned dead-letter body deleted"
                     );

@@ -426,7 +426,7 @@ impl MetaSessionStore {
         self.fenced.load(Ordering::Relaxed)
     }
 
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> meshd_meta::Backend {
         self.meta.backend()
     }
 
@@ -475,7 +475,7 @@ impl MetaSessionStore {
         self.fenced.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             store = STORE,
-            backend = self.backend(),
+            backend = %self.backend(),
             op,
             session_id,
             "session fenced: its client id has a newer session"
@@ -576,7 +576,7 @@ impl MetaSessionStore {
                 if let Err(re) = self.meta.revoke(lease.id).await {
                     tracing::warn!(
                         store = STORE,
-                        backend = self.backend(),
+                        backend = %self.backend(),
                         lease = %lease.id,
                         error = %re,
                         "revoking the lease of a failed open; it expires on its own"
@@ -608,7 +608,7 @@ impl MetaSessionStore {
             self.takeovers.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 client_id,
                 session_id = %session.session_id,
                 epoch,
@@ -620,7 +620,7 @@ impl MetaSessionStore {
         }
         tracing::info!(
             store = STORE,
-            backend = self.backend(),
+            backend = %self.backend(),
             client_id,
             session_id = %session.session_id,
             epoch,
@@ -683,7 +683,7 @@ impl MetaSessionStore {
                 self.renewed(&session, sent_at, ttl);
                 tracing::debug!(
                     store = STORE,
-                    backend = self.backend(),
+                    backend = %self.backend(),
                     session_id,
                     epoch = session.epoch,
                     ttl_ms = ttl.as_millis() as u64,
@@ -725,7 +725,7 @@ impl MetaSessionStore {
             Ok(()) | Err(MetaError::LeaseNotFound(_)) => {}
             Err(e) => tracing::warn!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 session_id,
                 lease = %session.lease,
                 error = %e,
@@ -734,7 +734,7 @@ impl MetaSessionStore {
         }
         tracing::info!(
             store = STORE,
-            backend = self.backend(),
+            backend = %self.backend(),
             session_id,
             client_id = %session.client_id,
             epoch = session.epoch,
@@ -752,7 +752,7 @@ impl MetaSessionStore {
             | SessionError::FailStopped(_)
             | SessionError::Failed(_) => tracing::warn!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 subject,
                 kind = e.kind(),
@@ -761,7 +761,7 @@ impl MetaSessionStore {
             ),
             _ => tracing::debug!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 subject,
                 kind = e.kind(),

@@ -507,7 +507,7 @@ impl MetaSubscriptionStore {
         self.cache.subscribe()
     }
 
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> meshd_meta::Backend {
         self.meta.backend()
     }
 
@@ -647,7 +647,7 @@ impl MetaSubscriptionStore {
             }
             tracing::debug!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 name,
                 attempt,
                 "put lost a compare-and-set (subscription or topic changed); re-reading"
@@ -722,7 +722,7 @@ impl MetaSubscriptionStore {
             | SubscriptionError::FailStopped(_)
             | SubscriptionError::Failed(_) => tracing::warn!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 name,
                 kind = e.kind(),
@@ -731,7 +731,7 @@ impl MetaSubscriptionStore {
             ),
             _ => tracing::debug!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 name,
                 kind = e.kind(),
@@ -759,7 +759,7 @@ impl SubscriptionStore for MetaSubscriptionStore {
                     .apply_local(&s.spec.name, s.revision, Some(s.clone()));
                 tracing::info!(
                     store = STORE,
-                    backend = self.backend(),
+                    backend = %self.backend(),
                     name = %s.spec.name,
                     topic = %s.spec.topic,
                     revision = s.revision,
@@ -786,7 +786,7 @@ impl SubscriptionStore for MetaSubscriptionStore {
                 self.cache.apply_local(name, d.revision, None);
                 tracing::info!(
                     store = STORE,
-                    backend = self.backend(),
+                    backend = %self.backend(),
                     name,
                     revision = d.revision,
                     incarnation = d.incarnation,

@@ -536,7 +536,7 @@ impl MetaTaskStore {
         &self.config
     }
 
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> meshd_meta::Backend {
         self.meta.backend()
     }
 
@@ -555,7 +555,7 @@ impl MetaTaskStore {
             | TaskError::FailStopped(_)
             | TaskError::Failed(_) => tracing::warn!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 task = id,
                 kind = err.kind(),
@@ -564,7 +564,7 @@ impl MetaTaskStore {
             ),
             _ => tracing::debug!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 task = id,
                 kind = err.kind(),
@@ -628,7 +628,7 @@ impl MetaTaskStore {
                 next.version = revision;
                 tracing::info!(
                     store = STORE,
-                    backend = self.backend(),
+                    backend = %self.backend(),
                     op,
                     task = %next.id,
                     from = %current.state,
@@ -763,7 +763,7 @@ impl TaskStore for MetaTaskStore {
                     task.version = r.revision;
                     tracing::info!(
                         store = STORE,
-                        backend = self.backend(),
+                        backend = %self.backend(),
                         task = %id,
                         agent,
                         version = r.revision,
@@ -779,7 +779,7 @@ impl TaskStore for MetaTaskStore {
                     if existing.agent == task.agent && existing.input == task.input {
                         tracing::debug!(
                             store = STORE,
-                            backend = self.backend(),
+                            backend = %self.backend(),
                             task = %id,
                             version = existing.version,
                             "repeated submit returns the existing task"
@@ -1047,7 +1047,7 @@ impl TaskStore for MetaTaskStore {
                         deleted += 1;
                         tracing::info!(
                             store = STORE,
-                            backend = self.backend(),
+                            backend = %self.backend(),
                             task = %id,
                             state = %task.state,
                             "terminal task expired"

@@ -268,7 +268,7 @@ impl MetaTopicStore {
         self.cache.subscribe()
     }
 
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> meshd_meta::Backend {
         self.meta.backend()
     }
 
@@ -434,7 +434,7 @@ impl MetaTopicStore {
             }
             tracing::debug!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 op,
                 name,
                 attempt,
@@ -458,7 +458,7 @@ impl MetaTopicStore {
             Err(e) => {
                 // Leave nothing marked that we can unmark; the error is the answer.
                 if let Err(u) = self.set_mark(marked, false).await {
-                    tracing::warn!(store = STORE, backend = self.backend(), name = %marked.name, error = %u,
+                    tracing::warn!(store = STORE, backend = %self.backend(), name = %marked.name, error = %u,
                         "could not unmark the topic after a failed reference check; the next delete or ensure finishes it");
                 }
                 return Err(e);
@@ -509,7 +509,7 @@ impl MetaTopicStore {
                     // pass), or unmark the topic when it is still referenced.
                     tracing::info!(
                         store = STORE,
-                        backend = self.backend(),
+                        backend = %self.backend(),
                         name,
                         revision = marked.topic.revision,
                         "ensure found a topic marked for deletion; finishing the delete protocol"
@@ -559,11 +559,11 @@ impl MetaTopicStore {
             | TopicError::Corrupt { .. }
             | TopicError::FailStopped(_)
             | TopicError::Failed(_) => tracing::warn!(
-                store = STORE, backend = self.backend(), op, name, kind = e.kind(), error = %e,
+                store = STORE, backend = %self.backend(), op, name, kind = e.kind(), error = %e,
                 "topic operation failed"
             ),
             _ => tracing::debug!(
-                store = STORE, backend = self.backend(), op, name, kind = e.kind(), error = %e,
+                store = STORE, backend = %self.backend(), op, name, kind = e.kind(), error = %e,
                 "topic operation rejected"
             ),
         }
@@ -583,7 +583,7 @@ impl TopicStore for MetaTopicStore {
         match &r {
             Ok((t, created)) => tracing::info!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 name,
                 partitions = t.partitions,
                 revision = t.revision,
@@ -631,7 +631,7 @@ impl TopicStore for MetaTopicStore {
         match &r {
             Ok(t) => tracing::info!(
                 store = STORE,
-                backend = self.backend(),
+                backend = %self.backend(),
                 name,
                 revision = t.revision,
                 incarnation = t.incarnation,

@@ -88,9 +88,9 @@ async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
     }
     Ok(Json(json!({
         "instance": api.instance_id,
-        "meta": {"backend": api.meta_backend, "healthy": healthy, "db_size_bytes": db_size, "quota_bytes": quota, "alarms": alarms},
+        "meta": {"backend": api.meta_backend.as_str(), "healthy": healthy, "db_size_bytes": db_size, "quota_bytes": quota, "alarms": alarms},
         "log": {
-            "backend": if api.log_backend == "nats" { "nats" } else { "embedded" },
+            "backend": if api.log_backend == meshd_meta::Backend::Nats { "nats" } else { "embedded" },
             "id": api.log.log_id(),
         },
         "release": crate::membership::Release::this().to_string(),

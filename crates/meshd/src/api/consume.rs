@@ -12,6 +12,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_dispatch::SessionBinding;
+use meshd_meta::Backend;
 use meshd_stores::deadletters::MAX_REASON_BYTES;
 use meshd_stores::offsets::Committed;
 use serde_json::{json, Value};
@@ -29,7 +30,7 @@ const MAX_IDS: usize = 1000;
 /// A delivery id is far shorter; anything longer is not one.
 const MAX_ID_LEN: usize = 512;
 
-pub fn runtime_problem(e: RuntimeError, meta_backend: &str) -> Problem {
+pub fn runtime_problem(e: RuntimeError, meta_backend: Backend) -> Problem {
     match e {
         RuntimeError::NotFound(name) => {
             Problem::not_found(format!("subscription {name:?} does not exist"))
@@ -41,13 +42,17 @@ pub fn runtime_problem(e: RuntimeError, meta_backend: &str) -> Problem {
         // A pull on a stopped partition included: nothing was handed out, so the
         // pull was not applied, even when the attempt record that stopped the
         // partition may have reached the disk (an attempt counted is never a lie).
-        RuntimeError::StoreFailed(d) => Problem::fail_stopped("deliveries", "rocksdb", d),
-        RuntimeError::Indeterminate { store, detail } => {
-            Problem::indeterminate(store, "rocksdb", detail)
-        }
-        RuntimeError::Unavailable { store, detail } => {
-            Problem::unavailable(store, meta_backend, detail)
-        }
+        RuntimeError::StoreFailed(d) => Problem::fail_stopped("deliveries", Backend::RocksDb, d),
+        RuntimeError::Indeterminate {
+            store,
+            backend,
+            detail,
+        } => Problem::indeterminate(store, backend, detail),
+        RuntimeError::Unavailable {
+            store,
+            backend,
+            detail,
+        } => Problem::unavailable(store, backend, detail),
         RuntimeError::Core(d) => Problem::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", d),
         RuntimeError::Conflict(d) => Problem::conflict(d),
         RuntimeError::Invalid(d) => Problem::bad_request(d),
@@ -230,7 +235,7 @@ pub async fn pull_with(
         let event = match super::raw_event(d.body) {
             Some(raw) => raw,
             None => {
-                tracing::error!(store = "log", backend = api.log_backend, subscription = %name, partition = d.partition, offset = d.offset, "stored event is not valid JSON; not handed out (its lease runs out)");
+                tracing::error!(store = "log", backend = %api.log_backend, subscription = %name, partition = d.partition, offset = d.offset, "stored event is not valid JSON; not handed out (its lease runs out)");
                 continue;
             }
         };

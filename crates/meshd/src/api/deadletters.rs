@@ -8,6 +8,7 @@ use crate::problem::Problem;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use meshd_meta::Backend;
 use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterError, MAX_LIST_LIMIT};
 use meshd_stores::log::LogError;
 use serde::Deserialize;
@@ -20,7 +21,7 @@ const MAX_ID_LEN: usize = 512;
 
 /// The problem for a dead-letter failure: entries live in Meta (`backend`), bodies in
 /// the log (`log_backend`: the Local RocksDB, or JetStream in cluster mode).
-pub fn deadletter_problem(e: DeadLetterError, backend: &str, log_backend: &str) -> Problem {
+pub fn deadletter_problem(e: DeadLetterError, backend: Backend, log_backend: Backend) -> Problem {
     match e {
         DeadLetterError::NotFound { id } => {
             Problem::not_found(format!("dead-letter entry {id:?} does not exist"))

@@ -37,8 +37,8 @@ pub struct Api {
     pub subscriptions: Arc<MetaSubscriptionStore>,
     pub log: Arc<dyn meshd_stores::log::PartitionLog>,
     /// `rocksdb` (the embedded log) or `nats`.
-    pub log_backend: &'static str,
-    pub meta_backend: &'static str,
+    pub log_backend: meshd_meta::Backend,
+    pub meta_backend: meshd_meta::Backend,
     pub runtime: Arc<Runtime>,
     pub deadletters: Arc<dyn DeadLetterStore>,
     pub sessions: Arc<dyn SessionStore>,

@@ -19,6 +19,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use meshd_meta::Backend;
 use meshd_stores::sessions::{record, Session, SessionError, MAX_TTL, MIN_TTL};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -45,7 +46,7 @@ pub fn routes() -> Router<Arc<Api>> {
 
 /// The problem for every [`SessionError`]; public so other routes that act for a
 /// session (pull, tasks) answer the same way.
-pub fn session_problem(e: SessionError, backend: &str) -> Problem {
+pub fn session_problem(e: SessionError, backend: Backend) -> Problem {
     match e {
         SessionError::Invalid { field, reason } => {
             Problem::invalid_field(field, format!("{field} {reason}"))
@@ -241,7 +242,7 @@ mod tests {
 
     #[test]
     fn every_session_error_has_its_status() {
-        let b = "etcd";
+        let b = Backend::Etcd;
         let cases = [
             (
                 SessionError::Invalid {

@@ -9,6 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use meshd_meta::Backend;
 use meshd_stores::subscriptions::{
     Backoff, Filter, Precondition, Push, StartPosition, Subscription, SubscriptionError,
     SubscriptionSpec, SubscriptionStore,
@@ -17,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-pub fn subscription_problem(e: SubscriptionError, backend: &str) -> Problem {
+pub fn subscription_problem(e: SubscriptionError, backend: Backend) -> Problem {
     match e {
         SubscriptionError::Invalid { field, reason } => {
             Problem::invalid_field(field, format!("{field} {reason}"))
@@ -230,7 +231,7 @@ pub async fn put_subscription(
     // nothing was applied — and the runtime, which follows the subscription cache,
     // keeps trying; readiness shows the failure.
     if let Err(e) = api.runtime.ensure(&sub).await {
-        tracing::warn!(store = "subscriptions", backend = api.meta_backend, subscription = %name, error = %e, "subscription written, but its partitions could not start yet; the runtime retries");
+        tracing::warn!(store = "subscriptions", backend = %api.meta_backend, subscription = %name, error = %e, "subscription written, but its partitions could not start yet; the runtime retries");
     }
     let status = if created {
         StatusCode::CREATED
@@ -329,7 +330,7 @@ mod fuzz {
         let req: PutSubscription = json_body(h, Ok(b))?;
         let spec = spec_of("s", req)?;
         spec.validate()
-            .map_err(|e| subscription_problem(e, "embedded"))?;
+            .map_err(|e| subscription_problem(e, Backend::Embedded))?;
         precondition(h)?;
         Ok(spec)
     }

@@ -30,6 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use meshd_meta::keys::{self, KeyKind};
+use meshd_meta::Backend;
 use meshd_stores::sessions::{owner_key, record::CLIENT_COMPONENT};
 use meshd_stores::tasks::{
     new_task_id, AssigneeRef, Task, TaskError, TaskFilter, TaskState, MAX_LIST_LIMIT,
@@ -62,7 +63,7 @@ pub fn routes() -> Router<Arc<Api>> {
 }
 
 /// Every [`TaskError`] as the contract's answer.
-pub fn task_problem(e: TaskError, backend: &str) -> Problem {
+pub fn task_problem(e: TaskError, backend: Backend) -> Problem {
     let detail = e.to_string();
     match e {
         TaskError::Unavailable(_) => Problem::unavailable(STORE, backend, detail),

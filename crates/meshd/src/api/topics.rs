@@ -10,6 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_events::{parse_publish, partition_for, Event, EventError, Limits};
+use meshd_meta::Backend;
 use meshd_stores::log::LogError;
 use meshd_stores::topics::{Topic, TopicError, TopicStore};
 use serde::Deserialize;
@@ -22,7 +23,7 @@ const PARTITIONS: std::ops::RangeInclusive<u64> = 1..=1024;
 const BROWSE_DEFAULT: u64 = 100;
 const BROWSE_MAX: u64 = 1000;
 
-pub fn topic_problem(e: TopicError, backend: &str) -> Problem {
+pub fn topic_problem(e: TopicError, backend: Backend) -> Problem {
     match e {
         TopicError::Invalid { field, reason } => Problem::invalid_field(field, reason),
         TopicError::NotFound { name } => {
@@ -56,7 +57,7 @@ pub fn topic_problem(e: TopicError, backend: &str) -> Problem {
 }
 
 /// A log error as a problem; `backend` is `rocksdb` (the embedded log) or `nats`.
-pub fn log_problem(e: LogError, backend: &'static str) -> Problem {
+pub fn log_problem(e: LogError, backend: meshd_meta::Backend) -> Problem {
     match e {
         LogError::BelowRetention {
             topic,
@@ -74,7 +75,7 @@ pub fn log_problem(e: LogError, backend: &'static str) -> Problem {
         LogError::Invalid(d) => Problem::bad_request(d),
         LogError::Unavailable(d) => Problem::unavailable("log", backend, d),
         LogError::Failed(reason) => Problem::fail_stopped("log", backend, reason),
-        LogError::Indeterminate(reason) if backend == "rocksdb" => Problem::indeterminate(
+        LogError::Indeterminate(reason) if backend == Backend::RocksDb => Problem::indeterminate(
             "log",
             backend,
             format!("the write reached the log but was not made durable: it may or may not be kept (a retry may store it twice); the log has fail-stopped until meshd is restarted: {reason}"),
@@ -92,7 +93,7 @@ pub fn log_problem(e: LogError, backend: &'static str) -> Problem {
 
 /// The problem for an event that does not parse; a 500 is a stored event read back
 /// from the log (`log_backend`) that does not parse (damage).
-fn event_problem(e: EventError, log_backend: &str) -> Problem {
+fn event_problem(e: EventError, log_backend: Backend) -> Problem {
     let p = match e.status {
         413 => Problem::too_large(e.detail.clone()),
         415 => Problem::unsupported_media_type(e.detail.clone()),
@@ -178,7 +179,7 @@ pub async fn delete_topic(
     let backend = api.log_backend;
     api.runtime.background().spawn(async move {
         if let Err(e) = log.delete_topic(&name).await {
-            tracing::warn!(store = "log", backend, topic = %name, error = %e, "removing a deleted topic's events failed; retried at the next delete");
+            tracing::warn!(store = "log", %backend, topic = %name, error = %e, "removing a deleted topic's events failed; retried at the next delete");
         }
     });
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -415,7 +416,7 @@ mod fuzz {
                     }
                 }
                 Err(e) => {
-                    let p = event_problem(e, "rocksdb");
+                    let p = event_problem(e, Backend::RocksDb);
                     prop_assert!([400u16, 413, 415].contains(&p.status.as_u16()), "{}", p.status);
                 }
             }

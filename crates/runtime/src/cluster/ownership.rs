@@ -326,7 +326,7 @@ impl Controller {
             match current {
                 Some(l) if l.deadline.is_live(std::time::Instant::now()) => {
                     if let Err(e) = self.step(l).await {
-                        tracing::warn!(store = "owners", backend = self.meta.backend(), error = %e, "partition ownership step failed; retrying");
+                        tracing::warn!(store = "owners", backend = %self.meta.backend(), error = %e, "partition ownership step failed; retrying");
                     }
                 }
                 _ => self.drop_all("the membership lease is not live"),
@@ -371,10 +371,10 @@ impl Controller {
                     .ownership
                     .released
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition released")
+                tracing::info!(store = "owners", backend = %self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition released")
             }
             Err(e) => {
-                tracing::warn!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "releasing a partition failed; its lease ends it")
+                tracing::warn!(store = "owners", backend = %self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "releasing a partition failed; its lease ends it")
             }
         }
     }
@@ -385,7 +385,7 @@ impl Controller {
         let n = owned.len();
         tracing::info!(
             store = "owners",
-            backend = self.meta.backend(),
+            backend = %self.meta.backend(),
             owned = n,
             "graceful stop: releasing every owned partition"
         );
@@ -403,7 +403,7 @@ impl Controller {
         if n > 0 {
             tracing::warn!(
                 store = "owners",
-                backend = self.meta.backend(),
+                backend = %self.meta.backend(),
                 owned = n,
                 reason = why,
                 "dropping every partition ownership"
@@ -466,11 +466,11 @@ impl Controller {
             let stale = meshd_meta::fence::Ownership::from_parts(owner_key(p), *epoch, None);
             match stale.release(self.meta.as_ref()).await {
                 Ok(()) => {
-                    tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch, "released an owner key of an earlier run");
+                    tracing::info!(store = "owners", backend = %self.meta.backend(), topic = %p.0, partition = p.1, epoch, "released an owner key of an earlier run");
                     holders.remove(p);
                 }
                 Err(e) => {
-                    tracing::warn!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "releasing an owner key of an earlier run failed")
+                    tracing::warn!(store = "owners", backend = %self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "releasing an owner key of an earlier run failed")
                 }
             }
         }
@@ -539,12 +539,12 @@ impl Controller {
                     if let Some(since) = since {
                         counters.takeover(since.elapsed());
                     }
-                    tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition acquired");
+                    tracing::info!(store = "owners", backend = %self.meta.backend(), topic = %p.0, partition = p.1, epoch = o.epoch(), "partition acquired");
                     holders.insert(p.clone(), self.me.clone());
                     owned.insert(p.clone(), o);
                 }
                 Err(e) => {
-                    tracing::info!(store = "owners", backend = self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "partition not acquired yet")
+                    tracing::info!(store = "owners", backend = %self.meta.backend(), topic = %p.0, partition = p.1, error = %e, "partition not acquired yet")
                 }
             }
         }

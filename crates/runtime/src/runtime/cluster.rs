@@ -25,6 +25,7 @@ use crate::cluster::forward;
 use crate::cluster::ownership::{Directory, Drain, Owned, PartitionId};
 use meshd_dispatch::SessionBinding;
 use meshd_meta::fence::Ownership;
+use meshd_meta::Backend;
 use meshd_stores::attempts::{AttemptLedger, LedgerState};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::offsets::{Committed, OffsetKey};
@@ -163,6 +164,7 @@ struct WirePull {
 fn peer_error(peer: &str, status: u16, body: &[u8]) -> RuntimeError {
     RuntimeError::Unavailable {
         store: "owners",
+        backend: Backend::Http,
         detail: format!(
             "instance {peer} answered {status}: {}",
             String::from_utf8_lossy(body)
@@ -216,6 +218,7 @@ async fn start_of(
         .await
         .map_err(|e| RuntimeError::Unavailable {
             store: "log",
+            backend: rt.deps.log_backend,
             detail: e.to_string(),
         })?;
     Ok(match start {
@@ -224,8 +227,12 @@ async fn start_of(
     })
 }
 
-fn unavailable(store: &'static str) -> impl Fn(String) -> RuntimeError {
-    move |detail| RuntimeError::Unavailable { store, detail }
+fn unavailable(store: &'static str, backend: Backend) -> impl Fn(String) -> RuntimeError {
+    move |detail| RuntimeError::Unavailable {
+        store,
+        backend,
+        detail,
+    }
 }
 
 impl Runtime {
@@ -318,9 +325,11 @@ impl Runtime {
                 {
                     Ok(mut d) => got.append(&mut d),
                     Err(e) => {
-                        self.deps
-                            .metrics
-                            .store_error("owners", "http", "forward_failed");
+                        self.deps.metrics.store_error(
+                            "owners",
+                            meshd_meta::Backend::Http,
+                            "forward_failed",
+                        );
                         tracing::warn!(store = "owners", peer = %peer, subscription = %name, error = %e, "a forwarded pull failed; that instance's partitions are asked again at the next pull");
                     }
                 }
@@ -380,6 +389,7 @@ impl Runtime {
             Ok((200, answer)) => {
                 serde_json::from_slice::<WirePull>(&answer).map_err(|e| RuntimeError::Unavailable {
                     store: "owners",
+                    backend: Backend::Http,
                     detail: format!("instance {addr} answered a pull with {e}"),
                 })
             }
@@ -387,6 +397,7 @@ impl Runtime {
             Ok((status, answer)) => return Err(peer_error(addr, status, &answer)),
             Err(detail) => Err(RuntimeError::Unavailable {
                 store: "owners",
+                backend: Backend::Http,
                 detail,
             }),
         };
@@ -463,6 +474,7 @@ impl Runtime {
                 _ => {
                     return Err(RuntimeError::Unavailable {
                         store: "owners",
+                        backend: self.deps.meta_backend,
                         detail: format!(
                             "partition {p} of topic {topic:?} is changing owners; retry"
                         ),
@@ -490,11 +502,13 @@ impl Runtime {
                 .await
                 .map_err(|detail| RuntimeError::Unavailable {
                     store: "owners",
+                    backend: Backend::Http,
                     detail,
                 })?;
             let v: serde_json::Value = match status {
                 200 => serde_json::from_slice(&answer).map_err(|e| RuntimeError::Unavailable {
                     store: "owners",
+                    backend: Backend::Http,
                     detail: format!("instance {addr} answered with {e}"),
                 })?,
                 // Every id sent there was fenced (the owner's all-fenced answer).
@@ -537,6 +551,7 @@ impl Runtime {
             if local {
                 return Err(RuntimeError::Unavailable {
                     store: "owners",
+                    backend: self.deps.meta_backend,
                     detail: format!("partition {partition} moved to another instance; retry"),
                 });
             }
@@ -554,7 +569,11 @@ impl Runtime {
         let result = async {
             let committed = self.reset_locked(&sub.sub, &key, offset).await?;
             let meta_err = |store: &'static str| {
-                move |e: String| RuntimeError::Indeterminate { store, detail: e }
+                move |e: String| RuntimeError::Indeterminate {
+                    store,
+                    backend: self.deps.meta_backend,
+                    detail: e,
+                }
             };
             cluster
                 .ledger
@@ -589,6 +608,7 @@ impl Runtime {
         let Some((holder, addr)) = owner.filter(|(h, _)| *h != self.deps.instance_id) else {
             return Err(RuntimeError::Unavailable {
                 store: "owners",
+                backend: self.deps.meta_backend,
                 detail: format!("partition {partition} is changing owners; retry"),
             });
         };
@@ -603,6 +623,7 @@ impl Runtime {
             .await
             .map_err(|detail| RuntimeError::Unavailable {
                 store: "owners",
+                backend: Backend::Http,
                 detail,
             })?;
         let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
@@ -645,6 +666,7 @@ impl Runtime {
         let Some((_, addr)) = owner.filter(|(h, _)| *h != self.deps.instance_id) else {
             return Err(RuntimeError::Unavailable {
                 store: "owners",
+                backend: self.deps.meta_backend,
                 detail: format!("partition {} is changing owners; retry", entry.partition),
             });
         };
@@ -659,6 +681,7 @@ impl Runtime {
             .map(Some)
             .map_err(|detail| RuntimeError::Unavailable {
                 store: "owners",
+                backend: Backend::Http,
                 detail,
             })
     }
@@ -678,7 +701,7 @@ impl Runtime {
                 .offsets
                 .init_checkpoint(self.deps.meta.as_ref(), &key, start)
                 .await
-                .map_err(|e| unavailable("checkpoints")(e.to_string()))?;
+                .map_err(|e| unavailable("checkpoints", self.deps.meta_backend)(e.to_string()))?;
         }
         Ok(())
     }
@@ -701,8 +724,9 @@ impl Runtime {
             .offsets
             .load_checkpoint_with(meta, &key)
             .await
-            .map_err(|e| unavailable("checkpoints")(e.to_string()))?
-        {
+            .map_err(|e| {
+            unavailable("checkpoints", self.deps.meta_backend)(e.to_string())
+        })? {
             Some(c) => c,
             None => {
                 let start = start_of(self, sub.sub.spec.start, &key).await?;
@@ -711,7 +735,9 @@ impl Runtime {
                     .offsets
                     .init_checkpoint(meta, &key, start)
                     .await
-                    .map_err(|e| unavailable("checkpoints")(e.to_string()))?;
+                    .map_err(|e| {
+                        unavailable("checkpoints", self.deps.meta_backend)(e.to_string())
+                    })?;
                 (c, Vec::new())
             }
         };
@@ -719,7 +745,7 @@ impl Runtime {
             .ledger
             .load(&key)
             .await
-            .map_err(|e| unavailable("attempts")(e.to_string()))?;
+            .map_err(|e| unavailable("attempts", self.deps.meta_backend)(e.to_string()))?;
         let now = super::partition::now_ms();
         let (mut ledger_state, migrate) = LedgerState::acquired(loaded, committed.offset, now);
         if let Some(w) = migrate {
@@ -729,8 +755,8 @@ impl Runtime {
                 .ledger
                 .write(&key, &owner, &w)
                 .await
-                .map_err(|e| unavailable("attempts")(e.to_string()))?;
-            tracing::info!(store = "attempts", backend = self.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition, "attempt ledger of version 1 rewritten as version 2");
+                .map_err(|e| unavailable("attempts", self.deps.meta_backend)(e.to_string()))?;
+            tracing::info!(store = "attempts", backend = %self.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition, "attempt ledger of version 1 rewritten as version 2");
             ledger_state.applied(w);
         }
         // Resolved above the checkpoint (a release handed them over): never delivered
@@ -894,7 +920,7 @@ impl Drain for RuntimeDrain {
                 .checkpoint_with(rt.deps.meta.as_ref(), owner, &key, &resolved)
                 .await
             {
-                tracing::warn!(store = "checkpoints", backend = rt.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition = key.partition, error = %e, "the checkpoint at release failed; the next owner resumes from the previous one");
+                tracing::warn!(store = "checkpoints", backend = %rt.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition = key.partition, error = %e, "the checkpoint at release failed; the next owner resumes from the previous one");
             }
         }
     }

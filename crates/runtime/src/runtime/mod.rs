@@ -29,7 +29,7 @@ use futures::StreamExt;
 use meshd_dispatch::{Config, DeliveryId, Partition, PartitionCore, SessionBinding, Sources};
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{key, KeyKind};
-use meshd_meta::Meta;
+use meshd_meta::{Backend, Meta};
 use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterState, DeadLetterStore};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryStateStore};
 use meshd_stores::log::PartitionLog;
@@ -59,10 +59,10 @@ const RECOVERY_PARALLELISM: usize = 4;
 pub struct Deps {
     pub instance_id: String,
     pub meta: Arc<dyn Meta>,
-    pub meta_backend: &'static str,
+    pub meta_backend: Backend,
     pub log: Arc<dyn PartitionLog>,
     /// The log's backend as metrics and logs name it (`rocksdb` or `nats`).
-    pub log_backend: &'static str,
+    pub log_backend: Backend,
     pub offsets: Arc<dyn OffsetStore>,
     pub deliveries: Arc<dyn DeliveryStateStore>,
     pub deadletters: Arc<dyn DeadLetterStore>,
@@ -138,13 +138,22 @@ pub enum RuntimeError {
     /// anything of it was written, and the partition stopped until a restart.
     #[error("store failed (fail-stopped): {0}")]
     StoreFailed(String),
-    /// A Local store write of this request failed after it reached the engine: it may
-    /// or may not be on disk after a restart. The store fail-stopped.
+    /// A store write of this request failed after it was sent: it may or may not have
+    /// been applied (a Local store has fail-stopped; a Meta write is re-read).
     #[error("{store} write outcome unknown: {detail}")]
-    Indeterminate { store: &'static str, detail: String },
-    /// A store could not be reached (Meta, the log); nothing was changed.
+    Indeterminate {
+        store: &'static str,
+        backend: Backend,
+        detail: String,
+    },
+    /// A store could not be reached (Meta, the log, another instance); nothing was
+    /// changed.
     #[error("{store} unavailable: {detail}")]
-    Unavailable { store: &'static str, detail: String },
+    Unavailable {
+        store: &'static str,
+        backend: Backend,
+        detail: String,
+    },
     /// The dispatch core refused the request (for example a redrive backlog is full).
     #[error("{0}")]
     Core(String),
@@ -344,7 +353,7 @@ impl Runtime {
                 Ok(o) => {
                     tracing::info!(
                         store = "deadletters",
-                        backend = self.deps.meta_backend,
+                        backend = %self.deps.meta_backend,
                         epoch = o.epoch(),
                         "log ownership taken"
                     );
@@ -352,7 +361,7 @@ impl Runtime {
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, error = %e, "taking the log ownership failed; retrying");
+                    tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, error = %e, "taking the log ownership failed; retrying");
                     tokio::time::sleep(OWNER_RETRY).await;
                 }
             }
@@ -402,6 +411,7 @@ impl Runtime {
             .await
             .map_err(|e| RuntimeError::Unavailable {
                 store: "subscriptions",
+                backend: self.deps.meta_backend,
                 detail: e.to_string(),
             })?;
         let _ops = self.ops.lock().await;
@@ -506,7 +516,7 @@ impl Runtime {
     async fn drop_incarnation(&self, name: &str, incarnation: i64) {
         if let Some(cluster) = &self.deps.cluster {
             if let Err(e) = cluster.ledger.drop_subscription(name, incarnation).await {
-                tracing::warn!(store = "attempts", backend = self.deps.meta_backend, subscription = %name, error = %e, "dropping a deleted subscription's attempt ledgers failed");
+                tracing::warn!(store = "attempts", backend = %self.deps.meta_backend, subscription = %name, error = %e, "dropping a deleted subscription's attempt ledgers failed");
             }
             if let Err(e) = self
                 .deps
@@ -514,7 +524,7 @@ impl Runtime {
                 .drop_checkpoints(self.deps.meta.as_ref(), name, incarnation)
                 .await
             {
-                tracing::warn!(store = "checkpoints", backend = self.deps.meta_backend, subscription = %name, error = %e, "dropping a deleted subscription's checkpoints failed");
+                tracing::warn!(store = "checkpoints", backend = %self.deps.meta_backend, subscription = %name, error = %e, "dropping a deleted subscription's checkpoints failed");
             }
         }
         if let Err(e) = self.deps.offsets.drop_subscription(name, incarnation).await {
@@ -549,6 +559,7 @@ impl Runtime {
             ))),
             Err(e) => Err(RuntimeError::Unavailable {
                 store: "topics",
+                backend: self.deps.meta_backend,
                 detail: e.to_string(),
             }),
         }
@@ -760,7 +771,7 @@ impl Runtime {
                 {
                     Ok(p) => p,
                     Err(e) => {
-                        tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, subscription = %sub.sub.name(), error = %e, "listing redriving entries at boot failed; a stranded redrive can be started again with POST .../redrive");
+                        tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, subscription = %sub.sub.name(), error = %e, "listing redriving entries at boot failed; a stranded redrive can be started again with POST .../redrive");
                         break;
                     }
                 };
@@ -794,6 +805,7 @@ impl Runtime {
             Ok(None) => Err(RuntimeError::NotFound(name.to_string())),
             Err(e) => Err(RuntimeError::Unavailable {
                 store: "subscriptions",
+                backend: self.deps.meta_backend,
                 detail: e.to_string(),
             }),
         }
@@ -828,6 +840,7 @@ impl Runtime {
             }
             None => Err(RuntimeError::Unavailable {
                 store: "subscriptions",
+                backend: self.deps.meta_backend,
                 detail: "the subscription cache is not loaded".into(),
             }),
         }
@@ -1191,6 +1204,7 @@ impl Runtime {
                     .await
                     .map_err(|e| RuntimeError::Unavailable {
                         store: "checkpoints",
+                        backend: self.deps.meta_backend,
                         detail: e.to_string(),
                     })?
             } else {
@@ -1303,7 +1317,7 @@ impl Runtime {
                 .redrive_failed(&id, "offset reset during redrive", r.attempt)
                 .await
             {
-                tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, entry = %id, error = %e, "returning a redrive to dead at an offset reset failed");
+                tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, entry = %id, error = %e, "returning a redrive to dead at an offset reset failed");
             }
         }
         let remove: Vec<_> = records.iter().map(|r| (key.clone(), r.offset)).collect();
@@ -1319,6 +1333,7 @@ impl Runtime {
                 meshd_stores::delivery::DeliveryError::Indeterminate(detail) => {
                     RuntimeError::Indeterminate {
                         store: "deliveries",
+                        backend: Backend::RocksDb,
                         detail,
                     }
                 }
@@ -1332,11 +1347,13 @@ impl Runtime {
                 meshd_stores::offsets::OffsetError::Indeterminate(detail) => {
                     RuntimeError::Indeterminate {
                         store: "offsets",
+                        backend: Backend::RocksDb,
                         detail,
                     }
                 }
                 e if dropped_deliveries => RuntimeError::Indeterminate {
                     store: "offsets",
+                    backend: Backend::RocksDb,
                     detail: format!(
                         "the partition's in-flight deliveries were dropped, then the offset reset failed: {e}"
                     ),

@@ -13,6 +13,7 @@ use meshd_dispatch::{
 };
 use meshd_events::Event;
 use meshd_meta::fence::Ownership;
+use meshd_meta::Backend;
 use meshd_stores::attempts::{AttemptError, LedgerEntry, MAX_RECORD_ENTRIES};
 use meshd_stores::deadletters::{DeadLetterError, NewDeadLetter};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
@@ -432,7 +433,7 @@ impl PartitionTask {
                 if matches!(kind, "fenced" | "indeterminate") {
                     c.lose(&format!("offset checkpoint: {e}"));
                 } else {
-                    tracing::warn!(store = "checkpoints", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "offset checkpoint failed; retried at the next interval");
+                    tracing::warn!(store = "checkpoints", backend = %self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "offset checkpoint failed; retried at the next interval");
                 }
             }
         }
@@ -841,7 +842,7 @@ impl PartitionTask {
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(store = "log", backend = self.deps.log_backend, topic = %key.topic, partition = key.partition, error = %e, "reading partition bounds failed");
+                tracing::warn!(store = "log", backend = %self.deps.log_backend, topic = %key.topic, partition = key.partition, error = %e, "reading partition bounds failed");
             }
         }
     }
@@ -952,14 +953,14 @@ impl PartitionTask {
         let result = self.deps.deliveries.record_attempts(records).await;
         self.deps.metrics.write_latency(
             "deliveries",
-            "rocksdb",
+            Backend::RocksDb,
             "record_attempt",
             started.elapsed(),
         );
         if let Err(e) = &result {
             self.deps
                 .metrics
-                .store_error("deliveries", "rocksdb", "write_failed");
+                .store_error("deliveries", Backend::RocksDb, "write_failed");
             self.fail("deliveries", e.reason());
         }
         ids.into_iter()
@@ -1032,7 +1033,7 @@ impl PartitionTask {
                         // is started again from Meta (if still owned) before it acts.
                         c.lose(&format!("attempt ledger write: {e}"));
                     } else {
-                        tracing::warn!(store = "attempts", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, op, error = %e, "attempt ledger write failed; nothing handed out, retried");
+                        tracing::warn!(store = "attempts", backend = %self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, op, error = %e, "attempt ledger write failed; nothing handed out, retried");
                     }
                     return false;
                 }
@@ -1074,7 +1075,7 @@ impl PartitionTask {
                         self.deps
                             .metrics
                             .store_error("log", self.deps.log_backend, kind_of(&e));
-                        tracing::warn!(store = "log", backend = self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the log for delivery failed; retried");
+                        tracing::warn!(store = "log", backend = %self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the log for delivery failed; retried");
                         vec![Input::ReadFailed]
                     }
                 }
@@ -1108,7 +1109,7 @@ impl PartitionTask {
                         vec![Input::DeadLettered { offset }]
                     }
                     Err(reason) => {
-                        tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %reason, "dead-letter write failed; the event is held and retried");
+                        tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %reason, "dead-letter write failed; the event is held and retried");
                         vec![Input::DeadLetterUnavailable { offset }]
                     }
                 }
@@ -1175,11 +1176,11 @@ impl PartitionTask {
     ) {
         self.deps
             .metrics
-            .write_latency("deliveries", "rocksdb", op, started.elapsed());
+            .write_latency("deliveries", Backend::RocksDb, op, started.elapsed());
         if let Err(e) = result {
             self.deps
                 .metrics
-                .store_error("deliveries", "rocksdb", "write_failed");
+                .store_error("deliveries", Backend::RocksDb, "write_failed");
             self.fail("deliveries", e.reason());
         }
     }
@@ -1188,7 +1189,7 @@ impl PartitionTask {
         self.deps
             .metrics
             .store_error("deadletters", self.deps.meta_backend, e.kind());
-        tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, op, entry = entry_id, error = %e, "dead-letter write failed; retried");
+        tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, op, entry = entry_id, error = %e, "dead-letter write failed; retried");
     }
 
     /// Writes the dead-letter entry (body first, then the fenced entry). `Ok(created)`.
@@ -1295,7 +1296,7 @@ impl PartitionTask {
                         self.deps
                             .metrics
                             .store_error("log", self.deps.log_backend, kind_of(&e));
-                        tracing::warn!(store = "log", backend = self.deps.log_backend, topic = %key.topic, partition = key.partition, offset = next, error = %e, "reading a handed-out event failed; it is retried when its lease runs out");
+                        tracing::warn!(store = "log", backend = %self.deps.log_backend, topic = %key.topic, partition = key.partition, offset = next, error = %e, "reading a handed-out event failed; it is retried when its lease runs out");
                         break;
                     }
                 }
@@ -1318,7 +1319,7 @@ impl PartitionTask {
                 Ok(b) => out.push(self.handed(d, b)),
                 Err(e) => {
                     SubCounters::add(&self.counters.read_failures, 1);
-                    tracing::warn!(store = "deadletters", backend = self.deps.meta_backend, entry = entry_id, error = %e, "reading a redriven event failed; it is retried when its lease runs out");
+                    tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, entry = entry_id, error = %e, "reading a redriven event failed; it is retried when its lease runs out");
                 }
             }
         }

@@ -149,7 +149,7 @@ struct State<V> {
 
 struct Shared<V> {
     store: &'static str,
-    backend: &'static str,
+    backend: meshd_meta::Backend,
     prefix: Vec<u8>,
     codec: Box<dyn Codec<V>>,
     /// A std lock: every critical section is short and never awaits.
@@ -489,7 +489,7 @@ impl<V: Clone + Send + Sync + 'static> Shared<V> {
             Err(c) => {
                 tracing::error!(
                     store = self.store,
-                    backend = self.backend,
+                    backend = %self.backend,
                     key = %c.key,
                     reason = %c.reason,
                     "ignoring a key that is not a record of this store"
@@ -501,7 +501,7 @@ impl<V: Clone + Send + Sync + 'static> Shared<V> {
         if let Err(c) = &value {
             tracing::error!(
                 store = self.store,
-                backend = self.backend,
+                backend = %self.backend,
                 key = %c.key,
                 reason = %c.reason,
                 revision = kv.mod_revision,
@@ -605,7 +605,7 @@ async fn follow<V: Clone + Send + Sync + 'static>(
                 Ok(resp) if !resp.more => {
                     tracing::debug!(
                         store,
-                        backend,
+                        %backend,
                         revision = resp.revision,
                         keys = resp.kvs.len(),
                         "cache listed"
@@ -615,14 +615,14 @@ async fn follow<V: Clone + Send + Sync + 'static>(
                 }
                 Ok(_) => {
                     let e = "an unlimited range answered a partial page".to_string();
-                    tracing::error!(store, backend, error = %e, "cache list failed");
+                    tracing::error!(store, %backend, error = %e, "cache list failed");
                     shared.set_live(false, Some(e));
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(config.max_backoff);
                     continue;
                 }
                 Err(e) => {
-                    tracing::warn!(store, backend, error = %e, retry_in = ?delay, "cache list failed");
+                    tracing::warn!(store, %backend, error = %e, retry_in = ?delay, "cache list failed");
                     shared.set_live(false, Some(format!("list: {e}")));
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(config.max_backoff);
@@ -634,7 +634,7 @@ async fn follow<V: Clone + Send + Sync + 'static>(
         let mut stream = match meta.watch(&shared.prefix, from).await {
             Ok(stream) => stream,
             Err(e) => {
-                tracing::warn!(store, backend, error = %e, from, retry_in = ?delay, "cache watch failed");
+                tracing::warn!(store, %backend, error = %e, from, retry_in = ?delay, "cache watch failed");
                 shared.set_live(false, Some(format!("watch: {e}")));
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(config.max_backoff);
@@ -643,7 +643,7 @@ async fn follow<V: Clone + Send + Sync + 'static>(
         };
         shared.set_live(true, None);
         delay = config.initial_backoff;
-        tracing::debug!(store, backend, from, "cache watching");
+        tracing::debug!(store, %backend, from, "cache watching");
         let failure = loop {
             match stream.next().await {
                 Some(Ok(batch)) => shared.apply(batch),
@@ -651,7 +651,7 @@ async fn follow<V: Clone + Send + Sync + 'static>(
                     shared.relists.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         store,
-                        backend,
+                        %backend,
                         from = shared.read().revision + 1,
                         compact_revision,
                         "cache watch position was compacted; re-listing"
@@ -673,7 +673,7 @@ async fn follow<V: Clone + Send + Sync + 'static>(
         match failure {
             None => shared.set_live(false, Some("re-listing after compaction".into())),
             Some(e) => {
-                tracing::warn!(store, backend, error = %e, retry_in = ?delay, "cache watch interrupted");
+                tracing::warn!(store, %backend, error = %e, retry_in = ?delay, "cache watch interrupted");
                 shared.set_live(false, Some(format!("watch: {e}")));
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(config.max_backoff);

@@ -94,7 +94,7 @@ impl Journal {
 /// watch restart from an old revision), (b) transaction faults (to show what a store
 /// does with an unknown outcome), (c) a journal of the keys transactions put.
 pub struct ProxyMeta {
-    backend: &'static str,
+    backend: meshd_meta::Backend,
     /// The backend's current client; swapped when the embedded Meta is reopened.
     inner: RwLock<Arc<dyn Meta>>,
     watches_blocked: AtomicBool,
@@ -150,7 +150,7 @@ impl ProxyMeta {
 
 #[async_trait]
 impl Meta for ProxyMeta {
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> meshd_meta::Backend {
         self.backend
     }
     async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
@@ -273,7 +273,7 @@ impl Harness {
     fn with(engine: Engine, client: Arc<dyn Meta>) -> Self {
         let proxy = ProxyMeta::new(client);
         Self {
-            name: proxy.backend,
+            name: proxy.backend.as_str(),
             engine,
             clients: vec![proxy.clone()],
             proxy,
