@@ -129,6 +129,28 @@ impl Problem {
             .with("backend", backend.as_str())
     }
 
+    /// A store's backend failure, naming the store and its backend: not applied
+    /// (503), outcome unknown (504), fail-stopped (503 with a slow `Retry-After`),
+    /// or data that cannot be trusted (500).
+    pub fn store_failure(
+        store: &str,
+        backend: meshd_meta::Backend,
+        failure: meshd_stores::failure::StoreFailure,
+    ) -> Self {
+        use meshd_stores::failure::StoreFailure;
+        match failure {
+            StoreFailure::Unavailable(d) => Self::unavailable(store, backend, d),
+            StoreFailure::Indeterminate(d) => Self::indeterminate(store, backend, d),
+            StoreFailure::FailStopped(reason) => Self::fail_stopped(store, backend, reason),
+            StoreFailure::Corrupt { key, reason } => Self::internal(
+                store,
+                backend,
+                format!("corrupt record in the {store} store at {key}: {reason}"),
+            ),
+            StoreFailure::Failed(d) => Self::internal(store, backend, d),
+        }
+    }
+
     /// Stored data meshd cannot trust (500).
     pub fn internal(store: &str, backend: meshd_meta::Backend, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", detail)

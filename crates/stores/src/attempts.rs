@@ -65,7 +65,8 @@
 
 use crate::codec::{decode_named, key_text};
 use crate::delivery::SessionBinding;
-use crate::meta_util::{meta_classes, FromMeta};
+use crate::failure::StoreFailure;
+use crate::meta_util::FromMeta;
 use crate::offsets::OffsetKey;
 use crate::tasks::check_name_reason;
 use async_trait::async_trait;
@@ -109,15 +110,6 @@ const DROP_PAGE: usize = 64;
 /// What can go wrong, and what the caller does about it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AttemptError {
-    /// Meta could not be reached; nothing was applied. Do not hand the batch out;
-    /// retry the same call later.
-    #[error("meta unavailable, not applied: {0}")]
-    Unavailable(String),
-    /// The write was sent but its outcome is unknown. Do not hand the batch out; drop
-    /// the partition and re-acquire it (its state is then read back from Meta), as
-    /// after any unknown outcome of an owner's write.
-    #[error("outcome unknown (the write may or may not have been applied): {0}")]
-    Indeterminate(String),
     /// The owner's epoch is stale (the partition was taken over); nothing was written.
     /// Drop the partition.
     #[error("fenced: the owner no longer holds this epoch")]
@@ -130,42 +122,29 @@ pub enum AttemptError {
     /// retry.
     #[error("invalid attempt ledger request: {0}")]
     Invalid(String),
-    /// The stored record failed to decode; it is reported, never guessed at.
-    #[error("corrupt attempt ledger at {key}: {reason}")]
-    Corrupt { key: String, reason: String },
-    /// Meta refused the request in a way this store never asks for (a bug).
-    #[error("meta failed: {0}")]
-    Failed(String),
-    /// Meta has fail-stopped (the embedded backend after a failed disk write) and
-    /// refuses every request until meshd is restarted. Nothing was applied.
-    #[error("meta fail-stopped, not applied: {0}")]
-    FailStopped(String),
+    /// The backend failed; [`StoreFailure`] says what the caller may assume.
+    #[error("attempt ledger {0}")]
+    Store(#[from] StoreFailure),
 }
 
 impl AttemptError {
     /// A short, stable label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            AttemptError::Unavailable(_) => "unavailable",
-            AttemptError::Indeterminate(_) => "indeterminate",
+            Self::Store(f) => f.kind(),
             AttemptError::Fenced => "fenced",
             AttemptError::TooLarge { .. } => "too_large",
             AttemptError::Invalid(_) => "invalid",
-            AttemptError::Corrupt { .. } => "corrupt",
-            AttemptError::Failed(_) => "failed",
-            // The label of Meta's own fail-stop, and of the Local stores'.
-            AttemptError::FailStopped(_) => "failed",
         }
     }
 
     /// Known not applied and safe to retry as is.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, AttemptError::Unavailable(_))
+        matches!(self, Self::Store(f) if f.is_retryable())
     }
 }
 
 impl FromMeta for AttemptError {
-    meta_classes!(AttemptError);
     fn special(e: MetaError) -> Result<Self, MetaError> {
         match e {
             MetaError::Fenced => Ok(AttemptError::Fenced),
@@ -436,9 +415,11 @@ impl AttemptLedger for MetaAttemptLedger {
             .get(&head_key)
             .await
             .map_err(|e| self.meta_error("load", &what, e))?;
-        let corrupt = |k: &[u8], reason: String| AttemptError::Corrupt {
-            key: key_text(k),
-            reason,
+        let corrupt = |k: &[u8], reason: String| {
+            AttemptError::Store(StoreFailure::Corrupt {
+                key: key_text(k),
+                reason,
+            })
         };
         let mut loaded = Loaded::default();
         if let Some(kv) = got.kv {
@@ -868,8 +849,11 @@ pub fn encode_record(entries: &[LedgerEntry]) -> Result<Vec<u8>, AttemptError> {
             })
             .collect(),
     };
-    serde_json::to_vec(&record)
-        .map_err(|e| AttemptError::Failed(format!("encoding attempt ledger record: {e}")))
+    serde_json::to_vec(&record).map_err(|e| {
+        AttemptError::Store(StoreFailure::Failed(format!(
+            "encoding attempt ledger record: {e}"
+        )))
+    })
 }
 
 /// Decodes a version-2 record; the error is the reason it is corrupt.
@@ -952,8 +936,11 @@ pub fn encode_v1(attempts: &BTreeMap<u64, u32>) -> Result<Vec<u8>, AttemptError>
         v: VERSION_1,
         attempts: attempts.iter().map(|(o, a)| (*o, *a)).collect(),
     };
-    serde_json::to_vec(&record)
-        .map_err(|e| AttemptError::Failed(format!("encoding attempt ledger record: {e}")))
+    serde_json::to_vec(&record).map_err(|e| {
+        AttemptError::Store(StoreFailure::Failed(format!(
+            "encoding attempt ledger record: {e}"
+        )))
+    })
 }
 
 /// Decodes a stored ledger record; the error is the reason it is corrupt.
@@ -1360,23 +1347,23 @@ mod tests {
 
     #[test]
     fn error_classes() {
-        assert!(AttemptError::Unavailable("x".into()).is_retryable());
+        assert!(AttemptError::Store(StoreFailure::Unavailable("x".into())).is_retryable());
         for e in [
-            AttemptError::Indeterminate("x".into()),
+            AttemptError::Store(StoreFailure::Indeterminate("x".into())),
             AttemptError::Fenced,
             AttemptError::TooLarge { entries: 2, max: 1 },
-            AttemptError::FailStopped("x".into()),
+            AttemptError::Store(StoreFailure::FailStopped("x".into())),
         ] {
             assert!(!e.is_retryable(), "{e:?}");
         }
         assert_eq!(AttemptError::from_meta(MetaError::Fenced).kind(), "fenced");
         assert_eq!(
             AttemptError::from_meta(MetaError::Unavailable("x".into())),
-            AttemptError::Unavailable("x".into())
+            AttemptError::Store(StoreFailure::Unavailable("x".into()))
         );
         assert_eq!(
             AttemptError::from_meta(MetaError::Indeterminate("x".into())),
-            AttemptError::Indeterminate("x".into())
+            AttemptError::Store(StoreFailure::Indeterminate("x".into()))
         );
         assert_eq!(
             AttemptError::from_meta(MetaError::Failed("x".into())).kind(),

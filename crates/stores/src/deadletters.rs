@@ -42,10 +42,9 @@ mod index;
 pub use id::entry_id;
 
 use crate::codec::key_text;
+use crate::failure::StoreFailure;
 use crate::log::{BodyRef, DeadLetterBodies, LogError};
-use crate::meta_util::{
-    after, commit_at_version, meta_classes, FromMeta, PrefixPages, MAX_CAS_ATTEMPTS,
-};
+use crate::meta_util::{after, commit_at_version, FromMeta, PrefixPages, MAX_CAS_ATTEMPTS};
 use crate::tasks::{check_name_reason, is_valid_name};
 use crate::time::Timestamp;
 use async_trait::async_trait;
@@ -186,14 +185,6 @@ pub fn cursor_after(entry: &DeadLetterEntry) -> String {
 /// What can go wrong, and what the caller does about it (HTTP status in parentheses).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DeadLetterError {
-    /// Meta could not be reached; nothing was applied. A dead-lettering delivery stays
-    /// "dead-lettering" and is retried. (HTTP 503)
-    #[error("meta unavailable, not applied: {0}")]
-    Unavailable(String),
-    /// The write was sent but its outcome is unknown. Retry: a repeated dead-letter of
-    /// the same delivery finds the entry if it was written. (HTTP 504)
-    #[error("outcome unknown (the write may or may not have been applied): {0}")]
-    Indeterminate(String),
     /// The partition owner's epoch is stale; nothing was written. Drop the partition.
     /// (HTTP 409 fenced)
     #[error("fenced: the owner no longer holds this epoch")]
@@ -221,25 +212,16 @@ pub enum DeadLetterError {
     /// A malformed request. Do not retry. (HTTP 400)
     #[error("invalid dead-letter request: {0}")]
     Invalid(String),
-    /// A stored record failed to decode; it is reported, never guessed at. (HTTP 500)
-    #[error("corrupt dead-letter record at {key}: {reason}")]
-    Corrupt { key: String, reason: String },
-    /// Meta refused the request in a way this store never asks for (a bug). (HTTP 500)
-    #[error("meta failed: {0}")]
-    Failed(String),
-    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
-    /// own or of the Local engine it shares) and refuses every request until meshd is
-    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
-    #[error("meta fail-stopped, not applied: {0}")]
-    FailStopped(String),
+    /// The backend failed; [`StoreFailure`] says what the caller may assume.
+    #[error("dead-letter store {0}")]
+    Store(#[from] StoreFailure),
 }
 
 impl DeadLetterError {
     /// A short, stable label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            DeadLetterError::Unavailable(_) => "unavailable",
-            DeadLetterError::Indeterminate(_) => "indeterminate",
+            Self::Store(f) => f.kind(),
             DeadLetterError::Fenced => "fenced",
             DeadLetterError::NotFound { .. } => "not_found",
             DeadLetterError::ConflictingContent { .. } => "conflicting_content",
@@ -247,10 +229,6 @@ impl DeadLetterError {
             DeadLetterError::BodyMissing { .. } => "body_missing",
             DeadLetterError::Log(_) => "log",
             DeadLetterError::Invalid(_) => "invalid",
-            DeadLetterError::Corrupt { .. } => "corrupt",
-            DeadLetterError::Failed(_) => "failed",
-            // The label of Meta's own fail-stop, and of the Local stores'.
-            DeadLetterError::FailStopped(_) => "failed",
         }
     }
 
@@ -258,13 +236,13 @@ impl DeadLetterError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            DeadLetterError::Unavailable(_) | DeadLetterError::Log(LogError::Unavailable(_))
+            DeadLetterError::Store(StoreFailure::Unavailable(_))
+                | DeadLetterError::Log(LogError::Unavailable(_))
         )
     }
 }
 
 impl FromMeta for DeadLetterError {
-    meta_classes!(DeadLetterError);
     fn special(e: MetaError) -> Result<Self, MetaError> {
         match e {
             MetaError::Fenced => Ok(DeadLetterError::Fenced),
@@ -398,14 +376,14 @@ impl MetaDeadLetterStore {
 
     fn log_error(&self, op: &'static str, id: &str, err: &DeadLetterError) {
         match err {
-            DeadLetterError::Unavailable(_)
-            | DeadLetterError::Indeterminate(_)
+            DeadLetterError::Store(StoreFailure::Unavailable(_))
+            | DeadLetterError::Store(StoreFailure::Indeterminate(_))
             | DeadLetterError::Fenced
             | DeadLetterError::BodyMissing { .. }
             | DeadLetterError::Log(_)
-            | DeadLetterError::Corrupt { .. }
-            | DeadLetterError::FailStopped(_)
-            | DeadLetterError::Failed(_) => tracing::warn!(
+            | DeadLetterError::Store(StoreFailure::Corrupt { .. })
+            | DeadLetterError::Store(StoreFailure::FailStopped(_))
+            | DeadLetterError::Store(StoreFailure::Failed(_)) => tracing::warn!(
                 store = STORE,
                 backend = %self.backend(),
                 op,
@@ -427,10 +405,10 @@ impl MetaDeadLetterStore {
     }
 
     fn corrupt(&self, key: &[u8], id: &str, reason: String) -> DeadLetterError {
-        let err = DeadLetterError::Corrupt {
+        let err = DeadLetterError::Store(StoreFailure::Corrupt {
             key: key_text(key),
             reason,
-        };
+        });
         self.log_error("decode", id, &err);
         err
     }
@@ -602,9 +580,9 @@ impl MetaDeadLetterStore {
     }
 
     fn contended(&self, op: &'static str, id: &str) -> DeadLetterError {
-        let err = DeadLetterError::Unavailable(format!(
+        let err = DeadLetterError::Store(StoreFailure::Unavailable(format!(
             "dead-letter entry {id}: lost {MAX_CAS_ATTEMPTS} compare-and-set races in a row"
-        ));
+        )));
         self.log_error(op, id, &err);
         err
     }
@@ -760,7 +738,8 @@ impl DeadLetterStore for MetaDeadLetterStore {
                     let err = self.meta_error("dead_letter", &id, e);
                     match err {
                         // Known not applied: the body is unreferenced.
-                        DeadLetterError::Unavailable(_) | DeadLetterError::Fenced => {
+                        DeadLetterError::Store(StoreFailure::Unavailable(_))
+                        | DeadLetterError::Fenced => {
                             self.discard_body("dead_letter", &id, &body_ref).await
                         }
                         // Possibly applied: the entry may reference it. Anything left

@@ -21,6 +21,7 @@
 pub mod attempts;
 pub mod deadletters;
 pub mod delivery;
+pub mod failure;
 pub mod log;
 pub mod names;
 pub mod offsets;

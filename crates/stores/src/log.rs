@@ -57,6 +57,36 @@ pub enum LogError {
     Unavailable(String),
 }
 
+impl LogError {
+    /// A short, stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LogError::BelowRetention { .. } => "below_retention",
+            LogError::UnknownPartition { .. } => "unknown_partition",
+            LogError::Invalid(_) => "invalid",
+            LogError::Unavailable(_) => "unavailable",
+            LogError::Indeterminate(_) => "indeterminate",
+            LogError::Corrupt { .. } => "corrupt",
+            // A fail-stop, labelled as every store's is.
+            LogError::Failed(_) => "failed",
+        }
+    }
+
+    /// The backend failure this is, in the classes every store shares
+    /// ([`StoreFailure`]); `Err` gives back the log's own answers (below retention,
+    /// unknown partition, an invalid request).
+    pub fn into_failure(self) -> Result<crate::failure::StoreFailure, LogError> {
+        use crate::failure::StoreFailure;
+        match self {
+            LogError::Unavailable(d) => Ok(StoreFailure::Unavailable(d)),
+            LogError::Indeterminate(d) => Ok(StoreFailure::Indeterminate(d)),
+            LogError::Corrupt { key, reason } => Ok(StoreFailure::Corrupt { key, reason }),
+            LogError::Failed(d) => Ok(StoreFailure::FailStopped(d)),
+            other => Err(other),
+        }
+    }
+}
+
 /// The dead-letter stream: event bodies referenced by dead-letter entries in Meta.
 ///
 /// # Contract

@@ -1,11 +1,12 @@
 //! # What the stores on Meta share: error classes, compare-and-set, paged scans
 //!
-//! Every store maps Meta's failures onto its own error type, whose variants keep
-//! Meta's classification visible ([`FromMeta`]); writes conditional on a version
+//! Every store maps Meta's failures onto its own error type, whose `Store` variant
+//! keeps Meta's classification visible ([`FromMeta`], [`StoreFailure`]); writes conditional on a version
 //! treat a failed compare as a lost race, not an error ([`won`],
 //! [`commit_at_version`]); and ledgers without a cache scan their prefix page by page
 //! ([`PrefixPages`]).
 
+use crate::failure::StoreFailure;
 use meshd_meta::fence::Ownership;
 use meshd_meta::{Compare, KeyValue, Meta, MetaError, RangeOptions, RangeResponse, Txn};
 
@@ -14,60 +15,26 @@ use meshd_meta::{Compare, KeyValue, Meta, MetaError, RangeOptions, RangeResponse
 /// another writer made progress, so this is only reached under pathological contention.
 pub(crate) const MAX_CAS_ATTEMPTS: usize = 64;
 
-/// A store error with the classes of Meta's failures every store keeps visible.
-pub(crate) trait FromMeta: Sized {
-    /// Meta could not be reached; nothing was applied.
-    fn unavailable(message: String) -> Self;
-    /// The outcome is unknown.
-    fn indeterminate(message: String) -> Self;
-    /// A record Meta holds is unreadable.
-    fn corrupt(key: String, reason: String) -> Self;
-    /// Meta fail-stopped; nothing was applied, and nothing will be until a restart.
-    fn fail_stopped(message: String) -> Self;
-    /// Anything this store does not expect from Meta.
-    fn failed(message: String) -> Self;
+/// A store error that keeps Meta's failure classes visible: they become its
+/// [`StoreFailure`]; what is left is the store's own answer ([`special`](Self::special))
+/// or, when the store never asks for it, [`StoreFailure::Failed`].
+pub(crate) trait FromMeta: From<StoreFailure> {
     /// The store's own answer to the other errors (fenced, conflict, ...); `Err`
-    /// gives the error back to be reported as [`failed`](Self::failed).
+    /// gives the error back to be reported as [`StoreFailure::Failed`].
     fn special(e: MetaError) -> Result<Self, MetaError> {
         Err(e)
     }
 
     /// Maps a Meta error the caller did not handle itself.
     fn from_meta(e: MetaError) -> Self {
-        match e {
-            MetaError::Unavailable(m) => Self::unavailable(m),
-            MetaError::Indeterminate(m) => Self::indeterminate(m),
-            MetaError::Corrupt { key, reason } => Self::corrupt(key, reason),
-            MetaError::Failed(m) => Self::fail_stopped(m),
-            other => Self::special(other).unwrap_or_else(|e| Self::failed(e.to_string())),
+        match StoreFailure::from_meta(e) {
+            Ok(f) => f.into(),
+            Err(other) => {
+                Self::special(other).unwrap_or_else(|e| StoreFailure::Failed(e.to_string()).into())
+            }
         }
     }
 }
-
-/// The five [`FromMeta`] constructors of a store error whose variants are named
-/// `Unavailable(String)`, `Indeterminate(String)`, `Corrupt { key, reason }`,
-/// `FailStopped(String)` and `Failed(String)`, as every store's are. Used inside
-/// `impl FromMeta for …`.
-macro_rules! meta_classes {
-    ($error:ident) => {
-        fn unavailable(message: String) -> Self {
-            $error::Unavailable(message)
-        }
-        fn indeterminate(message: String) -> Self {
-            $error::Indeterminate(message)
-        }
-        fn corrupt(key: String, reason: String) -> Self {
-            $error::Corrupt { key, reason }
-        }
-        fn fail_stopped(message: String) -> Self {
-            $error::FailStopped(message)
-        }
-        fn failed(message: String) -> Self {
-            $error::Failed(message)
-        }
-    };
-}
-pub(crate) use meta_classes;
 
 /// A compare-and-set's answer: `Ok(Ok(_))` it won, `Ok(Err(current))` it lost (a
 /// compare failed; `current` is the value Meta reported, if any), `Err` Meta failed.

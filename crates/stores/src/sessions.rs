@@ -30,7 +30,8 @@ pub mod record;
 
 pub use crate::subscriptions::{CacheConfig, CacheHealth};
 
-use crate::meta_util::{meta_classes, FromMeta};
+use crate::failure::StoreFailure;
+use crate::meta_util::FromMeta;
 use crate::subscriptions::cache::{Codec, CorruptRecord, Lookup, WatchedCache};
 use crate::subscriptions::validate_name;
 use async_trait::async_trait;
@@ -129,24 +130,9 @@ pub enum SessionError {
     /// failed; `current` is that key's value. Nothing was applied.
     #[error("precondition failed (current mod_revision: {:?})", current.as_ref().map(|kv| kv.mod_revision))]
     Conflict { current: Option<Box<KeyValue>> },
-    /// Meta could not be reached; nothing was applied. Retry later (HTTP 503).
-    #[error("session store unavailable: {0}")]
-    Unavailable(String),
-    /// The write was sent but its outcome is unknown (HTTP 504): re-read before
-    /// acting.
-    #[error("session write outcome unknown: {0}")]
-    Indeterminate(String),
-    /// A stored record is unreadable; reported, never decoded into a default.
-    #[error("corrupt session record at {key}: {reason}")]
-    Corrupt { key: String, reason: String },
-    /// Meta answered something this store never asks for (a bug). (HTTP 500)
-    #[error("session store failed: {0}")]
-    Failed(String),
-    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
-    /// own or of the Local engine it shares) and refuses every request until meshd is
-    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
-    #[error("session store fail-stopped, not applied: {0}")]
-    FailStopped(String),
+    /// The backend failed; [`StoreFailure`] says what the caller may assume.
+    #[error("session store {0}")]
+    Store(#[from] StoreFailure),
 }
 
 impl SessionError {
@@ -158,23 +144,17 @@ impl SessionError {
             Self::Fenced { .. } => "fenced",
             Self::Expired { .. } => "expired",
             Self::Conflict { .. } => "conflict",
-            Self::Unavailable(_) => "unavailable",
-            Self::Indeterminate(_) => "indeterminate",
-            Self::Corrupt { .. } => "corrupt",
-            Self::Failed(_) => "failed",
-            // The label of Meta's own fail-stop, and of the Local stores'.
-            Self::FailStopped(_) => "failed",
+            Self::Store(f) => f.kind(),
         }
     }
 
     /// Known not applied and retryable as is.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
+        matches!(self, Self::Store(f) if f.is_retryable())
     }
 }
 
 impl FromMeta for SessionError {
-    meta_classes!(SessionError);
     fn special(e: MetaError) -> Result<Self, MetaError> {
         match e {
             MetaError::Conflict { current } => Ok(Self::Conflict { current }),
@@ -185,10 +165,10 @@ impl FromMeta for SessionError {
 
 impl From<CorruptRecord> for SessionError {
     fn from(c: CorruptRecord) -> Self {
-        Self::Corrupt {
+        Self::Store(StoreFailure::Corrupt {
             key: c.key,
             reason: c.reason,
-        }
+        })
     }
 }
 
@@ -388,7 +368,7 @@ impl MetaSessionStore {
             Box::new(SessionCodec),
             &config.cache,
         )
-        .map_err(SessionError::Failed)?;
+        .map_err(|m| SessionError::Store(StoreFailure::Failed(m)))?;
         Ok(Self {
             meta,
             cache,
@@ -639,8 +619,10 @@ impl MetaSessionStore {
     ) -> Result<(i64, Option<Option<Session>>), SessionError> {
         let owner = record::key(&value.client_id);
         let id = id_record::key(&value.session_id);
-        let owner_value = record::encode(value).map_err(SessionError::Failed)?;
-        let id_value = id_record::encode(&value.client_id).map_err(SessionError::Failed)?;
+        let owner_value =
+            record::encode(value).map_err(|m| SessionError::Store(StoreFailure::Failed(m)))?;
+        let id_value = id_record::encode(&value.client_id)
+            .map_err(|m| SessionError::Store(StoreFailure::Failed(m)))?;
         let writes = || {
             Txn::new()
                 .put_with_lease(&owner, &owner_value, Some(value.lease))
@@ -746,11 +728,11 @@ impl MetaSessionStore {
 
     fn log_failure(&self, op: &'static str, subject: &str, e: &SessionError) {
         match e {
-            SessionError::Unavailable(_)
-            | SessionError::Indeterminate(_)
-            | SessionError::Corrupt { .. }
-            | SessionError::FailStopped(_)
-            | SessionError::Failed(_) => tracing::warn!(
+            SessionError::Store(StoreFailure::Unavailable(_))
+            | SessionError::Store(StoreFailure::Indeterminate(_))
+            | SessionError::Store(StoreFailure::Corrupt { .. })
+            | SessionError::Store(StoreFailure::FailStopped(_))
+            | SessionError::Store(StoreFailure::Failed(_)) => tracing::warn!(
                 store = STORE,
                 backend = %self.backend(),
                 op,
@@ -855,7 +837,7 @@ impl SessionStore for MetaSessionStore {
         self.cache
             .get("session", |c| c.lookup_secondary(session_id))
             .await
-            .map_err(SessionError::Unavailable)?
+            .map_err(|m| SessionError::Store(StoreFailure::Unavailable(m)))?
             .map_err(Into::into)
     }
 
@@ -863,7 +845,7 @@ impl SessionStore for MetaSessionStore {
         self.cache
             .list("session")
             .await
-            .map_err(SessionError::Unavailable)
+            .map_err(|m| SessionError::Store(StoreFailure::Unavailable(m)))
     }
 
     async fn fence_for(&self, session_id: &str) -> Result<Ownership, SessionError> {

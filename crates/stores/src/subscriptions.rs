@@ -28,7 +28,8 @@ pub mod record;
 
 pub use cache::{CacheConfig, CacheHealth};
 
-use crate::meta_util::{meta_classes, won, FromMeta};
+use crate::failure::StoreFailure;
+use crate::meta_util::{won, FromMeta};
 use async_trait::async_trait;
 use cache::{Codec, CorruptRecord, WatchedCache};
 use meshd_meta::{Compare, KeyValue, Meta, Txn};
@@ -273,25 +274,9 @@ pub enum SubscriptionError {
         current: String,
         requested: String,
     },
-    /// Meta could not be reached; nothing was applied. Retry later (HTTP 503).
-    #[error("subscription store unavailable: {0}")]
-    Unavailable(String),
-    /// The write was sent but its outcome is unknown (HTTP 504): re-read before
-    /// acting; retrying the same write is safe when it carries a precondition.
-    #[error("subscription write outcome unknown: {0}")]
-    Indeterminate(String),
-    /// The stored record is unreadable; it is reported, never decoded into a default.
-    #[error("corrupt subscription record at {key}: {reason}")]
-    Corrupt { key: String, reason: String },
-    /// Meta answered something this store never asks for (a bug). Not retryable;
-    /// alert. (HTTP 500)
-    #[error("subscription store failed: {0}")]
-    Failed(String),
-    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
-    /// own or of the Local engine it shares) and refuses every request until meshd is
-    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
-    #[error("subscription store fail-stopped, not applied: {0}")]
-    FailStopped(String),
+    /// The backend failed; [`StoreFailure`] says what the caller may assume.
+    #[error("subscription store {0}")]
+    Store(#[from] StoreFailure),
 }
 
 impl SubscriptionError {
@@ -303,32 +288,25 @@ impl SubscriptionError {
             Self::PreconditionFailed { .. } => "precondition_failed",
             Self::TopicNotFound { .. } => "topic_not_found",
             Self::TopicChange { .. } => "topic_change",
-            Self::Unavailable(_) => "unavailable",
-            Self::Indeterminate(_) => "indeterminate",
-            Self::Corrupt { .. } => "corrupt",
-            Self::Failed(_) => "failed",
-            // The label of Meta's own fail-stop, and of the Local stores'.
-            Self::FailStopped(_) => "failed",
+            Self::Store(f) => f.kind(),
         }
     }
 
     /// Known not applied and retryable as is.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
+        matches!(self, Self::Store(f) if f.is_retryable())
     }
 }
 
 /// Maps a Meta error that is not a precondition failure.
-impl FromMeta for SubscriptionError {
-    meta_classes!(SubscriptionError);
-}
+impl FromMeta for SubscriptionError {}
 
 impl From<CorruptRecord> for SubscriptionError {
     fn from(c: CorruptRecord) -> Self {
-        Self::Corrupt {
+        Self::Store(StoreFailure::Corrupt {
             key: c.key,
             reason: c.reason,
-        }
+        })
     }
 }
 
@@ -482,7 +460,7 @@ impl MetaSubscriptionStore {
             Box::new(SubscriptionCodec),
             &config.cache,
         )
-        .map_err(SubscriptionError::Failed)?;
+        .map_err(|m| SubscriptionError::Store(StoreFailure::Failed(m)))?;
         Ok(Self {
             meta,
             cache,
@@ -591,7 +569,8 @@ impl MetaSubscriptionStore {
         spec.validate()?;
         let name = spec.name.as_str();
         let key = record::key(name);
-        let value = record::encode(spec).map_err(SubscriptionError::Failed)?;
+        let value =
+            record::encode(spec).map_err(|m| SubscriptionError::Store(StoreFailure::Failed(m)))?;
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
@@ -640,9 +619,11 @@ impl MetaSubscriptionStore {
             }
             attempt += 1;
             if started.elapsed() >= self.config.cas_retry_limit {
-                return Err(SubscriptionError::Unavailable(format!(
-                    "gave up after {attempt} compare-and-set attempts on subscription \
+                return Err(SubscriptionError::Store(StoreFailure::Unavailable(
+                    format!(
+                        "gave up after {attempt} compare-and-set attempts on subscription \
                      {name:?} under contention; nothing was written by this request"
+                    ),
                 )));
             }
             tracing::debug!(
@@ -703,9 +684,11 @@ impl MetaSubscriptionStore {
                     }
                     attempt += 1;
                     if started.elapsed() >= self.config.cas_retry_limit {
-                        return Err(SubscriptionError::Unavailable(format!(
-                            "gave up after {attempt} compare-and-set attempts deleting \
+                        return Err(SubscriptionError::Store(StoreFailure::Unavailable(
+                            format!(
+                                "gave up after {attempt} compare-and-set attempts deleting \
                              subscription {name:?} under contention; nothing was deleted"
+                            ),
                         )));
                     }
                     Self::contention_pause(attempt).await;
@@ -716,11 +699,11 @@ impl MetaSubscriptionStore {
 
     fn log_failure(&self, op: &'static str, name: &str, e: &SubscriptionError) {
         match e {
-            SubscriptionError::Unavailable(_)
-            | SubscriptionError::Indeterminate(_)
-            | SubscriptionError::Corrupt { .. }
-            | SubscriptionError::FailStopped(_)
-            | SubscriptionError::Failed(_) => tracing::warn!(
+            SubscriptionError::Store(StoreFailure::Unavailable(_))
+            | SubscriptionError::Store(StoreFailure::Indeterminate(_))
+            | SubscriptionError::Store(StoreFailure::Corrupt { .. })
+            | SubscriptionError::Store(StoreFailure::FailStopped(_))
+            | SubscriptionError::Store(StoreFailure::Failed(_)) => tracing::warn!(
                 store = STORE,
                 backend = %self.backend(),
                 op,
@@ -811,7 +794,7 @@ impl SubscriptionStore for MetaSubscriptionStore {
         self.cache
             .get("subscription", |c| c.lookup(name))
             .await
-            .map_err(SubscriptionError::Unavailable)?
+            .map_err(|m| SubscriptionError::Store(StoreFailure::Unavailable(m)))?
             .map_err(Into::into)
     }
 
@@ -819,7 +802,7 @@ impl SubscriptionStore for MetaSubscriptionStore {
         self.cache
             .list("subscription")
             .await
-            .map_err(SubscriptionError::Unavailable)
+            .map_err(|m| SubscriptionError::Store(StoreFailure::Unavailable(m)))
     }
 
     fn cache_revision(&self) -> i64 {

@@ -26,9 +26,8 @@ pub mod usage;
 pub use crate::time::Timestamp;
 
 use crate::codec::key_text;
-use crate::meta_util::{
-    after, commit_at_version, meta_classes, FromMeta, PrefixPages, MAX_CAS_ATTEMPTS,
-};
+use crate::failure::StoreFailure;
+use crate::meta_util::{after, commit_at_version, FromMeta, PrefixPages, MAX_CAS_ATTEMPTS};
 use async_trait::async_trait;
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{self, KeyKind};
@@ -327,14 +326,6 @@ impl TaskConfigError {
 /// HTTP status each maps to is in parentheses.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TaskError {
-    /// Meta could not be reached; nothing was applied. Retry later. (HTTP 503)
-    #[error("meta unavailable, not applied: {0}")]
-    Unavailable(String),
-    /// The write was sent but its outcome is unknown. Re-read before acting; for a
-    /// submit, retrying with the same id is safe (it returns the task if it was
-    /// written). (HTTP 504)
-    #[error("outcome unknown (the write may or may not have been applied): {0}")]
-    Indeterminate(String),
     /// The acting session no longer holds its epoch (taken over or expired). Nothing
     /// was applied; the session must not act on the task any more. (HTTP 409 fenced)
     #[error("fenced: the session no longer holds this epoch")]
@@ -370,25 +361,16 @@ pub enum TaskError {
     /// A malformed request (bad id, agent, cursor, limit). Do not retry. (HTTP 400)
     #[error("invalid task request: {0}")]
     Invalid(String),
-    /// A stored record failed to decode; it is reported, never guessed at. (HTTP 500)
-    #[error("corrupt task record at {key}: {reason}")]
-    Corrupt { key: String, reason: String },
-    /// Meta refused the request in a way this store never asks for (a bug). (HTTP 500)
-    #[error("meta failed: {0}")]
-    Failed(String),
-    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
-    /// own or of the Local engine it shares) and refuses every request until meshd is
-    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
-    #[error("meta fail-stopped, not applied: {0}")]
-    FailStopped(String),
+    /// The backend failed; [`StoreFailure`] says what the caller may assume.
+    #[error("task store {0}")]
+    Store(#[from] StoreFailure),
 }
 
 impl TaskError {
     /// A short, stable label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            TaskError::Unavailable(_) => "unavailable",
-            TaskError::Indeterminate(_) => "indeterminate",
+            Self::Store(f) => f.kind(),
             TaskError::Fenced => "fenced",
             TaskError::VersionMismatch { .. } => "version_mismatch",
             TaskError::NotFound { .. } => "not_found",
@@ -399,21 +381,16 @@ impl TaskError {
             TaskError::Forbidden { .. } => "forbidden",
             TaskError::TooLarge { .. } => "too_large",
             TaskError::Invalid(_) => "invalid",
-            TaskError::Corrupt { .. } => "corrupt",
-            TaskError::Failed(_) => "failed",
-            // The label of Meta's own fail-stop, and of the Local stores'.
-            TaskError::FailStopped(_) => "failed",
         }
     }
 
     /// Known not applied and safe to retry as is.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, TaskError::Unavailable(_))
+        matches!(self, Self::Store(f) if f.is_retryable())
     }
 }
 
 impl FromMeta for TaskError {
-    meta_classes!(TaskError);
     fn special(e: MetaError) -> Result<Self, MetaError> {
         match e {
             MetaError::Fenced => Ok(TaskError::Fenced),
@@ -549,11 +526,11 @@ impl MetaTaskStore {
 
     fn log_error(&self, op: &'static str, id: &str, err: &TaskError) {
         match err {
-            TaskError::Unavailable(_)
-            | TaskError::Indeterminate(_)
-            | TaskError::Corrupt { .. }
-            | TaskError::FailStopped(_)
-            | TaskError::Failed(_) => tracing::warn!(
+            TaskError::Store(StoreFailure::Unavailable(_))
+            | TaskError::Store(StoreFailure::Indeterminate(_))
+            | TaskError::Store(StoreFailure::Corrupt { .. })
+            | TaskError::Store(StoreFailure::FailStopped(_))
+            | TaskError::Store(StoreFailure::Failed(_)) => tracing::warn!(
                 store = STORE,
                 backend = %self.backend(),
                 op,
@@ -576,10 +553,10 @@ impl MetaTaskStore {
 
     fn decode(&self, id: &str, kv: &KeyValue) -> Result<Task, TaskError> {
         record::decode(id, &kv.value, kv.mod_revision).map_err(|reason| {
-            let err = TaskError::Corrupt {
+            let err = TaskError::Store(StoreFailure::Corrupt {
                 key: key_text(&kv.key),
                 reason,
-            };
+            });
             self.log_error("decode", id, &err);
             err
         })
@@ -644,9 +621,9 @@ impl MetaTaskStore {
     }
 
     fn contended(&self, op: &'static str, id: &str) -> TaskError {
-        let err = TaskError::Unavailable(format!(
+        let err = TaskError::Store(StoreFailure::Unavailable(format!(
             "task {id}: lost {MAX_CAS_ATTEMPTS} compare-and-set races in a row"
-        ));
+        )));
         self.log_error(op, id, &err);
         err
     }
@@ -1066,10 +1043,10 @@ impl TaskStore for MetaTaskStore {
 fn task_id_of(kv: &KeyValue) -> Result<String, TaskError> {
     match keys::components(KeyKind::Tasks, &kv.key).as_deref() {
         Some([id]) => Ok(id.clone()),
-        _ => Err(TaskError::Corrupt {
+        _ => Err(TaskError::Store(StoreFailure::Corrupt {
             key: key_text(&kv.key),
             reason: "not a task key (meshd/v1/tasks/{id})".into(),
-        }),
+        })),
     }
 }
 

@@ -43,7 +43,8 @@
 
 pub mod record;
 
-use crate::meta_util::{meta_classes, won, FromMeta, PrefixPages};
+use crate::failure::StoreFailure;
+use crate::meta_util::{won, FromMeta, PrefixPages};
 use crate::subscriptions::cache::{Codec, CorruptRecord, Lookup, WatchedCache};
 use crate::subscriptions::{record as subscription_record, validate_name};
 pub use crate::subscriptions::{CacheConfig, CacheHealth};
@@ -112,23 +113,9 @@ pub enum TopicError {
         name: String,
         subscriptions: Vec<String>,
     },
-    /// Meta could not be reached; nothing was applied. Retry later (HTTP 503).
-    #[error("topic store unavailable: {0}")]
-    Unavailable(String),
-    /// The write was sent but its outcome is unknown (HTTP 504): re-read before acting.
-    #[error("topic write outcome unknown: {0}")]
-    Indeterminate(String),
-    /// A stored record is unreadable; it is reported, never decoded into a default.
-    #[error("corrupt topic record at {key}: {reason}")]
-    Corrupt { key: String, reason: String },
-    /// Meta answered something this store never asks for (a bug). (HTTP 500)
-    #[error("topic store failed: {0}")]
-    Failed(String),
-    /// Meta has fail-stopped (the embedded backend after a failed disk write of its
-    /// own or of the Local engine it shares) and refuses every request until meshd is
-    /// restarted. Nothing was applied. (HTTP 503, without `Retry-After`)
-    #[error("topic store fail-stopped, not applied: {0}")]
-    FailStopped(String),
+    /// The backend failed; [`StoreFailure`] says what the caller may assume.
+    #[error("topic store {0}")]
+    Store(#[from] StoreFailure),
 }
 
 impl TopicError {
@@ -139,31 +126,24 @@ impl TopicError {
             Self::NotFound { .. } => "not_found",
             Self::PartitionMismatch { .. } => "partition_mismatch",
             Self::InUse { .. } => "in_use",
-            Self::Unavailable(_) => "unavailable",
-            Self::Indeterminate(_) => "indeterminate",
-            Self::Corrupt { .. } => "corrupt",
-            Self::Failed(_) => "failed",
-            // The label of Meta's own fail-stop, and of the Local stores'.
-            Self::FailStopped(_) => "failed",
+            Self::Store(f) => f.kind(),
         }
     }
 
     /// Known not applied and retryable as is.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
+        matches!(self, Self::Store(f) if f.is_retryable())
     }
 }
 
-impl FromMeta for TopicError {
-    meta_classes!(TopicError);
-}
+impl FromMeta for TopicError {}
 
 impl From<CorruptRecord> for TopicError {
     fn from(c: CorruptRecord) -> Self {
-        Self::Corrupt {
+        Self::Store(StoreFailure::Corrupt {
             key: c.key,
             reason: c.reason,
-        }
+        })
     }
 }
 
@@ -243,7 +223,7 @@ impl MetaTopicStore {
             Box::new(TopicCodec),
             &CacheConfig::default(),
         )
-        .map_err(TopicError::Failed)?;
+        .map_err(|m| TopicError::Store(StoreFailure::Failed(m)))?;
         Ok(Self { meta, cache })
     }
 
@@ -303,7 +283,8 @@ impl MetaTopicStore {
         expected: i64,
     ) -> Result<Option<StoredTopic>, TopicError> {
         let key = record::key(name);
-        let value = record::encode(name, partitions, deleting).map_err(TopicError::Failed)?;
+        let value = record::encode(name, partitions, deleting)
+            .map_err(|m| TopicError::Store(StoreFailure::Failed(m)))?;
         let txn = Txn::new()
             .when(Compare::ModRevision {
                 key: key.clone(),
@@ -388,13 +369,13 @@ impl MetaTopicStore {
                     Err(reason) => match topic_field(&kv.value) {
                         Some(topic) => topic,
                         None => {
-                            return Err(TopicError::Corrupt {
+                            return Err(TopicError::Store(StoreFailure::Corrupt {
                                 key: crate::codec::key_text(&kv.key),
                                 reason: format!(
                                     "cannot tell whether this subscription references topic \
                                      {name:?}: {reason}"
                                 ),
-                            })
+                            }))
                         }
                     },
                 };
@@ -427,10 +408,10 @@ impl MetaTopicStore {
             }
             attempt += 1;
             if started.elapsed() >= CAS_RETRY_LIMIT {
-                return Err(TopicError::Unavailable(format!(
+                return Err(TopicError::Store(StoreFailure::Unavailable(format!(
                     "gave up after {attempt} compare-and-set attempts to {op} topic {name:?} \
                      under contention"
-                )));
+                ))));
             }
             tracing::debug!(
                 store = STORE,
@@ -554,11 +535,11 @@ impl MetaTopicStore {
 
     fn log_failure(&self, op: &'static str, name: &str, e: &TopicError) {
         match e {
-            TopicError::Unavailable(_)
-            | TopicError::Indeterminate(_)
-            | TopicError::Corrupt { .. }
-            | TopicError::FailStopped(_)
-            | TopicError::Failed(_) => tracing::warn!(
+            TopicError::Store(StoreFailure::Unavailable(_))
+            | TopicError::Store(StoreFailure::Indeterminate(_))
+            | TopicError::Store(StoreFailure::Corrupt { .. })
+            | TopicError::Store(StoreFailure::FailStopped(_))
+            | TopicError::Store(StoreFailure::Failed(_)) => tracing::warn!(
                 store = STORE, backend = %self.backend(), op, name, kind = e.kind(), error = %e,
                 "topic operation failed"
             ),
@@ -618,7 +599,7 @@ impl TopicStore for MetaTopicStore {
             .cache
             .list("topic")
             .await
-            .map_err(TopicError::Unavailable)?;
+            .map_err(|m| TopicError::Store(StoreFailure::Unavailable(m)))?;
         Ok(all
             .into_iter()
             .filter(|s| !s.deleting)

@@ -32,6 +32,7 @@ use meshd_stores::attempts::{
     LedgerState, MetaAttemptLedger, MAX_RECORD_ENTRIES,
 };
 use meshd_stores::delivery::SessionBinding;
+use meshd_stores::failure::StoreFailure;
 use meshd_stores::offsets::OffsetKey;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -368,7 +369,8 @@ async fn meta_unavailable_is_retryable_and_nothing_is_half_written(h: &mut Harne
     assert!(
         matches!(
             first,
-            AttemptError::Unavailable(_) | AttemptError::Indeterminate(_)
+            AttemptError::Store(StoreFailure::Unavailable(_))
+                | AttemptError::Store(StoreFailure::Indeterminate(_))
         ),
         "{first:?}"
     );
@@ -379,13 +381,13 @@ async fn meta_unavailable_is_retryable_and_nothing_is_half_written(h: &mut Harne
         .await
         .expect_err("record while down");
     assert!(
-        matches!(err, AttemptError::Unavailable(_)) && err.is_retryable(),
+        matches!(err, AttemptError::Store(StoreFailure::Unavailable(_))) && err.is_retryable(),
         "{err:?}"
     );
     assert_eq!(err.kind(), "unavailable");
     let err = l.load(&k).await.expect_err("load while down");
     assert!(
-        matches!(err, AttemptError::Unavailable(_)) && err.is_retryable(),
+        matches!(err, AttemptError::Store(StoreFailure::Unavailable(_))) && err.is_retryable(),
         "{err:?}"
     );
     let err = l
@@ -403,7 +405,7 @@ async fn meta_unavailable_is_retryable_and_nothing_is_half_written(h: &mut Harne
         .inject(Fault::Refuse(MetaError::Unavailable("no leader".into())));
     let err = w.record(during.clone()).await.expect_err("refused");
     assert!(
-        matches!(err, AttemptError::Unavailable(_)) && err.is_retryable(),
+        matches!(err, AttemptError::Store(StoreFailure::Unavailable(_))) && err.is_retryable(),
         "{err:?}"
     );
     assert_eq!(current(&l, &k).await, before);
@@ -427,7 +429,7 @@ async fn a_lost_answer_is_indeterminate_and_a_reread_tells(h: &mut Harness) {
     let next = vec![e(1, 2), e(2, 1)];
     let err = w.record(next.clone()).await.expect_err("answer lost");
     assert!(
-        matches!(err, AttemptError::Indeterminate(_)) && !err.is_retryable(),
+        matches!(err, AttemptError::Store(StoreFailure::Indeterminate(_))) && !err.is_retryable(),
         "{err:?}"
     );
     assert_eq!(err.kind(), "indeterminate");
@@ -578,7 +580,7 @@ async fn a_damaged_ledger_is_reported_as_corrupt(h: &mut Harness) {
             .await
             .expect("put");
         match l.load(&k).await {
-            Err(AttemptError::Corrupt { key: at, reason }) => {
+            Err(AttemptError::Store(StoreFailure::Corrupt { key: at, reason })) => {
                 assert_eq!(at.as_bytes(), *key, "{reason}");
                 assert!(!reason.is_empty());
             }
@@ -604,7 +606,10 @@ async fn a_damaged_ledger_is_reported_as_corrupt(h: &mut Harness) {
     .await
     .expect("put");
     assert!(
-        matches!(l.load(&k).await, Err(AttemptError::Corrupt { .. })),
+        matches!(
+            l.load(&k).await,
+            Err(AttemptError::Store(StoreFailure::Corrupt { .. }))
+        ),
         "records without a head"
     );
 }

@@ -34,6 +34,7 @@ use meshd_stores::deadletters::{
     DeadLetterEntry, DeadLetterError, DeadLetterState, DeadLetterStore, MetaDeadLetterStore,
     NewDeadLetter,
 };
+use meshd_stores::failure::StoreFailure;
 use meshd_stores::log::{BodyRef, DeadLetterBodies, LogError};
 use meshd_stores::tasks::Timestamp;
 use meshd_stores_local::keys::COLUMN_FAMILIES;
@@ -707,7 +708,7 @@ async fn orphan_bodies_are_collected(b: &mut Harness, logs: &dyn BodyLogs) {
     assert!(matches!(
         s.dead_letter(delivery("billing", 3), &body_of(3), &own)
             .await,
-        Err(DeadLetterError::Indeterminate(_))
+        Err(DeadLetterError::Store(StoreFailure::Indeterminate(_)))
     ));
     assert_eq!(all_bodies(bodies.as_ref()).await.len(), 6);
     assert_eq!(s.collect_orphan_bodies().await.expect("collect"), 4);
@@ -763,21 +764,21 @@ async fn meta_unavailable_is_a_typed_error_and_nothing_is_half_written(
     b.stop();
     let d = delivery("billing", 1);
     match s.dead_letter(d.clone(), &body_of(1), &own).await {
-        Err(DeadLetterError::Unavailable(_)) => {}
+        Err(DeadLetterError::Store(StoreFailure::Unavailable(_))) => {}
         other => panic!("expected Unavailable, got {other:?}"),
     }
     // Reads never say "absent" when Meta could not be read.
     assert!(matches!(
         s.get(&kept.id).await,
-        Err(DeadLetterError::Unavailable(_))
+        Err(DeadLetterError::Store(StoreFailure::Unavailable(_)))
     ));
     assert!(matches!(
         s.list(None, 10, None).await,
-        Err(DeadLetterError::Unavailable(_))
+        Err(DeadLetterError::Store(StoreFailure::Unavailable(_)))
     ));
     assert!(matches!(
         s.redrive(&kept.id).await,
-        Err(DeadLetterError::Unavailable(_))
+        Err(DeadLetterError::Store(StoreFailure::Unavailable(_)))
     ));
     b.start().await;
     b.wait_ready().await;
@@ -801,7 +802,9 @@ async fn meta_unavailable_is_a_typed_error_and_nothing_is_half_written(
         .dead_letter(d2.clone(), &body_of(2), &own)
         .await
         .expect_err("unavailable");
-    assert!(matches!(err, DeadLetterError::Unavailable(_)) && err.is_retryable());
+    assert!(
+        matches!(err, DeadLetterError::Store(StoreFailure::Unavailable(_))) && err.is_retryable()
+    );
     assert!(matches!(
         s.get(&s.id_of(&d2)).await,
         Err(DeadLetterError::NotFound { .. })
@@ -816,7 +819,7 @@ async fn meta_unavailable_is_a_typed_error_and_nothing_is_half_written(
         )));
     assert!(matches!(
         s.dead_letter(d2.clone(), &body_of(2), &own).await,
-        Err(DeadLetterError::Indeterminate(_))
+        Err(DeadLetterError::Store(StoreFailure::Indeterminate(_)))
     ));
     let retry = s
         .dead_letter(d2.clone(), &body_of(2), &own)
@@ -902,7 +905,7 @@ async fn corrupt_records_are_reported(b: &mut Harness, logs: &dyn BodyLogs) {
     .await;
     for id in [&id1, &id2, &id3, &id4] {
         match s.get(id).await {
-            Err(DeadLetterError::Corrupt { key, .. }) => {
+            Err(DeadLetterError::Store(StoreFailure::Corrupt { key, .. })) => {
                 assert!(key.contains(id.as_str()), "{key}")
             }
             other => panic!("{id}: expected Corrupt, got {other:?}"),
@@ -910,7 +913,7 @@ async fn corrupt_records_are_reported(b: &mut Harness, logs: &dyn BodyLogs) {
     }
     assert!(matches!(
         s.list(None, 100, None).await,
-        Err(DeadLetterError::Corrupt { .. })
+        Err(DeadLetterError::Store(StoreFailure::Corrupt { .. }))
     ));
     assert_eq!(s.get(&good.id).await.expect("the good entry"), good);
 }

@@ -21,6 +21,7 @@ mod common;
 use common::{backend_cases, Harness};
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::{Meta, MetaError, RangeOptions, Txn};
+use meshd_stores::failure::StoreFailure;
 use meshd_stores::sessions::{
     self, id_record, record, MetaSessionStore, Session, SessionError, SessionStore,
     SessionStoreConfig,
@@ -69,7 +70,8 @@ async fn store_with(meta: Arc<dyn Meta>, config: SessionStoreConfig) -> MetaSess
 fn is_outage(e: &SessionError) -> bool {
     matches!(
         e,
-        SessionError::Unavailable(_) | SessionError::Indeterminate(_)
+        SessionError::Store(StoreFailure::Unavailable(_))
+            | SessionError::Store(StoreFailure::Indeterminate(_))
     )
 }
 

@@ -19,6 +19,7 @@ mod common;
 
 use common::{backend_cases, Harness};
 use meshd_meta::{Meta, Precondition as MetaPrecondition, RangeOptions};
+use meshd_stores::failure::StoreFailure;
 use meshd_stores::subscriptions::{
     record, Backoff, Filter, MetaSubscriptionStore, Precondition, Push, StartPosition,
     SubscriptionError, SubscriptionSpec, SubscriptionStore, SubscriptionStoreConfig,
@@ -128,7 +129,8 @@ fn summary(s: &State) -> Vec<(String, i64, u32)> {
 fn is_outage(e: &SubscriptionError) -> bool {
     matches!(
         e,
-        SubscriptionError::Unavailable(_) | SubscriptionError::Indeterminate(_)
+        SubscriptionError::Store(StoreFailure::Unavailable(_))
+            | SubscriptionError::Store(StoreFailure::Indeterminate(_))
     )
 }
 
@@ -780,7 +782,7 @@ mod suite {
         s.create(spec("fine")).await.unwrap();
         for name in ["torn", "future"] {
             match s.get(name).await {
-                Err(SubscriptionError::Corrupt { key, reason }) => {
+                Err(SubscriptionError::Store(StoreFailure::Corrupt { key, reason })) => {
                     assert!(key.ends_with(name), "{key}: {reason}");
                 }
                 other => panic!("{name}: expected Corrupt, got {other:?}"),
@@ -788,7 +790,7 @@ mod suite {
             // An update cannot check the topic of an unreadable record.
             assert!(matches!(
                 s.put(spec(name), Precondition::None).await,
-                Err(SubscriptionError::Corrupt { .. })
+                Err(SubscriptionError::Store(StoreFailure::Corrupt { .. }))
             ));
         }
         let names: Vec<String> = s

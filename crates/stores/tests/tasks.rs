@@ -25,6 +25,7 @@ use common::{backend_cases, Fault, Harness};
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::{Meta, MetaError, Precondition};
+use meshd_stores::failure::StoreFailure;
 use meshd_stores::tasks::{
     AssigneeRef, MetaTaskStore, Requeue, Task, TaskError, TaskFilter, TaskState, TaskStore,
     TaskStoreConfig,
@@ -753,7 +754,7 @@ async fn indeterminate_submit_is_safe_to_retry_with_the_same_id(b: &mut Harness)
             "answer lost".into(),
         )));
     match s.submit(Some("i1"), AGENT, json!({"a": 1})).await {
-        Err(TaskError::Indeterminate(_)) => {}
+        Err(TaskError::Store(StoreFailure::Indeterminate(_))) => {}
         other => panic!("expected Indeterminate, got {other:?}"),
     }
     let retry = s
@@ -766,7 +767,7 @@ async fn indeterminate_submit_is_safe_to_retry_with_the_same_id(b: &mut Harness)
         .inject(Fault::Refuse(MetaError::Indeterminate("timed out".into())));
     assert!(matches!(
         s.submit(Some("i2"), AGENT, json!({"a": 2})).await,
-        Err(TaskError::Indeterminate(_))
+        Err(TaskError::Store(StoreFailure::Indeterminate(_)))
     ));
     assert!(stored(b.meta().as_ref(), "i2").await.is_none());
     let retry = s
@@ -781,7 +782,7 @@ async fn indeterminate_submit_is_safe_to_retry_with_the_same_id(b: &mut Harness)
         .submit(Some("i3"), AGENT, json!(3))
         .await
         .expect_err("unavailable");
-    assert!(matches!(err, TaskError::Unavailable(_)) && err.is_retryable());
+    assert!(matches!(err, TaskError::Store(StoreFailure::Unavailable(_))) && err.is_retryable());
     assert!(stored(b.meta().as_ref(), "i3").await.is_none());
     // A transition whose outcome is unknown: re-read tells.
     let who = session(b.meta().as_ref(), "ind", AGENT).await;
@@ -793,7 +794,7 @@ async fn indeterminate_submit_is_safe_to_retry_with_the_same_id(b: &mut Harness)
     assert!(matches!(
         s.transition("i1", TaskState::Completed, None, Some(t.version), &who)
             .await,
-        Err(TaskError::Indeterminate(_))
+        Err(TaskError::Store(StoreFailure::Indeterminate(_)))
     ));
     assert_eq!(s.get("i1").await.expect("get").state, TaskState::Completed);
 }
@@ -820,18 +821,20 @@ async fn corrupt_records_are_reported(b: &mut Harness) {
         .await
         .expect("put");
         match s.get(id).await {
-            Err(TaskError::Corrupt { key, .. }) => assert!(key.ends_with(id), "{key}"),
+            Err(TaskError::Store(StoreFailure::Corrupt { key, .. })) => {
+                assert!(key.ends_with(id), "{key}")
+            }
             other => panic!("{id}: expected Corrupt, got {other:?}"),
         }
         // Never "absent": a submit with that id does not overwrite it.
         assert!(matches!(
             s.submit(Some(id), AGENT, json!(1)).await,
-            Err(TaskError::Corrupt { .. })
+            Err(TaskError::Store(StoreFailure::Corrupt { .. }))
         ));
     }
     assert!(matches!(
         s.list(&TaskFilter::default(), 100, None).await,
-        Err(TaskError::Corrupt { .. })
+        Err(TaskError::Store(StoreFailure::Corrupt { .. }))
     ));
     assert_eq!(s.get("good").await.expect("get").id, "good");
 }
@@ -1022,13 +1025,13 @@ async fn meta_unavailable_never_drops_a_submit(b: &mut Harness) {
                     "{id} was acknowledged but is not in Meta"
                 );
             }
-            Err(TaskError::Unavailable(_)) => {
+            Err(TaskError::Store(StoreFailure::Unavailable(_))) => {
                 assert!(
                     stored(b.meta().as_ref(), id).await.is_none(),
                     "{id}: Unavailable but written"
                 );
             }
-            Err(TaskError::Indeterminate(_)) => {
+            Err(TaskError::Store(StoreFailure::Indeterminate(_))) => {
                 // Retrying with the same id is safe: it returns the task if it was
                 // written, creates it otherwise.
                 let again = s.submit(Some(id), AGENT, json!({"i": id_number(id)})).await;

@@ -16,6 +16,7 @@ mod common;
 
 use common::{backend_cases, Harness};
 use meshd_meta::{Meta, Precondition as MetaPrecondition, RangeOptions};
+use meshd_stores::failure::StoreFailure;
 use meshd_stores::subscriptions::{
     MetaSubscriptionStore, Precondition, SubscriptionError, SubscriptionSpec, SubscriptionStore,
     SubscriptionStoreConfig,
@@ -125,7 +126,11 @@ async fn mark_directly(meta: &dyn Meta, name: &str, partitions: u32) -> i64 {
 }
 
 fn is_outage(e: &TopicError) -> bool {
-    matches!(e, TopicError::Unavailable(_) | TopicError::Indeterminate(_))
+    matches!(
+        e,
+        TopicError::Store(StoreFailure::Unavailable(_))
+            | TopicError::Store(StoreFailure::Indeterminate(_))
+    )
 }
 
 mod suite {
@@ -479,7 +484,7 @@ mod suite {
             let e = r.expect_err(what);
             assert!(is_outage(&e), "{what}: {e:?}");
         }
-        assert!(TopicError::Unavailable("x".into()).is_retryable());
+        assert!(TopicError::Store(StoreFailure::Unavailable("x".into())).is_retryable());
         // A cached topic is still served.
         assert_eq!(s.get("before").await.unwrap(), Some(before.clone()));
         wait_until(
@@ -559,7 +564,7 @@ mod suite {
                 s.delete(name).await.map(|_| ()),
             ] {
                 match r {
-                    Err(TopicError::Corrupt { key, reason }) => {
+                    Err(TopicError::Store(StoreFailure::Corrupt { key, reason })) => {
                         assert!(key.ends_with(name), "{key}: {reason}")
                     }
                     other => panic!("{name}: expected Corrupt, got {other:?}"),
@@ -579,7 +584,7 @@ mod suite {
         let subs = subscriptions(h.client().await).await;
         assert!(matches!(
             subs.create(SubscriptionSpec::new("x", "torn")).await,
-            Err(SubscriptionError::Corrupt { .. })
+            Err(SubscriptionError::Store(StoreFailure::Corrupt { .. }))
         ));
     }
 }

@@ -10,7 +10,6 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use meshd_meta::Backend;
 use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterError, MAX_LIST_LIMIT};
-use meshd_stores::log::LogError;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -26,27 +25,20 @@ pub fn deadletter_problem(e: DeadLetterError, backend: Backend, log_backend: Bac
         DeadLetterError::NotFound { id } => {
             Problem::not_found(format!("dead-letter entry {id:?} does not exist"))
         }
-        DeadLetterError::Unavailable(d) => Problem::unavailable("deadletters", backend, d),
-        DeadLetterError::Indeterminate(d) => Problem::indeterminate("deadletters", backend, d),
         DeadLetterError::Invalid(d) => Problem::bad_request(d),
         DeadLetterError::IllegalTransition { .. } | DeadLetterError::ConflictingContent { .. } => {
             Problem::conflict(e.to_string())
         }
         DeadLetterError::Fenced => Problem::new(StatusCode::CONFLICT, "fenced", e.to_string()),
-        DeadLetterError::FailStopped(reason) => {
-            Problem::fail_stopped("deadletters", backend, reason)
+        DeadLetterError::Store(f) => Problem::store_failure("deadletters", backend, f),
+        DeadLetterError::BodyMissing { .. } => {
+            Problem::internal("deadletters", log_backend, e.to_string())
         }
-        DeadLetterError::Log(LogError::Unavailable(_)) => {
-            Problem::unavailable("deadletters", log_backend, e.to_string())
-        }
-        // The dead-letter stream shares the log's fail-stop.
-        DeadLetterError::Log(LogError::Failed(reason)) => {
-            Problem::fail_stopped("deadletters", log_backend, reason)
-        }
-        DeadLetterError::Log(LogError::Indeterminate(_)) => {
-            Problem::indeterminate("deadletters", log_backend, e.to_string())
-        }
-        other => Problem::internal("deadletters", backend, other.to_string()),
+        // The bodies: the dead-letter stream shares the log's fail-stop.
+        DeadLetterError::Log(e) => match e.into_failure() {
+            Ok(f) => Problem::store_failure("deadletters", log_backend, f),
+            Err(e) => Problem::internal("deadletters", log_backend, e.to_string()),
+        },
     }
 }
 

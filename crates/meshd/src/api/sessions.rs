@@ -76,15 +76,7 @@ pub fn session_problem(e: SessionError, backend: Backend) -> Problem {
                 None => p,
             }
         }
-        SessionError::Unavailable(d) => Problem::unavailable(STORE, backend, d),
-        SessionError::Indeterminate(d) => Problem::indeterminate(STORE, backend, d),
-        SessionError::Corrupt { key, reason } => Problem::internal(
-            STORE,
-            backend,
-            format!("corrupt session record {key}: {reason}"),
-        ),
-        SessionError::FailStopped(reason) => Problem::fail_stopped(STORE, backend, reason),
-        SessionError::Failed(d) => Problem::internal(STORE, backend, d),
+        SessionError::Store(f) => Problem::store_failure(STORE, backend, f),
     }
 }
 
@@ -239,6 +231,7 @@ async fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use meshd_stores::failure::StoreFailure;
 
     #[test]
     fn every_session_error_has_its_status() {
@@ -274,22 +267,34 @@ mod tests {
                 "conflict",
             ),
             (SessionError::Conflict { current: None }, 409, "conflict"),
-            (SessionError::Unavailable("down".into()), 503, "unavailable"),
             (
-                SessionError::Indeterminate("lost".into()),
+                SessionError::Store(StoreFailure::Unavailable("down".into())),
+                503,
+                "unavailable",
+            ),
+            (
+                SessionError::Store(StoreFailure::Indeterminate("lost".into())),
                 504,
                 "indeterminate",
             ),
             (
-                SessionError::Corrupt {
+                SessionError::Store(StoreFailure::Corrupt {
                     key: "k".into(),
                     reason: "r".into(),
-                },
+                }),
                 500,
                 "internal",
             ),
-            (SessionError::FailStopped("f".into()), 503, "unavailable"),
-            (SessionError::Failed("f".into()), 500, "internal"),
+            (
+                SessionError::Store(StoreFailure::FailStopped("f".into())),
+                503,
+                "unavailable",
+            ),
+            (
+                SessionError::Store(StoreFailure::Failed("f".into())),
+                500,
+                "internal",
+            ),
         ];
         for (e, status, kind) in cases {
             let label = e.kind();
@@ -305,7 +310,10 @@ mod tests {
             b,
         );
         assert_eq!(p.extra.get("field"), Some(&Value::from("ttl_ms")));
-        let p = session_problem(SessionError::Unavailable("down".into()), b);
+        let p = session_problem(
+            SessionError::Store(StoreFailure::Unavailable("down".into())),
+            b,
+        );
         assert_eq!(p.extra.get("backend"), Some(&Value::from("etcd")));
         assert_eq!(p.extra.get("store"), Some(&Value::from("sessions")));
     }

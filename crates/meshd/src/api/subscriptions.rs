@@ -46,17 +46,7 @@ pub fn subscription_problem(e: SubscriptionError, backend: Backend) -> Problem {
             "subscription {name:?} is on topic {current:?}; it cannot move to {requested:?}"
         ))
         .with("field", "topic"),
-        SubscriptionError::Unavailable(d) => Problem::unavailable("subscriptions", backend, d),
-        SubscriptionError::Indeterminate(d) => Problem::indeterminate("subscriptions", backend, d),
-        SubscriptionError::Corrupt { key, reason } => Problem::internal(
-            "subscriptions",
-            backend,
-            format!("corrupt subscription record {key}: {reason}"),
-        ),
-        SubscriptionError::FailStopped(reason) => {
-            Problem::fail_stopped("subscriptions", backend, reason)
-        }
-        SubscriptionError::Failed(d) => Problem::internal("subscriptions", backend, d),
+        SubscriptionError::Store(f) => Problem::store_failure("subscriptions", backend, f),
     }
 }
 

@@ -31,6 +31,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::Backend;
+use meshd_stores::failure::StoreFailure;
 use meshd_stores::sessions::{owner_key, record::CLIENT_COMPONENT};
 use meshd_stores::tasks::{
     new_task_id, AssigneeRef, Task, TaskError, TaskFilter, TaskState, MAX_LIST_LIMIT,
@@ -66,8 +67,7 @@ pub fn routes() -> Router<Arc<Api>> {
 pub fn task_problem(e: TaskError, backend: Backend) -> Problem {
     let detail = e.to_string();
     match e {
-        TaskError::Unavailable(_) => Problem::unavailable(STORE, backend, detail),
-        TaskError::Indeterminate(_) => Problem::indeterminate(STORE, backend, detail),
+        TaskError::Store(f) => Problem::store_failure(STORE, backend, f),
         TaskError::Fenced => Problem::new(StatusCode::CONFLICT, "fenced", detail),
         TaskError::VersionMismatch { current } => Problem::new(
             StatusCode::PRECONDITION_FAILED,
@@ -92,10 +92,6 @@ pub fn task_problem(e: TaskError, backend: Backend) -> Problem {
         TaskError::Forbidden { .. } => Problem::new(StatusCode::FORBIDDEN, "forbidden", detail),
         TaskError::TooLarge { what, .. } => Problem::too_large(detail).with("field", what),
         TaskError::Invalid(_) => Problem::bad_request(detail),
-        TaskError::FailStopped(reason) => Problem::fail_stopped(STORE, backend, reason),
-        TaskError::Corrupt { .. } | TaskError::Failed(_) => {
-            Problem::internal(STORE, backend, detail)
-        }
     }
 }
 
@@ -103,14 +99,7 @@ pub fn task_problem(e: TaskError, backend: Backend) -> Problem {
 /// `meshd_store_errors_total{store="tasks"}` (refusals of the request are not store
 /// failures and are not counted there).
 fn task_failed(api: &Api, e: TaskError) -> Problem {
-    if matches!(
-        e,
-        TaskError::Unavailable(_)
-            | TaskError::Indeterminate(_)
-            | TaskError::Corrupt { .. }
-            | TaskError::FailStopped(_)
-            | TaskError::Failed(_)
-    ) {
+    if matches!(e, TaskError::Store(_)) {
         api.metrics.store_error(STORE, api.meta_backend, e.kind());
     } else if matches!(
         e,
@@ -329,8 +318,11 @@ pub async fn submit(
         }
         Ok(s) => Ok(task_response(StatusCode::OK, &s.task)),
         Err(e) => {
-            let retry_with_id =
-                matches!(e, TaskError::Unavailable(_) | TaskError::Indeterminate(_));
+            let retry_with_id = matches!(
+                e,
+                TaskError::Store(StoreFailure::Unavailable(_))
+                    | TaskError::Store(StoreFailure::Indeterminate(_))
+            );
             let p = task_failed(&api, e);
             Err(if retry_with_id { p.with("id", id) } else { p })
         }

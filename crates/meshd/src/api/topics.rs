@@ -44,15 +44,7 @@ pub fn topic_problem(e: TopicError, backend: Backend) -> Problem {
             "topic {name:?} is referenced by subscriptions {subscriptions:?}"
         ))
         .with("subscriptions", subscriptions),
-        TopicError::Unavailable(d) => Problem::unavailable("topics", backend, d),
-        TopicError::Indeterminate(d) => Problem::indeterminate("topics", backend, d),
-        TopicError::Corrupt { key, reason } => Problem::internal(
-            "topics",
-            backend,
-            format!("corrupt topic record {key}: {reason}"),
-        ),
-        TopicError::FailStopped(reason) => Problem::fail_stopped("topics", backend, reason),
-        TopicError::Failed(d) => Problem::internal("topics", backend, d),
+        TopicError::Store(f) => Problem::store_failure("topics", backend, f),
     }
 }
 

@@ -17,6 +17,7 @@ use meshd_meta::Backend;
 use meshd_stores::attempts::{AttemptError, LedgerEntry, MAX_RECORD_ENTRIES};
 use meshd_stores::deadletters::{DeadLetterError, NewDeadLetter};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
+use meshd_stores::failure::StoreFailure;
 use meshd_stores::log::LogError;
 use meshd_stores::offsets::OffsetKey;
 use meshd_stores::sessions::SessionError;
@@ -750,7 +751,10 @@ impl PartitionTask {
                 .await
             {
                 Ok(()) => Some(binding.epoch),
-                Err(e) if e.is_retryable() || matches!(e, SessionError::Indeterminate(_)) => {
+                Err(e)
+                    if e.is_retryable()
+                        || matches!(e, SessionError::Store(StoreFailure::Indeterminate(_))) =>
+                {
                     self.deps
                         .metrics
                         .store_error("sessions", self.deps.meta_backend, e.kind());
@@ -1027,7 +1031,10 @@ impl PartitionTask {
                     self.deps
                         .metrics
                         .store_error("attempts", self.deps.meta_backend, e.kind());
-                    if matches!(e, AttemptError::Fenced | AttemptError::Indeterminate(_)) {
+                    if matches!(
+                        e,
+                        AttemptError::Fenced | AttemptError::Store(StoreFailure::Indeterminate(_))
+                    ) {
                         // Fenced: another owner. Indeterminate: this owner no longer
                         // knows what Meta holds. Either way it stops and the partition
                         // is started again from Meta (if still owned) before it acts.

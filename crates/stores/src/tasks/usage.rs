@@ -7,6 +7,7 @@
 
 use super::{record, TaskError};
 use crate::codec::key_text;
+use crate::failure::StoreFailure;
 use crate::subscriptions::cache::{CacheConfig, CacheHealth, Codec, CorruptRecord, WatchedCache};
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::{KeyValue, Meta};
@@ -75,7 +76,7 @@ impl TaskUsageWatch {
             Box::new(SummaryCodec),
             &CacheConfig::default(),
         )
-        .map_err(TaskError::Failed)?;
+        .map_err(|m| TaskError::Store(StoreFailure::Failed(m)))?;
         Ok(Self { cache })
     }
 
