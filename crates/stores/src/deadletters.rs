@@ -376,14 +376,10 @@ impl MetaDeadLetterStore {
 
     fn log_error(&self, op: &'static str, id: &str, err: &DeadLetterError) {
         match err {
-            DeadLetterError::Store(StoreFailure::Unavailable(_))
-            | DeadLetterError::Store(StoreFailure::Indeterminate(_))
+            DeadLetterError::Store(_)
             | DeadLetterError::Fenced
             | DeadLetterError::BodyMissing { .. }
-            | DeadLetterError::Log(_)
-            | DeadLetterError::Store(StoreFailure::Corrupt { .. })
-            | DeadLetterError::Store(StoreFailure::FailStopped(_))
-            | DeadLetterError::Store(StoreFailure::Failed(_)) => tracing::warn!(
+            | DeadLetterError::Log(_) => tracing::warn!(
                 store = STORE,
                 backend = %self.backend(),
                 op,

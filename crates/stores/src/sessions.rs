@@ -728,11 +728,7 @@ impl MetaSessionStore {
 
     fn log_failure(&self, op: &'static str, subject: &str, e: &SessionError) {
         match e {
-            SessionError::Store(StoreFailure::Unavailable(_))
-            | SessionError::Store(StoreFailure::Indeterminate(_))
-            | SessionError::Store(StoreFailure::Corrupt { .. })
-            | SessionError::Store(StoreFailure::FailStopped(_))
-            | SessionError::Store(StoreFailure::Failed(_)) => tracing::warn!(
+            SessionError::Store(_) => tracing::warn!(
                 store = STORE,
                 backend = %self.backend(),
                 op,

@@ -699,11 +699,7 @@ impl MetaSubscriptionStore {
 
     fn log_failure(&self, op: &'static str, name: &str, e: &SubscriptionError) {
         match e {
-            SubscriptionError::Store(StoreFailure::Unavailable(_))
-            | SubscriptionError::Store(StoreFailure::Indeterminate(_))
-            | SubscriptionError::Store(StoreFailure::Corrupt { .. })
-            | SubscriptionError::Store(StoreFailure::FailStopped(_))
-            | SubscriptionError::Store(StoreFailure::Failed(_)) => tracing::warn!(
+            SubscriptionError::Store(_) => tracing::warn!(
                 store = STORE,
                 backend = %self.backend(),
                 op,

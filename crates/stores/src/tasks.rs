@@ -526,11 +526,7 @@ impl MetaTaskStore {
 
     fn log_error(&self, op: &'static str, id: &str, err: &TaskError) {
         match err {
-            TaskError::Store(StoreFailure::Unavailable(_))
-            | TaskError::Store(StoreFailure::Indeterminate(_))
-            | TaskError::Store(StoreFailure::Corrupt { .. })
-            | TaskError::Store(StoreFailure::FailStopped(_))
-            | TaskError::Store(StoreFailure::Failed(_)) => tracing::warn!(
+            TaskError::Store(_) => tracing::warn!(
                 store = STORE,
                 backend = %self.backend(),
                 op,

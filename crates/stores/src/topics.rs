@@ -535,11 +535,7 @@ impl MetaTopicStore {
 
     fn log_failure(&self, op: &'static str, name: &str, e: &TopicError) {
         match e {
-            TopicError::Store(StoreFailure::Unavailable(_))
-            | TopicError::Store(StoreFailure::Indeterminate(_))
-            | TopicError::Store(StoreFailure::Corrupt { .. })
-            | TopicError::Store(StoreFailure::FailStopped(_))
-            | TopicError::Store(StoreFailure::Failed(_)) => tracing::warn!(
+            TopicError::Store(_) => tracing::warn!(
                 store = STORE, backend = %self.backend(), op, name, kind = e.kind(), error = %e,
                 "topic operation failed"
             ),
