@@ -1,8 +1,8 @@
 //! Scenario 6 (c) and (d): what the state plane costs Meta, and what a move costs
-//! consumers (issue 19).
+//! consumers.
 //!
 //! (c) **Meta per delivered event**: one meshd instance in cluster mode, a topic of one
-//! partition, and the two consumer patterns of issue 19: "pull 10, ack 10, nothing else
+//! partition, and the two consumer patterns that matter: "pull 10, ack 10, nothing else
 //! in flight" and "500 deliveries held in flight, the rest pulled and acked one by
 //! one". For each, etcd's own counters before and after: `Txn` requests handled
 //! (`grpc_server_handled_total{grpc_method="Txn"}`: every write meshd makes is one) and

@@ -1,5 +1,5 @@
 //! meshd-bench: meshd side by side with NATS JetStream and with the raw RocksDB engine,
-//! on one machine, in one run (issue 8).
+//! on one machine, in one run.
 //!
 //! Every comparison runs its systems alternately (meshd, JetStream, JetStream relaxed,
 //! meshd, …) so slow drift of a noisy machine lands on all of them, and reports medians

@@ -1,4 +1,4 @@
-//! Fuzzing the one parser of client bytes in dispatch (issue 9, item 6): the
+//! Fuzzing the one parser of client bytes in dispatch: the
 //! delivery id an ack, nack or extend names, which routes it to a partition core.
 //! Ids come straight from request bodies, so anything may arrive: the answer is a
 //! partition or `None`, never a panic, and only a well-formed id names a partition.

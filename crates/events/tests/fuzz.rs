@@ -1,4 +1,4 @@
-//! Fuzzing the CloudEvents parser beyond tests/props.rs (issue 9, item 6).
+//! Fuzzing the CloudEvents parser beyond tests/props.rs.
 //!
 //! props.rs feeds `parse_publish` values a serde `Value` can hold. A client can send
 //! more: duplicate members, escaped member names (`"i\u0064"` is `id`), lone

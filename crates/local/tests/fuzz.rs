@@ -1,4 +1,4 @@
-//! Fuzzing the record framing every Local record shares (issue 9, item 6).
+//! Fuzzing the record framing every Local record shares.
 //!
 //! The [`Decoder`] is the first thing that touches bytes read back from RocksDB, so a
 //! torn write, a flipped bit on disk or a record of a newer format all arrive here.

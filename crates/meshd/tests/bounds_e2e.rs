@@ -1,4 +1,4 @@
-//! Security, second round (issue 17), continued, through the real binary: answers
+//! Security, continued, through the real binary: answers
 //! bounded in bytes (http-api.md "Bounded answers"), forwarded pulls that pass on the
 //! caller's byte budget and release what never reached it, and quotas on what clients
 //! create ("Quotas and browser safety").

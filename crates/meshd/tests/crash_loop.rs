@@ -1,4 +1,4 @@
-//! The crash loop of issue 6: clients publish, pull, ack, nack and drop deliveries
+//! The crash loop: clients publish, pull, ack, nack and drop deliveries
 //! while the real `meshd` binary is SIGKILLed at random moments and restarted on the
 //! same data dir, many times in a row. Afterwards the consumers drain the subscription
 //! and an oracle checks what meshd did against a log of everything the clients were

@@ -1,4 +1,4 @@
-//! # Local disk failure through the real binary (issue 6)
+//! # Local disk failure through the real binary
 //!
 //! The promise: when the local disk fails (a write or an fsync answers an error),
 //! the store fail-stops — it refuses every later write with a named error,

@@ -1,4 +1,4 @@
-//! # A full disk through the real binary (issue 9, item 5)
+//! # A full disk through the real binary
 //!
 //! The promise: when the data dir's disk fills up (a write answers `ENOSPC`), the
 //! Local engine fail-stops — every later write is refused with a named error (503,

@@ -1,4 +1,4 @@
-//! Durability stories of issue 6, one test each, through the real binary killed with
+//! Durability stories, one test each, through the real binary killed with
 //! SIGKILL and restarted on the same data dir.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Meta's footprint (issue 19, first part), through the binary against an etcd run with
+//! Meta's footprint, through the binary against an etcd run with
 //! its defaults (no auto-compaction, as the README's cluster example leaves it): meshd
 //! compacts the history it creates, one instance at a time, and says so in
 //! `/metrics`; `/v1/cluster` shows Meta's size and alarms; and its writes per pull

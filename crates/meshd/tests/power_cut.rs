@@ -1,4 +1,4 @@
-//! Power cuts under the real binary (issue 18): meshd runs unmodified on the lazy
+//! Power cuts under the real binary: meshd runs unmodified on the lazy
 //! filesystem (`meshd_test_support::lazyfs`), which keeps every write that was not
 //! fsynced in memory and drops it at the cut, undoes directory changes that were not
 //! synced, and can keep a torn prefix of the unsynced tail. A SIGKILL alone keeps the

@@ -1,4 +1,4 @@
-//! Security, second round (issue 17), through the real binary: what an attacker who
+//! Security, through the real binary: what an attacker who
 //! can reach the listener but holds no token or cluster secret can make meshd hold.
 //!
 //! The story the first test pins: `/internal` routes checked the cluster secret in the

@@ -1,4 +1,4 @@
-//! Fuzzing the Local stores' record decoders and key parsers (issue 9, item 6).
+//! Fuzzing the Local stores' record decoders and key parsers.
 //!
 //! Every value and key these stores read back from RocksDB goes through one of these
 //! functions at open (recovery) or on a read. The story: damaged or foreign bytes are

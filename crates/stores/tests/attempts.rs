@@ -10,7 +10,7 @@
 //!   later owner loads, per partition; acked entries leave, and records holding
 //!   nothing current are pruned by later writes;
 //! * every write is one small record, whatever is in flight: Meta's bytes per pull
-//!   batch follow the batch (issue 19: a whole map per batch filled etcd);
+//!   batch follow the batch (a whole map rewritten per batch once filled etcd);
 //! * after a takeover the old owner's writes are `Fenced` and change nothing;
 //! * the ledger survives a backend restart;
 //! * Meta down is a typed, retryable error with nothing half-written, and a lost
@@ -238,7 +238,7 @@ async fn each_write_is_one_record_of_the_batch_whatever_is_in_flight(h: &mut Har
     let own = owner(meta.as_ref(), "a", 0).await;
     let k = pkey("billing", 7, 0);
     let mut w = Writer::acquire(&l, k.clone(), own).await;
-    // 500 deliveries held in flight (the pattern of issue 19).
+    // 500 deliveries held in flight (a consumer that holds many, the pattern that once filled etcd).
     for batch in 0..50u64 {
         w.record((0..10).map(|i| e(batch * 10 + i, 1)).collect())
             .await

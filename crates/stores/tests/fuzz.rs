@@ -1,4 +1,4 @@
-//! Fuzzing the decoders of the records the stores keep in Meta (issue 9, item 6).
+//! Fuzzing the decoders of the records the stores keep in Meta.
 //!
 //! Subscriptions, topics, sessions (owner and id records) and the attempt ledger are
 //! JSON in Meta, shared by every instance and read on every cache refresh and watch
