@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use meshd_test_support::etcd::EtcdProcess;
-use meshd_test_support::http::{get, send_json};
+use meshd_test_support::http::{self, get, send_json};
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::proxy::TcpProxy;
 use meshd_test_support::wait::wait_until;
@@ -193,12 +193,6 @@ async fn given_two_instances_on_one_etcd_when_they_submit_and_cancel_the_same_ta
     }
 }
 
-fn metric(text: &str, name: &str, sub: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(name) && l.contains(&format!("subscription=\"{sub}\"")))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 /// Cross-store: a consumer fails an event for the last time while this instance is cut
 /// off from etcd. The dead letter cannot be written: the delivery is held
 /// (`dead_lettering`, shown in a gauge), neither lost nor redelivered, while the Local
@@ -244,9 +238,8 @@ async fn given_an_instance_cut_off_from_etcd_when_a_dead_letter_is_due_then_it_i
         "held while the dead-letter store is unreachable: {r}"
     );
     wait_until(DEADLINE, "the held delivery in the gauge", || async {
-        let text = get(&a, "/metrics").await?.body;
-        let held = metric(&text, "meshd_dead_lettering_deliveries", "s");
-        anyhow::ensure!(held == Some(1.0), "{held:?}");
+        let held = http::metric(&a, r#"meshd_dead_lettering_deliveries{subscription="s"}"#).await?;
+        anyhow::ensure!(held == 1.0, "{held}");
         Ok(())
     })
     .await
@@ -274,9 +267,8 @@ async fn given_an_instance_cut_off_from_etcd_when_a_dead_letter_is_due_then_it_i
     // The gauges are recomputed every 250 ms (partition.rs STATS_EVERY), so the
     // held count reaches 0 within that after the entry is written, not at once.
     wait_until(DEADLINE, "no held delivery in the gauge", || async {
-        let text = get(&a, "/metrics").await?.body;
-        let held = metric(&text, "meshd_dead_lettering_deliveries", "s");
-        anyhow::ensure!(held == Some(0.0), "{held:?}");
+        let held = http::metric(&a, r#"meshd_dead_lettering_deliveries{subscription="s"}"#).await?;
+        anyhow::ensure!(held == 0.0, "{held}");
         Ok(())
     })
     .await

@@ -12,12 +12,13 @@
 //! on `PATH`, [`EtcdProcess::start`] fails with instructions. Tests never skip.
 
 use crate::certs::TestCerts;
+use crate::process::Proc;
 use anyhow::{anyhow, Context};
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs::OpenOptions;
+use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// The error [`EtcdProcess::start`] reports when etcd is not installed.
@@ -28,8 +29,6 @@ pub const ETCD_NOT_FOUND: &str = "etcd not found on PATH: install Debian's etcd-
 const READY_DEADLINE: Duration = Duration::from_secs(10);
 /// How often `start` tries again with fresh ports when etcd fails to come up.
 const START_ATTEMPTS: usize = 3;
-/// Lines of the etcd log printed when a test panics.
-const LOG_TAIL_LINES: usize = 200;
 
 /// A free TCP port on 127.0.0.1: binds port 0 and releases it. Another process may
 /// take it before the caller binds it; callers that spawn servers retry on failure.
@@ -68,7 +67,8 @@ pub const ROOT_USER: &str = "root";
 /// One etcd server process, owned by a test. Dropping it kills the process and
 /// removes its data directory; the process also dies with the test process.
 pub struct EtcdProcess {
-    child: Option<Child>,
+    /// The process and its log.
+    proc: Proc,
     client_port: u16,
     peer_port: u16,
     /// Plain-HTTP `/health` and `/metrics` when clients are served over TLS.
@@ -76,7 +76,6 @@ pub struct EtcdProcess {
     options: EtcdOptions,
     /// The `root` password once [`enable_auth`](Self::enable_auth) succeeded.
     root_password: Option<String>,
-    log_path: PathBuf,
     data_dir: PathBuf,
     // Declared last: removed after `drop` has killed the process.
     _dir: tempfile::TempDir,
@@ -104,13 +103,12 @@ impl EtcdProcess {
                 .tempdir()
                 .context("creating the etcd temp dir")?;
             let mut etcd = EtcdProcess {
-                child: None,
+                proc: Proc::new("etcd", dir.path().join("etcd.log")),
                 client_port: free_port(),
                 peer_port: free_port(),
                 metrics_port: free_port(),
                 options: options.clone(),
                 root_password: None,
-                log_path: dir.path().join("etcd.log"),
                 data_dir: dir.path().join("data"),
                 _dir: dir,
             };
@@ -212,26 +210,6 @@ impl EtcdProcess {
         self.client_port
     }
 
-    /// The process id while the process runs (`None` after [`kill`](Self::kill)).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// The etcd log file (its stdout and stderr).
-    pub fn log_path(&self) -> &Path {
-        &self.log_path
-    }
-
-    /// Kills etcd with `SIGKILL` and reaps it. Does nothing when it is not running.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            signal(child.id(), libc::SIGCONT);
-            // Errors mean the process is already gone; `wait` reaps it either way.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
     /// Kills etcd if it runs, starts it again on the same data directory and the
     /// same ports, and waits until it serves.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
@@ -246,31 +224,35 @@ impl EtcdProcess {
         })
     }
 
-    /// Stops the process with `SIGSTOP`: its sockets stay open but it answers nothing.
+    /// The process id while the process runs (`None` after [`kill`](Self::kill)).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+
+    /// The log file (the process's stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        self.proc.log_path()
+    }
+
+    /// SIGKILL and reap. Does nothing when it is not running.
+    pub fn kill(&mut self) {
+        self.proc.kill()
+    }
+
+    /// SIGSTOP: its sockets stay open but it answers nothing.
     pub fn pause(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGSTOP);
-        }
+        self.proc.pause()
     }
 
-    /// Continues a paused process with `SIGCONT`.
+    /// SIGCONT after [`pause`](Self::pause).
     pub fn resume(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGCONT);
-        }
+        self.proc.resume()
     }
 
-    /// The last `lines` lines of the etcd log.
+    /// The last `lines` lines of the log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let mut bytes = Vec::new();
-        if let Err(e) = File::open(&self.log_path).and_then(|mut f| f.read_to_end(&mut bytes)) {
-            return format!("(reading {}: {e})", self.log_path.display());
-        }
-        let text = String::from_utf8_lossy(&bytes);
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        self.proc.log_tail(lines)
     }
-
     async fn spawn_and_wait(&mut self, binary: &Path) -> anyhow::Result<()> {
         self.spawn(binary)?;
         self.wait_ready().await
@@ -283,8 +265,8 @@ impl EtcdProcess {
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&self.log_path)
-            .with_context(|| format!("opening {}", self.log_path.display()))?;
+            .open(self.proc.log_path())
+            .with_context(|| format!("opening {}", self.proc.log_path().display()))?;
         writeln!(
             log,
             "=== meshd test harness: starting etcd on {client_url} (peer {peer_url}) ==="
@@ -345,14 +327,13 @@ impl EtcdProcess {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr));
-        let child = crate::process::spawn_tied_to_test(cmd).map_err(|e| {
+        self.proc.spawn(cmd).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 anyhow!(ETCD_NOT_FOUND)
             } else {
                 anyhow!(e).context(format!("spawning {}", binary.display()))
             }
         })?;
-        self.child = Some(child);
         Ok(())
     }
 
@@ -365,21 +346,7 @@ impl EtcdProcess {
             self.client_port
         };
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        crate::process::wait_healthy(&mut self.child, "etcd", addr, READY_DEADLINE, health).await
-    }
-}
-
-impl Drop for EtcdProcess {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "===== etcd log ({}, last {LOG_TAIL_LINES} lines) =====\n{}\n===== end of etcd log =====",
-                self.endpoint(),
-                self.log_tail(LOG_TAIL_LINES)
-            );
-        }
-        self.kill();
-        // `dir` (the TempDir) is removed when the fields drop, after the kill.
+        crate::process::wait_healthy(self.proc.child(), "etcd", addr, READY_DEADLINE, health).await
     }
 }
 
@@ -402,17 +369,6 @@ fn is_executable(path: &Path) -> bool {
     path.metadata()
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
-    };
-    // SAFETY: kill(2) has no memory-safety preconditions. The pid is our own
-    // unreaped child, so it cannot have been recycled for another process.
-    unsafe {
-        libc::kill(pid, sig);
-    }
 }
 
 #[cfg(test)]

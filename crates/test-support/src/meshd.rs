@@ -4,11 +4,12 @@
 //! extra environment, e.g. the [`crate::fault`] shim), paused and resumed. Its stderr
 //! goes to a log file that is printed when the test panics.
 
+use crate::process::Proc;
 use anyhow::{anyhow, Context};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// How long a start may take before the test fails (a debug build on 2 cores).
@@ -20,10 +21,10 @@ pub struct MeshdProcess {
     args: Vec<String>,
     /// Extra environment of every start (kept across restarts), e.g. a fault shim.
     env: Vec<(String, String)>,
-    child: Option<Child>,
+    /// The process and its log (stderr).
+    proc: Proc,
     addr: String,
     first_line: String,
-    log_path: PathBuf,
     _logs: tempfile::TempDir,
 }
 
@@ -55,10 +56,9 @@ impl MeshdProcess {
             data_dir: data_dir.to_path_buf(),
             args: args.iter().map(|s| s.to_string()).collect(),
             env: env.to_vec(),
-            child: None,
+            proc: Proc::new("meshd", logs.path().join("meshd.log")),
             addr: String::new(),
             first_line: String::new(),
-            log_path: logs.path().join("meshd.log"),
             _logs: logs,
         };
         p.spawn().await?;
@@ -66,37 +66,54 @@ impl MeshdProcess {
     }
 
     /// Runs `meshd serve` expecting it to fail to start; returns its exit and stderr.
+    /// A meshd that does start instead is killed, and that is an error.
     pub async fn start_expecting_exit(
         binary: &Path,
         data_dir: &Path,
         args: &[&str],
     ) -> anyhow::Result<Exited> {
-        let binary = binary.to_path_buf();
-        let data_dir = data_dir.to_path_buf();
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let run = tokio::task::spawn_blocking(move || {
-            Command::new(&binary)
-                .arg("serve")
-                .args(["--listen", "127.0.0.1:0", "--data-dir"])
-                .arg(&data_dir)
-                .args(&args)
-                .stdin(Stdio::null())
-                .output()
-        });
-        let out = tokio::time::timeout(START_DEADLINE, run)
-            .await
-            .map_err(|_| anyhow!("meshd did not exit within {START_DEADLINE:?}"))???;
-        Ok(Exited {
-            code: out.status.code(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        })
+        let logs = tempfile::tempdir()?;
+        let log_path = logs.path().join("meshd.log");
+        let mut proc = Proc::new("meshd", log_path.clone());
+        let mut cmd = Command::new(binary);
+        cmd.arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(File::create(&log_path)?));
+        proc.spawn(cmd)
+            .with_context(|| format!("spawning {}", binary.display()))?;
+        let end = tokio::time::Instant::now() + START_DEADLINE;
+        loop {
+            let exited = match proc.child() {
+                Some(child) => child.try_wait()?,
+                None => return Err(anyhow!("meshd is not running")),
+            };
+            if let Some(status) = exited {
+                proc.take();
+                return Ok(Exited {
+                    code: status.code(),
+                    stderr: std::fs::read_to_string(&log_path)?,
+                });
+            }
+            if tokio::time::Instant::now() >= end {
+                let log = proc.log_tail(50);
+                proc.kill();
+                return Err(anyhow!(
+                    "meshd did not exit within {START_DEADLINE:?} (it was expected to refuse to start); log:\n{log}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
         let log = File::options()
             .create(true)
             .append(true)
-            .open(&self.log_path)?;
+            .open(self.proc.log_path())?;
         let mut cmd = Command::new(&self.binary);
         cmd.arg("serve")
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
@@ -106,13 +123,13 @@ impl MeshdProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
-        let mut child = crate::process::spawn_tied_to_test(cmd)
-            .with_context(|| format!("spawning {}", self.binary.display()))?;
-        let stdout = child
+        let stdout = self
+            .proc
+            .spawn(cmd)
+            .with_context(|| format!("spawning {}", self.binary.display()))?
             .stdout
             .take()
             .ok_or_else(|| anyhow!("no stdout pipe"))?;
-        self.child = Some(child);
         let read = tokio::task::spawn_blocking(move || {
             let mut reader = BufReader::new(stdout);
             let mut line = String::new();
@@ -163,15 +180,12 @@ impl MeshdProcess {
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.proc.pid()
     }
 
     /// SIGKILL and reap. Idempotent.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.proc.kill()
     }
 
     /// Kills the process (if running) and starts it again on the same data dir
@@ -184,8 +198,8 @@ impl MeshdProcess {
     /// SIGTERM (graceful shutdown), then waits up to `deadline` for the exit; returns
     /// the exit code (`None`: killed by a signal). SIGKILLs it if it does not exit.
     pub async fn terminate(&mut self, deadline: Duration) -> anyhow::Result<Option<i32>> {
-        self.signal(libc::SIGTERM);
-        let Some(mut child) = self.child.take() else {
+        self.proc.signal(libc::SIGTERM);
+        let Some(mut child) = self.proc.take() else {
             return Err(anyhow!("meshd is not running"));
         };
         let end = std::time::Instant::now() + deadline;
@@ -213,44 +227,19 @@ impl MeshdProcess {
     }
 
     pub fn pause(&self) {
-        self.signal(libc::SIGSTOP);
+        self.proc.pause()
     }
 
     pub fn resume(&self) {
-        self.signal(libc::SIGCONT);
+        self.proc.resume()
     }
 
     /// SIGHUP: meshd reloads its token files and TLS certificate.
     pub fn hangup(&self) {
-        self.signal(libc::SIGHUP);
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        if let Some(pid) = self.pid() {
-            // SAFETY: sending a signal to our own child.
-            unsafe {
-                libc::kill(pid as libc::pid_t, sig);
-            }
-        }
+        self.proc.signal(libc::SIGHUP);
     }
 
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
-}
-
-impl Drop for MeshdProcess {
-    fn drop(&mut self) {
-        self.resume();
-        self.kill();
-        if std::thread::panicking() {
-            eprintln!(
-                "---- meshd log ({}) ----\n{}\n---- end of meshd log ----",
-                self.data_dir.display(),
-                self.log_tail(200)
-            );
-        }
+        self.proc.log_tail(lines)
     }
 }

@@ -15,12 +15,13 @@
 //! (`authorization { user, password }`).
 
 use crate::certs::TestCerts;
+use crate::process::Proc;
 use anyhow::{anyhow, bail, Context};
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs::OpenOptions;
+use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Where `scripts/test` installs nats-server (see `scripts/env.sh`).
@@ -40,8 +41,6 @@ pub const NATS_INSTALL_HINT: &str = "install nats-server 2.12+ with scripts/test
 const READY_DEADLINE: Duration = Duration::from_secs(10);
 /// How often `start` tries again with fresh ports when the server fails to come up.
 const START_ATTEMPTS: usize = 3;
-/// Lines of the server log printed when a test panics.
-const LOG_TAIL_LINES: usize = 200;
 
 /// How [`NatsProcess::start_with`] runs nats-server. The default is what
 /// [`NatsProcess::start`] does: plain TCP, no authorization.
@@ -66,13 +65,13 @@ pub struct NatsOptions {
 /// One nats-server process, owned by a test. Dropping it kills the process and
 /// removes its directory; the process also dies with the test process.
 pub struct NatsProcess {
-    child: Option<Child>,
+    /// The process and its log.
+    proc: Proc,
     binary: PathBuf,
     version: String,
     port: u16,
     monitor_port: u16,
     options: NatsOptions,
-    log_path: PathBuf,
     config_path: PathBuf,
     store_dir: PathBuf,
     // Declared last: removed after `drop` has killed the process.
@@ -100,13 +99,12 @@ impl NatsProcess {
                 .tempdir()
                 .context("creating the nats temp dir")?;
             let mut nats = NatsProcess {
-                child: None,
+                proc: Proc::new("nats-server", dir.path().join("nats.log")),
                 binary: binary.clone(),
                 version: version.clone(),
                 port: crate::etcd::free_port(),
                 monitor_port: crate::etcd::free_port(),
                 options: options.clone(),
-                log_path: dir.path().join("nats.log"),
                 config_path: dir.path().join("nats.conf"),
                 store_dir: options
                     .store_dir
@@ -164,16 +162,6 @@ impl NatsProcess {
         &self.version
     }
 
-    /// The process id while the process runs (`None` after [`kill`](Self::kill)).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// The server log file (its stdout and stderr).
-    pub fn log_path(&self) -> &Path {
-        &self.log_path
-    }
-
     /// The JetStream store directory (kept across restarts).
     pub fn store_dir(&self) -> &Path {
         &self.store_dir
@@ -182,17 +170,6 @@ impl NatsProcess {
     /// The config file the server runs with.
     pub fn config_path(&self) -> &Path {
         &self.config_path
-    }
-
-    /// Kills the server with `SIGKILL` and reaps it. Does nothing when it is not
-    /// running.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            signal(child.id(), libc::SIGCONT);
-            // Errors mean the process is already gone; `wait` reaps it either way.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 
     /// Kills the server if it runs, starts it again on the same store directory and
@@ -206,31 +183,6 @@ impl NatsProcess {
                 self.log_tail(40)
             )
         })
-    }
-
-    /// Stops the process with `SIGSTOP`: its sockets stay open but it answers nothing.
-    pub fn pause(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGSTOP);
-        }
-    }
-
-    /// Continues a paused process with `SIGCONT`.
-    pub fn resume(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGCONT);
-        }
-    }
-
-    /// The last `lines` lines of the server log.
-    pub fn log_tail(&self, lines: usize) -> String {
-        let mut bytes = Vec::new();
-        if let Err(e) = File::open(&self.log_path).and_then(|mut f| f.read_to_end(&mut bytes)) {
-            return format!("(reading {}: {e})", self.log_path.display());
-        }
-        let text = String::from_utf8_lossy(&bytes);
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     fn write_config(&self) -> anyhow::Result<()> {
@@ -274,6 +226,35 @@ impl NatsProcess {
             .with_context(|| format!("writing {}", self.config_path.display()))
     }
 
+    /// The process id while the process runs (`None` after [`kill`](Self::kill)).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+
+    /// The log file (the process's stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        self.proc.log_path()
+    }
+
+    /// SIGKILL and reap. Does nothing when it is not running.
+    pub fn kill(&mut self) {
+        self.proc.kill()
+    }
+
+    /// SIGSTOP: its sockets stay open but it answers nothing.
+    pub fn pause(&self) {
+        self.proc.pause()
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.proc.resume()
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.proc.log_tail(lines)
+    }
     async fn spawn_and_wait(&mut self) -> anyhow::Result<()> {
         self.spawn()?;
         self.wait_ready().await
@@ -283,8 +264,8 @@ impl NatsProcess {
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&self.log_path)
-            .with_context(|| format!("opening {}", self.log_path.display()))?;
+            .open(self.proc.log_path())
+            .with_context(|| format!("opening {}", self.proc.log_path().display()))?;
         writeln!(
             log,
             "=== meshd test harness: starting {} ({}) on {} ===",
@@ -300,29 +281,22 @@ impl NatsProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr));
-        let child = crate::process::spawn_tied_to_test(cmd)
+        self.proc
+            .spawn(cmd)
             .with_context(|| format!("spawning {}", self.binary.display()))?;
-        self.child = Some(child);
         Ok(())
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.monitor_port));
-        crate::process::wait_healthy(&mut self.child, "nats-server", addr, READY_DEADLINE, health)
-            .await
-    }
-}
-
-impl Drop for NatsProcess {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "===== nats-server log ({}, last {LOG_TAIL_LINES} lines) =====\n{}\n===== end of nats-server log =====",
-                self.endpoint(),
-                self.log_tail(LOG_TAIL_LINES)
-            );
-        }
-        self.kill();
+        crate::process::wait_healthy(
+            self.proc.child(),
+            "nats-server",
+            addr,
+            READY_DEADLINE,
+            health,
+        )
+        .await
     }
 }
 
@@ -400,17 +374,6 @@ fn is_executable(path: &Path) -> bool {
     path.metadata()
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
-    };
-    // SAFETY: kill(2) has no memory-safety preconditions. The pid is our own
-    // unreaped child, so it cannot have been recycled for another process.
-    unsafe {
-        libc::kill(pid, sig);
-    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Spawning test processes (etcd, meshd) so that they never outlive the test.
+//! Test processes (etcd, nats-server, meshd): spawned so that they never outlive the
+//! test, and owned through one type, [`Proc`].
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
@@ -95,4 +96,122 @@ pub fn http_health(addr: std::net::SocketAddr, path: &str, expect: &str) -> anyh
         anyhow::bail!("{path} answered {}: {}", r.status, r.body.trim());
     }
     Ok(())
+}
+
+/// A child process a test owns, with the file its output goes to: what the etcd,
+/// nats-server and meshd harnesses share. Signals (pause, resume, any other),
+/// SIGKILL with reaping, the log's tail, and the log printed when the test panics.
+/// Dropping it kills the process.
+pub struct Proc {
+    /// How the log printed at a panic is titled (`etcd`, `nats-server`, `meshd`).
+    name: &'static str,
+    child: Option<Child>,
+    log_path: std::path::PathBuf,
+}
+
+impl Proc {
+    /// No process yet; its output will go to `log_path`.
+    pub fn new(name: &'static str, log_path: std::path::PathBuf) -> Self {
+        Self {
+            name,
+            child: None,
+            log_path,
+        }
+    }
+
+    /// Spawns `cmd` (tied to the test, see [`spawn_tied_to_test`]) as this process,
+    /// after killing the one that ran.
+    pub fn spawn(&mut self, cmd: Command) -> std::io::Result<&mut Child> {
+        self.kill();
+        Ok(self.child.insert(spawn_tied_to_test(cmd)?))
+    }
+
+    /// The process while it runs (`None` after [`kill`](Self::kill)).
+    pub fn child(&mut self) -> &mut Option<Child> {
+        &mut self.child
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `sig` to the process, if it runs.
+    pub fn signal(&self, sig: libc::c_int) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill(2) with a valid signal number; the pid is our own
+            // unreaped child, so it cannot have been recycled for another process.
+            unsafe {
+                libc::kill(pid as libc::pid_t, sig);
+            }
+        }
+    }
+
+    /// SIGSTOP: its sockets stay open but it answers nothing.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// SIGKILL and reap (a paused process is continued first, so that it dies at
+    /// once). Does nothing when it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            self.resume_pid(child.id());
+            // Errors mean the process is already gone; `wait` reaps it either way.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn resume_pid(&self, pid: u32) {
+        // SAFETY: as in `signal`.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGCONT);
+        }
+    }
+
+    /// Takes the running process out (to wait for its exit by other means).
+    pub fn take(&mut self) -> Option<Child> {
+        self.child.take()
+    }
+
+    /// The log file (the process's output).
+    pub fn log_path(&self) -> &std::path::Path {
+        &self.log_path
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        match std::fs::read(&self.log_path) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let all: Vec<&str> = text.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+            Err(e) => format!("(reading {}: {e})", self.log_path.display()),
+        }
+    }
+}
+
+/// Lines of the log printed when a test panics.
+const PANIC_LOG_LINES: usize = 200;
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "===== {} log ({}, last {PANIC_LOG_LINES} lines) =====\n{}\n===== end of {} log =====",
+                self.name,
+                self.log_path.display(),
+                self.log_tail(PANIC_LOG_LINES),
+                self.name
+            );
+        }
+        self.kill();
+    }
 }
