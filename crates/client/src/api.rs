@@ -4,8 +4,9 @@
 //! where the contract makes a retry safe ([`Client::publish`] after a lost answer or a
 //! 504, which relies on the topic's dedup window).
 
+use crate::paths;
 use crate::transport::{Request, Response, Transport};
-use crate::{query, segment, Error, Target};
+use crate::{query, Error, Target};
 use http::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -231,7 +232,7 @@ impl Client {
 
     /// `GET /v1/cluster`.
     pub async fn cluster(&self) -> Result<Value, Error> {
-        self.get_json("/v1/cluster".into()).await
+        self.get_json(paths::CLUSTER.into()).await
     }
 
     // Topics and events.
@@ -239,21 +240,16 @@ impl Client {
     /// `PUT /v1/topics/{topic}`: `true` when created, `false` when it existed alike.
     pub async fn create_topic(&self, topic: &str, partitions: u32) -> Result<bool, Error> {
         let a = self
-            .ok(
-                Request::new(Method::PUT, format!("/v1/topics/{}", segment(topic)))
-                    .json(&json!({ "partitions": partitions })),
-            )
+            .ok(Request::new(Method::PUT, paths::topic(topic))
+                .json(&json!({ "partitions": partitions })))
             .await?;
         Ok(a.status == 201)
     }
 
     pub async fn delete_topic(&self, topic: &str) -> Result<(), Error> {
-        self.ok(Request::new(
-            Method::DELETE,
-            format!("/v1/topics/{}", segment(topic)),
-        ))
-        .await
-        .map(drop)
+        self.ok(Request::new(Method::DELETE, paths::topic(topic)))
+            .await
+            .map(drop)
     }
 
     pub async fn topics(&self) -> Result<Vec<TopicSummary>, Error> {
@@ -261,12 +257,11 @@ impl Client {
         struct List {
             topics: Vec<TopicSummary>,
         }
-        Ok(self.get_json::<List>("/v1/topics".into()).await?.topics)
+        Ok(self.get_json::<List>(paths::TOPICS.into()).await?.topics)
     }
 
     pub async fn topic(&self, topic: &str) -> Result<Topic, Error> {
-        self.get_json(format!("/v1/topics/{}", segment(topic)))
-            .await
+        self.get_json(paths::topic(topic)).await
     }
 
     /// Publishes structured-mode CloudEvents as one batch; answered once every event is
@@ -279,7 +274,7 @@ impl Client {
             events: Vec<Stored>,
         }
         let body = Value::Array(events.to_vec()).to_string();
-        let path = format!("/v1/topics/{}/events", segment(topic));
+        let path = paths::events(topic);
         let mut tries = 0;
         loop {
             let req = Request::post(path.clone())
@@ -304,11 +299,8 @@ impl Client {
             ("from", Some(from.to_string())),
             ("limit", Some(limit.to_string())),
         ]);
-        self.get_json(format!(
-            "/v1/topics/{}/partitions/{partition}/events{q}",
-            segment(topic)
-        ))
-        .await
+        self.get_json(format!("{}{q}", paths::partition_events(topic, partition)))
+            .await
     }
 
     // Subscriptions.
@@ -316,21 +308,17 @@ impl Client {
     /// `PUT /v1/subscriptions/{name}` with the contract's settings object; the answer
     /// is the subscription as stored.
     pub async fn put_subscription(&self, name: &str, settings: &Value) -> Result<Value, Error> {
-        self.ok(
-            Request::new(Method::PUT, format!("/v1/subscriptions/{}", segment(name)))
-                .json(settings),
-        )
-        .await?
-        .json()
+        self.ok(Request::new(Method::PUT, paths::subscription(name)).json(settings))
+            .await?
+            .json()
     }
 
     pub async fn subscription(&self, name: &str) -> Result<Value, Error> {
-        self.get_json(format!("/v1/subscriptions/{}", segment(name)))
-            .await
+        self.get_json(paths::subscription(name)).await
     }
 
     pub async fn subscriptions(&self) -> Result<Vec<Value>, Error> {
-        let v: Value = self.get_json("/v1/subscriptions".into()).await?;
+        let v: Value = self.get_json(paths::SUBSCRIPTIONS.into()).await?;
         Ok(v.get("subscriptions")
             .and_then(Value::as_array)
             .cloned()
@@ -338,12 +326,9 @@ impl Client {
     }
 
     pub async fn delete_subscription(&self, name: &str) -> Result<(), Error> {
-        self.ok(Request::new(
-            Method::DELETE,
-            format!("/v1/subscriptions/{}", segment(name)),
-        ))
-        .await
-        .map(drop)
+        self.ok(Request::new(Method::DELETE, paths::subscription(name)))
+            .await
+            .map(drop)
     }
 
     pub async fn offsets(&self, name: &str) -> Result<Vec<Offset>, Error> {
@@ -352,7 +337,7 @@ impl Client {
             offsets: Vec<Offset>,
         }
         Ok(self
-            .get_json::<List>(format!("/v1/subscriptions/{}/offsets", segment(name)))
+            .get_json::<List>(paths::subscription_action(name, "offsets"))
             .await?
             .offsets)
     }
@@ -364,11 +349,8 @@ impl Client {
         partition: u32,
         offset: u64,
     ) -> Result<Value, Error> {
-        self.ok(Request::new(
-            Method::PUT,
-            format!("/v1/subscriptions/{}/offsets/{partition}", segment(name)),
-        )
-        .json(&json!({ "offset": offset })))
+        self.ok(Request::new(Method::PUT, paths::offset(name, partition))
+            .json(&json!({ "offset": offset })))
             .await?
             .json()
     }
@@ -379,7 +361,7 @@ impl Client {
     pub async fn pull(&self, name: &str, pull: &Pull) -> Result<Vec<Delivery>, Error> {
         let wait = Duration::from_millis(pull.wait_ms.unwrap_or(0));
         let body = serde_json::to_value(pull).map_err(|e| Error::Invalid(e.to_string()))?;
-        let req = Request::post(format!("/v1/subscriptions/{}/pull", segment(name)))
+        let req = Request::post(paths::subscription_action(name, "pull"))
             .json(&body)
             .timeout(wait + ANSWER_SLACK);
         Ok(self.ok(req).await?.json::<Deliveries>()?.deliveries)
@@ -387,7 +369,7 @@ impl Client {
 
     pub async fn ack(&self, name: &str, ids: &[String]) -> Result<Acked, Error> {
         self.post_json(
-            format!("/v1/subscriptions/{}/ack", segment(name)),
+            paths::subscription_action(name, "ack"),
             &json!({ "delivery_ids": ids }),
         )
         .await
@@ -395,7 +377,7 @@ impl Client {
 
     pub async fn nack(&self, name: &str, ids: &[String], reason: &str) -> Result<Nacked, Error> {
         self.post_json(
-            format!("/v1/subscriptions/{}/nack", segment(name)),
+            paths::subscription_action(name, "nack"),
             &json!({ "delivery_ids": ids, "reason": reason }),
         )
         .await
@@ -408,7 +390,7 @@ impl Client {
         ack_timeout_ms: u64,
     ) -> Result<Extended, Error> {
         self.post_json(
-            format!("/v1/subscriptions/{}/extend", segment(name)),
+            paths::subscription_action(name, "extend"),
             &json!({ "delivery_ids": ids, "ack_timeout_ms": ack_timeout_ms }),
         )
         .await
@@ -428,62 +410,47 @@ impl Client {
             ("limit", limit.map(|l| l.to_string())),
             ("cursor", cursor.map(str::to_string)),
         ]);
-        self.get_json(format!("/v1/deadletters{q}")).await
+        self.get_json(format!("{}{q}", paths::DEAD_LETTERS)).await
     }
 
     pub async fn dead_letter(&self, id: &str) -> Result<Value, Error> {
-        self.get_json(format!("/v1/deadletters/{}", segment(id)))
-            .await
+        self.get_json(paths::dead_letter(id)).await
     }
 
     pub async fn redrive(&self, id: &str) -> Result<(), Error> {
-        self.ok(Request::post(format!(
-            "/v1/deadletters/{}/redrive",
-            segment(id)
-        )))
-        .await
-        .map(drop)
+        self.ok(Request::post(paths::redrive(id))).await.map(drop)
     }
 
     pub async fn delete_dead_letter(&self, id: &str) -> Result<(), Error> {
-        self.ok(Request::new(
-            Method::DELETE,
-            format!("/v1/deadletters/{}", segment(id)),
-        ))
-        .await
-        .map(drop)
+        self.ok(Request::new(Method::DELETE, paths::dead_letter(id)))
+            .await
+            .map(drop)
     }
 
     // Sessions.
 
     pub async fn open_session(&self, client_id: &str, ttl_ms: u64) -> Result<Session, Error> {
         self.post_json(
-            "/v1/sessions".into(),
+            paths::SESSIONS.into(),
             &json!({ "client_id": client_id, "ttl_ms": ttl_ms }),
         )
         .await
     }
 
     pub async fn heartbeat(&self, session: &str) -> Result<Value, Error> {
-        self.ok(Request::post(format!(
-            "/v1/sessions/{}/heartbeat",
-            segment(session)
-        )))
-        .await?
-        .json()
+        self.ok(Request::post(paths::heartbeat(session)))
+            .await?
+            .json()
     }
 
     pub async fn sessions(&self) -> Result<Value, Error> {
-        self.get_json("/v1/sessions".into()).await
+        self.get_json(paths::SESSIONS.into()).await
     }
 
     pub async fn close_session(&self, session: &str) -> Result<(), Error> {
-        self.ok(Request::new(
-            Method::DELETE,
-            format!("/v1/sessions/{}", segment(session)),
-        ))
-        .await
-        .map(drop)
+        self.ok(Request::new(Method::DELETE, paths::session(session)))
+            .await
+            .map(drop)
     }
 
     // Tasks.
@@ -499,11 +466,11 @@ impl Client {
         if let Some(id) = id {
             body["id"] = json!(id);
         }
-        self.post_json("/v1/tasks".into(), &body).await
+        self.post_json(paths::TASKS.into(), &body).await
     }
 
     pub async fn task(&self, id: &str) -> Result<Value, Error> {
-        self.get_json(format!("/v1/tasks/{}", segment(id))).await
+        self.get_json(paths::task(id)).await
     }
 
     pub async fn tasks(&self, agent: Option<&str>, state: Option<&str>) -> Result<Value, Error> {
@@ -511,12 +478,12 @@ impl Client {
             ("agent", agent.map(str::to_string)),
             ("state", state.map(str::to_string)),
         ]);
-        self.get_json(format!("/v1/tasks{q}")).await
+        self.get_json(format!("{}{q}", paths::TASKS)).await
     }
 
     pub async fn claim_task(&self, id: &str, session: &str) -> Result<Value, Error> {
         self.post_json(
-            format!("/v1/tasks/{}/claim", segment(id)),
+            paths::task_action(id, "claim"),
             &json!({ "session": session }),
         )
         .await
@@ -538,17 +505,15 @@ impl Client {
         if let Some(s) = session {
             body["session"] = json!(s);
         }
-        self.ok(
-            Request::post(format!("/v1/tasks/{}/transition", segment(id)))
-                .json(&body)
-                .header("if-match", format!("\"{version}\"")),
-        )
-        .await?
-        .json()
+        self.ok(Request::post(paths::task_action(id, "transition"))
+            .json(&body)
+            .header("if-match", format!("\"{version}\"")))
+            .await?
+            .json()
     }
 
     pub async fn cancel_task(&self, id: &str) -> Result<Value, Error> {
-        self.ok(Request::post(format!("/v1/tasks/{}/cancel", segment(id))))
+        self.ok(Request::post(paths::task_action(id, "cancel")))
             .await?
             .json()
     }

@@ -29,6 +29,7 @@
 
 mod api;
 mod error;
+pub mod paths;
 mod target;
 pub mod tls;
 pub mod transport;

@@ -113,9 +113,9 @@ async fn given_large_events_then_a_pull_answers_at_most_its_byte_budget_and_leas
     assert_eq!(problem(&r, 400)["field"], "max_bytes");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn given_large_records_then_browse_dead_letter_and_task_lists_stop_at_max_bytes_with_a_cursor(
-) {
+/// A meshd with topic `t` (one partition) holding 5 events of 100 KiB, and
+/// subscription `s` on it that dead-letters at the first nack.
+async fn large_events() -> (tempfile::TempDir, MeshdProcess) {
     let dir = tempfile::tempdir().unwrap();
     let m = MeshdProcess::start(bin(), dir.path(), &[]).await.unwrap();
     let a = m.addr();
@@ -127,7 +127,13 @@ async fn given_large_records_then_browse_dead_letter_and_task_lists_stop_at_max_
     )
     .await;
     publish_sized(a, "t", 5, 100 * 1024).await;
+    (dir, m)
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_large_events_then_browse_stops_at_max_bytes_with_a_cursor_that_goes_on() {
+    let (_dir, m) = large_events().await;
+    let a = m.addr();
     // Browse: 2 events of 100 KiB fit 250 000 bytes; the cursor goes on from offset 2.
     let r = get(
         a,
@@ -157,7 +163,13 @@ async fn given_large_records_then_browse_dead_letter_and_task_lists_stop_at_max_
         "the end: {}",
         page["next_cursor"]
     );
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_large_dead_letters_then_the_list_stops_at_max_bytes_and_its_cursor_walks_every_entry_once(
+) {
+    let (_dir, m) = large_events().await;
+    let a = m.addr();
     // Dead letters: each nacked event is dead-lettered at once (max_attempts 1).
     let ds = common::pull_until(a, "s", 5, Duration::from_secs(20)).await;
     let r = common::nack(a, "s", &common::ids(&ds), "poison")
@@ -190,7 +202,14 @@ async fn given_large_records_then_browse_dead_letter_and_task_lists_stop_at_max_
     }
     assert_eq!(seen, (0..5).collect());
     assert_eq!(pages, 3, "2 + 2 + 1 entries of 100 KiB under 250 000 bytes");
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_large_task_inputs_then_the_list_stops_at_max_bytes_and_its_cursor_walks_every_task_once(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MeshdProcess::start(bin(), dir.path(), &[]).await.unwrap();
+    let a = m.addr();
     // Tasks: inputs of 100 KiB, listed 2 at a time under 250 000 bytes.
     for i in 0..5 {
         let r = send_json(
@@ -377,10 +396,24 @@ async fn given_a_forwarded_pull_whose_answer_is_lost_then_the_owner_releases_it_
     common::publish(c.b.addr(), &topic, &sized_event("lost", 500))
         .await
         .unwrap();
-    // The pulls reach the owner (which leases the event and answers), but no answer
-    // comes back to `b`: `b` gives up on each and asks the owner to release what it
-    // handed out (those requests still get through). `b` re-asks the owner while the
-    // long poll lasts, so one of its pulls finds the event read from the log.
+    // The owner learns of an append by another instance through the log's notices:
+    // wait until it counts the event, so that the forwarded pull below finds it (a
+    // forwarded pull does not wait, and the next one would come only after `b` gave
+    // up on the first).
+    wait_until(
+        Duration::from_secs(15),
+        "the owner sees the event",
+        || async {
+            let n = metric(c.a.addr(), r#"meshd_backlog_events{subscription="s"}"#).await?;
+            anyhow::ensure!(n >= 1.0, "backlog {n}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    // The pull reaches the owner (which leases the event and answers), but no answer
+    // comes back to `b`: `b` gives up on it and asks the owner to release what it
+    // handed out (that request still gets through).
     c.proxy.swallow_replies();
     let lost = pull(c.b.addr(), "s", &json!({"max_events": 10, "wait_ms": 2000}))
         .await

@@ -153,11 +153,17 @@ async fn ready(m: &MeshdProcess) {
     .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn given_embedded_defaults_when_a_session_is_opened_heartbeated_listed_and_closed_then_every_answer_follows_the_contract(
-) {
+/// A meshd on its embedded defaults.
+async fn embedded() -> (tempfile::TempDir, MeshdProcess) {
     let dir = tempfile::tempdir().unwrap();
     let m = MeshdProcess::start(bin(), dir.path(), &[]).await.unwrap();
+    (dir, m)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_embedded_defaults_when_sessions_are_opened_and_heartbeated_then_ttls_are_granted_and_get_and_list_show_what_open_answered(
+) {
+    let (_dir, m) = embedded().await;
     let a = m.addr();
     let me = instance_of(&m);
 
@@ -208,6 +214,16 @@ async fn given_embedded_defaults_when_a_session_is_opened_heartbeated_listed_and
         Some(&s),
         "{all:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_sessions_when_the_list_is_read_in_pages_then_limit_1_walks_it_once_and_bad_paging_is_refused_naming_the_field(
+) {
+    let (_dir, m) = embedded().await;
+    let a = m.addr();
+    for c in ["client-a", "client-b", "client-c"] {
+        open(a, json!({"client_id": c, "ttl_ms": 3_600_000})).await;
+    }
 
     // Pages: limit 1 walks the list one session at a time.
     let mut walked = Vec::new();
@@ -247,6 +263,15 @@ async fn given_embedded_defaults_when_a_session_is_opened_heartbeated_listed_and
         &http::get(a, "/v1/sessions?cursor=no%20way").await.unwrap(),
         "cursor",
     );
+    assert_eq!(walked.len(), 3, "{walked:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_open_session_when_it_is_closed_then_it_is_gone_on_every_route() {
+    let (_dir, m) = embedded().await;
+    let a = m.addr();
+    let s = open(a, json!({"client_id": "client-a"})).await;
+    assert!(!listed(a, "client-a").await.unwrap().is_empty());
 
     // Close: 204, then it is gone everywhere.
     let r = bare(a, "DELETE", &format!("/v1/sessions/{}", s.id)).await;
@@ -261,6 +286,14 @@ async fn given_embedded_defaults_when_a_session_is_opened_heartbeated_listed_and
         listed(a, "client-a").await.unwrap().is_empty(),
         "a closed session is not listed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_live_session_when_opens_and_heartbeats_are_malformed_or_name_unknown_sessions_then_they_are_refused_and_change_nothing(
+) {
+    let (_dir, m) = embedded().await;
+    let a = m.addr();
+    let long = open(a, json!({"client_id": "client-c", "ttl_ms": 3_600_000})).await;
 
     // Bad input: a 400 naming the field, and nothing opened.
     let before = list(a).await.unwrap();

@@ -3,9 +3,10 @@
 //! stderr for long runs, and exit 1 if any id failed.
 
 use super::error::{CliError, Problem};
-use super::http::{query, segment, shorten, Method, Request};
+use super::http::{query, shorten, Method, Request};
 use super::output::{cell, note, Table};
 use super::{Ctx, DlqCmd};
+use meshd_client::paths;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -29,9 +30,7 @@ pub fn dlq(ctx: &Ctx, cmd: DlqCmd) -> Result<(), CliError> {
             all,
         } => list_entries(ctx, subscription, limit, cursor, all),
         DlqCmd::Show { id } => {
-            let a = ctx
-                .client
-                .get(format!("/v1/deadletters/{}", segment(&id)))?;
+            let a = ctx.client.get(paths::dead_letter(&id))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
@@ -58,13 +57,10 @@ pub fn dlq(ctx: &Ctx, cmd: DlqCmd) -> Result<(), CliError> {
             ctx.out.line(&format!("event:\n{pretty}"))
         }
         DlqCmd::Redrive { ids } => each_id(ctx, ids, "redrive", |id| {
-            Request::new(
-                Method::POST,
-                format!("/v1/deadletters/{}/redrive", segment(id)),
-            )
+            Request::new(Method::POST, paths::redrive(id))
         }),
         DlqCmd::Delete { ids } => each_id(ctx, ids, "delete", |id| {
-            Request::new(Method::DELETE, format!("/v1/deadletters/{}", segment(id)))
+            Request::new(Method::DELETE, paths::dead_letter(id))
         }),
     }
 }
@@ -79,7 +75,8 @@ fn list_entries(
     let mut entries: Vec<Box<RawValue>> = Vec::new();
     let next = loop {
         let path = format!(
-            "/v1/deadletters{}",
+            "{}{}",
+            paths::DEAD_LETTERS,
             query(&[
                 ("subscription", subscription.clone()),
                 ("limit", limit.map(|l| l.to_string())),

@@ -8,7 +8,7 @@ use super::error::{CliError, Problem};
 use std::path::Path;
 
 pub use meshd_client::transport::REQUEST_TIMEOUT;
-pub use meshd_client::{query, segment, shorten, Method, Request, Response as Answer};
+pub use meshd_client::{query, shorten, Method, Request, Response as Answer};
 
 impl From<meshd_client::Error> for CliError {
     fn from(e: meshd_client::Error) -> Self {

@@ -1,9 +1,10 @@
 //! `meshd sub ...` and `meshd pull`.
 
 use super::error::CliError;
-use super::http::{segment, shorten, Method, Request, REQUEST_TIMEOUT};
+use super::http::{shorten, Method, Request, REQUEST_TIMEOUT};
 use super::output::{cell, list, note, Table};
 use super::{Ctx, PullArgs, Start, SubCmd, SubCreate};
+use meshd_client::paths;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
     match cmd {
         SubCmd::Create(c) => create(ctx, c),
         SubCmd::List => {
-            let a = ctx.client.get("/v1/subscriptions".into())?;
+            let a = ctx.client.get(paths::SUBSCRIPTIONS.into())?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
@@ -32,16 +33,14 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
             t.print(&ctx.out, "no subscriptions")
         }
         SubCmd::Get { name } => {
-            let a = ctx
-                .client
-                .get(format!("/v1/subscriptions/{}", segment(&name)))?;
+            let a = ctx.client.get(paths::subscription(&name))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
             let s = super::http::json(&a)?;
             let o = ctx
                 .client
-                .get(format!("/v1/subscriptions/{}/offsets", segment(&name)))?
+                .get(paths::subscription_action(&name, "offsets"))?
                 .json()?;
             let mut t = Table::new(&[
                 "NAME",
@@ -67,10 +66,9 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
             offsets.print(&ctx.out, "no committed offsets yet")
         }
         SubCmd::Delete { name } => {
-            let a = ctx.client.ok(Request::new(
-                Method::DELETE,
-                format!("/v1/subscriptions/{}", segment(&name)),
-            ))?;
+            let a = ctx
+                .client
+                .ok(Request::new(Method::DELETE, paths::subscription(&name)))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
@@ -147,11 +145,8 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
     if let Some(u) = c.push_url {
         body.insert("push".into(), json!({ "url": u }));
     }
-    let mut req = Request::new(
-        Method::PUT,
-        format!("/v1/subscriptions/{}", segment(&c.name)),
-    )
-    .json(&Value::Object(body));
+    let mut req =
+        Request::new(Method::PUT, paths::subscription(&c.name)).json(&Value::Object(body));
     if !c.upsert {
         // Create-only: an existing subscription is never changed by accident.
         req.headers.push(("If-None-Match".into(), "*".into()));
@@ -195,7 +190,7 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
     }
     let mut req = Request::new(
         Method::POST,
-        format!("/v1/subscriptions/{}/pull", segment(&a.subscription)),
+        paths::subscription_action(&a.subscription, "pull"),
     )
     .json(&Value::Object(body));
     // A long poll may legitimately take `wait_ms` before the answer starts.
@@ -249,7 +244,7 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
         .client
         .ok(Request::new(
             Method::POST,
-            format!("/v1/subscriptions/{}/ack", segment(&a.subscription)),
+            paths::subscription_action(&a.subscription, "ack"),
         )
         .json(&json!({ "delivery_ids": ids })))?
         .json::<Value>()?;

@@ -3,9 +3,10 @@
 //! shown as `-` when absent.
 
 use super::error::CliError;
-use super::http::{query, segment, shorten, Method, Request};
+use super::http::{query, shorten, Method, Request};
 use super::output::{cell, list, note, Table};
 use super::{Ctx, SessionCmd, TaskCmd};
+use meshd_client::paths;
 use serde_json::{json, Map, Value};
 
 pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
@@ -23,7 +24,7 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             }
             let a = ctx
                 .client
-                .ok(Request::new(Method::POST, "/v1/tasks").json(&Value::Object(body)))?;
+                .ok(Request::new(Method::POST, paths::TASKS).json(&Value::Object(body)))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
@@ -40,7 +41,7 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             t.print(&ctx.out, "")
         }
         TaskCmd::Get { id } => {
-            let a = ctx.client.get(format!("/v1/tasks/{}", segment(&id)))?;
+            let a = ctx.client.get(paths::task(&id))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
@@ -80,7 +81,8 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             cursor,
         } => {
             let path = format!(
-                "/v1/tasks{}",
+                "{}{}",
+                paths::TASKS,
                 query(&[
                     ("agent", agent),
                     ("state", state),
@@ -115,7 +117,7 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
         TaskCmd::Cancel { id } => {
             let a = ctx.client.ok(Request::new(
                 Method::POST,
-                format!("/v1/tasks/{}/cancel", segment(&id)),
+                paths::task_action(&id, "cancel"),
             ))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
@@ -133,7 +135,7 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
 pub fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<(), CliError> {
     match cmd {
         SessionCmd::List => {
-            let a = ctx.client.get("/v1/sessions".into())?;
+            let a = ctx.client.get(paths::SESSIONS.into())?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }

@@ -7,9 +7,10 @@
 //! lines that was, so an operator can resume with `tail -n +LINE`.
 
 use super::error::CliError;
-use super::http::{segment, Method, Request};
+use super::http::{Method, Request};
 use super::output::{cell, list, note, Table};
 use super::{Ctx, PublishArgs, TopicCmd};
+use meshd_client::paths;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal};
@@ -26,11 +27,10 @@ const MAX_ROWS: usize = 1000;
 pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
     match cmd {
         TopicCmd::Create { name, partitions } => {
-            let a = ctx.client.ok(Request::new(
-                Method::PUT,
-                format!("/v1/topics/{}", segment(&name)),
-            )
-            .json(&json!({ "partitions": partitions })))?;
+            let a = ctx
+                .client
+                .ok(Request::new(Method::PUT, paths::topic(&name))
+                    .json(&json!({ "partitions": partitions })))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
@@ -47,7 +47,7 @@ pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
             ))
         }
         TopicCmd::List => {
-            let a = ctx.client.get("/v1/topics".into())?;
+            let a = ctx.client.get(paths::TOPICS.into())?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
@@ -59,7 +59,7 @@ pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
             t.print(&ctx.out, "no topics")
         }
         TopicCmd::Get { name } => {
-            let a = ctx.client.get(format!("/v1/topics/{}", segment(&name)))?;
+            let a = ctx.client.get(paths::topic(&name))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
@@ -76,10 +76,9 @@ pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
             t.print(&ctx.out, "no partitions")
         }
         TopicCmd::Delete { name } => {
-            let a = ctx.client.ok(Request::new(
-                Method::DELETE,
-                format!("/v1/topics/{}", segment(&name)),
-            ))?;
+            let a = ctx
+                .client
+                .ok(Request::new(Method::DELETE, paths::topic(&name)))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
@@ -157,10 +156,7 @@ impl<'a> Publisher<'a> {
         body.push('[');
         body.push_str(&self.batch.join(","));
         body.push(']');
-        let mut req = Request::new(
-            Method::POST,
-            format!("/v1/topics/{}/events", segment(self.topic)),
-        );
+        let mut req = Request::new(Method::POST, paths::events(self.topic));
         req = req.body("application/cloudevents-batch+json", body);
         let range = match (self.origins.first(), self.origins.last()) {
             (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
