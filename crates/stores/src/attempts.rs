@@ -46,7 +46,7 @@
 //! Offsets that were never handed out (filtered, and later parked) have no entry:
 //! nothing assumes that everything below a high-water mark went out.
 //!
-//! Decoding is strict: another version, a missing or unknown field, offsets out of
+//! Decoding is strict: another version, a missing field, offsets out of
 //! order or repeated, an attempt of 0, an empty record, or anything after the record
 //! is corrupt, never guessed at. A version-1 head is still read (its map becomes the
 //! first record, due at once, on the first acquisition by this release).
@@ -754,7 +754,6 @@ impl LedgerState {
 // ---------------------------------------------------------------------------------
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RecordV2 {
     v: u64,
     d: Vec<EntryV2>,
@@ -768,7 +767,6 @@ enum EntryV2 {
 }
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct HeadV2 {
     v: u64,
     layout: String,
@@ -907,7 +905,6 @@ pub fn decode_record(bytes: &[u8]) -> Result<Vec<LedgerEntry>, String> {
 // ---------------------------------------------------------------------------------
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RecordV1 {
     v: u64,
     /// `[offset, attempt]` pairs, strictly ascending by offset.
@@ -1181,12 +1178,16 @@ mod tests {
         for bad in [
             r#"{"v":2,"d":[[7,2,1,"w"]]}"#,
             r#"{"v":2,"d":[[7,2]]}"#,
-            r#"{"v":2,"d":[[7,2,1]],"x":0}"#,
             r#"{"v":2,"d":[[7,2,1]]} "#,
             r#"{"v":2,"d":[[7,2,-1]]}"#,
         ] {
             assert!(decode_record(bad.as_bytes()).is_err(), "{bad}");
         }
+        // A field a newer release wrote is ignored.
+        assert_eq!(
+            decode_record(br#"{"v":2,"d":[[7,2,1]],"x":0}"#).map(|e| e.len()),
+            Ok(1)
+        );
         assert_eq!(decode_head(HEAD), Ok(Head::V2));
         assert!(decode_head(br#"{"layout":"records","v":2}"#).is_err());
     }
@@ -1260,7 +1261,6 @@ mod tests {
                 "unknown attempt ledger record version",
             ),
             (r#"{"v":1}"#, "malformed"),
-            (r#"{"v":1,"attempts":[[1,1]],"x":1}"#, "malformed"),
             (r#"{"v":1,"attempts":[[1,1,1]]}"#, "malformed"),
             (r#"{"v":1,"attempts":[[1]]}"#, "malformed"),
             (r#"{"v":1,"attempts":[[-1,1]]}"#, "malformed"),
@@ -1278,6 +1278,8 @@ mod tests {
             (r#"{"v":1,"attempts":[[1,1],[1,2]]}"#, "out of order"),
             (r#"{"v":1,"attempts":[[1,0]]}"#, "attempt 0"),
         ];
+        // A field a newer release wrote is ignored.
+        assert!(decode(br#"{"v":1,"attempts":[[1,1]],"x":1}"#).is_ok());
         for (text, expected) in cases {
             let err = decode(text.as_bytes()).unwrap_err();
             assert!(

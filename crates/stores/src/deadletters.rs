@@ -129,6 +129,8 @@ pub struct DeadLetterEntry {
     pub redrives: u32,
     /// The entry record's Meta `mod_revision`.
     pub version: i64,
+    /// Fields of the record a newer release wrote; written back by a rewrite.
+    pub kept: crate::Kept,
 }
 
 impl DeadLetterEntry {
@@ -689,6 +691,7 @@ impl DeadLetterStore for MetaDeadLetterStore {
             state: DeadLetterState::Dead,
             redrives: 0,
             version: 0,
+            kept: Default::default(),
         };
         let ekey = entry_key(&entry.subscription, &id);
         let ikey = index_key(&id);
@@ -1089,6 +1092,7 @@ mod fuzz {
                         },
                         redrives,
                         version,
+                        kept: Default::default(),
                     }
                 },
             )

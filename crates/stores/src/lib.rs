@@ -31,6 +31,7 @@ pub mod tasks;
 pub mod topics;
 
 mod codec;
+pub use codec::Kept;
 mod meta_util;
 pub use meta_util::delete_prefix;
 pub mod time;

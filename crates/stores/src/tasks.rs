@@ -178,6 +178,8 @@ pub struct Task {
     pub created_at: Timestamp,
     /// The record's Meta `mod_revision`: the task's ETag.
     pub version: i64,
+    /// Fields of the record a newer release wrote; written back by every transition.
+    pub kept: crate::Kept,
 }
 
 impl Task {
@@ -721,6 +723,7 @@ impl TaskStore for MetaTaskStore {
             assignee: None,
             created_at: now,
             version: 0,
+            kept: Default::default(),
         };
         let key = task_key(&id);
         let value = self.encode(&task)?;
@@ -1090,6 +1093,7 @@ mod tests {
             assignee: None,
             created_at: t0,
             version: 1,
+            kept: Default::default(),
         };
         for i in 1..=10 {
             let to = if i % 2 == 1 {
@@ -1205,6 +1209,7 @@ mod fuzz {
                         }),
                         created_at: at,
                         version: 3,
+                        kept: Default::default(),
                     }
                 },
             )

@@ -50,6 +50,7 @@ backend_cases!(
     expire_deletes_only_old_terminal_tasks,
     indeterminate_submit_is_safe_to_retry_with_the_same_id,
     corrupt_records_are_reported,
+    a_field_a_newer_release_wrote_survives_every_transition,
     restart_keeps_every_acknowledged_submit_and_transition,
     meta_unavailable_never_drops_a_submit,
 );
@@ -837,6 +838,52 @@ async fn corrupt_records_are_reported(b: &mut Harness) {
         Err(TaskError::Store(StoreFailure::Corrupt { .. }))
     ));
     assert_eq!(s.get("good").await.expect("get").id, "good");
+}
+
+/// Rolling upgrades (state-plane.md, "Records"): a task record that a newer release
+/// wrote with a field this one does not know is read (not corrupt), and claims and
+/// transitions by this release write the field back unchanged.
+async fn a_field_a_newer_release_wrote_survives_every_transition(b: &mut Harness) {
+    let s = store(b);
+    let meta = b.meta();
+    let t = s
+        .submit(Some("newer"), AGENT, json!({"q": 1}))
+        .await
+        .expect("submit")
+        .task;
+    let (mut record, _) = stored(meta.as_ref(), "newer").await.expect("stored");
+    record["deadline"] = json!({"at": "2030-01-01T00:00:00Z"});
+    let key = keys::key(KeyKind::Tasks, &["newer"]);
+    meta.put(
+        &key,
+        &serde_json::to_vec(&record).unwrap(),
+        Precondition::ModRevision(t.version),
+        None,
+    )
+    .await
+    .expect("the newer release's write");
+    let read = s.get("newer").await.expect("not corrupt");
+    assert_eq!(read.kept.names().collect::<Vec<_>>(), ["deadline"]);
+    let who = session(meta.as_ref(), "newer-session", AGENT).await;
+    let claimed = s.claim("newer", &who).await.expect("claim");
+    let done = s
+        .transition(
+            "newer",
+            TaskState::Completed,
+            Some(json!({"ok": true})),
+            Some(claimed.version),
+            &who,
+        )
+        .await
+        .expect("complete");
+    let (after, version) = stored(meta.as_ref(), "newer").await.expect("stored");
+    assert_eq!(version, done.version);
+    assert_eq!(after["state"], "completed", "{after}");
+    assert_eq!(
+        after["deadline"],
+        json!({"at": "2030-01-01T00:00:00Z"}),
+        "kept through claim and transition: {after}"
+    );
 }
 
 async fn restart_keeps_every_acknowledged_submit_and_transition(b: &mut Harness) {

@@ -179,15 +179,6 @@ impl MeshdProcess {
         &self.first_line
     }
 
-    pub fn pid(&self) -> Option<u32> {
-        self.proc.pid()
-    }
-
-    /// SIGKILL and reap. Idempotent.
-    pub fn kill(&mut self) {
-        self.proc.kill()
-    }
-
     /// Kills the process (if running) and starts it again on the same data dir
     /// (it gets a new port).
     pub async fn restart(&mut self) -> anyhow::Result<()> {
@@ -226,20 +217,23 @@ impl MeshdProcess {
         self.spawn().await
     }
 
-    pub fn pause(&self) {
-        self.proc.pause()
-    }
-
-    pub fn resume(&self) {
-        self.proc.resume()
-    }
-
     /// SIGHUP: meshd reloads its token files and TLS certificate.
     pub fn hangup(&self) {
         self.proc.signal(libc::SIGHUP);
     }
+}
 
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.proc.log_tail(lines)
+/// The process and its log: `pid`, `kill`, `pause`, `resume`, `signal`, `log_path`,
+/// `log_tail` ([`Proc`]).
+impl std::ops::Deref for MeshdProcess {
+    type Target = Proc;
+    fn deref(&self) -> &Proc {
+        &self.proc
+    }
+}
+
+impl std::ops::DerefMut for MeshdProcess {
+    fn deref_mut(&mut self) -> &mut Proc {
+        &mut self.proc
     }
 }

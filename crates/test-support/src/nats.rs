@@ -225,36 +225,6 @@ impl NatsProcess {
         std::fs::write(&self.config_path, config)
             .with_context(|| format!("writing {}", self.config_path.display()))
     }
-
-    /// The process id while the process runs (`None` after [`kill`](Self::kill)).
-    pub fn pid(&self) -> Option<u32> {
-        self.proc.pid()
-    }
-
-    /// The log file (the process's stdout and stderr).
-    pub fn log_path(&self) -> &Path {
-        self.proc.log_path()
-    }
-
-    /// SIGKILL and reap. Does nothing when it is not running.
-    pub fn kill(&mut self) {
-        self.proc.kill()
-    }
-
-    /// SIGSTOP: its sockets stay open but it answers nothing.
-    pub fn pause(&self) {
-        self.proc.pause()
-    }
-
-    /// SIGCONT after [`pause`](Self::pause).
-    pub fn resume(&self) {
-        self.proc.resume()
-    }
-
-    /// The last `lines` lines of the log.
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.proc.log_tail(lines)
-    }
     async fn spawn_and_wait(&mut self) -> anyhow::Result<()> {
         self.spawn()?;
         self.wait_ready().await
@@ -374,6 +344,21 @@ fn is_executable(path: &Path) -> bool {
     path.metadata()
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
+}
+
+/// The process and its log: `pid`, `kill`, `pause`, `resume`, `signal`, `log_path`,
+/// `log_tail` ([`Proc`]).
+impl std::ops::Deref for NatsProcess {
+    type Target = Proc;
+    fn deref(&self) -> &Proc {
+        &self.proc
+    }
+}
+
+impl std::ops::DerefMut for NatsProcess {
+    fn deref_mut(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
 }
 
 #[cfg(test)]

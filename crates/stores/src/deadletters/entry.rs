@@ -14,12 +14,14 @@
 //!
 //! The entry's `version` is not stored: it is the key's Meta `mod_revision`.
 //!
-//! Decoding is strict: not JSON (truncated, garbled), another `v`, unknown or missing
-//! fields, an id or subscription other than the key's, or an id that is not the one
-//! derived from the delivery the record names ([`super::id`]) is corrupt.
+//! Decoding is strict about what it knows: not JSON (truncated, garbled), another `v`,
+//! a missing field, an id or subscription other than the key's, or an id that is not
+//! the one derived from the delivery the record names ([`super::id`]) is corrupt. A
+//! top-level field this release does not know (a newer one wrote it) is kept in the
+//! entry ([`Kept`]) and written back when the entry is rewritten (a redrive).
 
 use super::{DeadLetterEntry, DeadLetterState};
-use crate::codec::decode_named;
+use crate::codec::{decode_named, Kept};
 use crate::log::BodyRef;
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -28,7 +30,6 @@ use serde::{Deserialize, Serialize};
 pub const VERSION: u64 = 1;
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct EntryV1 {
     v: u64,
     id: String,
@@ -47,10 +48,11 @@ struct EntryV1 {
     epoch: i64,
     state: DeadLetterState,
     redrives: u32,
+    #[serde(flatten)]
+    kept: Kept,
 }
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct BodyV1 {
     log_id: String,
     seq: u64,
@@ -78,6 +80,7 @@ pub fn encode(e: &DeadLetterEntry) -> Result<Vec<u8>, String> {
         epoch: e.epoch,
         state: e.state,
         redrives: e.redrives,
+        kept: e.kept.clone(),
     };
     serde_json::to_vec(&r).map_err(|err| format!("encoding dead-letter entry {}: {err}", e.id))
 }
@@ -131,6 +134,7 @@ pub fn decode(
         state: r.state,
         redrives: r.redrives,
         version,
+        kept: r.kept,
     })
 }
 
@@ -181,6 +185,7 @@ mod tests {
                 state: if redriving { DeadLetterState::Redriving } else { DeadLetterState::Dead },
                 redrives,
                 version,
+                kept: Kept::default(),
             }
         }
     }
@@ -223,6 +228,7 @@ mod tests {
             state: DeadLetterState::Dead,
             redrives: 0,
             version: 9,
+            kept: Kept::default(),
         }
     }
 
@@ -230,6 +236,21 @@ mod tests {
         let mut v: Value = serde_json::from_slice(&encode(&sample()).unwrap()).unwrap();
         f(v.as_object_mut().unwrap());
         serde_json::to_vec(&v).unwrap()
+    }
+
+    #[test]
+    fn a_field_a_newer_release_wrote_is_kept_and_written_back() {
+        let newer = reencode(|m| {
+            m.insert("note".into(), Value::from("from 0.3"));
+        });
+        let s = sample();
+        let mut e = decode(&s.subscription, &s.id, &newer, 9).expect("not corrupt");
+        assert_eq!(e.kept.names().collect::<Vec<_>>(), ["note"]);
+        e.state = DeadLetterState::Redriving;
+        e.redrives += 1;
+        let again: Value = serde_json::from_slice(&encode(&e).unwrap()).unwrap();
+        assert_eq!(again["note"], "from 0.3", "{again}");
+        assert_eq!(again["state"], "redriving");
     }
 
     #[test]
@@ -276,12 +297,6 @@ mod tests {
                 "no v",
                 reencode(|m| {
                     m.remove("v");
-                }),
-            ),
-            (
-                "unknown field",
-                reencode(|m| {
-                    m.insert("extra".into(), Value::from(1));
                 }),
             ),
             (

@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 pub const VERSION: u64 = 1;
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct IndexV1 {
     v: u64,
     subscription: String,
@@ -63,12 +62,16 @@ mod tests {
             br#"{"subscription":"billing"}"#,
             br#"{"v":1}"#,
             br#"{"v":1,"subscription":""}"#,
-            br#"{"v":1,"subscription":"billing","x":1}"#,
             br#"{"v":1,"subscription":7}"#,
             b"garbage",
             b"",
         ] {
             assert!(decode(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
+        // A field a newer release wrote is ignored.
+        assert_eq!(
+            decode(br#"{"v":1,"subscription":"billing","x":1}"#),
+            Ok("billing".to_string())
+        );
     }
 }

@@ -15,13 +15,15 @@
 //! `output` is absent while the task has none (a present `null` is an output).
 //! The task's `version` is not stored: it is the key's Meta `mod_revision`.
 //!
-//! Decoding is strict: a record that is not JSON (truncated, garbled), has another
-//! `v`, unknown or missing fields, an id other than its key's, an empty history, a
-//! state that is not its last history entry, or a claimed state without an assignee is
-//! reported as corrupt, never turned into some other task.
+//! Decoding is strict about what it knows: a record that is not JSON (truncated,
+//! garbled), has another `v`, misses a field, has an id other than its key's, an empty
+//! history, a state that is not its last history entry, or a claimed state without an
+//! assignee is reported as corrupt, never turned into some other task. A top-level
+//! field this release does not know (a newer one wrote it) is kept in the task
+//! ([`Kept`]) and written back by every transition.
 
 use super::{Assignee, HistoryEntry, Task, TaskState};
-use crate::codec::decode_named;
+use crate::codec::{decode_named, Kept};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -42,10 +44,11 @@ struct RecordOut<'a> {
     history: Vec<HistoryV1>,
     assignee: Option<AssigneeV1>,
     created_at: Timestamp,
+    #[serde(flatten)]
+    kept: &'a Kept,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RecordV1 {
     #[allow(dead_code)] // checked before this struct is decoded
     v: u64,
@@ -58,17 +61,17 @@ struct RecordV1 {
     history: Vec<HistoryV1>,
     assignee: Option<AssigneeV1>,
     created_at: Timestamp,
+    #[serde(flatten)]
+    kept: Kept,
 }
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct HistoryV1 {
     state: TaskState,
     at: Timestamp,
 }
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct AssigneeV1 {
     session: String,
     epoch: i64,
@@ -106,6 +109,7 @@ pub fn encode(task: &Task) -> Result<Vec<u8>, String> {
             session_key: a.session_key.clone(),
         }),
         created_at: task.created_at,
+        kept: &task.kept,
     };
     serde_json::to_vec(&out).map_err(|e| format!("encoding task {}: {e}", task.id))
 }
@@ -154,6 +158,7 @@ pub fn decode(key_id: &str, bytes: &[u8], version: i64) -> Result<Task, String> 
             session_key: a.session_key,
         }),
         created_at: r.created_at,
+        kept: r.kept,
         version,
     })
 }
@@ -212,7 +217,7 @@ mod tests {
                 }),
                 None => None,
             };
-            Task { id, agent, state, input, output, history, assignee, created_at, version }
+            Task { id, agent, state, input, output, history, assignee, created_at, version, kept: Kept::default() }
         }
     }
 
@@ -257,6 +262,7 @@ mod tests {
             }),
             created_at: Timestamp::from_millis(1).unwrap(),
             version: 9,
+            kept: Kept::default(),
         }
     }
 
@@ -273,6 +279,34 @@ mod tests {
             String::from_utf8(bytes).unwrap(),
             r#"{"v":1,"id":"t-1","agent":"agent","state":"working","input":{"q":1},"history":[{"state":"submitted","at":"1970-01-01T00:00:00.001Z"},{"state":"working","at":"1970-01-01T00:00:00.002Z"}],"assignee":{"session":"s","epoch":7,"client_id":"agent","session_key":"meshd/v1/sessions/agent"},"created_at":"1970-01-01T00:00:00.001Z"}"#
         );
+    }
+
+    #[test]
+    fn a_field_a_newer_release_wrote_is_kept_and_written_back() {
+        let newer = reencode(|m| {
+            m.insert("priority".into(), serde_json::json!({"level": 3}));
+        });
+        let t = decode("t-1", &newer, 9).expect("an unknown field is not corrupt");
+        assert_eq!(t.kept.names().collect::<Vec<_>>(), ["priority"]);
+        let mut moved = t.clone();
+        moved.state = TaskState::Completed;
+        moved.history.push(HistoryEntry {
+            state: TaskState::Completed,
+            at: Timestamp::from_millis(3).unwrap(),
+        });
+        let again: Value = serde_json::from_slice(&encode(&moved).unwrap()).unwrap();
+        assert_eq!(
+            again["priority"],
+            serde_json::json!({"level": 3}),
+            "{again}"
+        );
+        assert_eq!(again["state"], "completed");
+        // Inside a nested object an unknown field is ignored (and not kept).
+        let nested = reencode(|m| {
+            m["assignee"]["lease"] = Value::from(1);
+        });
+        let t = decode("t-1", &nested, 9).expect("ignored");
+        assert!(t.kept.is_empty());
     }
 
     #[test]
@@ -326,12 +360,6 @@ mod tests {
                 "v as string",
                 reencode(|m| {
                     m.insert("v".into(), Value::from("1"));
-                }),
-            ),
-            (
-                "unknown field",
-                reencode(|m| {
-                    m.insert("extra".into(), Value::from(1));
                 }),
             ),
             (
