@@ -42,7 +42,7 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// get the same cap, above what the largest configuration holds at once.
 const MAX_IN_FLIGHT: u64 = 10_000;
 
-pub const MESHD_DURABILITY: &str = "publish fsynced before 201; attempt fsynced before hand-out; ack fsynced (resolve) or within 100 ms (flush)";
+pub const MESHD_DURABILITY: &str = "publish fsynced before 201; attempt fsynced before hand-out; ack durable within 100 ms (flush interval)";
 
 pub fn js_durability(sync: JsSync) -> &'static str {
     match sync {

@@ -2,8 +2,9 @@
 //! (process kills: every applied write survives) and power cuts (writes since the last
 //! sync are lost), against a model of what the stores hold. Commands are applied to a
 //! `BTreeMap` of delivery records exactly as the DeliveryStateStore would (`record_attempt`
-//! and `resolve` sync, `update` is buffered until the next sync or `Flush`), and a
-//! "crash" rebuilds the core with `PartitionCore::recover` from those records.
+//! syncs, `update` and `resolve` are buffered until the next sync or `Flush`, and the
+//! committed offset a reader sees is the synced one), and a "crash" rebuilds the core
+//! with `PartitionCore::recover` from those records.
 //!
 //! After every step the invariants of at-least-once delivery are checked:
 //!
@@ -143,6 +144,9 @@ struct World {
     /// Records as of the last sync (what a power cut leaves).
     synced: BTreeMap<u64, DeliveryRecord>,
     committed: u64,
+    /// The committed offset as of the last sync: what a power cut leaves, and what the
+    /// OffsetStore shows.
+    synced_committed: u64,
 
     // -- the DeadLetterStore model --
     dead: BTreeMap<u64, (DlState, u32)>,
@@ -188,6 +192,7 @@ impl World {
             records: BTreeMap::new(),
             synced: BTreeMap::new(),
             committed: 0,
+            synced_committed: 0,
             dead: BTreeMap::new(),
             read: None,
             persists: Vec::new(),
@@ -218,6 +223,11 @@ impl World {
 
     fn sync(&mut self) {
         self.synced = self.records.clone();
+        assert!(
+            self.committed >= self.synced_committed,
+            "committed went back"
+        );
+        self.synced_committed = self.committed;
         let acked = std::mem::take(&mut self.acked_unsynced);
         self.acked_synced.extend(acked);
     }
@@ -348,8 +358,10 @@ impl World {
                     }
                     assert!(a.to as usize <= self.log.len());
                     self.committed = a.to;
+                } else {
+                    // A settled redrive's record goes durably (the shell flushes).
+                    self.sync();
                 }
-                self.sync();
             }
             Command::DeadLetter(req) => {
                 assert_eq!(req.attempts, max, "dead-lettered at exactly max_attempts");
@@ -363,6 +375,9 @@ impl World {
                 self.dl_writes.push_back(req.offset);
             }
             Command::RedriveSucceeded { entry_id, offset } => {
+                // The shell makes buffered writes durable before it settles a
+                // redrive in Meta.
+                self.sync();
                 assert_eq!(entry_id, partition().dead_letter_id(offset));
                 assert_eq!(
                     self.dead.get(&offset).map(|e| e.0),
@@ -377,6 +392,7 @@ impl World {
                 attempts,
                 ..
             } => {
+                self.sync();
                 assert_eq!(entry_id, partition().dead_letter_id(offset));
                 assert_eq!(attempts, max);
                 assert_eq!(
@@ -614,6 +630,9 @@ impl World {
                 }
             }
             Op::Redrive { idx } => {
+                // The shell redrives only below the committed offset the OffsetStore
+                // shows, and that read makes pending resolves durable first.
+                self.sync();
                 let dead: Vec<u64> = self
                     .dead
                     .iter()
@@ -678,6 +697,7 @@ impl World {
     fn crash(&mut self, lossy: bool) {
         if lossy {
             self.records = self.synced.clone();
+            self.committed = self.synced_committed;
             self.acked_unsynced.clear();
         }
         self.sync();

@@ -143,6 +143,12 @@ impl GroupCommit {
         Ok((Some(s.written), out))
     }
 
+    /// The highest ticket known durable (every ticket up to it is): a buffered
+    /// writer holding a ticket can tell, without waiting, whether its batch is on disk.
+    pub fn synced(&self) -> u64 {
+        self.lock().synced
+    }
+
     /// Makes everything written so far durable. Once poisoned it fails: with
     /// `WriteFailed` while some written batch never became durable, else `Poisoned`.
     pub fn sync_all(&self) -> Result<(), LocalError> {

@@ -1,11 +1,14 @@
 //! The DeliveryStateStore on the Local RocksDB (column family `deliveries`).
 //!
 //! `record_attempt` is a durable group commit (the hand-out waits for it). `update`
-//! writes at once, buffered, and a flusher thread fsyncs every flush interval when
-//! something is dirty, so acks and nacks reach disk within the interval. `resolve`
-//! deletes records and stages the offset advance in the same batch and waits for the
-//! fsync. All three go through the one group committer of the Local RocksDB, so a
-//! failed write or fsync anywhere poisons every Local store (the same disk).
+//! and `resolve` write at once, buffered, and a flusher thread fsyncs every flush
+//! interval when something is dirty, so acks and nacks reach disk within the interval
+//! (any earlier fsync of the same log, such as the next attempt's or publish's, covers
+//! them sooner). `resolve` deletes records and stages the offset advance in the same
+//! batch; the advance shows in the OffsetStore's reads only once an fsync covered it,
+//! so a reported committed offset never goes back. All of them go through the one
+//! group committer of the Local RocksDB, so a failed write or fsync anywhere poisons
+//! every Local store (the same disk).
 
 use crate::keys::{self, CF_DELIVERIES};
 use crate::offsets::{OffsetErrorOrLocal, RocksOffsetStore};
@@ -255,9 +258,12 @@ fn flusher(store: Weak<Inner>, interval: Duration) {
             return;
         };
         if inner.dirty.swap(false, Ordering::SeqCst) {
-            if let Err(e) = inner.group.sync_all() {
+            match inner.group.sync_all() {
+                Ok(()) => inner.offsets.catch_up(),
                 // The committer is poisoned now; health() reports it.
-                tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "delivery flush failed");
+                Err(e) => {
+                    tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "delivery flush failed")
+                }
             }
         }
     }
@@ -295,6 +301,8 @@ impl DeliveryStateStore for RocksDeliveryStore {
                 }
                 Ok((batch, ()))
             })?;
+            // That fsync covered every resolve written before it.
+            s.offsets.catch_up();
             Ok(())
         })
         .await
@@ -320,7 +328,7 @@ impl DeliveryStateStore for RocksDeliveryStore {
         advance: Option<OffsetAdvance>,
     ) -> Result<(), DeliveryError> {
         self.blocking(move |s| {
-            let staged = s.group.commit_with::<_, Closure>(|engine| {
+            let (ticket, staged) = s.group.write_with::<_, Closure>(|engine| {
                 let mut batch = Batch::new();
                 for (key, offset) in &remove {
                     let dkey = keys::delivery_key(key, *offset);
@@ -335,8 +343,13 @@ impl DeliveryStateStore for RocksDeliveryStore {
                 };
                 Ok((batch, staged))
             })?;
-            if let Some(st) = &staged {
-                s.offsets.publish(st);
+            let Some(ticket) = ticket else {
+                // Nothing written (every record already gone, the same offset again).
+                return Ok(());
+            };
+            s.dirty.store(true, Ordering::SeqCst);
+            if let Some(st) = staged {
+                s.offsets.publish_when_durable(ticket, st);
             }
             Ok(())
         })
@@ -346,7 +359,9 @@ impl DeliveryStateStore for RocksDeliveryStore {
     async fn flush(&self) -> Result<(), DeliveryError> {
         self.blocking(|s| {
             s.dirty.store(false, Ordering::SeqCst);
-            s.group.sync_all().map_err(local)
+            s.group.sync_all().map_err(local)?;
+            s.offsets.catch_up();
+            Ok(())
         })
         .await
     }

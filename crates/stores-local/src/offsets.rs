@@ -6,6 +6,12 @@
 //! commits are ordered like their writes. `durable` is what reads see: a value moves
 //! there only after its fsync, so `committed` never shows a value a crash could take
 //! back.
+//!
+//! A value written buffered (an ack's resolve, which need not wait for its fsync:
+//! acks are durable within the flush interval) waits in `pending` with its
+//! group-commit ticket and moves to `durable` once any fsync covers that ticket (the
+//! delivery flusher's, or any later commit's). A read that finds its key pending
+//! makes the pending writes durable first, so a caller reads its own acks.
 
 use crate::keys::{self, CF_OFFSETS};
 use async_trait::async_trait;
@@ -52,6 +58,8 @@ struct Inner {
     staged: Mutex<BTreeMap<OffsetKey, Committed>>,
     /// Latest durable per key; what reads see.
     durable: Mutex<BTreeMap<OffsetKey, Committed>>,
+    /// Written buffered, not yet known durable: (group-commit ticket, key, value).
+    pending: Mutex<Vec<(u64, OffsetKey, Committed)>>,
     backwards: AtomicU64,
 }
 
@@ -125,6 +133,7 @@ impl RocksOffsetStore {
                 group,
                 staged: Mutex::new(map.clone()),
                 durable: Mutex::new(map),
+                pending: Mutex::new(Vec::new()),
                 backwards: AtomicU64::new(0),
             }),
         })
@@ -191,11 +200,57 @@ impl RocksOffsetStore {
     }
 
     /// Publishes an adopted value once its batch is durable, replacing whatever the
-    /// cache shows (it may move backwards: Meta is authoritative).
+    /// cache shows (it may move backwards: Meta is authoritative). Values of the key
+    /// still pending were overwritten by the adopted one and never show.
     pub(crate) fn publish_adopted(&self, staged: &Staged) {
         if let Staged::Write(key, c) = staged {
+            let mut pending = lock(&self.inner.pending);
+            pending.retain(|(_, k, _)| k != key);
             lock(&self.inner.durable).insert(key.clone(), *c);
         }
+    }
+
+    /// Publishes a staged value written buffered with group-commit `ticket` once an
+    /// fsync covers that ticket (see [`Self::catch_up`]).
+    pub(crate) fn publish_when_durable(&self, ticket: u64, staged: Staged) {
+        if let Staged::Write(key, c) = staged {
+            lock(&self.inner.pending).push((ticket, key, c));
+        }
+        self.catch_up();
+    }
+
+    /// Publishes every pending value whose ticket an fsync has covered.
+    pub(crate) fn catch_up(&self) {
+        let synced = self.inner.group.synced();
+        let mut pending = lock(&self.inner.pending);
+        if pending.is_empty() {
+            return;
+        }
+        let mut durable = lock(&self.inner.durable);
+        pending.retain(|(ticket, key, c)| {
+            if *ticket > synced {
+                return true;
+            }
+            if newer(c, durable.get(key)) {
+                durable.insert(key.clone(), *c);
+            }
+            false
+        });
+    }
+
+    /// Before a read of the keys `which` selects: any of them still pending is made
+    /// durable (one fsync for everything written so far) and published.
+    async fn settle(&self, which: impl Fn(&OffsetKey) -> bool) -> Result<(), OffsetError> {
+        self.catch_up();
+        if !lock(&self.inner.pending).iter().any(|(_, k, _)| which(k)) {
+            return Ok(());
+        }
+        self.blocking(|s| {
+            s.inner.group.sync_all().map_err(local)?;
+            s.catch_up();
+            Ok(())
+        })
+        .await
     }
 
     /// Publishes a staged value once its batch is durable.
@@ -283,6 +338,7 @@ impl OffsetStore for RocksOffsetStore {
         if let Some(reason) = self.inner.group.poisoned() {
             return Err(OffsetError::Failed(reason));
         }
+        self.settle(|k| k == key).await?;
         Ok(lock(&self.inner.durable).get(key).copied())
     }
 
@@ -294,6 +350,8 @@ impl OffsetStore for RocksOffsetStore {
         if let Some(reason) = self.inner.group.poisoned() {
             return Err(OffsetError::Failed(reason));
         }
+        self.settle(|k| k.subscription == subscription && k.incarnation == incarnation)
+            .await?;
         Ok(lock(&self.inner.durable)
             .iter()
             .filter(|(k, _)| k.subscription == subscription && k.incarnation == incarnation)
@@ -322,6 +380,9 @@ impl OffsetStore for RocksOffsetStore {
                 .group
                 .commit_with::<_, OffsetErrorOrLocal>(|_| {
                     let mut batch = Batch::new();
+                    lock(&s.inner.pending).retain(|(_, k, _)| {
+                        !(k.subscription == subscription && k.incarnation == incarnation)
+                    });
                     let mut staged = lock(&s.inner.staged);
                     staged.retain(|k, _| {
                         let gone = k.subscription == subscription && k.incarnation == incarnation;

@@ -120,11 +120,8 @@ async fn updates_reach_disk_within_the_flush_interval() {
     );
 }
 
-#[tokio::test]
-async fn resolve_removes_records_and_advances_the_offset_in_one_durable_batch() {
-    let dir = tempfile::tempdir().unwrap();
-    let (stores, power) = common::open_with_power_cut(dir.path());
-    let d = &stores.deliveries;
+/// Records 0..3 and resolves 0 and 1 with the offset moved to 2 (not waiting for it).
+async fn resolve_two_of_three(d: &meshd_stores_local::delivery::RocksDeliveryStore) {
     for offset in 0..3 {
         d.record_attempt(record(0, offset, 1, 100 + offset))
             .await
@@ -139,15 +136,13 @@ async fn resolve_removes_records_and_advances_the_offset_in_one_durable_batch() 
     )
     .await
     .unwrap();
-    assert_eq!(
-        stores.offsets.get(&pkey(0)).await.unwrap().unwrap().offset,
-        2
-    );
-    let image = power.cut();
-    drop(stores);
+}
+
+/// What a reboot from `image` holds: the offsets of the records left, and committed.
+async fn left_and_committed(image: &meshd_local::testing::DurableImage) -> (Vec<u64>, Option<u64>) {
     let rebooted = tempfile::tempdir().unwrap();
-    let stores = common::reboot_from(&image, rebooted.path());
-    let left: Vec<u64> = stores
+    let stores = common::reboot_from(image, rebooted.path());
+    let left = stores
         .deliveries
         .load_all()
         .await
@@ -155,11 +150,67 @@ async fn resolve_removes_records_and_advances_the_offset_in_one_durable_batch() 
         .iter()
         .map(|r| r.offset)
         .collect();
-    assert_eq!(left, vec![2]);
+    let committed = stores
+        .offsets
+        .get(&pkey(0))
+        .await
+        .unwrap()
+        .map(|c| c.offset);
+    (left, committed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolve_is_one_batch_that_a_power_cut_keeps_whole_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    resolve_two_of_three(&stores.deliveries).await;
+    // Cut at once: the flusher may or may not have run; either way all or nothing.
+    let image = power.cut();
+    drop(stores);
+    let (left, committed) = left_and_committed(&image).await;
+    assert!(
+        (left == vec![2] && committed == Some(2)) || (left == vec![0, 1, 2] && committed.is_none()),
+        "a torn resolve: records {left:?}, committed {committed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolve_reaches_disk_within_the_flush_interval_without_being_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    resolve_two_of_three(&stores.deliveries).await;
+    // Liveness bound from the configured flush interval (plus slack for a busy machine).
+    let deadline = std::time::Instant::now() + common::FLUSH * 20;
+    while power.pending_batches() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the resolve was not flushed within {:?}",
+            common::FLUSH * 20
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let image = power.cut();
+    drop(stores);
+    assert_eq!(left_and_committed(&image).await, (vec![2], Some(2)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_shows_a_resolve_only_once_it_is_durable_and_a_read_makes_it_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    resolve_two_of_three(&stores.deliveries).await;
+    // The read sees the caller's own resolve: it forces the fsync first, so what it
+    // shows survives a cut that follows at once.
     assert_eq!(
         stores.offsets.get(&pkey(0)).await.unwrap().unwrap().offset,
         2
     );
+    assert_eq!(power.pending_batches(), 0, "shown before it was durable");
+    let image = power.cut();
+    drop(stores);
+    assert_eq!(left_and_committed(&image).await, (vec![2], Some(2)));
+    let rebooted = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, rebooted.path());
     // The index went with the records: only offset 2 is ever due.
     let due: Vec<u64> = stores
         .deliveries
@@ -184,6 +235,27 @@ async fn resolve_removes_records_and_advances_the_offset_in_one_durable_batch() 
         .unwrap_err();
     assert!(matches!(err, DeliveryError::Offset(_)), "{err:?}");
     assert_eq!(stores.deliveries.load_all().await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adoption_replaces_a_resolve_that_was_not_durable_yet_and_a_flush_never_brings_it_back()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, _power) = common::open_with_power_cut(dir.path());
+    resolve_two_of_three(&stores.deliveries).await;
+    // Meta's checkpoint, behind the local value and of the same epoch.
+    let meta = Committed {
+        offset: 1,
+        epoch: 0,
+        at_ms: 42,
+    };
+    stores
+        .deliveries
+        .adopt_partition(&pkey(0), meta)
+        .await
+        .unwrap();
+    stores.deliveries.flush().await.unwrap();
+    assert_eq!(stores.offsets.get(&pkey(0)).await.unwrap(), Some(meta));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -90,8 +90,11 @@ pub struct OffsetAdvance {
 ///   event out only after it, so a crash never resets an attempt count.
 /// * `update` (ack, nack, reschedule, dead-lettering) is applied at once and made
 ///   durable within the flush interval (a background flusher; `flush` forces it).
-/// * `resolve` removes records and advances the committed offset in one atomic, durable
-///   batch (the OffsetStore shares the RocksDB).
+/// * `resolve` removes records and advances the committed offset in one atomic batch
+///   (the OffsetStore shares the RocksDB), applied at once and durable within the flush
+///   interval like `update`; the OffsetStore reports the advance only once it is
+///   durable (a read of a key with an advance still pending forces the fsync), so a
+///   reported committed offset never goes back across a crash.
 /// * A write whose own write or fsync fails answers [`DeliveryError::Indeterminate`];
 ///   the store is then poisoned: every later write fails with
 ///   [`DeliveryError::Poisoned`] (nothing written), and `health` says so.

@@ -1179,8 +1179,19 @@ impl Runtime {
         };
         // A dead-lettered offset counts as resolved, but the committed offset passes
         // it only once every lower offset is resolved too; a redrive waits for that
-        // (the core tracks redrives below the committed offset only).
-        let committed = part.shared.committed.load(Ordering::Acquire);
+        // (the core tracks redrives below the committed offset only). The durable
+        // value decides (reading it makes an ack's pending advance durable): a power
+        // cut must not take the committed offset back below a redrive under way.
+        let key = Self::key(&sub.sub, entry.partition);
+        let durable = self
+            .deps
+            .offsets
+            .get(&key)
+            .await
+            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?
+            .map(|c| c.offset)
+            .unwrap_or(0);
+        let committed = part.shared.committed.load(Ordering::Acquire).min(durable);
         if entry.offset >= committed {
             return Err(RuntimeError::Conflict(format!(
                 "offset {} of partition {} is not committed yet (committed offset {committed}: a lower offset is still being delivered); redrive it once that is resolved",

@@ -1100,9 +1100,18 @@ impl PartitionTask {
             }
             Command::Resolve { remove, advance } => {
                 let started = Instant::now();
+                // Without an advance it removes the record of a settled redrive: made
+                // durable at once, or a power cut would bring back the record and
+                // repeat a settlement Meta has already applied (an ack's resolve may
+                // wait for the flusher: repeating an ack costs a redelivery at most).
+                let settles_redrive = advance.is_none();
                 let remove = remove.into_iter().map(|o| (key.clone(), o)).collect();
                 let r = self.deps.deliveries.resolve(remove, advance).await;
+                let ok = r.is_ok();
                 self.delivery_write_done("resolve", started, r);
+                if ok && settles_redrive {
+                    self.flush_before_meta("flush_redrive_settled").await;
+                }
                 vec![]
             }
             Command::DeadLetter(req) => {
@@ -1122,6 +1131,9 @@ impl PartitionTask {
                 }
             }
             Command::RedriveSucceeded { entry_id, offset } => {
+                if !self.flush_before_meta("flush_before_redrive").await {
+                    return vec![Input::RedriveUnavailable { offset }];
+                }
                 match self.deps.deadletters.redrive_succeeded(&entry_id).await {
                     Ok(()) | Err(DeadLetterError::NotFound { .. }) => {
                         vec![Input::RedriveSettled { offset }]
@@ -1137,23 +1149,28 @@ impl PartitionTask {
                 offset,
                 reason,
                 attempts,
-            } => match self
-                .deps
-                .deadletters
-                .redrive_failed(&entry_id, &reason, attempts)
-                .await
-            {
-                Ok(_) => {
-                    fx.dead_lettered.insert(offset);
-                    SubCounters::add(&self.counters.dead_lettered, 1);
-                    vec![Input::RedriveSettled { offset }]
+            } => {
+                if !self.flush_before_meta("flush_before_redrive").await {
+                    return vec![Input::RedriveUnavailable { offset }];
                 }
-                Err(DeadLetterError::NotFound { .. }) => vec![Input::RedriveSettled { offset }],
-                Err(e) => {
-                    self.meta_failure("redrive_failed", &entry_id, &e);
-                    vec![Input::RedriveUnavailable { offset }]
+                match self
+                    .deps
+                    .deadletters
+                    .redrive_failed(&entry_id, &reason, attempts)
+                    .await
+                {
+                    Ok(_) => {
+                        fx.dead_lettered.insert(offset);
+                        SubCounters::add(&self.counters.dead_lettered, 1);
+                        vec![Input::RedriveSettled { offset }]
+                    }
+                    Err(DeadLetterError::NotFound { .. }) => vec![Input::RedriveSettled { offset }],
+                    Err(e) => {
+                        self.meta_failure("redrive_failed", &entry_id, &e);
+                        vec![Input::RedriveUnavailable { offset }]
+                    }
                 }
-            },
+            }
             Command::Reply(r) => {
                 if let (
                     Reply::Ack {
@@ -1171,6 +1188,18 @@ impl PartitionTask {
                 vec![]
             }
         }
+    }
+
+    /// Makes the buffered delivery writes (an ack's resolve, a redrive's state) durable
+    /// around the Meta writes that settle a redrive: a power cut must not bring back a
+    /// local record of a redrive that disagrees with its dead-letter entry in Meta.
+    /// `false`: the flush failed (the partition has fail-stopped).
+    async fn flush_before_meta(&self, op: &'static str) -> bool {
+        let started = Instant::now();
+        let r = self.deps.deliveries.flush().await;
+        let ok = r.is_ok();
+        self.delivery_write_done(op, started, r);
+        ok
     }
 
     /// Records a DeliveryStateStore write's latency; a failed one fail-stops the
