@@ -1110,6 +1110,22 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         "meshd_local_healthy{{backend=\"rocksdb\"}} {}\n",
         u8::from(state.local.deliveries.health().is_ok())
     ));
+    let tail = state.local.log.tail_stats();
+    out.push_str("# HELP meshd_log_tail_cache_bytes Memory held by the Local log's tail cache (recent durable events served without a disk read; payloads plus a fixed cost per event).\n# TYPE meshd_log_tail_cache_bytes gauge\n");
+    out.push_str(&format!(
+        "meshd_log_tail_cache_bytes{{backend=\"rocksdb\"}} {}\n",
+        tail.bytes
+    ));
+    out.push_str("# HELP meshd_log_tail_cache_events Events held by the Local log's tail cache.\n# TYPE meshd_log_tail_cache_events gauge\n");
+    out.push_str(&format!(
+        "meshd_log_tail_cache_events{{backend=\"rocksdb\"}} {}\n",
+        tail.events
+    ));
+    out.push_str("# HELP meshd_log_tail_cache_reads_total Reads of the Local log by whether the tail cache served them (hit) or RocksDB did (miss).\n# TYPE meshd_log_tail_cache_reads_total counter\n");
+    out.push_str(&format!(
+        "meshd_log_tail_cache_reads_total{{backend=\"rocksdb\",result=\"hit\"}} {}\nmeshd_log_tail_cache_reads_total{{backend=\"rocksdb\",result=\"miss\"}} {}\n",
+        tail.hits, tail.misses
+    ));
     out.push_str("# HELP meshd_offset_backwards_rejections_total Offset commits rejected for moving backwards.\n# TYPE meshd_offset_backwards_rejections_total counter\n");
     out.push_str(&format!(
         "meshd_offset_backwards_rejections_total{{backend=\"rocksdb\"}} {}\n",

@@ -10,6 +10,7 @@ pub mod delivery;
 pub mod keys;
 pub mod log;
 pub mod offsets;
+pub mod tail;
 
 use meshd_local::group::GroupCommit;
 use meshd_local::KvEngine;

@@ -5,8 +5,13 @@
 //! group fsync. Readers see a partition only up to its *durable* end, which moves only
 //! after that fsync: an offset a consumer has seen can never be given to another event
 //! after a crash.
+//!
+//! Durable events also go into the tail cache ([`crate::tail`]), so reads of the tail
+//! (what a consumer that keeps up asks for) are served in place, without the blocking
+//! pool.
 
 use crate::keys::{self, CF_DLQ, CF_LOG};
+use crate::tail::{TailCache, TailEvent, TailStats};
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::GroupCommit;
@@ -28,6 +33,9 @@ const SEQ_V1: u8 = 1;
 /// At most this many events are removed from one partition per retention pass, so a
 /// pass never holds the append lock for long.
 const RETENTION_STEP: usize = 10_000;
+
+/// Memory for the tail cache of the whole log (payloads and a fixed cost per event).
+pub const TAIL_CACHE_BYTES: usize = 16 << 20;
 
 /// One stored event: when it was appended, and its bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +122,8 @@ struct Inner {
     /// (a new sender reads the durable end under its lock); `notify` is called only
     /// after `heads` is released.
     appends: AppendNotifier,
+    /// Recent durable events. Taken after `heads` is released, never inside it.
+    tail: Mutex<TailCache>,
 }
 
 fn now_ms() -> u64 {
@@ -169,6 +179,11 @@ fn decode_body(b: &[u8]) -> Result<Vec<u8>, DecodeError> {
 }
 
 impl RocksLog {
+    /// What the tail cache holds and how often it served a read.
+    pub fn tail_stats(&self) -> TailStats {
+        self.inner.tail().stats()
+    }
+
     /// Opens the log on an engine with the `log` and `dlq` column families. Loads every
     /// partition head (recovery); everything on disk at open counts as durable.
     pub fn open(group: Arc<GroupCommit>, log_id: &str) -> Result<Self, LogError> {
@@ -210,6 +225,7 @@ impl RocksLog {
                 heads: Mutex::new(heads),
                 next_body: Mutex::new(next_body),
                 appends: AppendNotifier::default(),
+                tail: Mutex::new(TailCache::new(TAIL_CACHE_BYTES)),
             }),
         })
     }
@@ -259,6 +275,40 @@ impl Inner {
 
     fn engine(&self) -> &Arc<dyn KvEngine> {
         self.group.engine()
+    }
+
+    fn tail(&self) -> MutexGuard<'_, TailCache> {
+        // Cache updates keep its counts consistent step by step: usable after a panic.
+        self.tail.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A read served by the tail cache (`None`: not held there, read from disk).
+    fn read_cached(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        max_events: usize,
+        max_bytes: usize,
+    ) -> Option<Vec<LogEvent>> {
+        let b = self.bounds(topic, partition);
+        if from < b.start || from >= b.end || max_events == 0 {
+            // Below retention (an error) or nothing there: the full path says which.
+            return None;
+        }
+        let events = self
+            .tail()
+            .read(topic, partition, from, b.end, max_events, max_bytes)?;
+        Some(
+            events
+                .into_iter()
+                .map(|(offset, appended_at_ms, payload)| LogEvent {
+                    offset,
+                    appended_at_ms,
+                    payload,
+                })
+                .collect(),
+        )
     }
 
     fn append(
@@ -321,6 +371,20 @@ impl Inner {
                     h.durable_end = h.durable_end.max(offset + 1);
                     ends.insert(*partition, h.durable_end);
                 }
+            }
+        }
+        // Into the tail cache before anyone is told (a woken reader finds them there).
+        let mut durable: HashMap<u32, Vec<TailEvent>> = HashMap::new();
+        for ((partition, payload), (_, offset)) in events.into_iter().zip(&assigned) {
+            durable
+                .entry(partition)
+                .or_default()
+                .push((*offset, at, payload));
+        }
+        {
+            let mut tail = self.tail();
+            for (partition, events) in durable {
+                tail.insert(topic, partition, events);
             }
         }
         // Only the partitions this call appended to, once durable (and `heads`
@@ -477,6 +541,8 @@ impl Inner {
                 })
                 .map_err(write_err)?;
             if events > 0 {
+                let start = self.bounds(&topic, partition).start;
+                self.tail().trim_below(&topic, partition, start);
                 tracing::info!(
                     store = "log",
                     backend = "rocksdb",
@@ -528,6 +594,7 @@ impl Inner {
                 Ok((batch, ()))
             })
             .map_err(write_err)?;
+        self.tail().forget_topic(topic);
         // Receivers of the deleted partitions see their sender closed.
         self.appends.forget_topic(topic);
         Ok(())
@@ -605,6 +672,12 @@ impl PartitionLog for RocksLog {
         max_events: usize,
         max_bytes: usize,
     ) -> Result<Vec<LogEvent>, LogError> {
+        if let Some(events) = self
+            .inner
+            .read_cached(topic, partition, from, max_events, max_bytes)
+        {
+            return Ok(events);
+        }
         let topic = topic.to_string();
         self.blocking(move |l| l.read(&topic, partition, from, max_events, max_bytes))
             .await
