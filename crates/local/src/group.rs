@@ -17,9 +17,21 @@
 //!   users share): [`LocalError::Poisoned`], refused — nothing of it was written.
 //!
 //! A failure records its root reason once; every later refusal repeats that reason.
+//!
+//! # The store thread
+//!
+//! [`submit`](GroupCommit::submit) hands a write to one thread per committer instead of
+//! a thread per writer. It takes every write queued since its last turn, applies them
+//! in order, answers the buffered ones at once, then fsyncs once for all the ones that
+//! wait for durability and answers them. A burst of writes costs one wake-up of that
+//! thread and one fsync, and no writer thread sleeps on the fsync (profiles of the
+//! delivery path showed a quarter of the CPU in context switches of writers parked on
+//! the commit and of the blocking pool). The blocking API below stays for everything
+//! else; both share the lock, the tickets and the fsync leadership.
 
 use crate::{Batch, Durability, KvEngine, LocalError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 
 struct State {
     /// Tickets issued (batches written, buffered).
@@ -36,6 +48,116 @@ pub struct GroupCommit {
     synced_cv: Condvar,
     /// Who is committing, for logs ("log", "offsets", ...).
     store: &'static str,
+    /// The store thread's queue, started by the first [`submit`](Self::submit).
+    queue: OnceLock<Arc<Queue>>,
+}
+
+/// Whether a submitted write is answered once written or once durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    Written,
+    Durable,
+}
+
+/// What a write's answer is told once its fsync is done.
+type AfterSync = Box<dyn FnOnce(Result<(), LocalError>) + Send>;
+
+/// How a write applied on the store thread is answered. Answers are given only after
+/// the thread let go of the committer, so a caller that drops the stores after its
+/// last answer finds the engine closed.
+enum Answer {
+    Now(Box<dyn FnOnce() + Send>),
+    /// Once the ticket is durable.
+    AfterSync(u64, AfterSync),
+}
+
+/// A submitted write, applied on the store thread.
+type Job = Box<dyn FnOnce(&GroupCommit) -> Answer + Send>;
+
+struct Queue {
+    /// Queued jobs, and whether the committer is gone (the thread then exits).
+    jobs: Mutex<(VecDeque<Job>, bool)>,
+    ready: Condvar,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, (VecDeque<Job>, bool)> {
+        // Pushes and takes are single operations: consistent after a panic.
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The same failure again, for one more caller (the error type is not `Clone`).
+fn again(e: &LocalError) -> LocalError {
+    match e {
+        LocalError::Poisoned(r) => LocalError::Poisoned(r.clone()),
+        other => LocalError::WriteFailed(other.reason()),
+    }
+}
+
+/// The store thread: takes what queued, applies it, fsyncs once for the writes that
+/// wait, answers. Exits when the committer is dropped.
+fn store_thread(group: Weak<GroupCommit>, queue: Arc<Queue>) {
+    loop {
+        let jobs = {
+            let mut q = queue.lock();
+            while q.0.is_empty() && !q.1 {
+                q = queue.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+            if q.0.is_empty() {
+                return;
+            }
+            std::mem::take(&mut q.0)
+        };
+        let mut now = Vec::new();
+        let mut waiting: Vec<AfterSync> = Vec::new();
+        let mut last = 0;
+        {
+            // Gone: the jobs are dropped unanswered, which their callers report.
+            let Some(g) = group.upgrade() else {
+                return;
+            };
+            for job in jobs {
+                // A job that panics drops its answer (its caller learns the outcome
+                // is unknown) and fail-stops the committer: what it wrote is unknown.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&g))) {
+                    Ok(Answer::Now(answer)) => now.push(answer),
+                    Ok(Answer::AfterSync(ticket, after)) => {
+                        last = last.max(ticket);
+                        waiting.push(after);
+                    }
+                    Err(_) => {
+                        let mut s = g.lock();
+                        g.poison(&mut s, "a write panicked on the store thread");
+                    }
+                }
+            }
+        }
+        for answer in now {
+            answer();
+        }
+        if waiting.is_empty() {
+            continue;
+        }
+        let result = match group.upgrade() {
+            Some(g) => g.wait_durable(last),
+            None => Err(LocalError::WriteFailed(
+                "the committer went away before the fsync".into(),
+            )),
+        };
+        for after in waiting {
+            after(result.as_ref().map(|_| ()).map_err(again));
+        }
+    }
+}
+
+impl Drop for GroupCommit {
+    fn drop(&mut self) {
+        if let Some(q) = self.queue.get() {
+            q.lock().1 = true;
+            q.ready.notify_all();
+        }
+    }
 }
 
 impl GroupCommit {
@@ -50,7 +172,65 @@ impl GroupCommit {
             }),
             synced_cv: Condvar::new(),
             store,
+            queue: OnceLock::new(),
         }
+    }
+
+    /// The store thread's queue; `None` when the thread cannot be started (then the
+    /// committer is poisoned: an instance that cannot start a thread stops writing).
+    fn queue(self: &Arc<Self>) -> Option<&Arc<Queue>> {
+        let q = self.queue.get_or_init(|| {
+            let q = Arc::new(Queue {
+                jobs: Mutex::new((VecDeque::new(), false)),
+                ready: Condvar::new(),
+            });
+            let (weak, for_thread) = (Arc::downgrade(self), q.clone());
+            if let Err(e) = std::thread::Builder::new()
+                .name(format!("{}-store", self.store))
+                .spawn(move || store_thread(weak, for_thread))
+            {
+                let mut s = self.lock();
+                self.poison(&mut s, &format!("cannot start the store thread: {e}"));
+                q.lock().1 = true;
+            }
+            q
+        });
+        (!q.lock().1).then_some(q)
+    }
+
+    /// Runs `f` on the store thread under the write lock (as
+    /// [`write_with`](Self::write_with) does), writes the batch it returns and calls
+    /// `done` with its ticket (`None`: an empty batch) and output: at once for
+    /// [`Wait::Written`], once durable for [`Wait::Durable`] (one fsync for every
+    /// durable write the thread took in the same turn). Never blocks the caller.
+    /// Errors as for [`commit_with`](Self::commit_with). A `done` that is dropped
+    /// uncalled means the committer went away with the write queued (its outcome is
+    /// unknown to the caller).
+    pub fn submit<T, E, F, D>(self: &Arc<Self>, wait: Wait, f: F, done: D)
+    where
+        T: Send + 'static,
+        E: From<LocalError> + Send + 'static,
+        F: FnOnce(&dyn KvEngine) -> Result<(Batch, T), E> + Send + 'static,
+        D: FnOnce(Result<(Option<u64>, T), E>) + Send + 'static,
+    {
+        let Some(queue) = self.queue() else {
+            let reason = self
+                .poisoned()
+                .unwrap_or_else(|| "the store thread stopped".into());
+            done(Err(LocalError::Poisoned(reason).into()));
+            return;
+        };
+        let job: Job = Box::new(move |group: &GroupCommit| match group.write_with(f) {
+            Ok((Some(ticket), out)) if wait == Wait::Durable => Answer::AfterSync(
+                ticket,
+                Box::new(move |synced: Result<(), LocalError>| {
+                    done(synced.map(|()| (Some(ticket), out)).map_err(E::from))
+                }),
+            ),
+            other => Answer::Now(Box::new(move || done(other))),
+        });
+        queue.lock().0.push_back(job);
+        queue.ready.notify_one();
     }
 
     pub fn engine(&self) -> &Arc<dyn KvEngine> {
@@ -311,6 +491,105 @@ mod tests {
         assert!(g.commit(put("lost")).is_err());
         g.wait_durable(durable.unwrap())
             .expect("a durable batch stays acknowledged after a later failure");
+    }
+
+    /// Submits a write of `key` and waits for its answer on a channel.
+    fn submit(g: &Arc<GroupCommit>, wait: Wait, key: &str) -> Result<Option<u64>, LocalError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let key = key.to_string();
+        g.submit(
+            wait,
+            move |_| Ok::<_, LocalError>((put(&key), ())),
+            move |r: Result<(Option<u64>, ()), LocalError>| {
+                let _ = tx.send(r.map(|(t, ())| t));
+            },
+        );
+        rx.recv().expect("answered")
+    }
+
+    #[test]
+    fn the_store_thread_answers_a_durable_write_once_durable_and_a_written_one_before_any_fsync() {
+        let (_dir, g, power) = committer();
+        let g = Arc::new(g);
+        submit(&g, Wait::Written, "written").unwrap();
+        assert_eq!(power.pending_batches(), 1, "answered without an fsync");
+        submit(&g, Wait::Durable, "durable").unwrap();
+        assert_eq!(power.pending_batches(), 0);
+        // The fsync covered the earlier buffered write too.
+        assert_eq!(power.cut().len(), 2);
+    }
+
+    #[test]
+    fn concurrent_submits_are_each_durable_when_answered() {
+        let (_dir, g, power) = committer();
+        let g = Arc::new(g);
+        let answered = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        for t in 0..8 {
+            let (g, answered) = (g.clone(), answered.clone());
+            threads.push(std::thread::spawn(move || {
+                for i in 0..50 {
+                    let key = format!("{t}-{i}");
+                    submit(&g, Wait::Durable, &key).unwrap();
+                    // What a cut right after the answer keeps must include it.
+                    answered.lock().unwrap().push(key);
+                }
+            }));
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        let image = power.cut();
+        assert_eq!(image.len(), 400);
+        assert_eq!(answered.lock().unwrap().len(), 400);
+    }
+
+    #[test]
+    fn given_a_failed_fsync_on_the_store_thread_then_its_writes_are_outcome_unknown_and_later_ones_refused(
+    ) {
+        let (_dir, g, power) = committer();
+        let g = Arc::new(g);
+        power.fail_syncs(true);
+        let err = submit(&g, Wait::Durable, "k").unwrap_err();
+        assert!(err.outcome_unknown(), "{err:?}");
+        power.fail_syncs(false);
+        let err = submit(&g, Wait::Written, "later").unwrap_err();
+        assert!(matches!(err, LocalError::Poisoned(_)), "{err:?}");
+        assert_eq!(
+            power.pending_batches(),
+            1,
+            "a refused write is never written"
+        );
+    }
+
+    #[test]
+    fn a_write_that_panics_on_the_store_thread_is_unanswered_and_fail_stops_the_committer() {
+        let (_dir, g, _power) = committer();
+        let g = Arc::new(g);
+        let (tx, rx) = std::sync::mpsc::channel::<Result<(Option<u64>, ()), LocalError>>();
+        g.submit(
+            Wait::Durable,
+            |_| -> Result<(Batch, ()), LocalError> { panic!("a bug in a write") },
+            move |r| {
+                let _ = tx.send(r);
+            },
+        );
+        assert!(rx.recv().is_err(), "its answer was dropped, never sent");
+        assert!(g.poisoned().is_some());
+        // The thread lives on and refuses what comes next.
+        let err = submit(&g, Wait::Durable, "next").unwrap_err();
+        assert!(matches!(err, LocalError::Poisoned(_)), "{err:?}");
+    }
+
+    #[test]
+    fn dropping_the_committer_stops_its_store_thread_and_lets_go_of_the_engine() {
+        let (_dir, g, _power) = committer();
+        let engine = g.engine().clone();
+        let g = Arc::new(g);
+        submit(&g, Wait::Durable, "k").unwrap();
+        drop(g);
+        // The answer came after the thread let go: only this test holds the engine.
+        assert_eq!(Arc::strong_count(&engine), 1);
     }
 }
 

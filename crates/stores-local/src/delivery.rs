@@ -14,7 +14,7 @@ use crate::keys::{self, CF_DELIVERIES};
 use crate::offsets::{OffsetErrorOrLocal, RocksOffsetStore};
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
-use meshd_local::group::GroupCommit;
+use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::delivery::{
     DeliveryError, DeliveryRecord, DeliveryState, DeliveryStateStore, OffsetAdvance, SessionBinding,
@@ -279,47 +279,32 @@ fn reject_if_poisoned(group: &GroupCommit) -> Result<(), DeliveryError> {
 #[async_trait]
 impl DeliveryStateStore for RocksDeliveryStore {
     async fn record_attempt(&self, record: DeliveryRecord) -> Result<(), DeliveryError> {
-        self.blocking(move |s| {
-            s.group.commit_with::<_, Closure>(|engine| {
-                let mut batch = Batch::new();
-                RocksDeliveryStore::stage(engine, &record, &mut batch)
-                    .map_err(Closure::Delivery)?;
-                Ok((batch, ()))
-            })?;
-            Ok(())
-        })
-        .await
+        self.record_attempts(vec![record]).await
     }
 
     async fn record_attempts(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError> {
-        self.blocking(move |s| {
-            s.group.commit_with::<_, Closure>(|engine| {
-                let mut batch = Batch::new();
-                for record in &records {
-                    RocksDeliveryStore::stage(engine, record, &mut batch)
-                        .map_err(Closure::Delivery)?;
-                }
-                Ok((batch, ()))
-            })?;
-            // That fsync covered every resolve written before it.
-            s.offsets.catch_up();
-            Ok(())
+        crate::on_store_thread(&self.inner.group, Wait::Durable, move |engine| {
+            let mut batch = Batch::new();
+            for record in &records {
+                RocksDeliveryStore::stage(engine, record, &mut batch).map_err(Closure::Delivery)?;
+            }
+            Ok::<_, Closure>((batch, ()))
         })
-        .await
+        .await?;
+        // That fsync covered every resolve written before it.
+        self.inner.offsets.catch_up();
+        Ok(())
     }
 
     async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError> {
-        self.blocking(move |s| {
-            s.group.write_with::<_, Closure>(|engine| {
-                let mut batch = Batch::new();
-                RocksDeliveryStore::stage(engine, &record, &mut batch)
-                    .map_err(Closure::Delivery)?;
-                Ok((batch, ()))
-            })?;
-            s.dirty.store(true, Ordering::SeqCst);
-            Ok(())
+        crate::on_store_thread(&self.inner.group, Wait::Written, move |engine| {
+            let mut batch = Batch::new();
+            RocksDeliveryStore::stage(engine, &record, &mut batch).map_err(Closure::Delivery)?;
+            Ok::<_, Closure>((batch, ()))
         })
-        .await
+        .await?;
+        self.inner.dirty.store(true, Ordering::SeqCst);
+        Ok(())
     }
 
     async fn resolve(
@@ -327,8 +312,9 @@ impl DeliveryStateStore for RocksDeliveryStore {
         remove: Vec<(OffsetKey, u64)>,
         advance: Option<OffsetAdvance>,
     ) -> Result<(), DeliveryError> {
-        self.blocking(move |s| {
-            let (ticket, staged) = s.group.write_with::<_, Closure>(|engine| {
+        let inner = self.inner.clone();
+        let (ticket, staged) =
+            crate::on_store_thread(&self.inner.group, Wait::Written, move |engine| {
                 let mut batch = Batch::new();
                 for (key, offset) in &remove {
                     let dkey = keys::delivery_key(key, *offset);
@@ -338,22 +324,21 @@ impl DeliveryStateStore for RocksDeliveryStore {
                     }
                 }
                 let staged = match &advance {
-                    Some(a) => Some(s.offsets.stage(&a.key, a.to, false, &mut batch)?),
+                    Some(a) => Some(inner.offsets.stage(&a.key, a.to, false, &mut batch)?),
                     None => None,
                 };
-                Ok((batch, staged))
-            })?;
-            let Some(ticket) = ticket else {
-                // Nothing written (every record already gone, the same offset again).
-                return Ok(());
-            };
-            s.dirty.store(true, Ordering::SeqCst);
-            if let Some(st) = staged {
-                s.offsets.publish_when_durable(ticket, st);
-            }
-            Ok(())
-        })
-        .await
+                Ok::<_, Closure>((batch, staged))
+            })
+            .await?;
+        let Some(ticket) = ticket else {
+            // Nothing written (every record already gone, the same offset again).
+            return Ok(());
+        };
+        self.inner.dirty.store(true, Ordering::SeqCst);
+        if let Some(st) = staged {
+            self.inner.offsets.publish_when_durable(ticket, st);
+        }
+        Ok(())
     }
 
     async fn flush(&self) -> Result<(), DeliveryError> {

@@ -57,3 +57,29 @@ impl LocalStores {
         })
     }
 }
+
+/// Runs a write on the Local committer's store thread
+/// ([`GroupCommit::submit`](meshd_local::group::GroupCommit::submit)) and awaits its
+/// answer: `(ticket, output)`, the ticket `None` for an empty batch.
+pub(crate) async fn on_store_thread<T, E, F>(
+    group: &Arc<GroupCommit>,
+    wait: meshd_local::group::Wait,
+    f: F,
+) -> Result<(Option<u64>, T), E>
+where
+    T: Send + 'static,
+    E: From<meshd_local::LocalError> + Send + 'static,
+    F: FnOnce(&dyn KvEngine) -> Result<(meshd_local::Batch, T), E> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    group.submit(wait, f, move |r| {
+        let _ = tx.send(r);
+    });
+    match rx.await {
+        Ok(r) => r,
+        Err(_) => Err(meshd_local::LocalError::WriteFailed(
+            "the Local store thread went away with this write queued".into(),
+        )
+        .into()),
+    }
+}

@@ -14,7 +14,7 @@ use crate::keys::{self, CF_DLQ, CF_LOG};
 use crate::tail::{TailCache, TailEvent, TailStats};
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
-use meshd_local::group::GroupCommit;
+use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::log::{
     AppendNotifier, BodyRef, DeadLetterBodies, LogError, LogEvent, PartitionBounds, PartitionLog,
@@ -311,62 +311,60 @@ impl Inner {
         )
     }
 
-    fn append(
+    /// Assigns offsets to `events` and stages them with the partition heads. Runs
+    /// under the group-commit lock (offsets follow the WAL's order).
+    fn stage_append(
         &self,
         topic: &str,
-        events: Vec<(u32, Vec<u8>)>,
-    ) -> Result<Vec<(u32, u64)>, LogError> {
-        keys::check_name("topic", topic).map_err(LogError::Invalid)?;
-        if events.is_empty() {
-            return Ok(Vec::new());
+        events: &[(u32, Vec<u8>)],
+        at: u64,
+    ) -> (Batch, Vec<(u32, u64)>) {
+        let mut heads = self.heads();
+        let mut batch = Batch::new();
+        let mut assigned = Vec::with_capacity(events.len());
+        let mut touched: HashMap<u32, HeadRecord> = HashMap::new();
+        for (partition, payload) in events {
+            let head = touched.entry(*partition).or_insert_with(|| {
+                heads
+                    .get(&(topic.to_string(), *partition))
+                    .map(|h| h.record)
+                    .unwrap_or_default()
+            });
+            let offset = head.end;
+            head.end += 1;
+            head.bytes += payload.len() as u64;
+            batch.put(
+                CF_LOG,
+                keys::event_key(topic, *partition, offset),
+                EventRecord {
+                    appended_at_ms: at,
+                    payload: payload.clone(),
+                }
+                .encode(),
+            );
+            assigned.push((*partition, offset));
         }
-        let at = now_ms();
-        let assigned = self
-            .group
-            .commit_with(|_| {
-                let mut heads = self.heads();
-                let mut batch = Batch::new();
-                let mut assigned = Vec::with_capacity(events.len());
-                let mut touched: HashMap<u32, HeadRecord> = HashMap::new();
-                for (partition, payload) in &events {
-                    let head = touched.entry(*partition).or_insert_with(|| {
-                        heads
-                            .get(&(topic.to_string(), *partition))
-                            .map(|h| h.record)
-                            .unwrap_or_default()
-                    });
-                    let offset = head.end;
-                    head.end += 1;
-                    head.bytes += payload.len() as u64;
-                    batch.put(
-                        CF_LOG,
-                        keys::event_key(topic, *partition, offset),
-                        EventRecord {
-                            appended_at_ms: at,
-                            payload: payload.clone(),
-                        }
-                        .encode(),
-                    );
-                    assigned.push((*partition, offset));
-                }
-                for (partition, record) in &touched {
-                    batch.put(CF_LOG, keys::head_key(topic, *partition), record.encode());
-                    let h = heads
-                        .entry((topic.to_string(), *partition))
-                        .or_insert(Head {
-                            record: HeadRecord::default(),
-                            durable_end: 0,
-                        });
-                    h.record = *record;
-                }
-                Ok((batch, assigned))
-            })
-            .map_err(write_err)?;
+        for (partition, record) in &touched {
+            batch.put(CF_LOG, keys::head_key(topic, *partition), record.encode());
+            let h = heads
+                .entry((topic.to_string(), *partition))
+                .or_insert(Head {
+                    record: HeadRecord::default(),
+                    durable_end: 0,
+                });
+            h.record = *record;
+        }
+        (batch, assigned)
+    }
+
+    /// After the fsync of an append: moves the durable ends, fills the tail cache and
+    /// wakes the readers of the partitions appended to.
+    fn appended(&self, topic: &str, events: Vec<(u32, Vec<u8>)>, assigned: &[(u32, u64)], at: u64) {
         // Durable now (and so is every earlier append: fsyncs cover the WAL in order).
         let mut ends: HashMap<u32, u64> = HashMap::new();
         {
             let mut heads = self.heads();
-            for (partition, offset) in &assigned {
+            for (partition, offset) in assigned {
                 if let Some(h) = heads.get_mut(&(topic.to_string(), *partition)) {
                     h.durable_end = h.durable_end.max(offset + 1);
                     ends.insert(*partition, h.durable_end);
@@ -375,7 +373,7 @@ impl Inner {
         }
         // Into the tail cache before anyone is told (a woken reader finds them there).
         let mut durable: HashMap<u32, Vec<TailEvent>> = HashMap::new();
-        for ((partition, payload), (_, offset)) in events.into_iter().zip(&assigned) {
+        for ((partition, payload), (_, offset)) in events.into_iter().zip(assigned) {
             durable
                 .entry(partition)
                 .or_default()
@@ -392,7 +390,6 @@ impl Inner {
         for (partition, end) in ends {
             self.appends.notify(topic, partition, Some(end));
         }
-        Ok(assigned)
     }
 
     fn bounds(&self, topic: &str, partition: u32) -> PartitionBounds {
@@ -660,8 +657,23 @@ impl PartitionLog for RocksLog {
         topic: &str,
         events: Vec<(u32, Vec<u8>)>,
     ) -> Result<Vec<(u32, u64)>, LogError> {
-        let topic = topic.to_string();
-        self.blocking_write(move |l| l.append(&topic, events)).await
+        keys::check_name("topic", topic).map_err(LogError::Invalid)?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let at = now_ms();
+        let inner = self.inner.clone();
+        let owned = topic.to_string();
+        // On the store thread: one wake-up and one fsync for a burst of appends.
+        let (_, (assigned, events)) =
+            crate::on_store_thread(&self.inner.group, Wait::Durable, move |_| {
+                let (batch, assigned) = inner.stage_append(&owned, &events, at);
+                Ok::<_, LocalError>((batch, (assigned, events)))
+            })
+            .await
+            .map_err(write_err)?;
+        self.inner.appended(topic, events, &assigned, at);
+        Ok(assigned)
     }
 
     async fn read(
