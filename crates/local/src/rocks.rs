@@ -1,7 +1,9 @@
 //! [`KvEngine`] on RocksDB.
 
 use crate::{Batch, BatchOp, Durability, KvEngine, LocalError};
-use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    ColumnFamilyDescriptor, FlushOptions, IteratorMode, Options, WriteBatch, WriteOptions, DB,
+};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,11 @@ pub struct RocksEngine {
     poisoned: Mutex<Option<String>>,
     /// Held for the engine's lifetime: the OS releases it when the process dies.
     _lock: File,
+    /// Entries in each column family's active memtable at the last
+    /// [`flush_quiet`](RocksEngine::flush_quiet), in `column_families` order.
+    last_entries: Mutex<Vec<u64>>,
+    /// Memtables flushed by `flush_quiet` (for the metrics).
+    quiet_flushes: std::sync::atomic::AtomicU64,
     /// Last, so that it is dropped after the database and the lock: set once both are
     /// released ([`RocksEngine::closed`]).
     closed: SignalOnDrop,
@@ -113,6 +120,8 @@ impl RocksEngine {
         // events: meshd-bench recovery). Past this size RocksDB flushes the column
         // families that hold the oldest WAL, so the replay stays bounded. (64 MiB cost
         // a quarter of the batched publish throughput in extra flushes; 256 MiB none.)
+        // Below this bound, `flush_quiet` on a timer keeps the quiet ones from
+        // holding the WAL at all.
         opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
         // A WAL record that fails its checksum stops the open with `Corruption`
         // (meshd refuses to start, naming it) instead of RocksDB's default
@@ -168,6 +177,8 @@ impl RocksEngine {
             column_families: column_families.to_vec(),
             poisoned: Mutex::new(None),
             _lock: lock,
+            last_entries: Mutex::new(vec![0; column_families.len()]),
+            quiet_flushes: std::sync::atomic::AtomicU64::new(0),
             closed: SignalOnDrop::default(),
         })
     }
@@ -191,6 +202,56 @@ impl RocksEngine {
                 .map_err(|e| LocalError::WriteFailed(format!("flush of {name} failed: {e}")))?;
         }
         Ok(())
+    }
+
+    /// Flushes the memtables of quiet column families: those written since the last
+    /// call that hold less than `small_bytes`, and those not written since the last
+    /// call at all. A WAL file stays until every column family with data in it has
+    /// flushed, so one quiet column family (offsets, the embedded Meta, deliveries
+    /// after a burst) would keep the whole history of a busy one in the WAL, and the
+    /// first open after a crash replays all of it. Busy column families flush by size
+    /// on their own, as before (flushing them early costs batched throughput). Called
+    /// on a timer; the flushes run in RocksDB's background (not waited for). Returns
+    /// the column families flushed.
+    pub fn flush_quiet(&self, small_bytes: u64) -> Result<Vec<&'static str>, LocalError> {
+        self.check_poisoned()?;
+        let mut last = self
+            .last_entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut flushed = Vec::new();
+        for (i, name) in self.column_families.iter().enumerate() {
+            let cf = self.cf(name)?;
+            let int = |property: &str| {
+                self.db
+                    .property_int_value_cf(cf, property)
+                    .map_err(|e| LocalError::ReadFailed(format!("{property} of {name}: {e}")))
+            };
+            let entries = int("rocksdb.num-entries-active-mem-table")?.unwrap_or(0);
+            let bytes = int("rocksdb.cur-size-active-mem-table")?.unwrap_or(u64::MAX);
+            let idle = entries == last[i];
+            last[i] = entries;
+            if entries == 0 || !(idle || bytes < small_bytes) {
+                continue;
+            }
+            let mut options = FlushOptions::default();
+            options.set_wait(false);
+            self.db
+                .flush_cf_opt(cf, &options)
+                .map_err(|e| LocalError::WriteFailed(format!("flush of {name} failed: {e}")))?;
+            // Flushed: its next memtable starts from nothing.
+            last[i] = 0;
+            flushed.push(*name);
+        }
+        self.quiet_flushes
+            .fetch_add(flushed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(flushed)
+    }
+
+    /// Memtables flushed by [`flush_quiet`](Self::flush_quiet) so far.
+    pub fn quiet_flushes(&self) -> u64 {
+        self.quiet_flushes
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily, LocalError> {
@@ -369,6 +430,35 @@ fn dir_size(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn put(e: &RocksEngine, cf: &'static str, n: usize, size: usize) {
+        let mut b = Batch::new();
+        for i in 0..n {
+            b.put(cf, format!("k{i}"), vec![7u8; size]);
+        }
+        e.write(b, Durability::Buffered).unwrap();
+    }
+
+    #[test]
+    fn quiet_column_families_are_flushed_and_a_busy_one_only_once_it_goes_quiet() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = RocksEngine::open(dir.path(), &["busy", "small", "empty"]).unwrap();
+        put(&e, "busy", 2000, 1024);
+        put(&e, "small", 3, 10);
+        // Written since the last call: the small one is flushed, the big one is not.
+        assert_eq!(e.flush_quiet(1 << 20).unwrap(), vec!["small"]);
+        put(&e, "busy", 10, 1024);
+        assert_eq!(e.flush_quiet(1 << 20).unwrap(), Vec::<&str>::new());
+        // Not written since: quiet now, whatever its size.
+        assert_eq!(e.flush_quiet(1 << 20).unwrap(), vec!["busy"]);
+        assert_eq!(e.flush_quiet(1 << 20).unwrap(), Vec::<&str>::new());
+        assert_eq!(e.quiet_flushes(), 2);
+        // What was flushed reads back, and survives a reopen.
+        drop(e);
+        let e = RocksEngine::open(dir.path(), &["busy", "small", "empty"]).unwrap();
+        assert_eq!(e.get("small", b"k2").unwrap(), Some(vec![7u8; 10]));
+        assert_eq!(e.get("busy", b"k1999").unwrap(), Some(vec![7u8; 1024]));
+    }
 
     #[test]
     fn a_second_open_of_the_same_dir_is_refused_with_a_clear_error() {

@@ -250,6 +250,8 @@ struct Stores {
     data_dir: std::path::PathBuf,
     /// Tells when the Local engine has closed (the last step of a stop).
     engine_closed: meshd_local::Closed,
+    /// The Local engine, for its upkeep (never keeps it open).
+    engine: std::sync::Weak<RocksEngine>,
     local: Arc<LocalStores>,
     embedded: Option<Arc<EmbeddedMeta>>,
     meta: Arc<MeteredMeta>,
@@ -288,6 +290,7 @@ impl Stores {
             })?,
         );
         let engine_closed = engine.closed();
+        let engine_weak = Arc::downgrade(&engine);
         let instance_id = match &config.instance_id {
             Some(id) => id.clone(),
             None => stable_instance_id(&config.data_dir)?,
@@ -371,6 +374,7 @@ impl Stores {
             instance_id,
             data_dir: config.data_dir.clone(),
             engine_closed,
+            engine: engine_weak,
             local,
             embedded,
             meta,
@@ -462,6 +466,7 @@ async fn start(config: &Config, preflight: &Preflight, stores: Stores) -> anyhow
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+    spawn_quiet_flushes(&background, stores.engine.clone(), metrics.clone());
     spawn_housekeeping(
         &background,
         config,
@@ -814,6 +819,46 @@ async fn collect_orphan_bodies(meta: Arc<MeteredMeta>, local: &LocalStores) {
 }
 
 /// Log retention, dead-letter and task expiry, in the background.
+/// How often the Local engine's quiet column families are flushed
+/// ([`RocksEngine::flush_quiet`]), and below what memtable size a column family still
+/// being written counts as quiet. This bounds the write-ahead log a first start after
+/// a crash replays to about the memtables of the busy column families.
+const QUIET_FLUSH_EVERY: Duration = Duration::from_secs(10);
+const QUIET_MEMTABLE_BYTES: u64 = 8 << 20;
+
+fn spawn_quiet_flushes(
+    background: &meshd_runtime::background::Background,
+    engine: std::sync::Weak<RocksEngine>,
+    metrics: Arc<Metrics>,
+) {
+    background.spawn(async move {
+        let mut every = tokio::time::interval(QUIET_FLUSH_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let engine = engine.clone();
+            let flushed = tokio::task::spawn_blocking(move || {
+                engine.upgrade().map(|e| e.flush_quiet(QUIET_MEMTABLE_BYTES))
+            })
+            .await;
+            match flushed {
+                Ok(Some(Ok(cfs))) => {
+                    metrics.quiet_flushes(cfs.len() as u64);
+                    if !cfs.is_empty() {
+                        tracing::debug!(store = "local", backend = "rocksdb", column_families = ?cfs, "flushed quiet column families");
+                    }
+                }
+                Ok(Some(Err(e))) => {
+                    tracing::warn!(store = "local", backend = "rocksdb", error = %e, "flushing quiet column families failed; the write-ahead log a restart replays may grow");
+                }
+                // The engine closed (a stop), or the task was cancelled.
+                Ok(None) | Err(_) => return,
+            }
+        }
+    });
+}
+
 fn spawn_housekeeping(
     background: &meshd_runtime::background::Background,
     config: &Config,

@@ -58,6 +58,8 @@ pub struct Metrics {
     errors: Mutex<BTreeMap<(&'static str, Backend, String), u64>>,
     recovery: Mutex<Option<(Duration, u64)>>,
     tasks_requeued: AtomicU64,
+    /// Local memtables flushed because their column family was quiet.
+    quiet_flushes: AtomicU64,
     /// Hand-outs released because the forwarded answer holding them did not reach
     /// the instance that asked (http-api.md "Bounded answers").
     released: AtomicU64,
@@ -189,6 +191,11 @@ impl Metrics {
             .fetch_add(pruned as u64, Ordering::Relaxed);
     }
 
+    /// Memtables of quiet Local column families flushed (bounding the WAL replay).
+    pub fn quiet_flushes(&self, n: u64) {
+        self.quiet_flushes.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Hand-outs of a forwarded answer released at the asking instance's request.
     pub fn released(&self, n: u64) {
         self.released.fetch_add(n, Ordering::Relaxed);
@@ -311,6 +318,7 @@ impl Metrics {
                 "meshd_store_errors_total{{store=\"{store}\",backend=\"{backend}\",kind=\"{kind}\"}} {n}"
             );
         }
+        let _ = writeln!(out, "# HELP meshd_local_quiet_flushes_total Memtables of quiet Local column families flushed on the timer, so the write-ahead log a start after a crash replays stays bounded.\n# TYPE meshd_local_quiet_flushes_total counter\nmeshd_local_quiet_flushes_total{{backend=\"rocksdb\"}} {}", self.quiet_flushes.load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP meshd_deliveries_released_total Hand-outs of a pull forwarded by another instance whose answer did not reach it: due again at once, the attempt not counted.\n# TYPE meshd_deliveries_released_total counter\nmeshd_deliveries_released_total {}", self.released.load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP meshd_forwarded_pull_releases_total Pulls forwarded to another instance whose answer did not arrive here (its owner was asked to release them).\n# TYPE meshd_forwarded_pull_releases_total counter\nmeshd_forwarded_pull_releases_total {}", self.forward_releases.load(Ordering::Relaxed));
         if self.ownership.cluster.load(Ordering::Relaxed) {
