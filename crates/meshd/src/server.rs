@@ -1156,21 +1156,31 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         u8::from(state.local.deliveries.health().is_ok())
     ));
     let tail = state.local.log.tail_stats();
-    out.push_str("# HELP meshd_log_tail_cache_bytes Memory held by the Local log's tail cache (recent durable events served without a disk read; payloads plus a fixed cost per event).\n# TYPE meshd_log_tail_cache_bytes gauge\n");
-    out.push_str(&format!(
-        "meshd_log_tail_cache_bytes{{backend=\"rocksdb\"}} {}\n",
-        tail.bytes
-    ));
-    out.push_str("# HELP meshd_log_tail_cache_events Events held by the Local log's tail cache.\n# TYPE meshd_log_tail_cache_events gauge\n");
-    out.push_str(&format!(
-        "meshd_log_tail_cache_events{{backend=\"rocksdb\"}} {}\n",
-        tail.events
-    ));
-    out.push_str("# HELP meshd_log_tail_cache_reads_total Reads of the Local log by whether the tail cache served them (hit) or RocksDB did (miss).\n# TYPE meshd_log_tail_cache_reads_total counter\n");
-    out.push_str(&format!(
-        "meshd_log_tail_cache_reads_total{{backend=\"rocksdb\",result=\"hit\"}} {}\nmeshd_log_tail_cache_reads_total{{backend=\"rocksdb\",result=\"miss\"}} {}\n",
-        tail.hits, tail.misses
-    ));
+    const ROCKSDB: &str = r#"backend="rocksdb""#;
+    render_metric(
+        &mut out,
+        "meshd_log_tail_cache_bytes",
+        "gauge",
+        "Memory held by the Local log's tail cache (recent durable events served without a disk read; payloads plus a fixed cost per event).",
+        &[(ROCKSDB, tail.bytes)],
+    );
+    render_metric(
+        &mut out,
+        "meshd_log_tail_cache_events",
+        "gauge",
+        "Events held by the Local log's tail cache.",
+        &[(ROCKSDB, tail.events)],
+    );
+    render_metric(
+        &mut out,
+        "meshd_log_tail_cache_reads_total",
+        "counter",
+        "Reads of the Local log by whether the tail cache served them (hit) or RocksDB did (miss).",
+        &[
+            (r#"backend="rocksdb",result="hit""#, tail.hits),
+            (r#"backend="rocksdb",result="miss""#, tail.misses),
+        ],
+    );
     out.push_str("# HELP meshd_offset_backwards_rejections_total Offset commits rejected for moving backwards.\n# TYPE meshd_offset_backwards_rejections_total counter\n");
     out.push_str(&format!(
         "meshd_offset_backwards_rejections_total{{backend=\"rocksdb\"}} {}\n",
@@ -1181,4 +1191,13 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
 
 async fn not_found() -> crate::problem::Problem {
     crate::problem::Problem::not_found("no such route")
+}
+
+/// One metric in the text format: its HELP and TYPE lines, then a sample per
+/// (labels, value).
+fn render_metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, u64)]) {
+    out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+    for (labels, value) in samples {
+        out.push_str(&format!("{name}{{{labels}}} {value}\n"));
+    }
 }

@@ -35,6 +35,20 @@ fn record(p: u32, offset: u64, attempt: u32, deadline_ms: u64) -> DeliveryRecord
     }
 }
 
+/// Waits until the flusher has synced every buffered write; the bound follows from
+/// the configured flush interval (plus slack for a busy machine).
+async fn flushed(power: &meshd_local::testing::PowerCut, what: &str) {
+    let deadline = std::time::Instant::now() + common::FLUSH * 20;
+    while power.pending_batches() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} was not flushed within {:?}",
+            common::FLUSH * 20
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_attempts_recorded_when_power_is_cut_then_no_attempt_count_goes_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -100,16 +114,7 @@ async fn updates_reach_disk_within_the_flush_interval() {
         Some(acked.clone()),
         "visible at once"
     );
-    // Liveness bound from the configured flush interval (plus slack for a busy machine).
-    let deadline = std::time::Instant::now() + common::FLUSH * 20;
-    while power.pending_batches() > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the update was not flushed within {:?}",
-            common::FLUSH * 20
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    flushed(&power, "the update").await;
     let image = power.cut();
     drop(stores);
     let rebooted = tempfile::tempdir().unwrap();
@@ -179,16 +184,7 @@ async fn a_resolve_reaches_disk_within_the_flush_interval_without_being_waited_f
     let dir = tempfile::tempdir().unwrap();
     let (stores, power) = common::open_with_power_cut(dir.path());
     resolve_two_of_three(&stores.deliveries).await;
-    // Liveness bound from the configured flush interval (plus slack for a busy machine).
-    let deadline = std::time::Instant::now() + common::FLUSH * 20;
-    while power.pending_batches() > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the resolve was not flushed within {:?}",
-            common::FLUSH * 20
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    flushed(&power, "the resolve").await;
     let image = power.cut();
     drop(stores);
     assert_eq!(left_and_committed(&image).await, (vec![2], Some(2)));
