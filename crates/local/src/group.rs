@@ -118,8 +118,8 @@ fn store_thread(group: Weak<GroupCommit>, queue: Arc<Queue>) {
                 return;
             };
             for job in jobs {
-                // A job that panics drops its answer (its caller learns the outcome
-                // is unknown) and fail-stops the committer: what it wrote is unknown.
+                // A job answers a panic of its write itself; a panic past that (its
+                // answer) drops the answer and fail-stops the committer as well.
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&g))) {
                     Ok(Answer::Now(answer)) => now.push(answer),
                     Ok(Answer::AfterSync(ticket, after)) => {
@@ -220,14 +220,26 @@ impl GroupCommit {
             done(Err(LocalError::Poisoned(reason).into()));
             return;
         };
-        let job: Job = Box::new(move |group: &GroupCommit| match group.write_with(f) {
-            Ok((Some(ticket), out)) if wait == Wait::Durable => Answer::AfterSync(
-                ticket,
-                Box::new(move |synced: Result<(), LocalError>| {
-                    done(synced.map(|()| (Some(ticket), out)).map_err(E::from))
-                }),
-            ),
-            other => Answer::Now(Box::new(move || done(other))),
+        let job: Job = Box::new(move |group: &GroupCommit| {
+            // A write that panics may have reached the engine or not: its caller is
+            // told the outcome is unknown, after the committer has fail-stopped.
+            let written =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| group.write_with(f)))
+                    .unwrap_or_else(|_| {
+                        let reason = "a write panicked on the store thread";
+                        let mut s = group.lock();
+                        group.poison(&mut s, reason);
+                        Err(LocalError::WriteFailed(reason.into()).into())
+                    });
+            match written {
+                Ok((Some(ticket), out)) if wait == Wait::Durable => Answer::AfterSync(
+                    ticket,
+                    Box::new(move |synced: Result<(), LocalError>| {
+                        done(synced.map(|()| (Some(ticket), out)).map_err(E::from))
+                    }),
+                ),
+                other => Answer::Now(Box::new(move || done(other))),
+            }
         });
         queue.lock().0.push_back(job);
         queue.ready.notify_one();
@@ -563,7 +575,7 @@ mod tests {
     }
 
     #[test]
-    fn a_write_that_panics_on_the_store_thread_is_unanswered_and_fail_stops_the_committer() {
+    fn a_write_that_panics_on_the_store_thread_is_outcome_unknown_and_fail_stops_the_committer() {
         let (_dir, g, _power) = committer();
         let g = Arc::new(g);
         let (tx, rx) = std::sync::mpsc::channel::<Result<(Option<u64>, ()), LocalError>>();
@@ -574,7 +586,9 @@ mod tests {
                 let _ = tx.send(r);
             },
         );
-        assert!(rx.recv().is_err(), "its answer was dropped, never sent");
+        let err = rx.recv().expect("answered").unwrap_err();
+        assert!(err.outcome_unknown(), "{err:?}");
+        // Fail-stopped before the answer was given.
         assert!(g.poisoned().is_some());
         // The thread lives on and refuses what comes next.
         let err = submit(&g, Wait::Durable, "next").unwrap_err();

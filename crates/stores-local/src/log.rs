@@ -6,7 +6,8 @@
 //! after that fsync: an offset a consumer has seen can never be given to another event
 //! after a crash.
 //!
-//! Durable events also go into the tail cache ([`crate::tail`]), so reads of the tail
+//! Appended events also go into the tail cache ([`crate::tail`]) as they are staged,
+//! in offset order; reads stop at the durable end there too. So reads of the tail
 //! (what a consumer that keeps up asks for) are served in place, without the blocking
 //! pool.
 
@@ -46,9 +47,14 @@ pub struct EventRecord {
 
 impl EventRecord {
     pub fn encode(&self) -> Vec<u8> {
+        Self::encode_parts(self.appended_at_ms, &self.payload)
+    }
+
+    /// [`encode`](Self::encode) from its parts, without owning the payload.
+    pub fn encode_parts(appended_at_ms: u64, payload: &[u8]) -> Vec<u8> {
         Encoder::new(EVENT_V1)
-            .u64(self.appended_at_ms)
-            .bytes(&self.payload)
+            .u64(appended_at_ms)
+            .bytes(payload)
             .finish()
     }
 
@@ -122,7 +128,8 @@ struct Inner {
     /// (a new sender reads the durable end under its lock); `notify` is called only
     /// after `heads` is released.
     appends: AppendNotifier,
-    /// Recent durable events. Taken after `heads` is released, never inside it.
+    /// Recent events (served only below the durable end). Lock order: taken under the
+    /// group-commit lock by appends, after `heads` is released; never inside `heads`.
     tail: Mutex<TailCache>,
 }
 
@@ -311,55 +318,65 @@ impl Inner {
         )
     }
 
-    /// Assigns offsets to `events` and stages them with the partition heads. Runs
-    /// under the group-commit lock (offsets follow the WAL's order).
+    /// Assigns offsets to `events` and stages them with the partition heads; the
+    /// events go into the tail cache here, in offset order (concurrent appends are
+    /// ordered by the group-commit lock this runs under), and readers see them once
+    /// the durable end passes them. Runs under the group-commit lock (offsets follow
+    /// the WAL's order).
     fn stage_append(
         &self,
         topic: &str,
-        events: &[(u32, Vec<u8>)],
+        events: Vec<(u32, Vec<u8>)>,
         at: u64,
     ) -> (Batch, Vec<(u32, u64)>) {
-        let mut heads = self.heads();
         let mut batch = Batch::new();
         let mut assigned = Vec::with_capacity(events.len());
-        let mut touched: HashMap<u32, HeadRecord> = HashMap::new();
-        for (partition, payload) in events {
-            let head = touched.entry(*partition).or_insert_with(|| {
-                heads
-                    .get(&(topic.to_string(), *partition))
-                    .map(|h| h.record)
-                    .unwrap_or_default()
-            });
-            let offset = head.end;
-            head.end += 1;
-            head.bytes += payload.len() as u64;
-            batch.put(
-                CF_LOG,
-                keys::event_key(topic, *partition, offset),
-                EventRecord {
-                    appended_at_ms: at,
-                    payload: payload.clone(),
-                }
-                .encode(),
-            );
-            assigned.push((*partition, offset));
-        }
-        for (partition, record) in &touched {
-            batch.put(CF_LOG, keys::head_key(topic, *partition), record.encode());
-            let h = heads
-                .entry((topic.to_string(), *partition))
-                .or_insert(Head {
-                    record: HeadRecord::default(),
-                    durable_end: 0,
+        let mut cached: HashMap<u32, Vec<TailEvent>> = HashMap::new();
+        {
+            let mut heads = self.heads();
+            let mut touched: HashMap<u32, HeadRecord> = HashMap::new();
+            for (partition, payload) in events {
+                let head = touched.entry(partition).or_insert_with(|| {
+                    heads
+                        .get(&(topic.to_string(), partition))
+                        .map(|h| h.record)
+                        .unwrap_or_default()
                 });
-            h.record = *record;
+                let offset = head.end;
+                head.end += 1;
+                head.bytes += payload.len() as u64;
+                batch.put(
+                    CF_LOG,
+                    keys::event_key(topic, partition, offset),
+                    EventRecord::encode_parts(at, &payload),
+                );
+                assigned.push((partition, offset));
+                cached
+                    .entry(partition)
+                    .or_default()
+                    .push((offset, at, payload));
+            }
+            for (partition, record) in &touched {
+                batch.put(CF_LOG, keys::head_key(topic, *partition), record.encode());
+                let h = heads
+                    .entry((topic.to_string(), *partition))
+                    .or_insert(Head {
+                        record: HeadRecord::default(),
+                        durable_end: 0,
+                    });
+                h.record = *record;
+            }
+        }
+        let mut tail = self.tail();
+        for (partition, events) in cached {
+            tail.insert(topic, partition, events);
         }
         (batch, assigned)
     }
 
-    /// After the fsync of an append: moves the durable ends, fills the tail cache and
-    /// wakes the readers of the partitions appended to.
-    fn appended(&self, topic: &str, events: Vec<(u32, Vec<u8>)>, assigned: &[(u32, u64)], at: u64) {
+    /// After the fsync of an append: moves the durable ends and wakes the readers of
+    /// the partitions appended to.
+    fn appended(&self, topic: &str, assigned: &[(u32, u64)]) {
         // Durable now (and so is every earlier append: fsyncs cover the WAL in order).
         let mut ends: HashMap<u32, u64> = HashMap::new();
         {
@@ -369,20 +386,6 @@ impl Inner {
                     h.durable_end = h.durable_end.max(offset + 1);
                     ends.insert(*partition, h.durable_end);
                 }
-            }
-        }
-        // Into the tail cache before anyone is told (a woken reader finds them there).
-        let mut durable: HashMap<u32, Vec<TailEvent>> = HashMap::new();
-        for ((partition, payload), (_, offset)) in events.into_iter().zip(assigned) {
-            durable
-                .entry(partition)
-                .or_default()
-                .push((*offset, at, payload));
-        }
-        {
-            let mut tail = self.tail();
-            for (partition, events) in durable {
-                tail.insert(topic, partition, events);
             }
         }
         // Only the partitions this call appended to, once durable (and `heads`
@@ -665,14 +668,12 @@ impl PartitionLog for RocksLog {
         let inner = self.inner.clone();
         let owned = topic.to_string();
         // On the store thread: one wake-up and one fsync for a burst of appends.
-        let (_, (assigned, events)) =
-            crate::on_store_thread(&self.inner.group, Wait::Durable, move |_| {
-                let (batch, assigned) = inner.stage_append(&owned, &events, at);
-                Ok::<_, LocalError>((batch, (assigned, events)))
-            })
-            .await
-            .map_err(write_err)?;
-        self.inner.appended(topic, events, &assigned, at);
+        let (_, assigned) = crate::on_store_thread(&self.inner.group, Wait::Durable, move |_| {
+            Ok::<_, LocalError>(inner.stage_append(&owned, events, at))
+        })
+        .await
+        .map_err(write_err)?;
+        self.inner.appended(topic, &assigned);
         Ok(assigned)
     }
 

@@ -1,16 +1,18 @@
 //! The tail cache of the Local log: the most recently appended events of every
-//! partition, kept in memory once durable, so a consumer that keeps up reads them
+//! partition, kept in memory, so a consumer that keeps up reads them
 //! without a trip to the blocking pool and RocksDB (a delivery reads its event twice:
 //! its size when the dispatch core reads ahead, its bytes at the hand-out).
 //!
-//! Per partition the cache is one contiguous run of offsets, every one below the
-//! durable end when it went in. An append whose offsets do not follow the run (a
-//! concurrent append that became durable after a later one, a topic deleted and
-//! created again) starts a new run: the cache may forget, it never serves bytes of
-//! another offset. Memory is bounded for the whole log (payloads plus a fixed cost per
-//! event): the oldest cached events go first, whichever partition they belong to. What the cache does not hold is read
-//! from RocksDB as before, and a read never returns an offset below the partition's
-//! start (retention) because the log checks the bounds before asking the cache.
+//! Per partition the cache is one contiguous run of offsets. Appends insert as they
+//! stage their batch, in offset order (under the log's append lock); the log reads the
+//! cache only below the partition's durable end, so nothing is served before its
+//! fsync. An append whose offsets do not follow the run (a topic deleted and created
+//! again) starts a new run: the cache may forget, it never serves bytes of another
+//! offset. Memory is bounded for the whole log (payloads plus a fixed cost per event):
+//! the oldest cached events go first, whichever partition they belong to. What the
+//! cache does not hold is read from RocksDB as before, and a read never returns an
+//! offset below the partition's start (retention) because the log checks the bounds
+//! before asking the cache.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -88,7 +90,7 @@ impl TailCache {
         s
     }
 
-    /// Adds durable events of one partition, in offset order.
+    /// Adds events of one partition, in offset order.
     pub fn insert(&mut self, topic: &str, partition: u32, events: Vec<TailEvent>) {
         if self.budget_bytes == 0 || events.is_empty() {
             return;
@@ -102,7 +104,7 @@ impl TailCache {
                 continue;
             }
             if self.runs[slot].next().is_some_and(|next| next != offset) {
-                // A gap, an older append that became durable late, or offsets
+                // A gap, an offset below the run, or offsets
                 // starting over: a new run.
                 self.clear_slot(slot);
             }
@@ -276,7 +278,7 @@ mod tests {
     fn a_gap_or_a_restart_begins_a_new_run_and_an_older_append_is_left_to_disk() {
         let mut c = TailCache::new(1 << 20);
         c.insert("t", 0, vec![ev(10, 1), ev(11, 1)]);
-        // A concurrent append below the run became durable later: a new run.
+        // Offsets below the run (not what the log does, but never served wrongly).
         c.insert("t", 0, vec![ev(8, 1), ev(9, 1)]);
         assert_eq!(offsets(c.read("t", 0, 8, 12, 100, 100)), Some(vec![8, 9]));
         assert_eq!(offsets(c.read("t", 0, 10, 12, 100, 100)), None);
