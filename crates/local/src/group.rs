@@ -126,10 +126,7 @@ fn store_thread(group: Weak<GroupCommit>, queue: Arc<Queue>) {
                         last = last.max(ticket);
                         waiting.push(after);
                     }
-                    Err(_) => {
-                        let mut s = g.lock();
-                        g.poison(&mut s, "a write panicked on the store thread");
-                    }
+                    Err(_) => g.fail_stop("a write panicked on the store thread"),
                 }
             }
         }
@@ -189,8 +186,7 @@ impl GroupCommit {
                 .name(format!("{}-store", self.store))
                 .spawn(move || store_thread(weak, for_thread))
             {
-                let mut s = self.lock();
-                self.poison(&mut s, &format!("cannot start the store thread: {e}"));
+                self.fail_stop(&format!("cannot start the store thread: {e}"));
                 q.lock().1 = true;
             }
             q
@@ -227,8 +223,7 @@ impl GroupCommit {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| group.write_with(f)))
                     .unwrap_or_else(|_| {
                         let reason = "a write panicked on the store thread";
-                        let mut s = group.lock();
-                        group.poison(&mut s, reason);
+                        group.fail_stop(reason);
                         Err(LocalError::WriteFailed(reason.into()).into())
                     });
             match written {
@@ -261,6 +256,12 @@ impl GroupCommit {
     pub fn poisoned(&self) -> Option<String> {
         let own = self.lock().poisoned.clone();
         own.or_else(|| self.engine.failure())
+    }
+
+    /// [`poison`](Self::poison) from outside the lock.
+    fn fail_stop(&self, reason: &str) {
+        let mut s = self.lock();
+        self.poison(&mut s, reason);
     }
 
     /// Fail-stops this committer with `reason` (the first reason sticks).

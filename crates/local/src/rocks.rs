@@ -39,8 +39,6 @@ pub struct RocksEngine {
     /// Entries in each column family's active memtable at the last
     /// [`flush_quiet`](RocksEngine::flush_quiet), in `column_families` order.
     last_entries: Mutex<Vec<u64>>,
-    /// Memtables flushed by `flush_quiet` (for the metrics).
-    quiet_flushes: std::sync::atomic::AtomicU64,
     /// Last, so that it is dropped after the database and the lock: set once both are
     /// released ([`RocksEngine::closed`]).
     closed: SignalOnDrop,
@@ -178,7 +176,6 @@ impl RocksEngine {
             poisoned: Mutex::new(None),
             _lock: lock,
             last_entries: Mutex::new(vec![0; column_families.len()]),
-            quiet_flushes: std::sync::atomic::AtomicU64::new(0),
             closed: SignalOnDrop::default(),
         })
     }
@@ -243,15 +240,7 @@ impl RocksEngine {
             last[i] = 0;
             flushed.push(*name);
         }
-        self.quiet_flushes
-            .fetch_add(flushed.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(flushed)
-    }
-
-    /// Memtables flushed by [`flush_quiet`](Self::flush_quiet) so far.
-    pub fn quiet_flushes(&self) -> u64 {
-        self.quiet_flushes
-            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily, LocalError> {
@@ -452,7 +441,6 @@ mod tests {
         // Not written since: quiet now, whatever its size.
         assert_eq!(e.flush_quiet(1 << 20).unwrap(), vec!["busy"]);
         assert_eq!(e.flush_quiet(1 << 20).unwrap(), Vec::<&str>::new());
-        assert_eq!(e.quiet_flushes(), 2);
         // What was flushed reads back, and survives a reopen.
         drop(e);
         let e = RocksEngine::open(dir.path(), &["busy", "small", "empty"]).unwrap();

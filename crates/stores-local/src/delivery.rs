@@ -258,14 +258,20 @@ fn flusher(store: Weak<Inner>, interval: Duration) {
             return;
         };
         if inner.dirty.swap(false, Ordering::SeqCst) {
-            match inner.group.sync_all() {
-                Ok(()) => inner.offsets.catch_up(),
+            if let Err(e) = inner.sync() {
                 // The committer is poisoned now; health() reports it.
-                Err(e) => {
-                    tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "delivery flush failed")
-                }
+                tracing::error!(store = "deliveries", backend = "rocksdb", error = %e, "delivery flush failed");
             }
         }
+    }
+}
+
+impl Inner {
+    /// Makes every buffered write durable and shows the committed offsets it covered.
+    fn sync(&self) -> Result<(), LocalError> {
+        self.group.sync_all()?;
+        self.offsets.catch_up();
+        Ok(())
     }
 }
 
@@ -291,8 +297,6 @@ impl DeliveryStateStore for RocksDeliveryStore {
             Ok::<_, Closure>((batch, ()))
         })
         .await?;
-        // That fsync covered every resolve written before it.
-        self.inner.offsets.catch_up();
         Ok(())
     }
 
@@ -344,9 +348,7 @@ impl DeliveryStateStore for RocksDeliveryStore {
     async fn flush(&self) -> Result<(), DeliveryError> {
         self.blocking(|s| {
             s.dirty.store(false, Ordering::SeqCst);
-            s.group.sync_all().map_err(local)?;
-            s.offsets.catch_up();
-            Ok(())
+            s.sync().map_err(local)
         })
         .await
     }

@@ -12,7 +12,7 @@
 //! pool.
 
 use crate::keys::{self, CF_DLQ, CF_LOG};
-use crate::tail::{TailCache, TailEvent, TailStats};
+use crate::tail::{TailCache, TailStats};
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::{GroupCommit, Wait};
@@ -303,19 +303,8 @@ impl Inner {
             // Below retention (an error) or nothing there: the full path says which.
             return None;
         }
-        let events = self
-            .tail()
-            .read(topic, partition, from, b.end, max_events, max_bytes)?;
-        Some(
-            events
-                .into_iter()
-                .map(|(offset, appended_at_ms, payload)| LogEvent {
-                    offset,
-                    appended_at_ms,
-                    payload,
-                })
-                .collect(),
-        )
+        self.tail()
+            .read(topic, partition, from, b.end, max_events, max_bytes)
     }
 
     /// Assigns offsets to `events` and stages them with the partition heads; the
@@ -331,7 +320,7 @@ impl Inner {
     ) -> (Batch, Vec<(u32, u64)>) {
         let mut batch = Batch::new();
         let mut assigned = Vec::with_capacity(events.len());
-        let mut cached: HashMap<u32, Vec<TailEvent>> = HashMap::new();
+        let mut cached: HashMap<u32, Vec<LogEvent>> = HashMap::new();
         {
             let mut heads = self.heads();
             let mut touched: HashMap<u32, HeadRecord> = HashMap::new();
@@ -351,10 +340,11 @@ impl Inner {
                     EventRecord::encode_parts(at, &payload),
                 );
                 assigned.push((partition, offset));
-                cached
-                    .entry(partition)
-                    .or_default()
-                    .push((offset, at, payload));
+                cached.entry(partition).or_default().push(LogEvent {
+                    offset,
+                    appended_at_ms: at,
+                    payload,
+                });
             }
             for (partition, record) in &touched {
                 batch.put(CF_LOG, keys::head_key(topic, *partition), record.encode());

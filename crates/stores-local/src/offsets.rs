@@ -9,9 +9,10 @@
 //!
 //! A value written buffered (an ack's resolve, which need not wait for its fsync:
 //! acks are durable within the flush interval) waits in `pending` with its
-//! group-commit ticket and moves to `durable` once any fsync covers that ticket (the
-//! delivery flusher's, or any later commit's). A read that finds its key pending
-//! makes the pending writes durable first, so a caller reads its own acks.
+//! group-commit ticket and moves to `durable` once an fsync has covered that ticket
+//! (any fsync of the Local log), as the delivery flusher or the next read finds. A
+//! read that finds its key still pending makes the pending writes durable first, so a
+//! caller reads its own acks.
 
 use crate::keys::{self, CF_OFFSETS};
 use async_trait::async_trait;
@@ -89,6 +90,13 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// Shows `c` for `key` unless what is shown supersedes it.
+fn show(durable: &mut BTreeMap<OffsetKey, Committed>, key: &OffsetKey, c: Committed) {
+    if newer(&c, durable.get(key)) {
+        durable.insert(key.clone(), c);
+    }
 }
 
 /// Whether `new` supersedes `old` (a reset's higher epoch wins; within an epoch the
@@ -231,9 +239,7 @@ impl RocksOffsetStore {
             if *ticket > synced {
                 return true;
             }
-            if newer(c, durable.get(key)) {
-                durable.insert(key.clone(), *c);
-            }
+            show(&mut durable, key, *c);
             false
         });
     }
@@ -258,10 +264,7 @@ impl RocksOffsetStore {
         match staged {
             Staged::Unchanged(c) => *c,
             Staged::Write(key, c) => {
-                let mut durable = lock(&self.inner.durable);
-                if newer(c, durable.get(key)) {
-                    durable.insert(key.clone(), *c);
-                }
+                show(&mut lock(&self.inner.durable), key, *c);
                 *c
             }
         }

@@ -14,29 +14,16 @@
 //! offset below the partition's start (retention) because the log checks the bounds
 //! before asking the cache.
 
+use meshd_stores::log::LogEvent;
 use std::collections::{HashMap, VecDeque};
 
 /// What an event costs beyond its payload (its entry, the payload's allocation, its
 /// place in the insert order), counted against the budget.
 const PER_EVENT: usize = 64;
 
-/// One cached event.
-struct Cached {
-    offset: u64,
-    appended_at_ms: u64,
-    payload: Vec<u8>,
-}
-
-/// A partition's run of cached events.
-#[derive(Default)]
-struct Run {
-    events: VecDeque<Cached>,
-}
-
-impl Run {
-    fn next(&self) -> Option<u64> {
-        self.events.back().map(|e| e.offset + 1)
-    }
+/// What an event costs against the budget.
+fn cost(e: &LogEvent) -> usize {
+    e.payload.len() + PER_EVENT
 }
 
 /// Reads served and missed, and what is held (for the metrics).
@@ -52,18 +39,16 @@ pub struct TailCache {
     budget_bytes: usize,
     /// Slots of the partitions ever cached, so `order` names them by a number.
     slots: HashMap<(String, u32), usize>,
-    runs: Vec<Run>,
-    /// Every insert in order: (slot, offset, bytes). The oldest is evicted first;
-    /// an entry whose event already went (its run restarted) is skipped.
-    order: VecDeque<(usize, u64, usize)>,
+    /// Per slot, its run of cached events (contiguous offsets).
+    runs: Vec<VecDeque<LogEvent>>,
+    /// Every insert in order: (slot, offset). The oldest is evicted first; an entry
+    /// whose event already went (its run restarted) is skipped.
+    order: VecDeque<(usize, u64)>,
     bytes: usize,
     events: usize,
     hits: u64,
     misses: u64,
 }
-
-/// One event: its offset, when it was appended, and its bytes.
-pub type TailEvent = (u64, u64, Vec<u8>);
 
 impl TailCache {
     /// A cache holding at most `budget_bytes` of payloads (0: caches nothing).
@@ -85,35 +70,33 @@ impl TailCache {
             return *s;
         }
         let s = self.runs.len();
-        self.runs.push(Run::default());
+        self.runs.push(VecDeque::new());
         self.slots.insert((topic.to_string(), partition), s);
         s
     }
 
     /// Adds events of one partition, in offset order.
-    pub fn insert(&mut self, topic: &str, partition: u32, events: Vec<TailEvent>) {
+    pub fn insert(&mut self, topic: &str, partition: u32, events: Vec<LogEvent>) {
         if self.budget_bytes == 0 || events.is_empty() {
             return;
         }
         let slot = self.slot(topic, partition);
-        for (offset, appended_at_ms, payload) in events {
-            let size = payload.len() + PER_EVENT;
+        for e in events {
+            let size = cost(&e);
             if size > self.budget_bytes {
                 // Never cached; the run it would break is ended.
                 self.clear_slot(slot);
                 continue;
             }
-            if self.runs[slot].next().is_some_and(|next| next != offset) {
-                // A gap, an offset below the run, or offsets
-                // starting over: a new run.
+            if self.runs[slot]
+                .back()
+                .is_some_and(|last| last.offset + 1 != e.offset)
+            {
+                // A gap, an offset below the run, or offsets starting over: a new run.
                 self.clear_slot(slot);
             }
-            self.runs[slot].events.push_back(Cached {
-                offset,
-                appended_at_ms,
-                payload,
-            });
-            self.order.push_back((slot, offset, size));
+            self.order.push_back((slot, e.offset));
+            self.runs[slot].push_back(e);
             self.bytes += size;
             self.events += 1;
             self.evict();
@@ -121,18 +104,21 @@ impl TailCache {
     }
 
     fn front(&self, slot: usize) -> Option<u64> {
-        self.runs[slot].events.front().map(|e| e.offset)
+        self.runs[slot].front().map(|e| e.offset)
     }
 
-    fn forget(&mut self, e: &Cached) {
-        self.bytes -= e.payload.len() + PER_EVENT;
-        self.events -= 1;
+    /// Drops the oldest event of a slot's run.
+    fn pop_front(&mut self, slot: usize) {
+        if let Some(e) = self.runs[slot].pop_front() {
+            self.bytes -= cost(&e);
+            self.events -= 1;
+        }
     }
 
     fn clear_slot(&mut self, slot: usize) {
-        let gone = std::mem::take(&mut self.runs[slot].events);
-        for e in &gone {
-            self.forget(e);
+        for e in std::mem::take(&mut self.runs[slot]) {
+            self.bytes -= cost(&e);
+            self.events -= 1;
         }
     }
 
@@ -141,13 +127,11 @@ impl TailCache {
     fn evict(&mut self) {
         let max_entries = (self.budget_bytes / PER_EVENT).max(1024);
         while self.bytes > self.budget_bytes || self.order.len() > max_entries {
-            let Some((slot, offset, _)) = self.order.pop_front() else {
+            let Some((slot, offset)) = self.order.pop_front() else {
                 return;
             };
             if self.front(slot) == Some(offset) {
-                if let Some(e) = self.runs[slot].events.pop_front() {
-                    self.forget(&e);
-                }
+                self.pop_front(slot);
             }
         }
     }
@@ -162,11 +146,11 @@ impl TailCache {
         end: u64,
         max_events: usize,
         max_bytes: usize,
-    ) -> Option<Vec<TailEvent>> {
+    ) -> Option<Vec<LogEvent>> {
         let held = self
             .slots
             .get(&(topic.to_string(), partition))
-            .map(|s| &self.runs[*s].events)
+            .map(|s| &self.runs[*s])
             .and_then(|run| {
                 let first = run.front()?.offset;
                 if from < first || from >= first + run.len() as u64 {
@@ -182,7 +166,7 @@ impl TailCache {
                         break;
                     }
                     bytes += e.payload.len();
-                    out.push((e.offset, e.appended_at_ms, e.payload.clone()));
+                    out.push(e.clone());
                 }
                 Some(out)
             });
@@ -204,9 +188,7 @@ impl TailCache {
             return;
         };
         while self.front(slot).is_some_and(|f| f < start) {
-            if let Some(e) = self.runs[slot].events.pop_front() {
-                self.forget(&e);
-            }
+            self.pop_front(slot);
         }
     }
 
@@ -237,12 +219,20 @@ impl TailCache {
 mod tests {
     use super::*;
 
-    fn ev(offset: u64, size: usize) -> TailEvent {
-        (offset, 7, vec![offset as u8; size])
+    fn event(offset: u64, appended_at_ms: u64, payload: Vec<u8>) -> LogEvent {
+        LogEvent {
+            offset,
+            appended_at_ms,
+            payload,
+        }
     }
 
-    fn offsets(r: Option<Vec<TailEvent>>) -> Option<Vec<u64>> {
-        r.map(|v| v.into_iter().map(|e| e.0).collect())
+    fn ev(offset: u64, size: usize) -> LogEvent {
+        event(offset, 7, vec![offset as u8; size])
+    }
+
+    fn offsets(r: Option<Vec<LogEvent>>) -> Option<Vec<u64>> {
+        r.map(|v| v.into_iter().map(|e| e.offset).collect())
     }
 
     #[test]
@@ -271,7 +261,7 @@ mod tests {
             (5, 4, 5, 5 * (10 + PER_EVENT as u64))
         );
         let got = c.read("t", 0, 9, 10, 1, 100).unwrap();
-        assert_eq!(got, vec![(9, 7, vec![9u8; 10])]);
+        assert_eq!(got, vec![event(9, 7, vec![9u8; 10])]);
     }
 
     #[test]
@@ -287,8 +277,11 @@ mod tests {
         assert_eq!(offsets(c.read("t", 0, 8, 21, 100, 100)), None);
         assert_eq!(offsets(c.read("t", 0, 20, 21, 100, 100)), Some(vec![20]));
         // Offsets starting over (the topic was created again): never the old bytes.
-        c.insert("t", 0, vec![(0, 1, vec![42])]);
-        assert_eq!(c.read("t", 0, 0, 1, 100, 100), Some(vec![(0, 1, vec![42])]));
+        c.insert("t", 0, vec![event(0, 1, vec![42])]);
+        assert_eq!(
+            c.read("t", 0, 0, 1, 100, 100),
+            Some(vec![event(0, 1, vec![42])])
+        );
         assert_eq!(c.stats().events, 1);
     }
 

@@ -1110,7 +1110,7 @@ impl PartitionTask {
                 let ok = r.is_ok();
                 self.delivery_write_done("resolve", started, r);
                 if ok && settles_redrive {
-                    self.flush_before_meta("flush_redrive_settled").await;
+                    self.flush_deliveries("flush_redrive_settled").await;
                 }
                 vec![]
             }
@@ -1131,7 +1131,7 @@ impl PartitionTask {
                 }
             }
             Command::RedriveSucceeded { entry_id, offset } => {
-                if !self.flush_before_meta("flush_before_redrive").await {
+                if !self.flush_deliveries("flush_before_redrive").await {
                     return vec![Input::RedriveUnavailable { offset }];
                 }
                 match self.deps.deadletters.redrive_succeeded(&entry_id).await {
@@ -1150,7 +1150,7 @@ impl PartitionTask {
                 reason,
                 attempts,
             } => {
-                if !self.flush_before_meta("flush_before_redrive").await {
+                if !self.flush_deliveries("flush_before_redrive").await {
                     return vec![Input::RedriveUnavailable { offset }];
                 }
                 match self
@@ -1194,7 +1194,7 @@ impl PartitionTask {
     /// around the Meta writes that settle a redrive: a power cut must not bring back a
     /// local record of a redrive that disagrees with its dead-letter entry in Meta.
     /// `false`: the flush failed (the partition has fail-stopped).
-    async fn flush_before_meta(&self, op: &'static str) -> bool {
+    async fn flush_deliveries(&self, op: &'static str) -> bool {
         let started = Instant::now();
         let r = self.deps.deliveries.flush().await;
         let ok = r.is_ok();
