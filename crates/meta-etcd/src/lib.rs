@@ -105,6 +105,9 @@ const QUOTA_EVERY: Duration = Duration::from_secs(60);
 struct Endpoint {
     url: String,
     client: Client,
+    /// `client`'s KV client, built once (cloning it per call is cheap; building it
+    /// from a whole `Client` clone per call was not).
+    kv: KvClient,
     /// Set once `client` holds an auth token (only with credentials). From then on
     /// etcd-client renews the token itself when etcd calls it invalid.
     authenticated: tokio::sync::OnceCell<()>,
@@ -181,6 +184,7 @@ impl EtcdMeta {
                 })?;
             endpoints.push(Endpoint {
                 url: url.clone(),
+                kv: kv_client(&client),
                 client,
                 authenticated: tokio::sync::OnceCell::new(),
             });
@@ -282,8 +286,10 @@ impl EtcdMeta {
 
     /// Runs `attempt` on the current endpoint and, while it fails with `Unavailable`
     /// because of the endpoint (a proven "not applied" error, or any failed read),
-    /// on the next ones (each at most once), all within one request timeout. `lease` names the lease the request is about, for
-    /// `LeaseNotFound`.
+    /// on the next ones (each at most once), all within one request timeout. `lease`
+    /// names the lease the request is about, for `LeaseNotFound`. `attempt` is told
+    /// whether it is the last endpoint to try, so it can give its request away
+    /// instead of cloning it.
     async fn call<T, F, Fut>(
         &self,
         op: &'static str,
@@ -292,7 +298,7 @@ impl EtcdMeta {
         mut attempt: F,
     ) -> Result<T, MetaError>
     where
-        F: FnMut(Client) -> Fut,
+        F: FnMut(&Endpoint, bool) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let inner = &*self.inner;
@@ -309,7 +315,7 @@ impl EtcdMeta {
             }
             let on_endpoint = async {
                 self.authenticate(endpoint).await?;
-                attempt(endpoint.client.clone()).await
+                attempt(endpoint, step + 1 == n).await
             };
             match tokio::time::timeout(left, on_endpoint).await {
                 Ok(Ok(value)) => {
@@ -369,6 +375,55 @@ impl EtcdMeta {
         let error = MetaError::Unavailable(refused.join("; "));
         log_error(op, self.current_endpoint(), &error);
         Err(error)
+    }
+
+    /// The keys `txn` compares, read at `revision` (the revision a failed
+    /// transaction saw; it wrote nothing). If etcd compacted that revision away in the
+    /// meantime, the current values are read instead. A failed read is returned as
+    /// is: the transaction was not applied either way.
+    async fn read_compared(
+        &self,
+        txn: &Txn,
+        revision: i64,
+    ) -> Result<HashMap<Vec<u8>, KeyValue>, MetaError> {
+        let mut keys: Vec<&[u8]> = Vec::new();
+        for c in &txn.conditions {
+            if !keys.contains(&c.compare.key()) {
+                keys.push(c.compare.key());
+            }
+        }
+        let reads = |at: Option<i64>| {
+            let gets: Vec<EtcdTxnOp> = keys
+                .iter()
+                .map(|key| {
+                    let options = at.map(|r| GetOptions::new().with_revision(r));
+                    EtcdTxnOp::get(key.to_vec(), options)
+                })
+                .collect();
+            EtcdTxn::new().and_then(gets)
+        };
+        let read = |request: EtcdTxn| {
+            self.call("txn read-back", Kind::Read, None, move |endpoint, _| {
+                let (mut kv, request) = (endpoint.kv.clone(), request.clone());
+                async move { kv.txn(request).await }
+            })
+        };
+        let resp = match read(reads(Some(revision))).await {
+            Err(MetaError::InvalidRequest(msg)) if msg.contains(COMPACTED) => {
+                read(reads(None)).await?
+            }
+            other => other?,
+        };
+        let mut current = HashMap::new();
+        for r in resp.op_responses() {
+            if let TxnOpResponse::Get(mut get) = r {
+                for kv in get.take_kvs() {
+                    let kv = convert_kv(kv);
+                    current.insert(kv.key.clone(), kv);
+                }
+            }
+        }
+        Ok(current)
     }
 
     /// Remembers the endpoint that answered after `from` failed.
@@ -586,9 +641,9 @@ impl Meta for EtcdMeta {
     async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
         require_key(key)?;
         let mut resp = self
-            .call("get", Kind::Read, None, |client| {
-                let key = key.to_vec();
-                async move { kv_client(&client).get(key, None).await }
+            .call("get", Kind::Read, None, |endpoint, _| {
+                let (mut kv, key) = (endpoint.kv.clone(), key.to_vec());
+                async move { kv.get(key, None).await }
             })
             .await?;
         let revision = revision(resp.header(), Kind::Read, "get")?;
@@ -620,9 +675,9 @@ impl Meta for EtcdMeta {
             get = get.with_limit(i64::try_from(options.limit).unwrap_or(i64::MAX));
         }
         let mut resp = self
-            .call("range", Kind::Read, None, |client| {
-                let (start, get) = (start.clone(), get.clone());
-                async move { kv_client(&client).get(start, Some(get)).await }
+            .call("range", Kind::Read, None, |endpoint, _| {
+                let (mut kv, start, get) = (endpoint.kv.clone(), start.clone(), get.clone());
+                async move { kv.get(start, Some(get)).await }
             })
             .await?;
         let revision = revision(resp.header(), Kind::Read, "range")?;
@@ -634,9 +689,12 @@ impl Meta for EtcdMeta {
         })
     }
 
-    /// One etcd transaction: the compares, the operations on success, and on failure
-    /// a read of every compared key, from which [`Txn::failure`] decides between
-    /// `Fenced` and `Conflict { current }`.
+    /// One etcd transaction: the compares and the operations on success. When a
+    /// compare fails, the compared keys are read at the revision the transaction saw
+    /// (so exactly what it compared against), from which [`Txn::failure`] decides
+    /// between `Fenced` and `Conflict { current }`. The read is a second request only
+    /// on failure: carried in every transaction as its `else` branch, it made each
+    /// fenced write measurably slower (etcd decodes and stores the whole request).
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, MetaError> {
         txn.validate()?;
         let compares: Vec<EtcdCompare> =
@@ -652,32 +710,34 @@ impl Meta for EtcdMeta {
                 TxnOp::Delete { key } => EtcdTxnOp::delete(key.clone(), None),
             })
             .collect();
-        let mut read_back: Vec<&[u8]> = Vec::new();
-        for c in &txn.conditions {
-            if !read_back.contains(&c.compare.key()) {
-                read_back.push(c.compare.key());
-            }
-        }
-        let reads: Vec<EtcdTxnOp> = read_back
-            .iter()
-            .map(|key| EtcdTxnOp::get(key.to_vec(), None))
-            .collect();
-        let request = EtcdTxn::new().when(compares).and_then(ops).or_else(reads);
+        let mut request = Some(EtcdTxn::new().when(compares).and_then(ops));
         let lease = txn.ops.iter().find_map(|op| match op {
             TxnOp::Put { lease, .. } => *lease,
             TxnOp::Delete { .. } => None,
         });
 
         let resp = self
-            .call("txn", Kind::Write, lease, |client| {
-                let request = request.clone();
-                async move { kv_client(&client).txn(request).await }
+            .call("txn", Kind::Write, lease, |endpoint, last| {
+                let mut kv = endpoint.kv.clone();
+                let request = if last {
+                    request.take()
+                } else {
+                    request.clone()
+                };
+                async move {
+                    match request {
+                        Some(request) => kv.txn(request).await,
+                        None => Err(etcd_client::Error::InvalidArgs(
+                            "the transaction was already sent".into(),
+                        )),
+                    }
+                }
             })
             .await?;
         let revision = revision(resp.header(), Kind::Write, "txn")?;
-        let responses = resp.op_responses();
         if resp.succeeded() {
-            let deleted = responses
+            let deleted = resp
+                .op_responses()
                 .iter()
                 .map(|r| match r {
                     TxnOpResponse::Delete(d) => u64::try_from(d.deleted()).unwrap_or(0),
@@ -686,15 +746,7 @@ impl Meta for EtcdMeta {
                 .sum();
             return Ok(TxnResponse { revision, deleted });
         }
-        let mut current: HashMap<Vec<u8>, KeyValue> = HashMap::new();
-        for r in responses {
-            if let TxnOpResponse::Get(mut get) = r {
-                for kv in get.take_kvs() {
-                    let kv = convert_kv(kv);
-                    current.insert(kv.key.clone(), kv);
-                }
-            }
-        }
+        let current = self.read_compared(&txn, revision).await?;
         Err(txn.failure(|key| current.get(key)))
     }
 
@@ -706,8 +758,9 @@ impl Meta for EtcdMeta {
         let seconds = i64::try_from(seconds.max(1))
             .map_err(|_| MetaError::InvalidRequest(format!("lease TTL {ttl:?} is too large")))?;
         let resp = self
-            .call("grant", Kind::Write, None, |mut client| async move {
-                client.lease_grant(seconds, None).await
+            .call("grant", Kind::Write, None, |endpoint, _| {
+                let mut client = endpoint.client.clone();
+                async move { client.lease_grant(seconds, None).await }
             })
             .await?;
         let granted = u64::try_from(resp.ttl()).unwrap_or(0);
@@ -730,11 +783,9 @@ impl Meta for EtcdMeta {
     /// background task. `LeaseNotFound` when etcd answers TTL 0.
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, MetaError> {
         let ttl = self
-            .call(
-                "keep_alive",
-                Kind::Read,
-                Some(lease),
-                |mut client| async move {
+            .call("keep_alive", Kind::Read, Some(lease), |endpoint, _| {
+                let mut client = endpoint.client.clone();
+                async move {
                     let (mut keeper, mut responses) = client.lease_keep_alive(lease.0).await?;
                     keeper.keep_alive().await?;
                     match responses.message().await? {
@@ -743,8 +794,8 @@ impl Meta for EtcdMeta {
                             "etcd closed the keep-alive stream".into(),
                         )),
                     }
-                },
-            )
+                }
+            })
             .await?;
         if ttl <= 0 {
             return Err(MetaError::LeaseNotFound(lease));
@@ -753,12 +804,10 @@ impl Meta for EtcdMeta {
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<(), MetaError> {
-        self.call(
-            "revoke",
-            Kind::Write,
-            Some(lease),
-            |mut client| async move { client.lease_revoke(lease.0).await },
-        )
+        self.call("revoke", Kind::Write, Some(lease), |endpoint, _| {
+            let mut client = endpoint.client.clone();
+            async move { client.lease_revoke(lease.0).await }
+        })
         .await
         .map(|_| ())
     }
@@ -778,8 +827,9 @@ impl Meta for EtcdMeta {
             .with_start_revision(start_revision);
         let authenticated = self.inner.credentials.is_some();
         let (watch, first, endpoint) = self
-            .call("watch", Kind::Read, None, |client| {
-                let (key, options) = (key.clone(), options.clone());
+            .call("watch", Kind::Read, None, |endpoint, _| {
+                let (client, key, options) =
+                    (endpoint.client.clone(), key.clone(), options.clone());
                 async move {
                     let mut refreshed = false;
                     loop {
@@ -842,12 +892,15 @@ impl Meta for EtcdMeta {
                 "compact revision {revision} is below 1"
             )));
         }
-        self.call("compact", Kind::Write, None, |client| async move {
-            let options = CompactionOptions::new().with_physical();
-            match kv_client(&client).compact(revision, Some(options)).await {
-                Ok(_) => Ok(()),
-                Err(etcd_client::Error::GRpcStatus(s)) if s.message() == COMPACTED => Ok(()),
-                Err(e) => Err(e),
+        self.call("compact", Kind::Write, None, |endpoint, _| {
+            let mut kv = endpoint.kv.clone();
+            async move {
+                let options = CompactionOptions::new().with_physical();
+                match kv.compact(revision, Some(options)).await {
+                    Ok(_) => Ok(()),
+                    Err(etcd_client::Error::GRpcStatus(s)) if s.message() == COMPACTED => Ok(()),
+                    Err(e) => Err(e),
+                }
             }
         })
         .await
@@ -857,21 +910,24 @@ impl Meta for EtcdMeta {
     /// leader cannot serve linearizable requests, so it counts as unavailable.
     async fn status(&self) -> Result<MetaStatus, MetaError> {
         let resp = self
-            .call("status", Kind::Read, None, |mut client| async move {
-                let status = client.status().await?;
-                if status.leader() == 0 {
-                    return Err(etcd_client::Error::EndpointError(
-                        "the member has no leader".into(),
-                    ));
+            .call("status", Kind::Read, None, |endpoint, _| {
+                let mut client = endpoint.client.clone();
+                async move {
+                    let status = client.status().await?;
+                    if status.leader() == 0 {
+                        return Err(etcd_client::Error::EndpointError(
+                            "the member has no leader".into(),
+                        ));
+                    }
+                    let alarms = client
+                        .alarm(
+                            etcd_client::AlarmAction::Get,
+                            etcd_client::AlarmType::None,
+                            None,
+                        )
+                        .await?;
+                    Ok((status, alarms))
                 }
-                let alarms = client
-                    .alarm(
-                        etcd_client::AlarmAction::Get,
-                        etcd_client::AlarmType::None,
-                        None,
-                    )
-                    .await?;
-                Ok((status, alarms))
             })
             .await?;
         let (status, alarms) = resp;
