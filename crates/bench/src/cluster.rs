@@ -100,6 +100,8 @@ pub struct ClusterReport {
     pub moves: Option<footprint::MovesRun>,
     pub throughput: Vec<ThroughputRow>,
     pub ratios: Vec<ScaleRatio>,
+    /// meshd with one instance against JetStream alone.
+    pub peer_ratios: Vec<PeerRatio>,
     pub throughput_runs: Vec<ThroughputRun>,
 }
 
@@ -140,6 +142,10 @@ pub struct TakeoverRun {
 
 #[derive(Serialize)]
 pub struct ThroughputRun {
+    /// `meshd` (publishing through meshd's JetStream log), or `jetstream`: the same
+    /// nats-server configuration alone, the driver publishing each request's events as
+    /// one atomic batch per partition stream itself (`instances` is 0 then).
+    pub system: &'static str,
     pub instances: usize,
     pub concurrency: usize,
     pub batch: usize,
@@ -161,6 +167,7 @@ pub struct ThroughputRun {
 /// Medians over the runs of one (instances, concurrency, batch).
 #[derive(Serialize)]
 pub struct ThroughputRow {
+    pub system: &'static str,
     pub instances: usize,
     pub concurrency: usize,
     pub batch: usize,
@@ -183,6 +190,17 @@ pub struct ScaleRatio {
     pub throughput_ratio: f64,
     pub p50_ratio: f64,
     pub p99_ratio: f64,
+}
+
+/// meshd (1 instance) over JetStream itself, ratios of medians.
+#[derive(Serialize)]
+pub struct PeerRatio {
+    pub concurrency: usize,
+    pub batch: usize,
+    pub throughput_ratio: f64,
+    pub p50_ratio: f64,
+    /// nats-server's CPU per event under meshd over its CPU per event alone.
+    pub nats_cpu_per_event_ratio: f64,
 }
 
 const TAKEOVER_MEASURE: &str = "SIGKILL of the instance owning the most partitions -> every \
@@ -288,7 +306,8 @@ impl ClusterReport {
             );
             let _ = writeln!(
                 s,
-                "{:>9} {:>5} {:>5} {:>11} {:>9} {:>9} {:>10} {:>8} {:>8}",
+                "{:<10} {:>9} {:>5} {:>5} {:>11} {:>9} {:>9} {:>10} {:>8} {:>8}",
+                "system",
                 "instances",
                 "conc",
                 "batch",
@@ -302,7 +321,8 @@ impl ClusterReport {
             for r in &self.throughput {
                 let _ = writeln!(
                     s,
-                    "{:>9} {:>5} {:>5} {:>11.0} {:>9.3} {:>9.3} {:>10.2} {:>8.2} {:>8.2}",
+                    "{:<10} {:>9} {:>5} {:>5} {:>11.0} {:>9.3} {:>9.3} {:>10.2} {:>8.2} {:>8.2}",
+                    r.system,
                     r.instances,
                     r.concurrency,
                     r.batch,
@@ -324,6 +344,18 @@ impl ClusterReport {
                     s,
                     "  conc {:>3} batch {:>4}: throughput x{:.2}  p50 x{:.2}  p99 x{:.2}",
                     r.concurrency, r.batch, r.throughput_ratio, r.p50_ratio, r.p99_ratio
+                );
+            }
+            let _ = writeln!(
+                s,
+                "\nratios of medians, meshd (1 instance, JetStream log) / JetStream alone \
+                 (one atomic batch per partition stream, same nats-server configuration):"
+            );
+            for r in &self.peer_ratios {
+                let _ = writeln!(
+                    s,
+                    "  conc {:>3} batch {:>4}: throughput x{:.2}  p50 x{:.2}  nats cpu/event x{:.2}",
+                    r.concurrency, r.batch, r.throughput_ratio, r.p50_ratio, r.nats_cpu_per_event_ratio
                 );
             }
         }
@@ -393,6 +425,13 @@ pub async fn run(bins: &Binaries<'_>, s: &Settings) -> Result<ClusterReport> {
                     );
                     runs.push(throughput_run(bins, s, n, concurrency, batch, rep).await?);
                 }
+                eprintln!(
+                    "meshd-bench: cluster publish, JetStream alone ({} streams) concurrency={concurrency} batch={batch} run {}/{}",
+                    s.partitions,
+                    rep + 1,
+                    s.repeat
+                );
+                runs.push(jetstream_run(bins, s, concurrency, batch, rep).await?);
             }
         }
     }
@@ -418,9 +457,9 @@ fn build_report(
         owned_median_s: median(&owned),
         runs: takeovers,
     };
-    let mut keys: Vec<(usize, usize, usize)> = Vec::new();
+    let mut keys: Vec<(usize, usize, &'static str, usize)> = Vec::new();
     for r in &runs {
-        let k = (r.batch, r.concurrency, r.instances);
+        let k = (r.batch, r.concurrency, r.system, r.instances);
         if !keys.contains(&k) {
             keys.push(k);
         }
@@ -428,16 +467,18 @@ fn build_report(
     keys.sort_unstable();
     let rows: Vec<ThroughputRow> = keys
         .iter()
-        .map(|&(batch, concurrency, instances)| {
+        .map(|&(batch, concurrency, system, instances)| {
             let rs: Vec<&ThroughputRun> = runs
                 .iter()
                 .filter(|r| {
-                    (r.batch, r.concurrency, r.instances) == (batch, concurrency, instances)
+                    (r.batch, r.concurrency, r.system, r.instances)
+                        == (batch, concurrency, system, instances)
                 })
                 .collect();
             let m =
                 |f: fn(&ThroughputRun) -> f64| median(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
             ThroughputRow {
+                system,
                 instances,
                 concurrency,
                 batch,
@@ -452,9 +493,27 @@ fn build_report(
         })
         .collect();
     let mut ratios = Vec::new();
-    for one in rows.iter().filter(|r| r.instances == 1) {
+    let mut peer_ratios = Vec::new();
+    for one in rows
+        .iter()
+        .filter(|r| r.system == "meshd" && r.instances == 1)
+    {
+        if let Some(js) = rows.iter().find(|r| {
+            r.system == "jetstream" && (r.concurrency, r.batch) == (one.concurrency, one.batch)
+        }) {
+            peer_ratios.push(PeerRatio {
+                concurrency: one.concurrency,
+                batch: one.batch,
+                throughput_ratio: one.events_per_sec / js.events_per_sec,
+                p50_ratio: one.p50_us / js.p50_us,
+                nats_cpu_per_event_ratio: (one.nats_cpu_s / one.events_per_sec)
+                    / (js.nats_cpu_s / js.events_per_sec),
+            });
+        }
         if let Some(many) = rows.iter().find(|r| {
-            r.instances == s.instances && (r.concurrency, r.batch) == (one.concurrency, one.batch)
+            r.system == "meshd"
+                && r.instances == s.instances
+                && (r.concurrency, r.batch) == (one.concurrency, one.batch)
         }) {
             ratios.push(ScaleRatio {
                 concurrency: one.concurrency,
@@ -482,6 +541,7 @@ fn build_report(
         moves: None,
         throughput: rows,
         ratios,
+        peer_ratios,
         throughput_runs: runs,
     }
 }
@@ -1198,6 +1258,129 @@ fn cpu_sum(pids: &[u32]) -> Result<f64> {
     pids.iter().map(|p| procs::cpu_seconds(*p)).sum()
 }
 
+/// Drives `ops` over `window` and reads the CPU seconds of each group of processes
+/// over the measured part (the driver starts it `warmup` after the call).
+async fn drive_with_cpu(
+    ops: Vec<Box<dyn Op>>,
+    batch: usize,
+    window: Window,
+    groups: [Vec<u32>; 3],
+) -> Result<(load::Measured, [f64; 3])> {
+    let start = tokio::time::Instant::now();
+    let cpu = tokio::spawn(async move {
+        tokio::time::sleep_until(start + window.warmup).await;
+        let read = || -> Result<[f64; 3]> {
+            Ok([
+                cpu_sum(&groups[0])?,
+                cpu_sum(&groups[1])?,
+                cpu_sum(&groups[2])?,
+            ])
+        };
+        let a = read()?;
+        tokio::time::sleep_until(start + window.warmup + window.measure).await;
+        let b = read()?;
+        anyhow::Ok([b[0] - a[0], b[1] - a[1], b[2] - a[2]])
+    });
+    let m = load::drive_async(ops, batch as u64, window, None).await?;
+    let cpu = cpu.await.context("the CPU reader panicked")??;
+    Ok((m, cpu))
+}
+
+/// The peer of the publish runs: the cluster's nats-server configuration alone (file
+/// store, `sync_interval: always`), one stream per partition, and the driver
+/// publishing each request's events itself, split over the streams as meshd splits a
+/// request over partitions (round robin here, a hash of `id` in meshd: the same share
+/// sizes on average), one atomic batch per stream share, the shares concurrently.
+/// With one partition this is JetStream's own atomic batch publish.
+async fn jetstream_run(
+    bins: &Binaries<'_>,
+    s: &Settings,
+    concurrency: usize,
+    batch: usize,
+    rep: usize,
+) -> Result<ThroughputRun> {
+    let nats = procs::start_nats(bins.nats, JsSync::Always)?;
+    let url = format!("nats://{}", nats.addr);
+    let run = async {
+        let client = crate::systems::js_connect(&url).await?;
+        let subjects: Vec<String> = (0..s.partitions).map(|p| format!("bench.p.{p}")).collect();
+        for (p, subject) in subjects.iter().enumerate() {
+            crate::systems::js_create_stream(&client, &format!("BENCH-{p}"), subject).await?;
+        }
+        let ops: Vec<Box<dyn Op>> = (0..concurrency)
+            .map(|worker| {
+                Box::new(JsSplitOp {
+                    client: client.clone(),
+                    events: s.events.clone(),
+                    subjects: subjects.clone(),
+                    worker,
+                    seq: 0,
+                    batch,
+                }) as Box<dyn Op>
+            })
+            .collect();
+        drive_with_cpu(ops, batch, s.window, [vec![], vec![nats.pid()], vec![]]).await
+    };
+    let (m, [_, nats_cpu_s, _]) = crate::systems::with_stderr(&nats, run.await)?;
+    Ok(ThroughputRun {
+        system: "jetstream",
+        instances: 0,
+        concurrency,
+        batch,
+        repeat_index: rep,
+        events: m.events,
+        requests: m.requests,
+        seconds: m.seconds,
+        events_per_sec: m.events as f64 / m.seconds,
+        p50_us: m.p50_us,
+        p99_us: m.p99_us,
+        p999_us: m.p999_us,
+        meshd_cpu_s: 0.0,
+        nats_cpu_s,
+        etcd_cpu_s: 0.0,
+    })
+}
+
+/// One request of the JetStream peer: `batch` events over the partition streams.
+struct JsSplitOp {
+    client: async_nats::Client,
+    events: Events,
+    subjects: Vec<String>,
+    worker: usize,
+    seq: u64,
+    batch: usize,
+}
+
+impl Op for JsSplitOp {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        async move {
+            let mut shares: Vec<Vec<bytes::Bytes>> = vec![Vec::new(); self.subjects.len()];
+            for _ in 0..self.batch {
+                let id = format!("{}-{}", self.worker, self.seq);
+                let share = (self.seq % self.subjects.len() as u64) as usize;
+                self.seq += 1;
+                shares[share].push(bytes::Bytes::from(self.events.one(&id)));
+            }
+            let client = &self.client;
+            let (worker, seq) = (self.worker, self.seq);
+            let sends = shares
+                .into_iter()
+                .zip(&self.subjects)
+                .enumerate()
+                .filter(|(_, (share, _))| !share.is_empty())
+                .map(|(p, (share, subject))| async move {
+                    let id = format!("bench-{worker}-{seq}-{p}");
+                    crate::systems::js_atomic_batch(client, subject, share, &id).await
+                });
+            for r in futures::future::join_all(sends).await {
+                r?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
 async fn throughput_run(
     bins: &Binaries<'_>,
     s: &Settings,
@@ -1242,27 +1425,15 @@ async fn throughput_on(
         }));
     }
     let (meshd_pids, nats_pid, etcd_pid) = c.pids();
-    let window = s.window;
-    // CPU of every server process over the driver's window (it starts the window
-    // `warmup` after the call).
-    let start = tokio::time::Instant::now();
-    let cpu = tokio::spawn(async move {
-        tokio::time::sleep_until(start + window.warmup).await;
-        let read = || -> Result<[f64; 3]> {
-            Ok([
-                cpu_sum(&meshd_pids)?,
-                procs::cpu_seconds(nats_pid)?,
-                procs::cpu_seconds(etcd_pid)?,
-            ])
-        };
-        let a = read()?;
-        tokio::time::sleep_until(start + window.warmup + window.measure).await;
-        let b = read()?;
-        anyhow::Ok([b[0] - a[0], b[1] - a[1], b[2] - a[2]])
-    });
-    let m = load::drive_async(ops, batch as u64, window, None).await?;
-    let [meshd_cpu_s, nats_cpu_s, etcd_cpu_s] = cpu.await.context("the CPU reader panicked")??;
+    let (m, [meshd_cpu_s, nats_cpu_s, etcd_cpu_s]) = drive_with_cpu(
+        ops,
+        batch,
+        s.window,
+        [meshd_pids, vec![nats_pid], vec![etcd_pid]],
+    )
+    .await?;
     Ok(ThroughputRun {
+        system: "meshd",
         instances: n,
         concurrency,
         batch,

@@ -393,10 +393,10 @@ pub(crate) async fn js_request(
     Ok(m)
 }
 
-async fn js_publish(client: &async_nats::Client, payload: Bytes) -> Result<()> {
+async fn js_publish(client: &async_nats::Client, subject: &str, payload: Bytes) -> Result<()> {
     js_request(
         client,
-        SUBJECT.into(),
+        subject.into(),
         payload,
         "JetStream refused a publish",
     )
@@ -414,12 +414,13 @@ impl JsOp {
             payloads.push(Bytes::from(self.events.one(&id)));
         }
         if payloads.len() == 1 {
-            js_publish(&self.client, payloads.remove(0)).await
+            js_publish(&self.client, SUBJECT, payloads.remove(0)).await
         } else if self.atomic {
-            js_atomic_batch(&self.client, payloads, self.worker, self.seq).await
+            let id = format!("bench-{}-{}", self.worker, self.seq);
+            js_atomic_batch(&self.client, SUBJECT, payloads, &id).await
         } else {
             let client = &self.client;
-            for r in join_all(payloads.into_iter().map(|p| js_publish(client, p))).await {
+            for r in join_all(payloads.into_iter().map(|p| js_publish(client, SUBJECT, p))).await {
                 r?;
             }
             Ok(())
@@ -431,33 +432,36 @@ impl JsOp {
 /// a plain publish the server stages, the last carries the commit and is answered by
 /// one PubAck once the whole batch is stored (fsynced with `sync_interval: always`).
 /// The same protocol meshd's JetStream log uses for a batch (`crates/log-nats`).
-async fn js_atomic_batch(
+/// A batch of one is a plain publish. `id` names the batch (unique per batch).
+pub(crate) async fn js_atomic_batch(
     client: &async_nats::Client,
+    subject: &str,
     mut payloads: Vec<Bytes>,
-    worker: usize,
-    seq: u64,
+    id: &str,
 ) -> Result<()> {
     let n = payloads.len();
     let last = payloads
         .pop()
         .ok_or_else(|| anyhow!("an empty atomic batch"))?;
-    let id = format!("bench-{worker}-{seq}");
+    if n == 1 {
+        return js_publish(client, subject, last).await;
+    }
     let headers = |i: usize| {
         let mut h = async_nats::HeaderMap::new();
-        h.insert("Nats-Batch-Id", id.as_str());
+        h.insert("Nats-Batch-Id", id);
         h.insert("Nats-Batch-Sequence", i.to_string().as_str());
         h
     };
     for (i, p) in payloads.into_iter().enumerate() {
         client
-            .publish_with_headers(SUBJECT, headers(i + 1), p)
+            .publish_with_headers(subject.to_string(), headers(i + 1), p)
             .await
             .context("staging an atomic batch message")?;
     }
     let mut h = headers(n);
     h.insert("Nats-Batch-Commit", "1");
     let m = client
-        .request_with_headers(SUBJECT, h, last)
+        .request_with_headers(subject.to_string(), h, last)
         .await
         .context("committing an atomic batch")?;
     let ack: serde_json::Value =
@@ -477,15 +481,31 @@ impl Op for JsOp {
 /// Connects to a fresh nats-server and creates the file-storage stream `BENCH` on
 /// `bench.events` (retrying while JetStream starts).
 pub(crate) async fn js_connect_with_stream(url: &str) -> Result<async_nats::Client> {
-    let client = procs::retry(Duration::from_secs(30), || async {
+    let client = js_connect(url).await?;
+    js_create_stream(&client, "BENCH", SUBJECT).await?;
+    Ok(client)
+}
+
+/// Connects to a nats-server (retrying while it starts).
+pub(crate) async fn js_connect(url: &str) -> Result<async_nats::Client> {
+    procs::retry(Duration::from_secs(30), || async {
         async_nats::connect(url)
             .await
             .map_err(|e| anyhow!("connecting to {url}: {e}"))
     })
-    .await?;
+    .await
+}
+
+/// Creates the file-storage stream `name` on `subject`, one replica, atomic batches
+/// allowed (retrying while JetStream starts).
+pub(crate) async fn js_create_stream(
+    client: &async_nats::Client,
+    name: &str,
+    subject: &str,
+) -> Result<()> {
     let stream = serde_json::json!({
-        "name": "BENCH",
-        "subjects": [SUBJECT],
+        "name": name,
+        "subjects": [subject],
         "storage": "file",
         "num_replicas": 1,
         "retention": "limits",
@@ -496,14 +516,14 @@ pub(crate) async fn js_connect_with_stream(url: &str) -> Result<async_nats::Clie
     // JetStream may still be starting: retry until the stream exists.
     procs::retry(Duration::from_secs(30), || {
         js_request(
-            &client,
-            "$JS.API.STREAM.CREATE.BENCH".into(),
+            client,
+            format!("$JS.API.STREAM.CREATE.{name}"),
             body.clone(),
             "creating the stream",
         )
     })
-    .await?;
-    Ok(client)
+    .await
+    .map(drop)
 }
 
 async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync, atomic: bool) -> Result<Outcome> {

@@ -129,14 +129,21 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
     let throughput = cluster["throughput"]
         .as_array()
         .expect("cluster throughput rows");
-    for n in [1, 3] {
+    for (system, n) in [("meshd", 1), ("meshd", 3), ("jetstream", 0)] {
         assert!(
-            throughput
-                .iter()
-                .any(|r| r["instances"] == n && r["events_per_sec"].as_f64().unwrap_or(0.0) > 0.0),
-            "a throughput row with {n} instance(s): {throughput:#?}"
+            throughput.iter().any(|r| r["system"] == system
+                && r["instances"] == n
+                && r["events_per_sec"].as_f64().unwrap_or(0.0) > 0.0),
+            "a {system} throughput row with {n} instance(s): {throughput:#?}"
         );
     }
+    assert!(
+        !cluster["peer_ratios"]
+            .as_array()
+            .map(Vec::is_empty)
+            .unwrap_or(true),
+        "meshd / JetStream ratios: {cluster:#}"
+    );
     assert!(
         stdout.contains("takeover after SIGKILL"),
         "a cluster table on stdout:\n{stdout}"
