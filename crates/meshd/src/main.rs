@@ -5,6 +5,11 @@ use clap::{Parser, Subcommand};
 use meshd::{cli, config, server};
 use std::process::ExitCode;
 
+/// mimalloc instead of glibc's malloc: glibc's allocator took 14 % of meshd's CPU
+/// samples on the single-event publish path (`docs/benchmarks.md`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "meshd",
