@@ -164,6 +164,37 @@ pub struct ThroughputRun {
     pub etcd_cpu_s: f64,
 }
 
+impl ThroughputRun {
+    /// A run of `system` with `instances` meshd instances (0 for JetStream alone);
+    /// `cpu` is the CPU seconds of meshd, nats-server and etcd over the window.
+    fn new(
+        (system, instances): (&'static str, usize),
+        concurrency: usize,
+        batch: usize,
+        repeat_index: usize,
+        m: &load::Measured,
+        [meshd_cpu_s, nats_cpu_s, etcd_cpu_s]: [f64; 3],
+    ) -> Self {
+        Self {
+            system,
+            instances,
+            concurrency,
+            batch,
+            repeat_index,
+            events: m.events,
+            requests: m.requests,
+            seconds: m.seconds,
+            events_per_sec: m.events as f64 / m.seconds,
+            p50_us: m.p50_us,
+            p99_us: m.p99_us,
+            p999_us: m.p999_us,
+            meshd_cpu_s,
+            nats_cpu_s,
+            etcd_cpu_s,
+        }
+    }
+}
+
 /// Medians over the runs of one (instances, concurrency, batch).
 #[derive(Serialize)]
 pub struct ThroughputRow {
@@ -1321,24 +1352,15 @@ async fn jetstream_run(
             .collect();
         drive_with_cpu(ops, batch, s.window, [vec![], vec![nats.pid()], vec![]]).await
     };
-    let (m, [_, nats_cpu_s, _]) = crate::systems::with_stderr(&nats, run.await)?;
-    Ok(ThroughputRun {
-        system: "jetstream",
-        instances: 0,
+    let (m, cpu) = crate::systems::with_stderr(&nats, run.await)?;
+    Ok(ThroughputRun::new(
+        ("jetstream", 0),
         concurrency,
         batch,
-        repeat_index: rep,
-        events: m.events,
-        requests: m.requests,
-        seconds: m.seconds,
-        events_per_sec: m.events as f64 / m.seconds,
-        p50_us: m.p50_us,
-        p99_us: m.p99_us,
-        p999_us: m.p999_us,
-        meshd_cpu_s: 0.0,
-        nats_cpu_s,
-        etcd_cpu_s: 0.0,
-    })
+        rep,
+        &m,
+        cpu,
+    ))
 }
 
 /// One request of the JetStream peer: `batch` events over the partition streams.
@@ -1425,28 +1447,19 @@ async fn throughput_on(
         }));
     }
     let (meshd_pids, nats_pid, etcd_pid) = c.pids();
-    let (m, [meshd_cpu_s, nats_cpu_s, etcd_cpu_s]) = drive_with_cpu(
+    let (m, cpu) = drive_with_cpu(
         ops,
         batch,
         s.window,
         [meshd_pids, vec![nats_pid], vec![etcd_pid]],
     )
     .await?;
-    Ok(ThroughputRun {
-        system: "meshd",
-        instances: n,
+    Ok(ThroughputRun::new(
+        ("meshd", n),
         concurrency,
         batch,
-        repeat_index: rep,
-        events: m.events,
-        requests: m.requests,
-        seconds: m.seconds,
-        events_per_sec: m.events as f64 / m.seconds,
-        p50_us: m.p50_us,
-        p99_us: m.p99_us,
-        p999_us: m.p999_us,
-        meshd_cpu_s,
-        nats_cpu_s,
-        etcd_cpu_s,
-    })
+        rep,
+        &m,
+        cpu,
+    ))
 }
