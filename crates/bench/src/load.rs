@@ -56,6 +56,9 @@ pub struct Measured {
     pub p999_us: f64,
     /// CPU seconds of the measured process over the window, when there is one.
     pub cpu_s: Option<f64>,
+    /// CPU seconds of this process (the load driver and any client library it
+    /// drives, such as an etcd client) over the same window: for the async driver.
+    pub client_cpu_s: Option<f64>,
 }
 
 /// Runs async workers on the current tokio runtime; `pid` is the server whose CPU
@@ -91,12 +94,15 @@ pub async fn drive_async(
         }));
     }
     tokio::time::sleep_until(t0.into()).await;
+    let me = std::process::id();
+    let client0 = crate::procs::cpu_seconds(me)?;
     let cpu0 = pid.map(crate::procs::cpu_seconds).transpose()?;
     tokio::time::sleep_until(end.into()).await;
     while !stretch.closed(Instant::now()) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let cpu1 = pid.map(crate::procs::cpu_seconds).transpose()?;
+    let client1 = crate::procs::cpu_seconds(me)?;
     let mut all = Sample::default();
     let mut first_err = None;
     for t in tasks {
@@ -114,7 +120,9 @@ pub async fn drive_async(
         measure: stretch.end() - t0,
         ..window
     };
-    finish(all, window, cpu0.zip(cpu1).map(|(a, b)| b - a))
+    let mut m = finish(all, window, cpu0.zip(cpu1).map(|(a, b)| b - a))?;
+    m.client_cpu_s = Some(client1 - client0);
+    Ok(m)
 }
 
 /// How long a window stays open past its end when nothing completed in it yet: a
@@ -268,6 +276,7 @@ fn finish(mut all: Sample, window: Window, cpu_s: Option<f64>) -> Result<Measure
         p99_us: pct(0.99),
         p999_us: pct(0.999),
         cpu_s,
+        client_cpu_s: None,
     })
 }
 

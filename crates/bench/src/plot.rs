@@ -463,6 +463,7 @@ mod tests {
             p99_us,
             p999_us: p99_us * 2.0,
             cpu_s: Some(0.4),
+            client_cpu_s: Some(0.2),
             peak_rss_bytes: Some(50 << 20),
         }
     }

@@ -48,6 +48,10 @@ pub struct Run {
     /// (the meta rows through etcd), this process's own (engine plus driver) for rocksdb
     /// and the embedded meta.
     pub cpu_s: Option<f64>,
+    /// This process's CPU seconds over the window (driver plus client library), for
+    /// runs driven by the async driver; for the meta rows through etcd it is what the
+    /// client side of a Meta write costs.
+    pub client_cpu_s: Option<f64>,
     pub peak_rss_bytes: Option<u64>,
 }
 
@@ -76,6 +80,7 @@ impl Run {
             p99_us: m.p99_us,
             p999_us: m.p999_us,
             cpu_s: m.cpu_s,
+            client_cpu_s: m.client_cpu_s,
             peak_rss_bytes: o.peak_rss_bytes,
         }
     }
@@ -97,6 +102,9 @@ pub struct Row {
     pub cpu_s: Option<f64>,
     /// CPU microseconds per event (median over runs).
     pub cpu_us_per_event: Option<f64>,
+    /// This process's CPU microseconds per event (median over runs), see
+    /// [`Run::client_cpu_s`].
+    pub client_cpu_us_per_event: Option<f64>,
     pub peak_rss_bytes: Option<f64>,
 }
 
@@ -112,6 +120,10 @@ pub struct Ratio {
     /// overhead target: at most 1.10 for meshd's etcd backend over the raw client).
     pub p50_ratio: f64,
     pub p99_ratio: f64,
+    /// Client-side CPU per event of `numerator` over that of `denominator`, when both
+    /// have it (the meta comparison: what meshd's etcd backend adds on the client,
+    /// steadier than throughput while etcd and the client share the cores).
+    pub client_cpu_ratio: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -131,6 +143,16 @@ pub struct Report {
 fn opt_median(v: Vec<Option<f64>>) -> Option<f64> {
     let v: Option<Vec<f64>> = v.into_iter().collect();
     v.map(|v| median(&v))
+}
+
+/// The median over `runs` of CPU microseconds per event, from the CPU seconds `cpu`
+/// picks (`None` when a run lacks them).
+fn per_event(runs: &[&Run], cpu: fn(&Run) -> Option<f64>) -> Option<f64> {
+    opt_median(
+        runs.iter()
+            .map(|r| cpu(r).map(|c| c * 1e6 / r.events.max(1) as f64))
+            .collect(),
+    )
 }
 
 impl Report {
@@ -169,11 +191,8 @@ impl Report {
                     p99_us: m(|r| r.p99_us),
                     p999_us: m(|r| r.p999_us),
                     cpu_s: opt_median(rs.iter().map(|r| r.cpu_s).collect()),
-                    cpu_us_per_event: opt_median(
-                        rs.iter()
-                            .map(|r| r.cpu_s.map(|c| c * 1e6 / r.events.max(1) as f64))
-                            .collect(),
-                    ),
+                    cpu_us_per_event: per_event(&rs, |r| r.cpu_s),
+                    client_cpu_us_per_event: per_event(&rs, |r| r.client_cpu_s),
                     peak_rss_bytes: opt_median(
                         rs.iter()
                             .map(|r| r.peak_rss_bytes.map(|b| b as f64))
@@ -214,6 +233,10 @@ impl Report {
                         throughput_ratio: n.events_per_sec / d.events_per_sec,
                         p50_ratio: n.p50_us / d.p50_us,
                         p99_ratio: n.p99_us / d.p99_us,
+                        client_cpu_ratio: n
+                            .client_cpu_us_per_event
+                            .zip(d.client_cpu_us_per_event)
+                            .map(|(n, d)| n / d),
                     });
                 }
             }
@@ -310,16 +333,21 @@ fn write_ratios(s: &mut String, ratios: &[&Ratio], meta: bool) {
     if meta {
         let _ = writeln!(
             s,
-            "\nratios of medians, meshd's etcd backend / raw etcd-client (target: overhead at most 10%, p50 x1.10):"
+            "\nratios of medians, meshd's etcd backend / raw etcd-client (target: overhead at most 5%; \
+             client cpu = this process's CPU per op, the client side of each write):"
         );
     } else {
         let _ = writeln!(s, "\nratios of medians (throughput; p50 and p99 latency):");
     }
     let width = if meta { 15 } else { 18 };
     for r in ratios {
+        let client = match (meta, r.client_cpu_ratio) {
+            (true, Some(c)) => format!("  client cpu/op x{c:.2}"),
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
-            "  conc {:>3} batch {:>4}: {} / {:<width$} throughput x{:.2}  p50 x{:.2}  p99 x{:.2}",
+            "  conc {:>3} batch {:>4}: {} / {:<width$} throughput x{:.2}  p50 x{:.2}  p99 x{:.2}{client}",
             r.concurrency,
             r.batch,
             r.numerator,
