@@ -287,9 +287,7 @@ impl EtcdMeta {
     /// Runs `attempt` on the current endpoint and, while it fails with `Unavailable`
     /// because of the endpoint (a proven "not applied" error, or any failed read),
     /// on the next ones (each at most once), all within one request timeout. `lease`
-    /// names the lease the request is about, for `LeaseNotFound`. `attempt` is told
-    /// whether it is the last endpoint to try, so it can give its request away
-    /// instead of cloning it.
+    /// names the lease the request is about, for `LeaseNotFound`.
     async fn call<T, F, Fut>(
         &self,
         op: &'static str,
@@ -298,7 +296,7 @@ impl EtcdMeta {
         mut attempt: F,
     ) -> Result<T, MetaError>
     where
-        F: FnMut(&Endpoint, bool) -> Fut,
+        F: FnMut(&Endpoint) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let inner = &*self.inner;
@@ -315,7 +313,7 @@ impl EtcdMeta {
             }
             let on_endpoint = async {
                 self.authenticate(endpoint).await?;
-                attempt(endpoint, step + 1 == n).await
+                attempt(endpoint).await
             };
             match tokio::time::timeout(left, on_endpoint).await {
                 Ok(Ok(value)) => {
@@ -403,7 +401,7 @@ impl EtcdMeta {
             EtcdTxn::new().and_then(gets)
         };
         let read = |request: EtcdTxn| {
-            self.call("txn read-back", Kind::Read, None, move |endpoint, _| {
+            self.call("txn read-back", Kind::Read, None, move |endpoint| {
                 let (mut kv, request) = (endpoint.kv.clone(), request.clone());
                 async move { kv.txn(request).await }
             })
@@ -641,7 +639,7 @@ impl Meta for EtcdMeta {
     async fn get(&self, key: &[u8]) -> Result<GetResponse, MetaError> {
         require_key(key)?;
         let mut resp = self
-            .call("get", Kind::Read, None, |endpoint, _| {
+            .call("get", Kind::Read, None, |endpoint| {
                 let (mut kv, key) = (endpoint.kv.clone(), key.to_vec());
                 async move { kv.get(key, None).await }
             })
@@ -675,7 +673,7 @@ impl Meta for EtcdMeta {
             get = get.with_limit(i64::try_from(options.limit).unwrap_or(i64::MAX));
         }
         let mut resp = self
-            .call("range", Kind::Read, None, |endpoint, _| {
+            .call("range", Kind::Read, None, |endpoint| {
                 let (mut kv, start, get) = (endpoint.kv.clone(), start.clone(), get.clone());
                 async move { kv.get(start, Some(get)).await }
             })
@@ -710,28 +708,16 @@ impl Meta for EtcdMeta {
                 TxnOp::Delete { key } => EtcdTxnOp::delete(key.clone(), None),
             })
             .collect();
-        let mut request = Some(EtcdTxn::new().when(compares).and_then(ops));
+        let request = EtcdTxn::new().when(compares).and_then(ops);
         let lease = txn.ops.iter().find_map(|op| match op {
             TxnOp::Put { lease, .. } => *lease,
             TxnOp::Delete { .. } => None,
         });
 
         let resp = self
-            .call("txn", Kind::Write, lease, |endpoint, last| {
-                let mut kv = endpoint.kv.clone();
-                let request = if last {
-                    request.take()
-                } else {
-                    request.clone()
-                };
-                async move {
-                    match request {
-                        Some(request) => kv.txn(request).await,
-                        None => Err(etcd_client::Error::InvalidArgs(
-                            "the transaction was already sent".into(),
-                        )),
-                    }
-                }
+            .call("txn", Kind::Write, lease, |endpoint| {
+                let (mut kv, request) = (endpoint.kv.clone(), request.clone());
+                async move { kv.txn(request).await }
             })
             .await?;
         let revision = revision(resp.header(), Kind::Write, "txn")?;
@@ -758,7 +744,7 @@ impl Meta for EtcdMeta {
         let seconds = i64::try_from(seconds.max(1))
             .map_err(|_| MetaError::InvalidRequest(format!("lease TTL {ttl:?} is too large")))?;
         let resp = self
-            .call("grant", Kind::Write, None, |endpoint, _| {
+            .call("grant", Kind::Write, None, |endpoint| {
                 let mut client = endpoint.client.clone();
                 async move { client.lease_grant(seconds, None).await }
             })
@@ -783,7 +769,7 @@ impl Meta for EtcdMeta {
     /// background task. `LeaseNotFound` when etcd answers TTL 0.
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, MetaError> {
         let ttl = self
-            .call("keep_alive", Kind::Read, Some(lease), |endpoint, _| {
+            .call("keep_alive", Kind::Read, Some(lease), |endpoint| {
                 let mut client = endpoint.client.clone();
                 async move {
                     let (mut keeper, mut responses) = client.lease_keep_alive(lease.0).await?;
@@ -804,7 +790,7 @@ impl Meta for EtcdMeta {
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<(), MetaError> {
-        self.call("revoke", Kind::Write, Some(lease), |endpoint, _| {
+        self.call("revoke", Kind::Write, Some(lease), |endpoint| {
             let mut client = endpoint.client.clone();
             async move { client.lease_revoke(lease.0).await }
         })
@@ -827,7 +813,7 @@ impl Meta for EtcdMeta {
             .with_start_revision(start_revision);
         let authenticated = self.inner.credentials.is_some();
         let (watch, first, endpoint) = self
-            .call("watch", Kind::Read, None, |endpoint, _| {
+            .call("watch", Kind::Read, None, |endpoint| {
                 let (client, key, options) =
                     (endpoint.client.clone(), key.clone(), options.clone());
                 async move {
@@ -892,7 +878,7 @@ impl Meta for EtcdMeta {
                 "compact revision {revision} is below 1"
             )));
         }
-        self.call("compact", Kind::Write, None, |endpoint, _| {
+        self.call("compact", Kind::Write, None, |endpoint| {
             let mut kv = endpoint.kv.clone();
             async move {
                 let options = CompactionOptions::new().with_physical();
@@ -910,7 +896,7 @@ impl Meta for EtcdMeta {
     /// leader cannot serve linearizable requests, so it counts as unavailable.
     async fn status(&self) -> Result<MetaStatus, MetaError> {
         let resp = self
-            .call("status", Kind::Read, None, |endpoint, _| {
+            .call("status", Kind::Read, None, |endpoint| {
                 let mut client = endpoint.client.clone();
                 async move {
                     let status = client.status().await?;
