@@ -413,9 +413,7 @@ impl JsOp {
             self.seq += 1;
             payloads.push(Bytes::from(self.events.one(&id)));
         }
-        if payloads.len() == 1 {
-            js_publish(&self.client, SUBJECT, payloads.remove(0)).await
-        } else if self.atomic {
+        if self.atomic {
             let id = format!("bench-{}-{}", self.worker, self.seq);
             js_atomic_batch(&self.client, SUBJECT, payloads, &id).await
         } else {
