@@ -116,9 +116,8 @@ impl TailCache {
     }
 
     fn clear_slot(&mut self, slot: usize) {
-        for e in std::mem::take(&mut self.runs[slot]) {
-            self.bytes -= cost(&e);
-            self.events -= 1;
+        while !self.runs[slot].is_empty() {
+            self.pop_front(slot);
         }
     }
 
