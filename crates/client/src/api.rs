@@ -367,6 +367,46 @@ impl Client {
         Ok(self.ok(req).await?.json::<Deliveries>()?.deliveries)
     }
 
+    /// Opens a stream of deliveries (Server-Sent Events); read it with
+    /// [`EventStream::next`](crate::EventStream::next) and ack as with a pull.
+    pub async fn stream(
+        &self,
+        name: &str,
+        options: &crate::StreamOptions,
+    ) -> Result<crate::EventStream, Error> {
+        let path = format!(
+            "{}{}{}",
+            self.target.prefix(),
+            paths::subscription_action(name, "stream"),
+            query(&[
+                (
+                    "max_in_flight",
+                    options.max_in_flight.map(|n| n.to_string())
+                ),
+                ("session", options.session.clone()),
+            ])
+        );
+        let req = Request::get(path)
+            .header("accept", "text/event-stream")
+            .timeout(ANSWER_SLACK);
+        let answer = self.transport.send_streaming(&self.target, req).await?;
+        if !(200..300).contains(&answer.status) {
+            let answer = answer.rest(64 * 1024, ANSWER_SLACK).await?;
+            return Err(answer
+                .success()
+                .err()
+                .unwrap_or_else(|| Error::Malformed("a refused stream answered 2xx".into())));
+        }
+        Ok(crate::EventStream::new(answer))
+    }
+
+    /// `GET .../stats`: per partition committed, end offset, backlog, in flight,
+    /// waiting retries, parked, dead-lettering and the counters.
+    pub async fn stats(&self, name: &str) -> Result<Value, Error> {
+        self.get_json(paths::subscription_action(name, "stats"))
+            .await
+    }
+
     pub async fn ack(&self, name: &str, ids: &[String]) -> Result<Acked, Error> {
         self.post_json(
             paths::subscription_action(name, "ack"),

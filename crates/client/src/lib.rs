@@ -2,7 +2,8 @@
 //!
 //! - [`Client`]: one typed async method per operation of the public HTTP API
 //!   (topics, publish, pull/ack/nack/extend, subscriptions, offsets, dead letters,
-//!   sessions, tasks, cluster).
+//!   sessions, tasks, cluster), and [`Client::stream`]: deliveries as Server-Sent
+//!   Events ([`EventStream`]).
 //! - [`Transport`]: the HTTP/1.1 transport under it (hyper; TLS with rustls), which
 //!   every part of meshd that calls over HTTP uses: the CLI, push delivery, calls
 //!   between cluster instances, the test harnesses and the load generator.
@@ -30,6 +31,7 @@
 mod api;
 mod error;
 pub mod paths;
+mod stream;
 mod target;
 pub mod tls;
 pub mod transport;
@@ -39,5 +41,6 @@ pub use api::{
 };
 pub use error::{shorten, Error, Problem};
 pub use http::Method;
+pub use stream::{EventStream, SseEvent, SseParser, StreamOptions, STREAM_IDLE};
 pub use target::{query, segment, split_host_port, Target};
 pub use transport::{Request, Response, Transport};

@@ -364,6 +364,16 @@ impl Transport {
             .await
     }
 
+    /// Sends `req` on a connection of its own and returns the answer's head with its
+    /// body unread, to be read piece by piece ([`Streaming::chunk`]): a stream of
+    /// Server-Sent Events. `req`'s timeout bounds the connect and the head.
+    pub async fn send_streaming(&self, target: &Target, req: Request) -> Result<Streaming, Error> {
+        let deadline = Instant::now() + req.timeout;
+        let conn = self.open_by(target, deadline).await?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        conn.send_streaming(req.timeout(left)).await
+    }
+
     async fn open_by(&self, target: &Target, deadline: Instant) -> Result<Connection, Error> {
         let stream = self.connect_by(target, deadline).await?;
         let stream = AnswerFirst {
@@ -466,6 +476,61 @@ impl AsyncWrite for AnswerFirst {
     }
 }
 
+/// An answer whose body is read as it arrives (see [`Transport::send_streaming`]).
+pub struct Streaming {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    body: hyper::body::Incoming,
+    what: String,
+    _conn: Connection,
+}
+
+impl Streaming {
+    /// The next piece of the body; `None` at its end. A piece that does not arrive
+    /// within `idle` is [`Error::Lost`].
+    pub async fn chunk(&mut self, idle: Duration) -> Result<Option<Bytes>, Error> {
+        loop {
+            let frame = match tokio::time::timeout(idle, self.body.frame()).await {
+                Err(_) => {
+                    return Err(Error::Lost(format!(
+                        "{}: nothing arrived for {} ms",
+                        self.what,
+                        idle.as_millis()
+                    )))
+                }
+                Ok(None) => return Ok(None),
+                Ok(Some(Err(e))) => {
+                    return Err(Error::Lost(format!(
+                        "{}: the answer was cut off ({e})",
+                        self.what
+                    )))
+                }
+                Ok(Some(Ok(f))) => f,
+            };
+            if let Ok(data) = frame.into_data() {
+                return Ok(Some(data));
+            }
+        }
+    }
+
+    /// The rest of the body (at most `max` bytes), as an ordinary answer (an error
+    /// answer to a streaming request carries a problem).
+    pub async fn rest(mut self, max: usize, idle: Duration) -> Result<Response, Error> {
+        let mut body = Vec::new();
+        while let Some(c) = self.chunk(idle).await? {
+            body.extend_from_slice(&c);
+            if body.len() > max {
+                break;
+            }
+        }
+        Ok(Response {
+            status: self.status,
+            headers: std::mem::take(&mut self.headers),
+            body: Bytes::from(body),
+        })
+    }
+}
+
 /// A connection: one request at a time; after an error it is unusable.
 pub struct Connection {
     sender: SendRequest<Full<Bytes>>,
@@ -492,6 +557,40 @@ impl Connection {
     /// connection is unusable afterwards.
     pub async fn send_for_status(&mut self, req: Request) -> Result<Response, Error> {
         self.exchange(req, false).await
+    }
+
+    /// Sends `req` and returns the answer's head; the body is read with
+    /// [`Streaming::chunk`]. The connection goes with it.
+    pub async fn send_streaming(mut self, req: Request) -> Result<Streaming, Error> {
+        let what = req.what();
+        let shown = self.shown.clone();
+        let timeout = req.timeout;
+        let request = self.build(req)?;
+        let head = async {
+            self.sender.ready().await.map_err(|e| {
+                Error::Unreachable(format!("{what} on {shown}: the connection is closed ({e})"))
+            })?;
+            self.sender.send_request(request).await.map_err(|e| {
+                Error::Lost(format!("{what} on {shown}: the connection was lost ({e})"))
+            })
+        };
+        let answer = match tokio::time::timeout(timeout, head).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::Lost(format!(
+                    "{what} on {shown}: no answer within {} ms",
+                    timeout.as_millis()
+                )))
+            }
+        };
+        let (parts, body) = answer.into_parts();
+        Ok(Streaming {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body,
+            what: format!("{what} on {shown}"),
+            _conn: self,
+        })
     }
 
     async fn exchange(&mut self, req: Request, read_body: bool) -> Result<Response, Error> {

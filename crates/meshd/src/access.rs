@@ -171,6 +171,9 @@ pub fn required(method: &Method, path: &str) -> Option<Role> {
         ["sessions", ..] | ["tasks", ..] => true,
         ["topics", _, "events"] => method == Method::POST,
         ["subscriptions", _, "pull" | "ack" | "nack" | "extend"] => method == Method::POST,
+        // Streams, and the statistics a consumer (or the console with a client
+        // token) reads: no settings, no secrets.
+        ["subscriptions", _, "stream" | "stats"] => method == Method::GET,
         _ => false,
     };
     Some(if client { Role::Client } else { Role::Admin })
@@ -286,8 +289,49 @@ impl Gate {
         }
     }
 
+    /// Whether `req` is a WebSocket stream upgrade without `Authorization` that must
+    /// authenticate with its first frame instead (browsers cannot send the header on
+    /// a WebSocket; http-api.md "Streaming consume").
+    fn defers_to_first_frame(&self, req: &Request) -> bool {
+        let Some(access) = &self.access else {
+            return false;
+        };
+        let path = req.uri().path();
+        let is_stream = path
+            .strip_prefix("/v1/subscriptions/")
+            .and_then(|rest| rest.strip_suffix("/stream"))
+            .is_some_and(|name| !name.is_empty() && !name.contains('/'));
+        let upgrade = req
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+        access.tokens().guard_v1()
+            && req.method() == Method::GET
+            && is_stream
+            && upgrade
+            && !req.headers().contains_key(header::AUTHORIZATION)
+    }
+
+    /// A WebSocket's first-frame token: whether it may stream (the client role);
+    /// a wrong token counts as an unauthorized refusal.
+    pub fn first_frame_token(&self, token: &str) -> bool {
+        let ok = self.access.as_ref().is_some_and(|a| {
+            a.tokens()
+                .roles_of(token.trim().as_bytes())
+                .may(Role::Client)
+        });
+        if !ok {
+            self.refused.unauthorized.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
     /// The token check of `/v1` and `/metrics`; `None` when the request may go on.
     fn tokens(&self, req: &Request) -> Option<Response> {
+        if self.defers_to_first_frame(req) {
+            return None;
+        }
         let tokens = self.access.as_ref()?.tokens();
         let path = req.uri().path();
         let need = if path == "/metrics" {
@@ -366,9 +410,16 @@ impl Gate {
     }
 }
 
+/// Set on a WebSocket stream upgrade that must authenticate with its first frame.
+#[derive(Clone)]
+pub struct FirstFrameAuth(pub Arc<Gate>);
+
 /// The middleware (see the module docs): refusals are answered here, before
 /// admission, never naming a token or the secret.
-pub async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Response {
+pub async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: Next) -> Response {
+    if gate.defers_to_first_frame(&req) {
+        req.extensions_mut().insert(FirstFrameAuth(gate.clone()));
+    }
     match gate.decide(&req) {
         Verdict::Refuse(_, answer) | Verdict::Answer(answer) => answer,
         Verdict::Pass(None) => next.run(req).await,

@@ -273,7 +273,8 @@ pub async fn serve(
             let conn = async {
                 match tls {
                     None => {
-                        let conn = builder.serve_connection(TokioIo::new(io), service);
+                        let conn =
+                            builder.serve_connection_with_upgrades(TokioIo::new(io), service);
                         Some(watcher.watch(conn.into_owned()).await)
                     }
                     Some(acceptor) => {
@@ -289,7 +290,8 @@ pub async fn serve(
                                 None
                             }
                             Ok(Ok(tls)) => {
-                                let conn = builder.serve_connection(TokioIo::new(tls), service);
+                                let conn = builder
+                                    .serve_connection_with_upgrades(TokioIo::new(tls), service);
                                 Some(watcher.watch(conn.into_owned()).await)
                             }
                         }

@@ -161,17 +161,22 @@ impl Problem {
     fn title(&self) -> &'static str {
         self.status.canonical_reason().unwrap_or("Error")
     }
-}
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
+    /// The problem+json document.
+    pub fn body(&self) -> Value {
         let mut body = Map::new();
         body.insert("type".into(), json!(format!("{TYPE_BASE}{}", self.kind)));
         body.insert("title".into(), json!(self.title()));
         body.insert("status".into(), json!(self.status.as_u16()));
         body.insert("detail".into(), json!(self.detail));
-        body.extend(self.extra);
-        let mut response = (self.status, Value::Object(body).to_string()).into_response();
+        body.extend(self.extra.clone());
+        Value::Object(body)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, self.body().to_string()).into_response();
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,

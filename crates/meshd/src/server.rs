@@ -612,6 +612,7 @@ impl Started {
             admission: admission.clone(),
             limits: config.limits,
             quotas,
+            header_timeout: Duration::from_millis(config.header_timeout_ms),
         });
         let state = Arc::new(AppState {
             api: api.clone(),

@@ -34,11 +34,56 @@ pub struct SubCounters {
     pub push_ok: AtomicU64,
     /// Push requests that failed (status, timeout, connection).
     pub push_failed: AtomicU64,
+    /// The same hand-out, ack, nack and dead-letter counts per partition (what
+    /// `GET /v1/subscriptions/{name}/stats` answers): their sums are the counters
+    /// above, counted at the same places.
+    partitions: Mutex<BTreeMap<u32, Arc<PartCounters>>>,
+}
+
+/// One partition's share of a subscription's counters (see [`SubCounters`]).
+#[derive(Default, Debug)]
+pub struct PartCounters {
+    pub delivered: AtomicU64,
+    pub acked: AtomicU64,
+    pub nacked: AtomicU64,
+    pub dead_lettered: AtomicU64,
+}
+
+/// What a partition task counts, for its subscription and its partition at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    /// A hand-out; `true` when it is a redelivery (attempt > 1).
+    Delivered(bool),
+    Acked,
+    Nacked,
+    DeadLettered,
 }
 
 impl SubCounters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The counters of partition `p` (created at 0 on first use).
+    pub fn partition(&self, p: u32) -> Arc<PartCounters> {
+        lock(&self.partitions).entry(p).or_default().clone()
+    }
+
+    /// Counts one `what` for the subscription and for `part`.
+    pub fn count(&self, part: &PartCounters, what: Counted) {
+        let (sub, per) = match what {
+            Counted::Delivered(again) => {
+                if again {
+                    Self::add(&self.redelivered, 1);
+                }
+                (&self.delivered, &part.delivered)
+            }
+            Counted::Acked => (&self.acked, &part.acked),
+            Counted::Nacked => (&self.nacked, &part.nacked),
+            Counted::DeadLettered => (&self.dead_lettered, &part.dead_lettered),
+        };
+        Self::add(sub, 1);
+        Self::add(per, 1);
     }
 }
 

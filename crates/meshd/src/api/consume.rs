@@ -4,7 +4,7 @@
 use super::fields::Fields;
 use super::{valid_name_or_400, Api};
 use crate::problem::Problem;
-use crate::runtime::{Answers, Outcome, PullBudget, Reach, RuntimeError};
+use crate::runtime::{Answers, Handed, Outcome, PullBudget, Reach, RuntimeError};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -26,9 +26,9 @@ const WAIT_MS: std::ops::RangeInclusive<u64> = 0..=30_000;
 /// `ack_timeout_ms` of an extend: the subscription range.
 const ACK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
 /// Ids per ack, nack or extend.
-const MAX_IDS: usize = 1000;
+pub(super) const MAX_IDS: usize = 1000;
 /// A delivery id is far shorter; anything longer is not one.
-const MAX_ID_LEN: usize = 512;
+pub(super) const MAX_ID_LEN: usize = 512;
 
 pub fn runtime_problem(e: RuntimeError, meta_backend: Backend) -> Problem {
     match e {
@@ -147,7 +147,7 @@ fn parse_put_offset(
 }
 
 /// Builds `{"<list>":[ids...], ...}` with every list present (empty when unused).
-fn answers_json(lists: &[Outcome], answers: Answers) -> Value {
+pub(super) fn answers_json(lists: &[Outcome], answers: Answers) -> Value {
     let mut out = serde_json::Map::new();
     for l in lists {
         out.insert(l.as_str().to_string(), Value::Array(vec![]));
@@ -183,35 +183,7 @@ pub async fn pull_with(
         session,
         forward_id,
     } = parse_pull(&headers, body, api.limits.max_response_bytes, reach)?;
-    let session = match session {
-        None => None,
-        Some(sid) => match api.sessions.get(&sid).await {
-            Ok(Some(s)) => Some(SessionBinding {
-                session_id: sid,
-                epoch: s.epoch,
-            }),
-            Ok(None) => {
-                return Err(Problem::not_found(format!(
-                    "session {sid:?} does not exist (expired or closed)"
-                ))
-                .with("field", "session"))
-            }
-            Err(e) if e.is_retryable() => {
-                return Err(Problem::unavailable(
-                    "sessions",
-                    api.meta_backend,
-                    e.to_string(),
-                ))
-            }
-            Err(e) => {
-                return Err(Problem::internal(
-                    "sessions",
-                    api.meta_backend,
-                    e.to_string(),
-                ))
-            }
-        },
-    };
+    let session = session_binding(&api, session).await?;
     // A waiting pull holds a long-poll slot while it waits (429 when none is free).
     let _long_poll = match wait {
         0 => None,
@@ -232,28 +204,66 @@ pub async fn pull_with(
     let mut out = String::from("{\"deliveries\":[");
     let mut first = true;
     for d in handed {
-        let event = match super::raw_event(d.body) {
-            Some(raw) => raw,
-            None => {
-                tracing::error!(store = "log", backend = %api.log_backend, subscription = %name, partition = d.partition, offset = d.offset, "stored event is not valid JSON; not handed out (its lease runs out)");
-                continue;
-            }
+        let Some(item) = delivery_json(&api, &name, d) else {
+            continue;
         };
         if !first {
             out.push(',');
         }
         first = false;
-        out.push_str(&format!(
-            "{{\"delivery_id\":{},\"partition\":{},\"offset\":{},\"attempt\":{},\"event\":{}}}",
-            json!(d.delivery_id),
-            d.partition,
-            d.offset,
-            d.attempt,
-            event.get()
-        ));
+        out.push_str(&item);
     }
     out.push_str("]}");
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+}
+
+/// The session a pull or stream names, bound to its current epoch (404 when it is
+/// gone).
+pub async fn session_binding(
+    api: &Api,
+    session: Option<String>,
+) -> Result<Option<SessionBinding>, Problem> {
+    let Some(sid) = session else {
+        return Ok(None);
+    };
+    match api.sessions.get(&sid).await {
+        Ok(Some(s)) => Ok(Some(SessionBinding {
+            session_id: sid,
+            epoch: s.epoch,
+        })),
+        Ok(None) => Err(Problem::not_found(format!(
+            "session {sid:?} does not exist (expired or closed)"
+        ))
+        .with("field", "session")),
+        Err(e) if e.is_retryable() => Err(Problem::unavailable(
+            "sessions",
+            api.meta_backend,
+            e.to_string(),
+        )),
+        Err(e) => Err(Problem::internal(
+            "sessions",
+            api.meta_backend,
+            e.to_string(),
+        )),
+    }
+}
+
+/// One delivery as a pull answers it (`{"delivery_id",...,"event":...}`), the event
+/// exactly as published; `None` (logged) when the stored bytes are not JSON: that
+/// delivery is not handed out and its lease runs out.
+pub fn delivery_json(api: &Api, name: &str, d: Handed) -> Option<String> {
+    let Some(event) = super::raw_event(d.body) else {
+        tracing::error!(store = "log", backend = %api.log_backend, subscription = %name, partition = d.partition, offset = d.offset, "stored event is not valid JSON; not handed out (its lease runs out)");
+        return None;
+    };
+    Some(format!(
+        "{{\"delivery_id\":{},\"partition\":{},\"offset\":{},\"attempt\":{},\"event\":{}}}",
+        json!(d.delivery_id),
+        d.partition,
+        d.offset,
+        d.attempt,
+        event.get()
+    ))
 }
 
 /// Internal route: the instance that forwarded pull `forward_id` did not get its

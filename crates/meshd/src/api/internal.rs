@@ -41,6 +41,7 @@ async fn call(
         "nack" => consume::nack_with(api, name, headers, body, Reach::Local).await,
         "extend" => consume::extend_with(api, name, headers, body, Reach::Local).await,
         "release" => consume::release_forwarded(api, name, headers, body).await,
+        "stats" => super::stream::stats_with(api, name, Reach::Local).await,
         _ => Err(Problem::not_found(format!("no internal operation {op:?}"))),
     }
 }

@@ -7,9 +7,11 @@ pub mod deadletters;
 pub mod fields;
 pub mod internal;
 pub mod sessions;
+pub mod stream;
 pub mod subscriptions;
 pub mod tasks;
 pub mod topics;
+pub mod websocket;
 
 use crate::metrics::Metrics;
 use crate::problem::Problem;
@@ -51,6 +53,8 @@ pub struct Api {
     /// Answer bounds and client quotas.
     pub limits: crate::config::Limits,
     pub quotas: Arc<crate::quota::Quotas>,
+    /// `--header-timeout-ms`: also how long a WebSocket has for its token frame.
+    pub header_timeout: std::time::Duration,
 }
 
 /// The byte bound of an answer: the query's `max_bytes` (at least 1), by default and
@@ -135,6 +139,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/subscriptions/{name}/ack", post(consume::ack))
         .route("/v1/subscriptions/{name}/nack", post(consume::nack))
         .route("/v1/subscriptions/{name}/extend", post(consume::extend))
+        .route("/v1/subscriptions/{name}/stream", get(stream::stream))
+        .route("/v1/subscriptions/{name}/stats", get(stream::stats))
         .route(
             "/v1/subscriptions/{name}/offsets",
             get(consume::get_offsets),

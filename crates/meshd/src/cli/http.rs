@@ -87,6 +87,15 @@ impl Client {
         }
     }
 
+    /// Runs `f` with the API client on the CLI's runtime (a stream, read as it
+    /// arrives).
+    pub fn run<'a, T, F>(&'a self, f: impl FnOnce(&'a meshd_client::Client) -> F) -> T
+    where
+        F: std::future::Future<Output = T> + 'a,
+    {
+        self.runtime.block_on(f(&self.api))
+    }
+
     pub fn get(&self, path: String) -> Result<Answer, CliError> {
         self.ok(Request::get(path))
     }

@@ -61,6 +61,9 @@ pub enum Command {
     Sub(SubArgs),
     /// Pull deliveries from a subscription (and optionally ack them).
     Pull(PullArgs),
+    /// Stream a subscription's deliveries as they come (Server-Sent Events), one line
+    /// each, until interrupted (or --count deliveries).
+    Tail(TailArgs),
     /// Inspect, redrive and delete dead letters.
     Dlq(DlqArgs),
     /// Submit, inspect and cancel tasks.
@@ -167,6 +170,9 @@ enum SubCmd {
     Get { name: String },
     /// Delete a subscription with its offsets and in-flight deliveries.
     Delete { name: String },
+    /// Per partition: committed and end offsets, backlog, in flight, waiting retries,
+    /// parked, dead-lettering, and the delivery counters.
+    Stats { name: String },
 }
 
 #[derive(Args, Debug)]
@@ -184,6 +190,24 @@ pub struct PullArgs {
     /// Ack every delivery right after it is received (exit 1 if any ack is not recorded).
     #[arg(long)]
     ack: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TailArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// The subscription to stream.
+    subscription: String,
+    /// Ack every delivery once it is printed (unacked ones come back after the
+    /// subscription's ack timeout, to this stream or another consumer).
+    #[arg(long)]
+    ack: bool,
+    /// Deliveries leased to this stream and not yet acked, 1-10000 (server default 100).
+    #[arg(long)]
+    max_in_flight: Option<u32>,
+    /// Stop after this many deliveries.
+    #[arg(long)]
+    count: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -322,6 +346,7 @@ pub fn run(cmd: Command) -> ExitCode {
         Command::Publish(a) => Ctx::new(&a.conn).and_then(|c| topics::publish(&c, a)),
         Command::Sub(a) => Ctx::new(&a.conn).and_then(|c| subs::sub(&c, a.cmd)),
         Command::Pull(a) => Ctx::new(&a.conn).and_then(|c| subs::pull(&c, a)),
+        Command::Tail(a) => Ctx::new(&a.conn).and_then(|c| subs::tail(&c, a)),
         Command::Dlq(a) => Ctx::new(&a.conn).and_then(|c| dlq::dlq(&c, a.cmd)),
         Command::Task(a) => Ctx::new(&a.conn).and_then(|c| tasks::task(&c, a.cmd)),
         Command::Session(a) => Ctx::new(&a.conn).and_then(|c| tasks::session(&c, a.cmd)),

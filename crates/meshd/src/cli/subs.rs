@@ -3,7 +3,7 @@
 use super::error::CliError;
 use super::http::{shorten, Method, Request, REQUEST_TIMEOUT};
 use super::output::{cell, list, note, Table};
-use super::{Ctx, PullArgs, Start, SubCmd, SubCreate};
+use super::{Ctx, PullArgs, Start, SubCmd, SubCreate, TailArgs};
 use meshd_client::paths;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -65,6 +65,7 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
             ctx.out.line("")?;
             offsets.print(&ctx.out, "no committed offsets yet")
         }
+        SubCmd::Stats { name } => stats(ctx, &name),
         SubCmd::Delete { name } => {
             let a = ctx
                 .client
@@ -264,4 +265,100 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
     }
     note(&format!("acked {} deliveries", count("acked")));
     Ok(())
+}
+
+/// `meshd sub stats NAME`.
+fn stats(ctx: &Ctx, name: &str) -> Result<(), CliError> {
+    let a = ctx.client.get(paths::subscription_action(name, "stats"))?;
+    if ctx.json {
+        return ctx.out.raw(&a.body);
+    }
+    let v = super::http::json(&a)?;
+    let fields = [
+        ("PARTITION", "partition"),
+        ("COMMITTED", "committed"),
+        ("END", "end_offset"),
+        ("BACKLOG", "backlog"),
+        ("IN_FLIGHT", "in_flight"),
+        ("WAITING", "waiting_retries"),
+        ("PARKED", "parked"),
+        ("DEAD_LETTERING", "dead_lettering"),
+        ("DELIVERED", "delivered_total"),
+        ("ACKED", "acked_total"),
+        ("NACKED", "nacked_total"),
+        ("DEAD_LETTERED", "dead_lettered_total"),
+        ("OWNER", "owner"),
+    ];
+    let heads: Vec<&'static str> = fields.iter().map(|(h, _)| *h).collect();
+    let mut t = Table::new(&heads);
+    let mut unavailable = Vec::new();
+    for p in list(&v, "partitions")? {
+        if p.get("available") == Some(&Value::Bool(false)) {
+            unavailable.push(format!(
+                "partition {}: {}",
+                cell(p, &["partition"]),
+                cell(p, &["detail"])
+            ));
+            let mut row = vec![cell(p, &["partition"])];
+            row.extend(fields[1..].iter().map(|_| "?".to_string()));
+            t.row(row);
+            continue;
+        }
+        t.row(fields.iter().map(|(_, k)| cell(p, &[k])).collect());
+    }
+    t.print(&ctx.out, "no partitions")?;
+    for u in &unavailable {
+        note(&format!("unavailable: {u}"));
+    }
+    Ok(())
+}
+
+/// `meshd tail SUBSCRIPTION [--ack]`: one line per delivery (the delivery's JSON
+/// with --json), acked once printed with --ack.
+pub fn tail(ctx: &Ctx, a: TailArgs) -> Result<(), CliError> {
+    let options = meshd_client::StreamOptions {
+        max_in_flight: a.max_in_flight,
+        session: None,
+    };
+    ctx.client.run(|api| async move {
+        let mut stream = api.stream(&a.subscription, &options).await?;
+        let mut seen = 0u64;
+        while a.count.is_none_or(|n| seen < n) {
+            let Some(d) = stream.next().await? else {
+                note("the stream ended (meshd is stopping)");
+                return Ok(());
+            };
+            seen += 1;
+            if ctx.json {
+                ctx.out.json(&serde_json::to_value(&d).unwrap_or(Value::Null))?;
+            } else {
+                let e = &d.event;
+                let data = match e.get("data").or_else(|| e.get("data_base64")) {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v) => v.to_string(),
+                    None => "-".into(),
+                };
+                ctx.out.line(&format!(
+                    "{}:{} attempt {} {} {} {} {}",
+                    d.partition,
+                    d.offset,
+                    d.attempt,
+                    cell(e, &["id"]),
+                    cell(e, &["type"]),
+                    cell(e, &["source"]),
+                    shorten(&data, 120)
+                ))?;
+            }
+            if a.ack {
+                let acked = api.ack(&a.subscription, &[d.delivery_id.clone()]).await?;
+                if acked.acked.is_empty() {
+                    note(&format!(
+                        "delivery {}:{} was not acked (unknown, fenced or failed); it will be delivered again",
+                        d.partition, d.offset
+                    ));
+                }
+            }
+        }
+        Ok(())
+    })
 }

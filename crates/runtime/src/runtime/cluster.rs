@@ -49,7 +49,7 @@ pub struct ClusterDeps {
 }
 
 /// How long a call to another instance may take (a forwarded pull asks with no wait).
-const PEER_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a waiting pull asks the other owners again.
 const PEER_POLL: Duration = Duration::from_millis(200);
 

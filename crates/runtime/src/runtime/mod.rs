@@ -23,6 +23,8 @@
 pub mod cluster;
 pub mod partition;
 pub mod push;
+pub mod stats;
+pub mod stream;
 
 use crate::metrics::{Metrics, SubCounters};
 use futures::StreamExt;
@@ -204,6 +206,8 @@ pub struct Runtime {
     forwarded: cluster::ForwardedPulls,
     /// Set at a graceful stop: long polls answer at once with what they have.
     stopping: watch::Sender<bool>,
+    /// Open streams and the deliveries leased to them.
+    streams: stream::Streams,
 }
 
 impl SubRuntime {
@@ -245,6 +249,7 @@ impl Runtime {
             me: me.clone(),
             forwarded: cluster::ForwardedPulls::default(),
             stopping: watch::channel(false).0,
+            streams: stream::Streams::default(),
         })
     }
 
@@ -705,6 +710,7 @@ impl Runtime {
         let mut config = Config::from_spec(&sub.spec);
         config.max_in_flight = self.deps.max_in_flight;
         let epoch = owned.as_ref().map(|(o, _)| o.epoch()).unwrap_or(0);
+        let partition_no = key.partition;
         let partition = Partition {
             key,
             log_id: self.deps.log.log_id().to_string(),
@@ -734,11 +740,13 @@ impl Runtime {
             None => (self.owner.clone(), None),
         };
         let lost = cluster.as_ref().map(|c| c.lost.clone()).unwrap_or_default();
+        let part_counters = counters.partition(partition_no);
         let task = PartitionTask {
             core,
             deps: self.deps.clone(),
             owner,
             counters,
+            part_counters,
             shared: shared.clone(),
             notify,
             rx,
@@ -1045,8 +1053,11 @@ impl Runtime {
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
         let forward = (reach == Reach::Cluster).then(cluster::Forward::ack);
-        self.per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply }, forward)
-            .await
+        let answers = self
+            .per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply }, forward)
+            .await?;
+        self.streams.answered(&answers, None);
+        Ok(answers)
     }
 
     /// [`Runtime::ack`] on a subscription that runs already, for this instance's
@@ -1065,7 +1076,9 @@ impl Runtime {
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
         let forward = (reach == Reach::Cluster).then(|| cluster::Forward::nack(&reason));
-        self.nack_on(name, ids, reason, forward).await
+        let answers = self.nack_on(name, ids, reason, forward).await?;
+        self.streams.answered(&answers, None);
+        Ok(answers)
     }
 
     /// [`Runtime::nack`] on a subscription that runs already, for this instance's
@@ -1109,17 +1122,21 @@ impl Runtime {
         let sub = self.subscription(name).await?;
         let ack_timeout_ms = ack_timeout_ms.unwrap_or(sub.sub.spec.ack_timeout_ms);
         let forward = (reach == Reach::Cluster).then(|| cluster::Forward::extend(ack_timeout_ms));
-        self.per_partition(
-            name,
-            ids,
-            |ids, reply| Msg::Extend {
+        let answers = self
+            .per_partition(
+                name,
                 ids,
-                ack_timeout_ms,
-                reply,
-            },
-            forward,
-        )
-        .await
+                |ids, reply| Msg::Extend {
+                    ids,
+                    ack_timeout_ms,
+                    reply,
+                },
+                forward,
+            )
+            .await?;
+        self.streams
+            .answered(&answers, Some(Duration::from_millis(ack_timeout_ms)));
+        Ok(answers)
     }
 
     /// Starts delivering a dead-lettered event again (the entry must already be
@@ -1455,6 +1472,8 @@ impl Runtime {
                 let _ = writeln!(out, "{name}{{subscription=\"{}\"}} {}", r.0, pick(r));
             }
         }
+        let _ = writeln!(out, "# HELP meshd_streams_open Open streams (SSE and WebSocket).\n# TYPE meshd_streams_open gauge\nmeshd_streams_open {}", self.streams.open());
+        let _ = writeln!(out, "# HELP meshd_stream_leased_deliveries Deliveries leased to open streams and not yet acked, nacked or timed out.\n# TYPE meshd_stream_leased_deliveries gauge\nmeshd_stream_leased_deliveries {}", self.streams.leased());
         let _ = writeln!(out, "# HELP meshd_dispatch_failed_partitions Partitions stopped after a store write failed.\n# TYPE meshd_dispatch_failed_partitions gauge\nmeshd_dispatch_failed_partitions {}", self.failures().len());
         let _ = writeln!(out, "# HELP meshd_log_ownership Whether this instance holds its log's ownership in Meta (needed to write dead letters).\n# TYPE meshd_log_ownership gauge\nmeshd_log_ownership {}", u8::from(self.holds_ownership()));
         let _ = writeln!(out, "# HELP meshd_recovered Whether boot recovery of delivery state is done.\n# TYPE meshd_recovered gauge\nmeshd_recovered {}", u8::from(self.is_recovered()));

@@ -5,7 +5,7 @@
 //! channel, so every input of one partition is serialised without locks.
 
 use super::{Deps, Handed, RuntimeError};
-use crate::metrics::SubCounters;
+use crate::metrics::{Counted, PartCounters, SubCounters};
 use crate::runtime::PullBudget;
 use meshd_dispatch::{
     AckOutcome, Command, DeliveryRef, EventMeta, ExtendOutcome, Input, NackOutcome, PartitionCore,
@@ -202,6 +202,8 @@ pub struct PartitionTask {
     pub deps: Arc<Deps>,
     pub owner: Arc<RwLock<Option<Ownership>>>,
     pub counters: Arc<SubCounters>,
+    /// This partition's share of `counters`.
+    pub part_counters: Arc<PartCounters>,
     pub shared: Arc<Shared>,
     /// Bumped whenever this partition has something to hand out (wakes long polls).
     pub notify: watch::Sender<u64>,
@@ -828,9 +830,9 @@ impl PartitionTask {
                 Reply::Release { .. } => continue,
             };
             if list == Outcome::Acked {
-                SubCounters::add(&self.counters.acked, 1);
+                self.counters.count(&self.part_counters, Counted::Acked);
             } else if list.is_nacked() {
-                SubCounters::add(&self.counters.nacked, 1);
+                self.counters.count(&self.part_counters, Counted::Nacked);
             }
             answers.lists.push((list, id));
         }
@@ -1119,7 +1121,8 @@ impl PartitionTask {
                 match self.dead_letter(req).await {
                     Ok(created) => {
                         if created {
-                            SubCounters::add(&self.counters.dead_lettered, 1);
+                            self.counters
+                                .count(&self.part_counters, Counted::DeadLettered);
                         }
                         fx.dead_lettered.insert(offset);
                         vec![Input::DeadLettered { offset }]
@@ -1161,7 +1164,8 @@ impl PartitionTask {
                 {
                     Ok(_) => {
                         fx.dead_lettered.insert(offset);
-                        SubCounters::add(&self.counters.dead_lettered, 1);
+                        self.counters
+                            .count(&self.part_counters, Counted::DeadLettered);
                         vec![Input::RedriveSettled { offset }]
                     }
                     Err(DeadLetterError::NotFound { .. }) => vec![Input::RedriveSettled { offset }],
@@ -1364,10 +1368,8 @@ impl PartitionTask {
     }
 
     fn handed(&self, d: &meshd_dispatch::Delivery, body: Vec<u8>) -> Handed {
-        SubCounters::add(&self.counters.delivered, 1);
-        if d.attempt > 1 {
-            SubCounters::add(&self.counters.redelivered, 1);
-        }
+        self.counters
+            .count(&self.part_counters, Counted::Delivered(d.attempt > 1));
         Handed {
             delivery_id: d.delivery_id.clone(),
             partition: self.key().partition,

@@ -1,0 +1,266 @@
+//! Streaming consume and statistics (http-api.md "Streaming consume", "Subscription
+//! statistics"): `GET /v1/subscriptions/{name}/stream` as Server-Sent Events, and
+//! `GET /v1/subscriptions/{name}/stats`.
+//!
+//! A stream holds a long-poll slot (`--max-long-polls`) for its whole life, so the
+//! overload rules bound streams as they bound waiting pulls. While nothing is handed
+//! out it writes a keep-alive comment every 15 s (sooner when `--idle-timeout-ms` is
+//! shorter), and those writes keep its connection from counting as idle; a reader
+//! that stops reading stops the writes, so its connection is closed by the idle timer
+//! like any other that makes no progress. A stream ends at once at a graceful stop.
+//! An error after the stream began (a fail-stopped store, a deleted subscription) is
+//! sent as `event: problem` with the problem+json document, and the stream ends.
+
+use super::consume::{delivery_json, runtime_problem, session_binding};
+use super::{valid_name_or_400, Api};
+use crate::problem::Problem;
+use crate::runtime::stats::PartitionView;
+use crate::runtime::stream::{Stream, StreamItem};
+use crate::runtime::{Reach, RuntimeError};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// `max_in_flight` of a stream: 1–10000, default 100.
+pub const MAX_IN_FLIGHT: std::ops::RangeInclusive<u64> = 1..=10_000;
+pub const DEFAULT_MAX_IN_FLIGHT: u64 = 100;
+/// Keep-alive comments at least this often.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// The stored bytes one step of a stream takes at most (and at least one event): a
+/// stream's memory is one such step while its reader is slow, whatever its
+/// `max_in_flight`.
+const STEP_BYTES: u64 = 1 << 20;
+/// A stream whose subscription is being restarted (a settings change) looks again
+/// after this long.
+const RESTART_PAUSE: Duration = Duration::from_millis(50);
+
+#[derive(Deserialize)]
+pub struct StreamQuery {
+    max_in_flight: Option<String>,
+    session: Option<String>,
+}
+
+/// What a stream's query asks for.
+pub struct StreamAsk {
+    pub max_in_flight: usize,
+    pub session: Option<String>,
+}
+
+pub fn parse_stream_query(
+    query: Result<Query<StreamQuery>, QueryRejection>,
+) -> Result<StreamAsk, Problem> {
+    let Query(q) = query.map_err(|e| Problem::bad_request(format!("invalid query: {e}")))?;
+    let max_in_flight = super::topics::query_number(
+        "max_in_flight",
+        q.max_in_flight.as_deref(),
+        DEFAULT_MAX_IN_FLIGHT,
+        MAX_IN_FLIGHT,
+    )? as usize;
+    if let Some(s) = &q.session {
+        if s.is_empty() || s.len() > 512 {
+            return Err(Problem::invalid_field(
+                "session",
+                "session must be a session id of 1-512 characters",
+            ));
+        }
+    }
+    Ok(StreamAsk {
+        max_in_flight,
+        session: q.session,
+    })
+}
+
+/// Whether `Accept` lists `text/event-stream` (parameters and q-values aside).
+pub fn accepts_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let media = range.split(';').next().unwrap_or("").trim();
+            media.eq_ignore_ascii_case("text/event-stream")
+        })
+}
+
+/// Whether the request asks for a WebSocket upgrade.
+pub fn is_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// Opens a stream for a handler: name, session and the long-poll slot checked, in
+/// that order, before anything is leased.
+pub async fn open(
+    api: &Arc<Api>,
+    name: &str,
+    ask: StreamAsk,
+) -> Result<(Stream, OwnedSemaphorePermit), Problem> {
+    valid_name_or_400("subscription", name)?;
+    let session = session_binding(api, ask.session).await?;
+    let slot = api.admission.long_poll()?;
+    let stream = api
+        .runtime
+        .open_stream(
+            name,
+            ask.max_in_flight,
+            api.limits.max_response_bytes.min(STEP_BYTES) as usize,
+            session,
+        )
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    Ok((stream, slot))
+}
+
+/// How long a stream may say nothing: the keep-alive period, and never as long as
+/// the idle timeout.
+pub fn keep_alive(api: &Api) -> Duration {
+    KEEP_ALIVE
+        .min(api.admission.max_wait() / 2)
+        .max(Duration::from_millis(100))
+}
+
+/// The next thing a stream has to say, or `None` when it ends (a graceful stop).
+/// A restart of the subscription (a settings change) is waited out; any other error
+/// ends the stream with its problem.
+pub async fn next_item(
+    api: &Api,
+    stream: &mut Stream,
+    idle: Duration,
+) -> Option<Result<StreamItem, Problem>> {
+    loop {
+        match stream.next(idle).await {
+            Ok(Some(item)) => return Some(Ok(item)),
+            Ok(None) => return None,
+            Err(RuntimeError::Restarting(_)) => tokio::time::sleep(RESTART_PAUSE).await,
+            Err(e) => return Some(Err(runtime_problem(e, api.meta_backend))),
+        }
+    }
+}
+
+/// `GET /v1/subscriptions/{name}/stream`: Server-Sent Events (the WebSocket form is
+/// [`super::websocket`]); 406 without `Accept: text/event-stream`.
+pub async fn stream(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    query: Result<Query<StreamQuery>, QueryRejection>,
+    req: Request,
+) -> Result<Response, Problem> {
+    let (mut parts, _) = req.into_parts();
+    if is_websocket(&parts.headers) {
+        let first_frame = parts.extensions.remove::<crate::access::FirstFrameAuth>();
+        let ws = WebSocketUpgrade::from_request_parts(&mut parts, &())
+            .await
+            .map_err(|e| Problem::bad_request(format!("WebSocket upgrade: {e}")))?;
+        return super::websocket::upgrade(api, name, query, ws, first_frame).await;
+    }
+    let headers = parts.headers;
+    if !accepts_event_stream(&headers) {
+        return Err(Problem::new(
+            StatusCode::NOT_ACCEPTABLE,
+            "not-acceptable",
+            "a stream is served as Server-Sent Events (send Accept: text/event-stream) or over a WebSocket upgrade",
+        ));
+    }
+    let ask = parse_stream_query(query)?;
+    let (stream, slot) = open(&api, &name, ask).await?;
+    let idle = keep_alive(&api);
+    let state = Sse {
+        api,
+        name,
+        stream,
+        _slot: slot,
+        opened: false,
+    };
+    let body = futures::stream::unfold(Some(state), move |state| async move {
+        let mut s = state?;
+        if !s.opened {
+            s.opened = true;
+            return Some((
+                Ok::<_, std::convert::Infallible>(Bytes::from_static(b": open\n\n")),
+                Some(s),
+            ));
+        }
+        match next_item(&s.api, &mut s.stream, idle).await {
+            None => None,
+            Some(Ok(StreamItem::Idle)) => {
+                Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(s)))
+            }
+            Some(Ok(StreamItem::Deliveries(got))) => {
+                let mut out = String::new();
+                for d in got {
+                    if let Some(item) = delivery_json(&s.api, &s.name, d) {
+                        out.push_str("event: delivery\ndata: ");
+                        out.push_str(&item);
+                        out.push_str("\n\n");
+                    }
+                }
+                if out.is_empty() {
+                    out.push_str(": keep-alive\n\n");
+                }
+                Some((Ok(Bytes::from(out)), Some(s)))
+            }
+            Some(Err(p)) => {
+                let text = format!("event: problem\ndata: {}\n\n", p.body());
+                Some((Ok(Bytes::from(text)), None))
+            }
+        }
+    });
+    let mut response = Body::from_stream(body).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Proxies such as nginx would otherwise hold the events back.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// One SSE stream's state between writes.
+struct Sse {
+    api: Arc<Api>,
+    name: String,
+    stream: Stream,
+    /// The long-poll slot, held until the stream ends.
+    _slot: OwnedSemaphorePermit,
+    opened: bool,
+}
+
+/// `GET /v1/subscriptions/{name}/stats`.
+pub async fn stats(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+) -> Result<Response, Problem> {
+    stats_with(api, name, Reach::Cluster).await
+}
+
+pub async fn stats_with(api: Arc<Api>, name: String, reach: Reach) -> Result<Response, Problem> {
+    valid_name_or_400("subscription", &name)?;
+    let views = api
+        .runtime
+        .stats(&name, reach)
+        .await
+        .map_err(|e| runtime_problem(e, api.meta_backend))?;
+    let partitions: Vec<Value> = views
+        .into_iter()
+        .map(|v| match v {
+            PartitionView::Known(s) => serde_json::to_value(s).unwrap_or(Value::Null),
+            PartitionView::Unavailable { partition, detail } => {
+                json!({"partition": partition, "available": false, "detail": detail})
+            }
+        })
+        .collect();
+    Ok(axum::Json(json!({ "subscription": name, "partitions": partitions })).into_response())
+}

@@ -1,0 +1,401 @@
+//! The WebSocket form of a stream (http-api.md "Streaming consume"): server text
+//! frames `{"deliveries":[...]}`; client frames `{"ref":..,"ack":[ids]}`,
+//! `{"ref":..,"nack":[ids],"reason":..}`, `{"ref":..,"extend":[ids],
+//! "ack_timeout_ms":n}` and `{"credit":n}`, each ack, nack or extend answered by
+//! `{"ref":..,<the lists of its HTTP answer>}` (or `{"ref":..,"problem":{...}}`).
+//! A frame that cannot be read is answered `{"ref":..,"problem":{...}}` and the
+//! stream goes on. Nothing is handed out before the client grants credit: `credit`
+//! frames add up, each hand-out uses one, and `max_in_flight` bounds the unsettled
+//! deliveries whatever the credit. With tokens configured, a WebSocket opened without an
+//! `Authorization` header sends `{"token":"..."}` first, within the header timeout.
+//!
+//! Hand-outs are made by a task of their own and passed on through a queue of one
+//! batch, so a client frame never cancels a pull half-way (which would lease events to
+//! nobody). Idle streams get a ping every keep-alive period.
+
+use super::consume::{answers_json, delivery_json, MAX_IDS, MAX_ID_LEN};
+use super::stream::{keep_alive, next_item, open, parse_stream_query, StreamQuery};
+use super::Api;
+use crate::access::FirstFrameAuth;
+use crate::problem::Problem;
+use crate::runtime::stream::{Credit, StreamItem};
+use crate::runtime::{Answers, Outcome, Reach};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::Query;
+use axum::response::Response;
+use futures::{SinkExt, StreamExt};
+use meshd_stores::deadletters::MAX_REASON_BYTES;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The largest client frame (a thousand ids of the longest length, and room).
+const MAX_FRAME_BYTES: usize = 1 << 20;
+/// `ack_timeout_ms` of an extend: the subscription range.
+const ACK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
+/// A `ref` is echoed back; it is the client's, but not unbounded.
+const MAX_REF_BYTES: usize = 256;
+/// Close codes (RFC 6455): going away (a graceful stop), policy (authentication),
+/// internal error (the stream failed).
+const CLOSE_GOING_AWAY: u16 = 1001;
+const CLOSE_POLICY: u16 = 4401;
+const CLOSE_ERROR: u16 = 1011;
+
+/// One client frame: exactly one of `ack`, `nack`, `extend`, `credit`, `token`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientFrame {
+    #[serde(rename = "ref")]
+    reference: Option<Value>,
+    ack: Option<Vec<String>>,
+    nack: Option<Vec<String>>,
+    reason: Option<String>,
+    delay_ms: Option<u64>,
+    extend: Option<Vec<String>>,
+    ack_timeout_ms: Option<u64>,
+    credit: Option<u64>,
+    token: Option<String>,
+}
+
+/// What a client frame asks for.
+#[derive(Debug, PartialEq)]
+enum Op {
+    Ack(Vec<String>),
+    Nack(Vec<String>, String),
+    Extend(Vec<String>, Option<u64>),
+    Credit(usize),
+    Token(String),
+}
+
+fn invalid(field: &str, detail: impl Into<String>) -> Problem {
+    Problem::invalid_field(field, detail)
+}
+
+fn ids(field: &str, ids: Vec<String>) -> Result<Vec<String>, Problem> {
+    if ids.len() > MAX_IDS {
+        return Err(invalid(field, format!("at most {MAX_IDS} ids per frame")));
+    }
+    if ids.iter().any(|i| i.is_empty() || i.len() > MAX_ID_LEN) {
+        return Err(invalid(field, "a delivery id is 1-512 characters"));
+    }
+    Ok(ids)
+}
+
+/// Reads one client frame: its `ref` (echoed in the answer) and what it asks for.
+fn parse_frame(text: &str) -> (Value, Result<Op, Problem>) {
+    let f: ClientFrame = match serde_json::from_str(text) {
+        Ok(f) => f,
+        Err(e) => {
+            return (
+                Value::Null,
+                Err(Problem::bad_request(format!(
+                    "a client frame is one JSON object of the documented fields: {e}"
+                ))),
+            )
+        }
+    };
+    let reference = f.reference.clone().unwrap_or(Value::Null);
+    (reference, read_op(f))
+}
+
+fn read_op(f: ClientFrame) -> Result<Op, Problem> {
+    if let Some(r) = &f.reference {
+        if !(r.is_string() || r.is_number()) || r.to_string().len() > MAX_REF_BYTES {
+            return Err(invalid(
+                "ref",
+                format!("ref is a string or number of at most {MAX_REF_BYTES} bytes"),
+            ));
+        }
+    }
+    let asked = [
+        f.ack.is_some(),
+        f.nack.is_some(),
+        f.extend.is_some(),
+        f.credit.is_some(),
+        f.token.is_some(),
+    ];
+    if asked.iter().filter(|a| **a).count() != 1 {
+        return Err(Problem::bad_request(
+            "a client frame has exactly one of ack, nack, extend, credit or token",
+        ));
+    }
+    if f.reason.is_some() && f.nack.is_none() {
+        return Err(invalid("reason", "reason goes with nack"));
+    }
+    if f.ack_timeout_ms.is_some() && f.extend.is_none() {
+        return Err(invalid("ack_timeout_ms", "ack_timeout_ms goes with extend"));
+    }
+    if f.delay_ms.is_some() {
+        return Err(invalid(
+            "delay_ms",
+            "delay_ms (a delayed retry) is not supported yet; nack without it",
+        ));
+    }
+    if let Some(a) = f.ack {
+        return Ok(Op::Ack(ids("ack", a)?));
+    }
+    if let Some(n) = f.nack {
+        let reason = f.reason.unwrap_or_else(|| "nacked".to_string());
+        if reason.len() > MAX_REASON_BYTES {
+            return Err(invalid(
+                "reason",
+                format!("reason is at most {MAX_REASON_BYTES} bytes"),
+            ));
+        }
+        return Ok(Op::Nack(ids("nack", n)?, reason));
+    }
+    if let Some(e) = f.extend {
+        if let Some(ms) = f.ack_timeout_ms {
+            if !ACK_TIMEOUT_MS.contains(&ms) {
+                return Err(invalid(
+                    "ack_timeout_ms",
+                    "ack_timeout_ms must be an integer from 100 to 600000",
+                ));
+            }
+        }
+        return Ok(Op::Extend(ids("extend", e)?, f.ack_timeout_ms));
+    }
+    if let Some(c) = f.credit {
+        if !(1..=10_000_000).contains(&c) {
+            return Err(invalid(
+                "credit",
+                "credit must be an integer from 1 to 10000000",
+            ));
+        }
+        return Ok(Op::Credit(c as usize));
+    }
+    match f.token {
+        Some(t) if !t.is_empty() && t.len() <= 4096 => Ok(Op::Token(t)),
+        _ => Err(invalid("token", "token must be 1-4096 characters")),
+    }
+}
+
+/// The upgrade: everything that can be refused with an HTTP answer is checked first
+/// (name, query, session, the long-poll slot).
+pub async fn upgrade(
+    api: Arc<Api>,
+    name: String,
+    query: Result<Query<StreamQuery>, QueryRejection>,
+    ws: WebSocketUpgrade,
+    first_frame: Option<FirstFrameAuth>,
+) -> Result<Response, Problem> {
+    let ask = parse_stream_query(query)?;
+    let (stream, slot) = open(&api, &name, ask).await?;
+    let idle = keep_alive(&api);
+    let auth_within = api.header_timeout;
+    Ok(ws
+        .max_message_size(MAX_FRAME_BYTES)
+        .max_frame_size(MAX_FRAME_BYTES)
+        .on_upgrade(move |socket| async move {
+            let _slot = slot;
+            serve(api, name, stream, socket, idle, first_frame, auth_within).await
+        }))
+}
+
+async fn close(socket: &mut futures::stream::SplitSink<WebSocket, Message>, code: u16, why: &str) {
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code,
+            reason: why.into(),
+        })))
+        .await;
+}
+
+fn problem_frame(reference: &Value, p: &Problem) -> Message {
+    Message::Text(
+        json!({"ref": reference, "problem": p.body()})
+            .to_string()
+            .into(),
+    )
+}
+
+async fn serve(
+    api: Arc<Api>,
+    name: String,
+    mut stream: crate::runtime::stream::Stream,
+    socket: WebSocket,
+    idle: Duration,
+    first_frame: Option<FirstFrameAuth>,
+    auth_within: Duration,
+) {
+    let (mut out, mut input) = socket.split();
+    if let Some(FirstFrameAuth(gate)) = first_frame {
+        let first = tokio::time::timeout(auth_within, input.next()).await;
+        let token = match first {
+            Ok(Some(Ok(Message::Text(t)))) => match parse_frame(&t) {
+                (_, Ok(Op::Token(t))) => Some(t),
+                _ => None,
+            },
+            _ => None,
+        };
+        if !token.is_some_and(|t| gate.first_frame_token(&t)) {
+            let p = Problem::unauthorized(
+                "a WebSocket without an Authorization header sends {\"token\":\"...\"} as its first frame",
+            );
+            let _ = out.send(problem_frame(&Value::Null, &p)).await;
+            close(&mut out, CLOSE_POLICY, "unauthorized").await;
+            return;
+        }
+    }
+    // Hand-outs come from their own task, one batch queued at most.
+    let credit = stream.credit_handle();
+    let (tx, mut handed) = mpsc::channel::<Option<Result<StreamItem, Problem>>>(1);
+    let producer_api = api.clone();
+    let producer = tokio::spawn(async move {
+        loop {
+            let item = next_item(&producer_api, &mut stream, idle).await;
+            let end = !matches!(item, Some(Ok(_)));
+            if tx.send(item).await.is_err() || end {
+                return;
+            }
+        }
+    });
+    loop {
+        tokio::select! {
+            item = handed.recv() => match item {
+                Some(Some(Ok(StreamItem::Deliveries(got)))) => {
+                    let items: Vec<String> = got.into_iter().filter_map(|d| delivery_json(&api, &name, d)).collect();
+                    let frame = format!("{{\"deliveries\":[{}]}}", items.join(","));
+                    if out.send(Message::Text(frame.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Some(Ok(StreamItem::Idle))) => {
+                    if out.send(Message::Ping(Default::default())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Some(Err(p))) => {
+                    let _ = out.send(problem_frame(&Value::Null, &p)).await;
+                    close(&mut out, CLOSE_ERROR, "the stream failed").await;
+                    break;
+                }
+                // A graceful stop (or the producer ended).
+                Some(None) | None => {
+                    close(&mut out, CLOSE_GOING_AWAY, "meshd is stopping").await;
+                    break;
+                }
+            },
+            frame = input.next() => match frame {
+                Some(Ok(Message::Text(t))) => {
+                    if let Some(answer) = answer(&api, &name, &credit, &t).await {
+                        if out.send(Message::Text(answer.into())).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                Some(Ok(Message::Binary(_))) => {
+                    let p = Problem::unsupported_media_type("client frames are JSON text frames");
+                    if out.send(problem_frame(&Value::Null, &p)).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+            },
+        }
+    }
+    // The stream's leases run out; what the producer pulled and did not send is due
+    // again at its deadline.
+    producer.abort();
+}
+
+/// The answer to one client frame (`None` for a credit grant).
+async fn answer(api: &Api, name: &str, credit: &Credit, text: &str) -> Option<String> {
+    let (reference, op) = parse_frame(text);
+    let result: Result<(Answers, &[Outcome]), Problem> = match op {
+        Err(p) => Err(p),
+        Ok(Op::Credit(n)) => {
+            credit.grant(n);
+            return None;
+        }
+        Ok(Op::Token(_)) => Err(invalid(
+            "token",
+            "the token frame comes first, and only when the upgrade had no Authorization header",
+        )),
+        Ok(Op::Ack(ids)) => api
+            .runtime
+            .ack(name, ids, Reach::Cluster)
+            .await
+            .map(|a| (a, &Outcome::ACK[..]))
+            .map_err(|e| super::consume::runtime_problem(e, api.meta_backend)),
+        Ok(Op::Nack(ids, reason)) => api
+            .runtime
+            .nack(name, ids, reason, Reach::Cluster)
+            .await
+            .map(|a| (a, &Outcome::NACK[..]))
+            .map_err(|e| super::consume::runtime_problem(e, api.meta_backend)),
+        Ok(Op::Extend(ids, ms)) => api
+            .runtime
+            .extend(name, ids, ms, Reach::Cluster)
+            .await
+            .map(|a| (a, &Outcome::EXTEND[..]))
+            .map_err(|e| super::consume::runtime_problem(e, api.meta_backend)),
+    };
+    Some(match result {
+        Ok((answers, lists)) => {
+            let mut v = answers_json(lists, answers);
+            if let Value::Object(m) = &mut v {
+                m.insert("ref".into(), reference);
+            }
+            v.to_string()
+        }
+        Err(p) => json!({"ref": reference, "problem": p.body()}).to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(text: &str) -> Result<Op, Problem> {
+        parse_frame(text).1
+    }
+
+    #[test]
+    fn client_frames_are_read_or_refused_with_the_field_named() {
+        assert_eq!(
+            op(r#"{"ref":"r1","ack":["a","b"]}"#).unwrap(),
+            Op::Ack(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(
+            op(r#"{"ref":2,"nack":["a"],"reason":"bad"}"#).unwrap(),
+            Op::Nack(vec!["a".into()], "bad".into())
+        );
+        assert_eq!(
+            op(r#"{"extend":["a"],"ack_timeout_ms":1000}"#).unwrap(),
+            Op::Extend(vec!["a".into()], Some(1000))
+        );
+        assert_eq!(op(r#"{"credit":5}"#).unwrap(), Op::Credit(5));
+        assert_eq!(op(r#"{"token":"t"}"#).unwrap(), Op::Token("t".into()));
+        for (bad, field) in [
+            (r#"{"ack":["a"],"nack":["b"]}"#, None),
+            (r#"{}"#, None),
+            (r#"{"credit":0}"#, Some("credit")),
+            (
+                r#"{"extend":["a"],"ack_timeout_ms":5}"#,
+                Some("ack_timeout_ms"),
+            ),
+            (r#"{"ack":[""]}"#, Some("ack")),
+            (r#"{"ack":["a"],"reason":"x"}"#, Some("reason")),
+            (r#"{"nack":["a"],"delay_ms":10}"#, Some("delay_ms")),
+            (r#"{"ref":{"x":1},"ack":["a"]}"#, Some("ref")),
+            (r#"{"ack":["a"],"other":1}"#, None),
+            (r#"not json"#, None),
+        ] {
+            let p = op(bad).unwrap_err();
+            assert_eq!(p.status, axum::http::StatusCode::BAD_REQUEST, "{bad}");
+            if let Some(field) = field {
+                assert_eq!(p.extra.get("field"), Some(&Value::from(field)), "{bad}");
+            }
+        }
+        // The ref is echoed even when the frame is refused.
+        assert_eq!(
+            parse_frame(r#"{"ref":"r9","credit":0}"#).0,
+            Value::from("r9")
+        );
+    }
+}
