@@ -1052,3 +1052,146 @@ async fn given_an_owner_sigtermed_then_its_partitions_move_at_once_without_dupli
     assert_eq!(set(&r["acked"]).len(), held.len(), "{r}");
     let _ = ack(&c.addr(other), "s", &ids(&again)).await;
 }
+
+/// Reads `stream` until every id of `want` was delivered (acking each on `a`
+/// through the public route, which forwards to the owner); returns the partitions
+/// the deliveries came from.
+async fn stream_until(
+    stream: &mut meshd_client::EventStream,
+    c: &meshd_client::Client,
+    want: &BTreeSet<String>,
+    got: &mut BTreeSet<String>,
+) -> BTreeSet<u32> {
+    let mut partitions = BTreeSet::new();
+    let start = Instant::now();
+    while !want.is_subset(got) {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the stream did not deliver {:?}",
+            want.difference(got).collect::<Vec<_>>()
+        );
+        let d = tokio::time::timeout(DEADLINE, stream.next())
+            .await
+            .expect("a delivery within the deadline")
+            .expect("the stream goes on")
+            .expect("the stream is not ended");
+        partitions.insert(d.partition);
+        got.insert(d.event["id"].as_str().unwrap().to_string());
+        // An ack may be `unknown` when the partition moved since the hand-out; the
+        // event then comes again (at least once), which this loop accepts.
+        c.ack("s", &[d.delivery_id]).await.unwrap();
+    }
+    partitions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_stream_on_one_instance_then_it_gets_every_partition_and_keeps_going_when_an_owner_is_sigkilled(
+) {
+    let mut c = Cluster::start(3).await;
+    let a0 = c.addr(0);
+    create_topic(&a0, "t", 6).await;
+    create_subscription(
+        &a0,
+        "s",
+        json!({"topic": "t", "start": "earliest", "ack_timeout_ms": 5000}),
+    )
+    .await;
+    let members: BTreeSet<String> = c.ids.iter().cloned().collect();
+    let o = all_owned_by(&a0, "t", 6, &members, DEADLINE).await;
+    assert!(
+        o.values().any(|(owner, _)| owner != &c.ids[0]),
+        "some partitions are owned elsewhere, so the stream needs other owners: {o:?}"
+    );
+    // A waiting pull with nothing to deliver holds one long poll at each other owner
+    // instead of asking them again every few hundred milliseconds.
+    let forwarded = |a: String| async move {
+        metric(&a, "meshd_forwarded_pulls_total{wait=\"no\"}")
+            .await
+            .unwrap()
+            + metric(&a, "meshd_forwarded_pulls_total{wait=\"long\"}")
+                .await
+                .unwrap()
+    };
+    let before = forwarded(a0.clone()).await;
+    let idle = pull(&a0, "s", &json!({"wait_ms": 3000})).await.unwrap();
+    assert!(idle.is_empty(), "{idle:?}");
+    let asked = forwarded(a0.clone()).await - before;
+    assert!(
+        (1.0..=6.0).contains(&asked),
+        "a 3 s wait forwarded {asked} pulls (one round, and a long poll per owner)"
+    );
+    let client = meshd_client::Client::connect(&format!("http://{a0}")).unwrap();
+    let mut stream = client
+        .stream("s", &meshd_client::StreamOptions::default())
+        .await
+        .unwrap();
+    let mut want = BTreeSet::new();
+    for i in 0..30 {
+        let id = format!("a{i}");
+        publish(&a0, "t", &event(&id)).await.unwrap();
+        want.insert(id);
+    }
+    let mut got = BTreeSet::new();
+    let partitions = stream_until(&mut stream, &client, &want, &mut got).await;
+    assert_eq!(
+        partitions.len(),
+        6,
+        "every partition through one stream: {partitions:?}"
+    );
+
+    // SIGKILL another owner: its partitions move, and the same stream goes on.
+    let victim = o
+        .values()
+        .map(|(owner, _)| c.index_of(owner))
+        .find(|i| *i != 0)
+        .unwrap();
+    c.kill(victim);
+    for i in 0..30 {
+        let id = format!("b{i}");
+        wait_until(DEADLINE, "a publish is stored", || {
+            let (a0, id) = (a0.clone(), id.clone());
+            async move { publish(&a0, "t", &event(&id)).await.map(|_| ()) }
+        })
+        .await
+        .unwrap();
+        want.insert(id);
+    }
+    let partitions = stream_until(&mut stream, &client, &want, &mut got).await;
+    assert!(!partitions.is_empty());
+    let live: BTreeSet<String> = c.live().into_iter().map(|i| c.ids[i].clone()).collect();
+    all_owned_by(&a0, "t", 6, &live, DEADLINE).await;
+    // The statistics on instance 0 cover every partition, each answered by its owner,
+    // and show everything acked. Meanwhile the stream is read on: what a takeover
+    // delivers again (acked after the last checkpoint) is acked too.
+    let start = Instant::now();
+    loop {
+        let v = get(&a0, "/v1/subscriptions/s/stats")
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+        let parts = v["partitions"].as_array().cloned().unwrap_or_default();
+        let done = parts.len() == 6
+            && parts.iter().all(|p| {
+                p["owner"].as_str().is_some_and(|o| live.contains(o))
+                    && p["committed"] == p["end_offset"]
+                    && p["in_flight"] == 0
+            });
+        if done {
+            let ends: u64 = parts
+                .iter()
+                .map(|p| p["end_offset"].as_u64().unwrap())
+                .sum();
+            assert_eq!(ends, 60, "{v}");
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "stats never showed every partition at its end: {v}"
+        );
+        if let Ok(d) = tokio::time::timeout(Duration::from_millis(200), stream.next()).await {
+            let d = d.unwrap().unwrap();
+            client.ack("s", &[d.delivery_id]).await.unwrap();
+        }
+    }
+}

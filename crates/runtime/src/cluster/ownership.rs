@@ -252,6 +252,16 @@ pub struct Directory {
 }
 
 impl Directory {
+    /// Who holds each partition of `topic` (and where they listen): what a waiting
+    /// pull of that topic depends on.
+    pub fn topic_view(&self, topic: &str) -> Vec<(u32, String, Option<&String>)> {
+        self.holders
+            .iter()
+            .filter(|((t, _), _)| t == topic)
+            .map(|((_, p), h)| (*p, h.clone(), self.addrs.get(h)))
+            .collect()
+    }
+
     /// The other instances holding partitions of `topic`, with their addresses.
     pub fn peers_for(&self, topic: &str, me: &str) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();

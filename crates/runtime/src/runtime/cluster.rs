@@ -50,8 +50,6 @@ pub struct ClusterDeps {
 
 /// How long a call to another instance may take (a forwarded pull asks with no wait).
 pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often a waiting pull asks the other owners again.
-const PEER_POLL: Duration = Duration::from_millis(200);
 
 /// How long a forwarded pull's hand-outs can be released by the instance that asked
 /// (well past its [`PEER_TIMEOUT`]); after that their leases run out as usual.
@@ -291,8 +289,14 @@ impl Runtime {
     }
 
     /// Cluster mode: a pull takes what this instance's partitions have, then asks the
-    /// owners of the others (internal route, no wait) for what is left of its budget,
-    /// until the budget is used or the wait is over.
+    /// owners of the others (internal route, no wait) for what is left of its budget.
+    /// When that finds nothing and the pull may wait, it waits on every source at
+    /// once: this instance's partitions, and a forwarded long poll at each other
+    /// owner, which answers as soon as its partitions have something. The first
+    /// source with deliveries answers the pull; the long polls still open are given
+    /// up and released by their forward ids (what they handed out meanwhile is due
+    /// again at once, the attempt not counted). A change of owners starts the round
+    /// again, so a partition that moved or lost its owner is asked where it is now.
     pub(super) async fn pull_cluster(
         &self,
         name: &str,
@@ -308,38 +312,151 @@ impl Runtime {
             let sub = self.running_now(name)?;
             let mut woken = sub.notify.subscribe();
             woken.borrow_and_update();
+            let mut owners = cluster.directory.clone();
+            owners.borrow_and_update();
             let mut got = self
                 .pull_running(name, budget, Duration::ZERO, session.clone())
                 .await?;
-            let peers = cluster
-                .directory
+            let peers = owners
                 .borrow()
                 .peers_for(&sub.sub.spec.topic, &self.deps.instance_id);
-            for (peer, addr) in peers {
+            for (peer, addr) in &peers {
                 let Some(left) = budget.after(&got) else {
                     break;
                 };
                 match self
-                    .forward_pull(&addr, name, left, session.as_ref(), &cluster.peers)
+                    .forward_pull(
+                        addr,
+                        name,
+                        left,
+                        session.as_ref(),
+                        Duration::ZERO,
+                        forward_id(),
+                    )
                     .await
                 {
                     Ok(mut d) => got.append(&mut d),
-                    Err(e) => {
-                        self.deps.metrics.store_error(
-                            "owners",
-                            meshd_meta::Backend::Http,
-                            "forward_failed",
-                        );
-                        tracing::warn!(store = "owners", peer = %peer, subscription = %name, error = %e, "a forwarded pull failed; that instance's partitions are asked again at the next pull");
-                    }
+                    Err(e) => self.forward_failed(peer, name, &e),
                 }
             }
             if !got.is_empty() || tokio::time::Instant::now() >= deadline || self.is_stopping() {
                 return Ok(got);
             }
-            let step = deadline.min(tokio::time::Instant::now() + PEER_POLL);
-            self.wait_for_more(step, &mut woken).await;
+            if let Some(got) = self
+                .wait_on_owners(
+                    name,
+                    &sub.sub.spec.topic,
+                    budget,
+                    deadline,
+                    session.as_ref(),
+                    &mut woken,
+                    &mut owners,
+                )
+                .await?
+            {
+                return Ok(got);
+            }
         }
+    }
+
+    fn forward_failed(&self, peer: &str, name: &str, e: &RuntimeError) {
+        self.deps
+            .metrics
+            .store_error("owners", meshd_meta::Backend::Http, "forward_failed");
+        tracing::warn!(store = "owners", peer = %peer, subscription = %name, error = %e, "a forwarded pull failed; that instance's partitions are asked again at the next pull");
+    }
+
+    /// The waiting half of [`Runtime::pull_cluster`]: `Some` with deliveries (or
+    /// empty once the deadline passed or meshd is stopping), `None` when the owners
+    /// changed and the round starts again.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_on_owners(
+        &self,
+        name: &str,
+        topic: &str,
+        budget: super::PullBudget,
+        deadline: tokio::time::Instant,
+        session: Option<&SessionBinding>,
+        woken: &mut watch::Receiver<u64>,
+        owners: &mut watch::Receiver<Arc<Directory>>,
+    ) -> Result<Option<Vec<Handed>>, RuntimeError> {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+        // The owners this round asks, and the view it was built from, at once.
+        let (view, peers) = {
+            let d = owners.borrow_and_update();
+            let view = d
+                .topic_view(topic)
+                .iter()
+                .map(|(p, h, a)| (*p, h.clone(), a.cloned()))
+                .collect::<Vec<_>>();
+            (view, d.peers_for(topic, &self.deps.instance_id))
+        };
+        // Every peer's long poll, with its forward id (to give it up).
+        let mut open: Vec<(String, String)> = Vec::new();
+        let mut polls = FuturesUnordered::new();
+        for (peer, addr) in &peers {
+            let id = forward_id();
+            open.push((addr.clone(), id.clone()));
+            let (peer, addr) = (peer.clone(), addr.clone());
+            polls.push(async move {
+                let r = self
+                    .forward_pull(&addr, name, budget, session, wait, id.clone())
+                    .await;
+                (peer, addr, id, r)
+            });
+        }
+        let mut stopping = self.stopping.subscribe();
+        let mut answer: Option<Vec<Handed>> = None;
+        loop {
+            if *stopping.borrow_and_update() {
+                answer = Some(Vec::new());
+                break;
+            }
+            tokio::select! {
+                Some((peer, addr, id, r)) = polls.next(), if !polls.is_empty() => {
+                    open.retain(|(a, i)| !(*a == addr && *i == id));
+                    match r {
+                        Ok(d) if !d.is_empty() => {
+                            answer = Some(d);
+                            break;
+                        }
+                        // Its wait ended empty: nothing there until the deadline.
+                        Ok(_) => {}
+                        Err(e) => self.forward_failed(&peer, name, &e),
+                    }
+                }
+                _ = woken.changed() => {
+                    // Something became ready here: taken without waiting (a pull
+                    // that is never cancelled half-way).
+                    let d = self.pull_running(name, budget, Duration::ZERO, session.cloned()).await?;
+                    if !d.is_empty() {
+                        answer = Some(d);
+                        break;
+                    }
+                }
+                r = owners.changed() => {
+                    // The directory is published after every look at Meta; only a
+                    // change of this topic's owners (or their addresses) matters.
+                    let now = owners.borrow_and_update().topic_view(topic).iter().map(|(p, h, a)| (*p, h.clone(), a.cloned())).collect::<Vec<_>>();
+                    if r.is_ok() && now != view {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    answer = Some(Vec::new());
+                    break;
+                }
+                _ = stopping.changed() => {}
+            }
+        }
+        drop(polls);
+        // Long polls given up: whatever they hand out is released by their owner.
+        for (addr, id) in open {
+            self.deps.metrics.forward_release();
+            self.spawn_release(&addr, name, id);
+        }
+        Ok(answer)
     }
 
     /// Asks the owner at `addr` for up to `budget` (its byte budget is what is left
@@ -352,14 +469,19 @@ impl Runtime {
         name: &str,
         budget: super::PullBudget,
         session: Option<&SessionBinding>,
-        peers: &forward::Peers,
+        wait: Duration,
+        id: String,
     ) -> Result<Vec<Handed>, RuntimeError> {
-        let id = forward_id();
+        let Some(cluster) = &self.deps.cluster else {
+            return Err(RuntimeError::Invalid("not in cluster mode".into()));
+        };
+        let peers = &cluster.peers;
+        self.deps.metrics.forwarded_pull(!wait.is_zero());
         let mut body = serde_json::json!({
             "max_events": budget.max_events,
             "max_bytes": budget.max_bytes.max(1),
             "at_least_one": budget.at_least_one,
-            "wait_ms": 0,
+            "wait_ms": wait.as_millis() as u64,
             "forward_id": id,
         });
         if let Some(s) = session {
@@ -381,7 +503,7 @@ impl Runtime {
                 addr,
                 &path,
                 body.to_string().as_bytes(),
-                PEER_TIMEOUT,
+                PEER_TIMEOUT + wait,
                 limit,
             )
             .await;
