@@ -466,3 +466,70 @@ async fn given_no_server_when_a_command_runs_then_it_exits_3() {
     let run = cli_with(&addr, true, &["session", "list"], None).await;
     assert_eq!(run.code, Some(3), "{}", run.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_published_events_when_tailed_with_ack_then_each_is_printed_once_and_stats_show_them_acked(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    cli(a, &["topic", "create", "orders", "-p", "2"]).await.ok();
+    cli(
+        a,
+        &[
+            "sub", "create", "billing", "--topic", "orders", "--start", "earliest",
+        ],
+    )
+    .await
+    .ok();
+    let events: Vec<String> = (0..4)
+        .map(|i| event(&format!("t{i}"), "order.created"))
+        .collect();
+    let mut args = vec!["publish", "orders"];
+    args.extend(events.iter().map(String::as_str));
+    cli(a, &args).await.ok();
+
+    let run = cli(a, &["tail", "billing", "--ack", "--json", "--count", "4"])
+        .await
+        .ok();
+    let mut seen: Vec<String> = run
+        .stdout
+        .lines()
+        .map(|l| {
+            let d: Value = serde_json::from_str(l).unwrap();
+            assert_eq!(d["attempt"], 1, "{d}");
+            d["event"]["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["t0", "t1", "t2", "t3"]);
+
+    let stats = cli(a, &["sub", "stats", "billing", "--json"])
+        .await
+        .ok()
+        .json();
+    let parts = stats["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 2, "{stats}");
+    let total = |k: &str| parts.iter().map(|p| p[k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(
+        (total("delivered_total"), total("acked_total")),
+        (4, 4),
+        "{stats}"
+    );
+    for p in parts {
+        assert_eq!(p["committed"], p["end_offset"], "{stats}");
+    }
+    let table = cli(a, &["sub", "stats", "billing"]).await.ok();
+    let head = table.stdout.lines().next().unwrap_or_default();
+    for col in [
+        "PARTITION",
+        "COMMITTED",
+        "END",
+        "BACKLOG",
+        "IN_FLIGHT",
+        "ACKED",
+    ] {
+        assert!(head.contains(col), "{}", table.stdout);
+    }
+    assert_eq!(table.stdout.lines().count(), 3, "{}", table.stdout);
+}
