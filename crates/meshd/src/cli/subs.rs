@@ -350,7 +350,7 @@ pub fn tail(ctx: &Ctx, a: TailArgs) -> Result<(), CliError> {
                 ))?;
             }
             if a.ack {
-                let acked = api.ack(&a.subscription, &[d.delivery_id.clone()]).await?;
+                let acked = api.ack(&a.subscription, std::slice::from_ref(&d.delivery_id)).await?;
                 if acked.acked.is_empty() {
                     note(&format!(
                         "delivery {}:{} was not acked (unknown, fenced or failed); it will be delivered again",
