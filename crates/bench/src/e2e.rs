@@ -11,6 +11,12 @@
 //! (`max_events` = batch, `wait_ms` 100: a pull whose events were taken by another
 //! worker waits for the next append instead of spinning), `POST .../ack`.
 //!
+//! Through streams (issue "Streaming consume"): each meshd worker holds an SSE stream
+//! (`max_in_flight` = batch, so a worker holds at most what a pull of its would) and
+//! acks over POST what one step of its stream brought; each JetStream worker is a
+//! member of the deliver group of one durable push consumer (explicit acks, AckSync)
+//! and acks what arrived.
+//!
 //! JetStream: a batch is published as one atomic batch (one PubAck); a durable pull
 //! consumer with explicit acks; the fetch is a
 //! `$JS.API.CONSUMER.MSG.NEXT` request for `batch` messages with `no_wait` (answered by
@@ -148,6 +154,91 @@ pub async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
             ops.push(Box::new(MeshdE2e {
                 publish: MeshdOp::new(conn, cfg.events.clone(), worker, cfg.batch),
                 pull_body: pull_body.clone(),
+                acked: 0,
+            }));
+        }
+        anyhow::Ok(ops)
+    };
+    let ops = with_stderr(&server, setup.await)?;
+    measure(&server, ops, cfg).await
+}
+
+// ---- meshd, streaming ----------------------------------------------------------------
+
+pub const MESHD_STREAM_DURABILITY: &str =
+    "as meshd-e2e (a stream's hand-out is a pull's); SSE stream, acks over POST";
+
+struct MeshdStreamE2e {
+    publish: MeshdOp,
+    stream: meshd_client::EventStream,
+    acked: u64,
+}
+
+impl MeshdStreamE2e {
+    async fn cycle(&mut self) -> Result<()> {
+        self.acked = 0;
+        self.publish.publish().await?;
+        // What the stream has: at least one delivery, then the rest of that step.
+        let first = tokio::time::timeout(FETCH_TIMEOUT, self.stream.next())
+            .await
+            .map_err(|_| anyhow!("a meshd stream brought nothing in {FETCH_TIMEOUT:?}"))??
+            .ok_or_else(|| anyhow!("the meshd stream ended"))?;
+        let mut ids = vec![first.delivery_id];
+        ids.extend(self.stream.buffered()?.into_iter().map(|d| d.delivery_id));
+        let body = serde_json::to_vec(&serde_json::json!({ "delivery_ids": ids }))?;
+        let ack = format!("/v1/subscriptions/{SUBSCRIPTION}/ack");
+        let v = self.publish.conn().post_json(&ack, &body, "an ack").await?;
+        let acked = v
+            .get("acked")
+            .and_then(|a| a.as_array())
+            .map(|a| a.len())
+            .ok_or_else(|| anyhow!("an ack answer without acked: {v}"))?;
+        if acked != ids.len() {
+            bail!(
+                "meshd acked {acked} of {} streamed deliveries: {v}",
+                ids.len()
+            );
+        }
+        self.acked = acked as u64;
+        Ok(())
+    }
+}
+
+impl Op for MeshdStreamE2e {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        self.cycle().boxed()
+    }
+
+    fn completed(&self) -> Option<u64> {
+        Some(self.acked)
+    }
+}
+
+pub async fn run_meshd_stream(cfg: &Config, binary: &Path) -> Result<Outcome> {
+    let server = procs::start_meshd_with(
+        binary,
+        &["--max-in-flight".to_string(), MAX_IN_FLIGHT.to_string()],
+    )?;
+    let addr = server.addr;
+    let setup = async {
+        meshd_with_topic(addr, cfg.partitions).await?;
+        meshd_put(
+            addr,
+            &format!("/v1/subscriptions/{SUBSCRIPTION}"),
+            &format!(r#"{{"topic":"{TOPIC}","ack_timeout_ms":60000}}"#),
+        )
+        .await?;
+        let client = meshd_client::Client::connect(&format!("http://{addr}"))?;
+        let options = meshd_client::StreamOptions {
+            max_in_flight: Some(cfg.batch as u32),
+            session: None,
+        };
+        let mut ops: Vec<Box<dyn Op>> = Vec::new();
+        for worker in 0..cfg.concurrency {
+            let conn = crate::http::Conn::connect(addr).await?;
+            ops.push(Box::new(MeshdStreamE2e {
+                publish: MeshdOp::new(conn, cfg.events.clone(), worker, cfg.batch),
+                stream: client.stream(SUBSCRIPTION, &options).await?,
                 acked: 0,
             }));
         }
@@ -299,4 +390,125 @@ mod tests {
         assert!(delivery_ids(&json(r#"{"nope":1}"#)).is_err());
         assert!(delivery_ids(&json(r#"{"deliveries":[{"id":"x"}]}"#)).is_err());
     }
+}
+
+// ---- JetStream, push consumer -----------------------------------------------------------
+
+pub const JS_PUSH_DURABILITY: &str =
+    "publish fsynced (sync_interval: always), a batch as one atomic batch; push consumer, AckSync";
+
+const PUSH_CONSUMER: &str = "PUSH";
+const PUSH_SUBJECT: &str = "bench.push";
+const PUSH_GROUP: &str = "workers";
+
+struct JsPushE2e {
+    publish: JsOp,
+    messages: async_nats::Subscriber,
+    acked: u64,
+}
+
+impl JsPushE2e {
+    async fn cycle(&mut self) -> Result<()> {
+        self.acked = 0;
+        self.publish.publish().await?;
+        let first = tokio::time::timeout(FETCH_TIMEOUT, self.messages.next())
+            .await
+            .map_err(|_| anyhow!("the push consumer delivered nothing in {FETCH_TIMEOUT:?}"))?
+            .ok_or_else(|| anyhow!("the push subscription ended"))?;
+        let mut replies = Vec::with_capacity(self.publish.batch);
+        // Flow-control and heartbeat messages carry a status and no ack subject.
+        let ack_subject = |m: async_nats::Message| m.status.is_none().then_some(m.reply).flatten();
+        replies.extend(ack_subject(first));
+        // And what else already arrived, up to a batch.
+        while replies.len() < self.publish.batch {
+            match self.messages.next().now_or_never() {
+                Some(Some(m)) => replies.extend(ack_subject(m)),
+                _ => break,
+            }
+        }
+        let client = self.publish.client.clone();
+        let acks = join_all(replies.iter().map(|reply| {
+            let client = &client;
+            async move {
+                client
+                    .request(reply.clone(), Bytes::from_static(b"+ACK"))
+                    .await
+                    .context("AckSync")
+            }
+        }))
+        .await;
+        for a in acks {
+            a?;
+        }
+        self.acked = replies.len() as u64;
+        Ok(())
+    }
+}
+
+impl Op for JsPushE2e {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        self.cycle().boxed()
+    }
+
+    fn completed(&self) -> Option<u64> {
+        Some(self.acked)
+    }
+}
+
+pub async fn run_jetstream_push(cfg: &Config, binary: &Path) -> Result<Outcome> {
+    let server = procs::start_nats(binary, JsSync::Always)?;
+    let url = format!("nats://{}", server.addr);
+    let setup = async {
+        let client = js_connect_with_stream(&url).await?;
+        let mut ops: Vec<Box<dyn Op>> = Vec::new();
+        let mut subs = Vec::new();
+        for _ in 0..cfg.concurrency {
+            subs.push(
+                client
+                    .queue_subscribe(PUSH_SUBJECT, PUSH_GROUP.into())
+                    .await
+                    .map_err(|e| anyhow!("subscribing to the push subject: {e}"))?,
+            );
+        }
+        // A durable push consumer delivering to the workers' queue group, explicit
+        // acks, the same ack wait and in-flight cap as the pull consumer.
+        let consumer = serde_json::json!({
+            "stream_name": "BENCH",
+            "config": {
+                "durable_name": PUSH_CONSUMER,
+                "deliver_subject": PUSH_SUBJECT,
+                "deliver_group": PUSH_GROUP,
+                "ack_policy": "explicit",
+                "deliver_policy": "all",
+                "ack_wait": 60_000_000_000u64,
+                "max_ack_pending": MAX_IN_FLIGHT,
+            },
+        });
+        js_request(
+            &client,
+            format!("$JS.API.CONSUMER.CREATE.BENCH.{PUSH_CONSUMER}"),
+            Bytes::from(serde_json::to_vec(&consumer)?),
+            "creating the push consumer",
+        )
+        .await?;
+        for (worker, messages) in subs.into_iter().enumerate() {
+            ops.push(Box::new(JsPushE2e {
+                publish: JsOp {
+                    client: client.clone(),
+                    events: cfg.events.clone(),
+                    worker,
+                    seq: 0,
+                    batch: cfg.batch,
+                    atomic: true,
+                },
+                messages,
+                acked: 0,
+            }));
+        }
+        anyhow::Ok((client, ops))
+    };
+    let (client, ops) = with_stderr(&server, setup.await)?;
+    let outcome = measure(&server, ops, cfg).await;
+    drop(client);
+    outcome
 }

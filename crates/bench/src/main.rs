@@ -194,7 +194,13 @@ fn main() -> Result<()> {
     };
     let e2e = match scenario {
         Scenario::E2e | Scenario::All => {
-            vec![System::E2eMeshd, System::E2eJsAlways, System::E2eJsDefault]
+            vec![
+                System::E2eMeshd,
+                System::E2eMeshdStream,
+                System::E2eJsAlways,
+                System::E2eJsPush,
+                System::E2eJsDefault,
+            ]
         }
         _ => vec![],
     };

@@ -209,6 +209,9 @@ impl Report {
             ("meshd", "rocksdb"),
             ("meshd-e2e", "jetstream-e2e"),
             ("meshd-e2e", "jetstream-relaxed-e2e"),
+            ("meshd-stream-e2e", "jetstream-e2e"),
+            ("meshd-stream-e2e", "jetstream-push-e2e"),
+            ("meshd-stream-e2e", "meshd-e2e"),
             ("meshd-etcd/cas", "raw-etcd/cas"),
             ("meshd-etcd/fenced", "raw-etcd/fenced"),
         ];

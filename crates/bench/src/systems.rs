@@ -30,6 +30,10 @@ pub enum System {
     E2eMeshd,
     E2eJsAlways,
     E2eJsDefault,
+    /// Scenario 2 through streams: meshd's SSE stream (acks over POST), and a
+    /// JetStream push consumer at equal durability.
+    E2eMeshdStream,
+    E2eJsPush,
     /// Scenario 4: one Meta write through one path.
     Meta(MetaPath, MetaOp),
 }
@@ -45,6 +49,8 @@ impl System {
             System::E2eMeshd => "meshd-e2e",
             System::E2eJsAlways => "jetstream-e2e",
             System::E2eJsDefault => "jetstream-relaxed-e2e",
+            System::E2eMeshdStream => "meshd-stream-e2e",
+            System::E2eJsPush => "jetstream-push-e2e",
             System::Meta(path, op) => match (path, op) {
                 (MetaPath::MeshdEtcd, MetaOp::Cas) => "meshd-etcd/cas",
                 (MetaPath::RawEtcd, MetaOp::Cas) => "raw-etcd/cas",
@@ -60,7 +66,11 @@ impl System {
         match self {
             System::Rocksdb => "engine",
             System::Meta(..) => "meta",
-            System::E2eMeshd | System::E2eJsAlways | System::E2eJsDefault => "e2e",
+            System::E2eMeshd
+            | System::E2eJsAlways
+            | System::E2eJsDefault
+            | System::E2eMeshdStream
+            | System::E2eJsPush => "e2e",
             _ => "publish",
         }
     }
@@ -93,6 +103,8 @@ impl System {
             System::E2eMeshd => crate::e2e::MESHD_DURABILITY,
             System::E2eJsAlways => crate::e2e::js_durability(JsSync::Always),
             System::E2eJsDefault => crate::e2e::js_durability(JsSync::Default),
+            System::E2eMeshdStream => crate::e2e::MESHD_STREAM_DURABILITY,
+            System::E2eJsPush => crate::e2e::JS_PUSH_DURABILITY,
             System::Meta(MetaPath::MeshdEmbedded, _) => crate::meta::EMBEDDED_DURABILITY,
             System::Meta(..) => crate::meta::ETCD_DURABILITY,
         }
@@ -171,6 +183,11 @@ pub async fn run(
             run_jetstream(cfg, nats, sync, system == System::JsAtomic).await
         }
         System::E2eMeshd => crate::e2e::run_meshd(cfg, meshd).await,
+        System::E2eMeshdStream => crate::e2e::run_meshd_stream(cfg, meshd).await,
+        System::E2eJsPush => {
+            let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
+            crate::e2e::run_jetstream_push(cfg, nats).await
+        }
         System::E2eJsAlways | System::E2eJsDefault => {
             let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
             let sync = if system == System::E2eJsAlways {

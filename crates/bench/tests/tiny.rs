@@ -74,6 +74,8 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
         ("e2e", "meshd-e2e"),
         ("e2e", "jetstream-e2e"),
         ("e2e", "jetstream-relaxed-e2e"),
+        ("e2e", "meshd-stream-e2e"),
+        ("e2e", "jetstream-push-e2e"),
         ("engine", "rocksdb"),
         ("meta", "meshd-etcd/cas"),
         ("meta", "raw-etcd/cas"),
@@ -99,6 +101,17 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
             .any(|r| r["numerator"] == "meshd" && r["denominator"] == "rocksdb"),
         "meshd as a fraction of the engine: {ratios:#?}"
     );
+    for (num, den) in [
+        ("meshd-stream-e2e", "jetstream-e2e"),
+        ("meshd-stream-e2e", "jetstream-push-e2e"),
+    ] {
+        assert!(
+            ratios
+                .iter()
+                .any(|r| r["numerator"] == num && r["denominator"] == den),
+            "the streaming ratio {num} / {den}: {ratios:#?}"
+        );
+    }
     for (num, den) in [
         ("meshd-etcd/cas", "raw-etcd/cas"),
         ("meshd-etcd/fenced", "raw-etcd/fenced"),

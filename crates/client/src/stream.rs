@@ -113,6 +113,26 @@ impl EventStream {
         }
     }
 
+    /// Deliveries that already arrived (parsed from what was read), without waiting:
+    /// after [`EventStream::next`], the rest of the same step, to ack together.
+    pub fn buffered(&mut self) -> Result<Vec<Delivery>, Error> {
+        let mut out = Vec::new();
+        while let Some(e) = self.ready.front() {
+            if e.event != "delivery" {
+                break;
+            }
+            let Some(e) = self.ready.pop_front() else {
+                break;
+            };
+            out.push(serde_json::from_str(&e.data).map_err(|err| {
+                Error::Malformed(format!(
+                    "a streamed delivery is not the JSON expected ({err})"
+                ))
+            })?);
+        }
+        Ok(out)
+    }
+
     /// The next delivery; `None` when meshd ended the stream (a graceful stop).
     /// A problem meshd sent before ending it is [`Error::Api`]; silence for
     /// [`STREAM_IDLE`] is [`Error::Lost`].

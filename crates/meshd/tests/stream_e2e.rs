@@ -602,3 +602,62 @@ fn current_rss(pid: u32) -> u64 {
         .map(|kb| kb * 1024)
         .expect("VmRSS")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_outlives_the_idle_timeout_by_its_keep_alives_and_streams_take_long_poll_slots(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MeshdProcess::start(
+        bin(),
+        dir.path(),
+        &["--idle-timeout-ms", "1000", "--max-long-polls", "1"],
+    )
+    .await
+    .unwrap();
+    let a = m.addr();
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "s", json!({"topic": "t"})).await;
+    let c = client(a);
+    let mut stream = c.stream("s", &StreamOptions::default()).await.unwrap();
+    // The one long-poll slot is the stream's: a second stream, and a waiting pull,
+    // are refused with 429 and Retry-After.
+    let sse = [("Accept", "text/event-stream")];
+    let r = request_with(a, "GET", "/v1/subscriptions/s/stream", &sse, b"")
+        .await
+        .unwrap();
+    problem(&r, 429);
+    assert!(r.header("retry-after").is_some(), "{}", r.body);
+    let r = http::send_json(
+        a,
+        "POST",
+        "/v1/subscriptions/s/pull",
+        &json!({"wait_ms": 100}),
+    )
+    .await
+    .unwrap();
+    problem(&r, 429);
+    // Three idle timeouts with nothing to deliver: the keep-alives hold the connection.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    publish(a, "t", &event("late")).await.unwrap();
+    let d = tokio::time::timeout(DRAIN, stream.next())
+        .await
+        .unwrap()
+        .expect("the stream is still open")
+        .unwrap();
+    assert_eq!(d.event["id"], "late");
+    // The slot comes back when the stream ends.
+    drop(stream);
+    wait_until(DRAIN, "the stream's slot is free", || async move {
+        let r = http::send_json(
+            a,
+            "POST",
+            "/v1/subscriptions/s/pull",
+            &json!({"wait_ms": 1}),
+        )
+        .await?;
+        anyhow::ensure!(r.status == 200, "{} {}", r.status, r.body);
+        Ok(())
+    })
+    .await
+    .unwrap();
+}
