@@ -41,6 +41,7 @@ const SUBSCRIPTION: &str = "bench-e2e";
 const CONSUMER: &str = "E2E";
 /// How long a meshd pull waits for an event when none is there yet.
 const PULL_WAIT_MS: u64 = 100;
+const PULL_WAIT: Duration = Duration::from_millis(PULL_WAIT_MS);
 /// How long a JetStream fetch may take before the bench calls it stuck.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Unacked deliveries allowed per subscription (meshd's `--max-in-flight`, JetStream's
@@ -178,13 +179,24 @@ impl MeshdStreamE2e {
     async fn cycle(&mut self) -> Result<()> {
         self.acked = 0;
         self.publish.publish().await?;
-        // What the stream has: at least one delivery, then the rest of that step.
-        let first = tokio::time::timeout(FETCH_TIMEOUT, self.stream.next())
-            .await
-            .map_err(|_| anyhow!("a meshd stream brought nothing in {FETCH_TIMEOUT:?}"))??
-            .ok_or_else(|| anyhow!("the meshd stream ended"))?;
-        let mut ids = vec![first.delivery_id];
-        ids.extend(self.stream.buffered()?.into_iter().map(|d| d.delivery_id));
+        // Up to a batch from the stream, as a pull takes up to `max_events`: what
+        // arrived, and what arrives within PULL_WAIT_MS of the start of this read
+        // (this worker's events may have gone to another worker's stream, one that
+        // has stopped at the end of a run: then it acks what it has).
+        let until = tokio::time::Instant::now() + PULL_WAIT;
+        let batch = self.publish.batch();
+        let mut ids = Vec::with_capacity(batch);
+        while ids.len() < batch {
+            let Ok(d) = tokio::time::timeout_at(until, self.stream.next()).await else {
+                break;
+            };
+            let d = d?.ok_or_else(|| anyhow!("the meshd stream ended"))?;
+            ids.push(d.delivery_id);
+            ids.extend(self.stream.buffered()?.into_iter().map(|d| d.delivery_id));
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
         let body = serde_json::to_vec(&serde_json::json!({ "delivery_ids": ids }))?;
         let ack = format!("/v1/subscriptions/{SUBSCRIPTION}/ack");
         let v = self.publish.conn().post_json(&ack, &body, "an ack").await?;
@@ -373,25 +385,6 @@ pub async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync) -> Result<
     outcome
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn delivery_ids_of_a_pull_answer() {
-        let json = |b: &str| serde_json::from_str::<serde_json::Value>(b).unwrap();
-        let body = json(
-            r#"{"deliveries":[{"delivery_id":"a","partition":0,"offset":1,"attempt":1,"event":{}},{"delivery_id":"b"}]}"#,
-        );
-        assert_eq!(delivery_ids(&body).unwrap(), vec!["a", "b"]);
-        assert!(delivery_ids(&json(r#"{"deliveries":[]}"#))
-            .unwrap()
-            .is_empty());
-        assert!(delivery_ids(&json(r#"{"nope":1}"#)).is_err());
-        assert!(delivery_ids(&json(r#"{"deliveries":[{"id":"x"}]}"#)).is_err());
-    }
-}
-
 // ---- JetStream, push consumer -----------------------------------------------------------
 
 pub const JS_PUSH_DURABILITY: &str =
@@ -411,20 +404,23 @@ impl JsPushE2e {
     async fn cycle(&mut self) -> Result<()> {
         self.acked = 0;
         self.publish.publish().await?;
-        let first = tokio::time::timeout(FETCH_TIMEOUT, self.messages.next())
-            .await
-            .map_err(|_| anyhow!("the push consumer delivered nothing in {FETCH_TIMEOUT:?}"))?
-            .ok_or_else(|| anyhow!("the push subscription ended"))?;
+        // As for meshd's stream: up to a batch, what arrived and what arrives within
+        // PULL_WAIT_MS.
+        let until = tokio::time::Instant::now() + PULL_WAIT;
         let mut replies = Vec::with_capacity(self.publish.batch);
         // Flow-control and heartbeat messages carry a status and no ack subject.
         let ack_subject = |m: async_nats::Message| m.status.is_none().then_some(m.reply).flatten();
-        replies.extend(ack_subject(first));
-        // And what else already arrived, up to a batch.
         while replies.len() < self.publish.batch {
-            match self.messages.next().now_or_never() {
-                Some(Some(m)) => replies.extend(ack_subject(m)),
-                _ => break,
-            }
+            let m = match self.messages.next().now_or_never() {
+                Some(m) => m,
+                None => match tokio::time::timeout_at(until, self.messages.next()).await {
+                    Ok(m) => m,
+                    Err(_) => break,
+                },
+            };
+            replies.extend(ack_subject(
+                m.ok_or_else(|| anyhow!("the push subscription ended"))?,
+            ));
         }
         let client = self.publish.client.clone();
         let acks = join_all(replies.iter().map(|reply| {
@@ -511,4 +507,23 @@ pub async fn run_jetstream_push(cfg: &Config, binary: &Path) -> Result<Outcome> 
     let outcome = measure(&server, ops, cfg).await;
     drop(client);
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_ids_of_a_pull_answer() {
+        let json = |b: &str| serde_json::from_str::<serde_json::Value>(b).unwrap();
+        let body = json(
+            r#"{"deliveries":[{"delivery_id":"a","partition":0,"offset":1,"attempt":1,"event":{}},{"delivery_id":"b"}]}"#,
+        );
+        assert_eq!(delivery_ids(&body).unwrap(), vec!["a", "b"]);
+        assert!(delivery_ids(&json(r#"{"deliveries":[]}"#))
+            .unwrap()
+            .is_empty());
+        assert!(delivery_ids(&json(r#"{"nope":1}"#)).is_err());
+        assert!(delivery_ids(&json(r#"{"deliveries":[{"id":"x"}]}"#)).is_err());
+    }
 }

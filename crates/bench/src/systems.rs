@@ -242,6 +242,11 @@ impl MeshdOp {
         }
     }
 
+    /// Events per publish request.
+    pub(crate) fn batch(&self) -> usize {
+        self.batch
+    }
+
     pub(crate) fn conn(&mut self) -> &mut crate::http::Conn {
         &mut self.conn
     }

@@ -102,6 +102,8 @@ pub struct EventStream {
     answer: Streaming,
     parser: SseParser,
     ready: std::collections::VecDeque<SseEvent>,
+    /// How the body ended, when [`EventStream::buffered`] saw it first.
+    end: Option<Result<(), Error>>,
 }
 
 impl EventStream {
@@ -110,27 +112,43 @@ impl EventStream {
             answer,
             parser: SseParser::default(),
             ready: Default::default(),
+            end: None,
         }
     }
 
-    /// Deliveries that already arrived (parsed from what was read), without waiting:
-    /// after [`EventStream::next`], the rest of the same step, to ack together.
+    /// Deliveries that already arrived, without waiting: what was parsed, and what
+    /// the connection holds already. After [`EventStream::next`], the rest of what
+    /// meshd sent so far, to ack together (acking what arrived returns all of that
+    /// credit at once, so meshd's next step can be as large as `max_in_flight`).
     pub fn buffered(&mut self) -> Result<Vec<Delivery>, Error> {
+        use futures::FutureExt;
         let mut out = Vec::new();
-        while let Some(e) = self.ready.front() {
-            if e.event != "delivery" {
-                break;
+        loop {
+            while let Some(e) = self.ready.front() {
+                if e.event != "delivery" {
+                    // A problem (or another event) is for `next` to answer.
+                    return Ok(out);
+                }
+                let Some(e) = self.ready.pop_front() else {
+                    break;
+                };
+                out.push(serde_json::from_str(&e.data).map_err(|err| {
+                    Error::Malformed(format!(
+                        "a streamed delivery is not the JSON expected ({err})"
+                    ))
+                })?);
             }
-            let Some(e) = self.ready.pop_front() else {
-                break;
-            };
-            out.push(serde_json::from_str(&e.data).map_err(|err| {
-                Error::Malformed(format!(
-                    "a streamed delivery is not the JSON expected ({err})"
-                ))
-            })?);
+            if self.end.is_some() {
+                return Ok(out);
+            }
+            match self.answer.chunk(STREAM_IDLE).now_or_never() {
+                Some(Ok(Some(bytes))) => self.ready.extend(self.parser.push(&bytes)),
+                // An end or an error is for `next` to report, after these.
+                Some(Ok(None)) => self.end = Some(Ok(())),
+                Some(Err(e)) => self.end = Some(Err(e)),
+                None => return Ok(out),
+            }
         }
-        Ok(out)
     }
 
     /// The next delivery; `None` when meshd ended the stream (a graceful stop).
@@ -161,6 +179,11 @@ impl EventStream {
                     }
                     _ => {}
                 }
+            }
+            if let Some(end) = self.end.take() {
+                // Seen by `buffered`: reported once, then the stream stays ended.
+                self.end = Some(Ok(()));
+                return end.map(|()| None);
             }
             match self.answer.chunk(STREAM_IDLE).await? {
                 None => return Ok(None),
