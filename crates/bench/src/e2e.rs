@@ -260,6 +260,155 @@ pub async fn run_meshd_stream(cfg: &Config, binary: &Path) -> Result<Outcome> {
     measure(&server, ops, cfg).await
 }
 
+// ---- meshd, WebSocket with in-band acks ---------------------------------------------------
+
+pub const MESHD_WS_DURABILITY: &str =
+    "as meshd-e2e (a stream's hand-out is a pull's); WebSocket stream, acks in band";
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+struct MeshdWsE2e {
+    publish: MeshdOp,
+    ws: Ws,
+    /// Deliveries that arrived while this worker waited for an ack's answer.
+    held: Vec<String>,
+    seq: u64,
+    acked: u64,
+}
+
+/// A server frame: deliveries, or the answer to the ack with `ref`.
+fn ws_frame(text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).with_context(|| format!("a WebSocket frame: {text}"))
+}
+
+impl MeshdWsE2e {
+    async fn next_frame(
+        &mut self,
+        until: tokio::time::Instant,
+    ) -> Result<Option<serde_json::Value>> {
+        use tokio_tungstenite::tungstenite::Message;
+        loop {
+            let Ok(m) = tokio::time::timeout_at(until, self.ws.next()).await else {
+                return Ok(None);
+            };
+            match m.ok_or_else(|| anyhow!("the WebSocket closed"))?? {
+                Message::Text(t) => return ws_frame(&t).map(Some),
+                Message::Ping(_) | Message::Pong(_) => continue,
+                other => bail!("an unexpected WebSocket frame: {other:?}"),
+            }
+        }
+    }
+
+    fn take_deliveries(&mut self, frame: &serde_json::Value) -> Result<()> {
+        let ids = delivery_ids(frame)?;
+        self.held.extend(ids);
+        Ok(())
+    }
+
+    async fn cycle(&mut self) -> Result<()> {
+        use futures::SinkExt;
+        use tokio_tungstenite::tungstenite::Message;
+        self.acked = 0;
+        self.publish.publish().await?;
+        // Up to a batch, within the pull's 100 ms wait (see the SSE worker).
+        let until = tokio::time::Instant::now() + PULL_WAIT;
+        let batch = self.publish.batch();
+        while self.held.len() < batch {
+            let Some(f) = self.next_frame(until).await? else {
+                break;
+            };
+            self.take_deliveries(&f)?;
+        }
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let ids = std::mem::take(&mut self.held);
+        self.seq += 1;
+        let reference = self.seq;
+        let frame = serde_json::json!({ "ref": reference, "ack": ids }).to_string();
+        self.ws.send(Message::Text(frame.into())).await?;
+        // The answer; deliveries that come first are kept for the next cycle.
+        let deadline = tokio::time::Instant::now() + FETCH_TIMEOUT;
+        let answer = loop {
+            let f = self
+                .next_frame(deadline)
+                .await?
+                .ok_or_else(|| anyhow!("no answer to an in-band ack in {FETCH_TIMEOUT:?}"))?;
+            if f.get("ref").and_then(|r| r.as_u64()) == Some(reference) {
+                break f;
+            }
+            self.take_deliveries(&f)?;
+        };
+        let acked = answer
+            .get("acked")
+            .and_then(|a| a.as_array())
+            .map(|a| a.len())
+            .ok_or_else(|| anyhow!("an in-band ack answer without acked: {answer}"))?;
+        if acked != ids.len() {
+            bail!(
+                "meshd acked {acked} of {} deliveries in band: {answer}",
+                ids.len()
+            );
+        }
+        self.acked = acked as u64;
+        Ok(())
+    }
+}
+
+impl Op for MeshdWsE2e {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        self.cycle().boxed()
+    }
+
+    fn completed(&self) -> Option<u64> {
+        Some(self.acked)
+    }
+}
+
+pub async fn run_meshd_ws(cfg: &Config, binary: &Path) -> Result<Outcome> {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let server = procs::start_meshd_with(
+        binary,
+        &["--max-in-flight".to_string(), MAX_IN_FLIGHT.to_string()],
+    )?;
+    let addr = server.addr;
+    let setup = async {
+        meshd_with_topic(addr, cfg.partitions).await?;
+        meshd_put(
+            addr,
+            &format!("/v1/subscriptions/{SUBSCRIPTION}"),
+            &format!(r#"{{"topic":"{TOPIC}","ack_timeout_ms":60000}}"#),
+        )
+        .await?;
+        let url = format!(
+            "ws://{addr}/v1/subscriptions/{SUBSCRIPTION}/stream?max_in_flight={}",
+            cfg.batch
+        );
+        let mut ops: Vec<Box<dyn Op>> = Vec::new();
+        for worker in 0..cfg.concurrency {
+            let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
+                .await
+                .context("opening a WebSocket stream")?;
+            // Credit enough for the run: max_in_flight is the bound that matters.
+            ws.send(Message::Text(r#"{"credit":10000000}"#.into()))
+                .await?;
+            let conn = crate::http::Conn::connect(addr).await?;
+            ops.push(Box::new(MeshdWsE2e {
+                publish: MeshdOp::new(conn, cfg.events.clone(), worker, cfg.batch),
+                ws,
+                held: Vec::new(),
+                seq: 0,
+                acked: 0,
+            }));
+        }
+        anyhow::Ok(ops)
+    };
+    let ops = with_stderr(&server, setup.await)?;
+    measure(&server, ops, cfg).await
+}
+
 // ---- JetStream -----------------------------------------------------------------------
 
 struct JsE2e {

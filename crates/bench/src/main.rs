@@ -197,6 +197,7 @@ fn main() -> Result<()> {
             vec![
                 System::E2eMeshd,
                 System::E2eMeshdStream,
+                System::E2eMeshdWs,
                 System::E2eJsAlways,
                 System::E2eJsPush,
                 System::E2eJsDefault,

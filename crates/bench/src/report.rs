@@ -212,6 +212,8 @@ impl Report {
             ("meshd-stream-e2e", "jetstream-e2e"),
             ("meshd-stream-e2e", "jetstream-push-e2e"),
             ("meshd-stream-e2e", "meshd-e2e"),
+            ("meshd-ws-e2e", "jetstream-e2e"),
+            ("meshd-ws-e2e", "jetstream-push-e2e"),
             ("meshd-etcd/cas", "raw-etcd/cas"),
             ("meshd-etcd/fenced", "raw-etcd/fenced"),
         ];

@@ -34,6 +34,8 @@ pub enum System {
     /// JetStream push consumer at equal durability.
     E2eMeshdStream,
     E2eJsPush,
+    /// meshd's WebSocket stream with in-band acks.
+    E2eMeshdWs,
     /// Scenario 4: one Meta write through one path.
     Meta(MetaPath, MetaOp),
 }
@@ -50,6 +52,7 @@ impl System {
             System::E2eJsAlways => "jetstream-e2e",
             System::E2eJsDefault => "jetstream-relaxed-e2e",
             System::E2eMeshdStream => "meshd-stream-e2e",
+            System::E2eMeshdWs => "meshd-ws-e2e",
             System::E2eJsPush => "jetstream-push-e2e",
             System::Meta(path, op) => match (path, op) {
                 (MetaPath::MeshdEtcd, MetaOp::Cas) => "meshd-etcd/cas",
@@ -70,6 +73,7 @@ impl System {
             | System::E2eJsAlways
             | System::E2eJsDefault
             | System::E2eMeshdStream
+            | System::E2eMeshdWs
             | System::E2eJsPush => "e2e",
             _ => "publish",
         }
@@ -104,6 +108,7 @@ impl System {
             System::E2eJsAlways => crate::e2e::js_durability(JsSync::Always),
             System::E2eJsDefault => crate::e2e::js_durability(JsSync::Default),
             System::E2eMeshdStream => crate::e2e::MESHD_STREAM_DURABILITY,
+            System::E2eMeshdWs => crate::e2e::MESHD_WS_DURABILITY,
             System::E2eJsPush => crate::e2e::JS_PUSH_DURABILITY,
             System::Meta(MetaPath::MeshdEmbedded, _) => crate::meta::EMBEDDED_DURABILITY,
             System::Meta(..) => crate::meta::ETCD_DURABILITY,
@@ -184,6 +189,7 @@ pub async fn run(
         }
         System::E2eMeshd => crate::e2e::run_meshd(cfg, meshd).await,
         System::E2eMeshdStream => crate::e2e::run_meshd_stream(cfg, meshd).await,
+        System::E2eMeshdWs => crate::e2e::run_meshd_ws(cfg, meshd).await,
         System::E2eJsPush => {
             let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
             crate::e2e::run_jetstream_push(cfg, nats).await

@@ -75,6 +75,7 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
         ("e2e", "jetstream-e2e"),
         ("e2e", "jetstream-relaxed-e2e"),
         ("e2e", "meshd-stream-e2e"),
+        ("e2e", "meshd-ws-e2e"),
         ("e2e", "jetstream-push-e2e"),
         ("engine", "rocksdb"),
         ("meta", "meshd-etcd/cas"),
