@@ -661,3 +661,44 @@ async fn an_idle_stream_outlives_the_idle_timeout_by_its_keep_alives_and_streams
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_bound_to_a_session_is_fenced_when_the_session_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "s", json!({"topic": "t", "start": "earliest"})).await;
+    publish_n(a, "t", 2, "f").await;
+    let open = |a: String| async move {
+        let r = http::send_json(
+            &a,
+            "POST",
+            "/v1/sessions",
+            &json!({"client_id": "worker-1", "ttl_ms": 10000}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 201, "{}", r.body);
+        r.json().unwrap()["session_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let first = open(a.to_string()).await;
+    let c = client(a);
+    let opts = StreamOptions {
+        max_in_flight: Some(1),
+        session: Some(first),
+    };
+    let mut stream = c.stream("s", &opts).await.unwrap();
+    let d = stream.next().await.unwrap().unwrap();
+    // Bound to the session: acked while it is current.
+    assert_eq!(c.ack("s", &[d.delivery_id]).await.unwrap().acked.len(), 1);
+    let d = stream.next().await.unwrap().unwrap();
+    // Another process takes the client id over: the stream's deliveries are fenced.
+    open(a.to_string()).await;
+    let r = ack(a, "s", &[json!(d.delivery_id)]).await;
+    let e = r.expect_err("an ack of a fenced session's delivery is a 409");
+    assert!(e.to_string().contains("409"), "{e}");
+}
