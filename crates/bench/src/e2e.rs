@@ -133,7 +133,14 @@ impl Op for MeshdE2e {
     }
 }
 
-pub async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
+/// An end-to-end run on meshd: starts it (the subscription's in-flight cap as
+/// JetStream's), creates the topic and the subscription, gives each worker its
+/// publishing connection and what `worker` builds around it, and measures.
+async fn meshd_run<W, F>(cfg: &Config, binary: &Path, mut worker: W) -> Result<Outcome>
+where
+    W: FnMut(std::net::SocketAddr, MeshdOp) -> F,
+    F: std::future::Future<Output = Result<Box<dyn Op>>>,
+{
     let server = procs::start_meshd_with(
         binary,
         &["--max-in-flight".to_string(), MAX_IN_FLIGHT.to_string()],
@@ -147,21 +154,33 @@ pub async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
             &format!(r#"{{"topic":"{TOPIC}","ack_timeout_ms":60000}}"#),
         )
         .await?;
-        let pull_body =
-            format!(r#"{{"max_events":{},"wait_ms":{PULL_WAIT_MS}}}"#, cfg.batch).into_bytes();
         let mut ops: Vec<Box<dyn Op>> = Vec::new();
-        for worker in 0..cfg.concurrency {
+        for w in 0..cfg.concurrency {
             let conn = crate::http::Conn::connect(addr).await?;
-            ops.push(Box::new(MeshdE2e {
-                publish: MeshdOp::new(conn, cfg.events.clone(), worker, cfg.batch),
-                pull_body: pull_body.clone(),
-                acked: 0,
-            }));
+            let publish = MeshdOp::new(conn, cfg.events.clone(), w, cfg.batch);
+            ops.push(worker(addr, publish).await?);
         }
         anyhow::Ok(ops)
     };
     let ops = with_stderr(&server, setup.await)?;
     measure(&server, ops, cfg).await
+}
+
+pub async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
+    let pull_body =
+        format!(r#"{{"max_events":{},"wait_ms":{PULL_WAIT_MS}}}"#, cfg.batch).into_bytes();
+    meshd_run(cfg, binary, |_, publish| {
+        let pull_body = pull_body.clone();
+        async move {
+            let op: Box<dyn Op> = Box::new(MeshdE2e {
+                publish,
+                pull_body,
+                acked: 0,
+            });
+            Ok(op)
+        }
+    })
+    .await
 }
 
 // ---- meshd, streaming ----------------------------------------------------------------
@@ -227,37 +246,23 @@ impl Op for MeshdStreamE2e {
 }
 
 pub async fn run_meshd_stream(cfg: &Config, binary: &Path) -> Result<Outcome> {
-    let server = procs::start_meshd_with(
-        binary,
-        &["--max-in-flight".to_string(), MAX_IN_FLIGHT.to_string()],
-    )?;
-    let addr = server.addr;
-    let setup = async {
-        meshd_with_topic(addr, cfg.partitions).await?;
-        meshd_put(
-            addr,
-            &format!("/v1/subscriptions/{SUBSCRIPTION}"),
-            &format!(r#"{{"topic":"{TOPIC}","ack_timeout_ms":60000}}"#),
-        )
-        .await?;
-        let client = meshd_client::Client::connect(&format!("http://{addr}"))?;
-        let options = meshd_client::StreamOptions {
-            max_in_flight: Some(cfg.batch as u32),
-            session: None,
-        };
-        let mut ops: Vec<Box<dyn Op>> = Vec::new();
-        for worker in 0..cfg.concurrency {
-            let conn = crate::http::Conn::connect(addr).await?;
-            ops.push(Box::new(MeshdStreamE2e {
-                publish: MeshdOp::new(conn, cfg.events.clone(), worker, cfg.batch),
+    let options = meshd_client::StreamOptions {
+        max_in_flight: Some(cfg.batch as u32),
+        session: None,
+    };
+    meshd_run(cfg, binary, |addr, publish| {
+        let options = options.clone();
+        async move {
+            let client = meshd_client::Client::connect(&format!("http://{addr}"))?;
+            let op: Box<dyn Op> = Box::new(MeshdStreamE2e {
+                publish,
                 stream: client.stream(SUBSCRIPTION, &options).await?,
                 acked: 0,
-            }));
+            });
+            Ok(op)
         }
-        anyhow::Ok(ops)
-    };
-    let ops = with_stderr(&server, setup.await)?;
-    measure(&server, ops, cfg).await
+    })
+    .await
 }
 
 // ---- meshd, WebSocket with in-band acks ---------------------------------------------------
@@ -369,44 +374,26 @@ impl Op for MeshdWsE2e {
 pub async fn run_meshd_ws(cfg: &Config, binary: &Path) -> Result<Outcome> {
     use futures::SinkExt;
     use tokio_tungstenite::tungstenite::Message;
-    let server = procs::start_meshd_with(
-        binary,
-        &["--max-in-flight".to_string(), MAX_IN_FLIGHT.to_string()],
-    )?;
-    let addr = server.addr;
-    let setup = async {
-        meshd_with_topic(addr, cfg.partitions).await?;
-        meshd_put(
-            addr,
-            &format!("/v1/subscriptions/{SUBSCRIPTION}"),
-            &format!(r#"{{"topic":"{TOPIC}","ack_timeout_ms":60000}}"#),
-        )
-        .await?;
-        let url = format!(
-            "ws://{addr}/v1/subscriptions/{SUBSCRIPTION}/stream?max_in_flight={}",
-            cfg.batch
-        );
-        let mut ops: Vec<Box<dyn Op>> = Vec::new();
-        for worker in 0..cfg.concurrency {
-            let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
-                .await
-                .context("opening a WebSocket stream")?;
-            // Credit enough for the run: max_in_flight is the bound that matters.
-            ws.send(Message::Text(r#"{"credit":10000000}"#.into()))
-                .await?;
-            let conn = crate::http::Conn::connect(addr).await?;
-            ops.push(Box::new(MeshdWsE2e {
-                publish: MeshdOp::new(conn, cfg.events.clone(), worker, cfg.batch),
-                ws,
-                held: Vec::new(),
-                seq: 0,
-                acked: 0,
-            }));
-        }
-        anyhow::Ok(ops)
-    };
-    let ops = with_stderr(&server, setup.await)?;
-    measure(&server, ops, cfg).await
+    let batch = cfg.batch;
+    meshd_run(cfg, binary, |addr, publish| async move {
+        let url =
+            format!("ws://{addr}/v1/subscriptions/{SUBSCRIPTION}/stream?max_in_flight={batch}");
+        let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
+            .await
+            .context("opening a WebSocket stream")?;
+        // Credit enough for the run: max_in_flight is the bound that matters.
+        ws.send(Message::Text(r#"{"credit":10000000}"#.into()))
+            .await?;
+        let op: Box<dyn Op> = Box::new(MeshdWsE2e {
+            publish,
+            ws,
+            held: Vec::new(),
+            seq: 0,
+            acked: 0,
+        });
+        Ok(op)
+    })
+    .await
 }
 
 // ---- JetStream -----------------------------------------------------------------------

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{bin, create_subscription, create_topic, problem};
+use common::{bin, create_subscription, create_topic, current_rss, problem};
 use futures::StreamExt;
 use meshd_test_support::http::{self, request_with, send_json};
 use meshd_test_support::meshd::MeshdProcess;
@@ -276,16 +276,6 @@ fn peak_rss(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
         .expect("VmHWM")
-}
-
-fn current_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .expect("VmRSS")
 }
 
 const MIB: u64 = 1024 * 1024;

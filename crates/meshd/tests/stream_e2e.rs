@@ -593,16 +593,6 @@ async fn a_reader_that_stops_reading_holds_its_flow_control_and_no_more_memory()
     drop(sock);
 }
 
-fn current_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .expect("VmRSS")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_stream_outlives_the_idle_timeout_by_its_keep_alives_and_streams_take_long_poll_slots(
 ) {

@@ -402,3 +402,14 @@ pub fn cluster_args(
         "200".to_string(),
     ]
 }
+
+/// The resident set of a process, in bytes (`VmRSS`).
+pub fn current_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .expect("VmRSS")
+}
