@@ -692,3 +692,56 @@ async fn a_stream_bound_to_a_session_is_fenced_when_the_session_is_taken_over() 
     let e = r.expect_err("an ack of a fenced session's delivery is a 409");
     assert!(e.to_string().contains("409"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_closes_a_websocket_stream_at_once_and_its_unacked_deliveries_come_back_after_the_restart(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start(dir.path()).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(
+        &a,
+        "s",
+        json!({"topic": "t", "start": "earliest", "ack_timeout_ms": 1000}),
+    )
+    .await;
+    publish_n(&a, "t", 3, "g").await;
+    let mut ws = ws_connect(&a, "", None).await;
+    ws_send(&mut ws, json!({"credit": 3})).await;
+    let mut got = ws_deliveries(&mut ws, 3).await;
+    got.sort_by_key(|d| d["offset"].as_u64());
+    ws_send(&mut ws, json!({"ref": "a", "ack": ids_of(&got[..1])})).await;
+    let answer = ws_next(&mut ws).await;
+    assert_eq!(set(&answer["acked"]).len(), 1, "{answer}");
+    // Shown once durable (a graceful stop flushes anyway; this pins the ack).
+    wait_committed(&a, "s", 0, 1).await;
+
+    let closed = async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(f))) => return f.map(|f| u16::from(f.code)),
+                Some(Ok(_)) => continue,
+                other => panic!("the socket ended without a close frame: {other:?}"),
+            }
+        }
+    };
+    let (code, exit) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(5), closed),
+        m.terminate(Duration::from_secs(30))
+    );
+    assert_eq!(code.expect("closed within 5 s of SIGTERM"), Some(1001));
+    assert_eq!(exit.unwrap(), Some(0));
+
+    m.start_again().await.unwrap();
+    let a = m.addr().to_string();
+    let mut ws = ws_connect(&a, "", None).await;
+    ws_send(&mut ws, json!({"credit": 10})).await;
+    let mut again: Vec<(u64, u64)> = ws_deliveries(&mut ws, 2)
+        .await
+        .iter()
+        .map(|d| (d["offset"].as_u64().unwrap(), d["attempt"].as_u64().unwrap()))
+        .collect();
+    again.sort();
+    assert_eq!(again, vec![(1, 2), (2, 2)], "the unacked two, with attempt 2");
+}
