@@ -740,8 +740,17 @@ async fn a_graceful_stop_closes_a_websocket_stream_at_once_and_its_unacked_deliv
     let mut again: Vec<(u64, u64)> = ws_deliveries(&mut ws, 2)
         .await
         .iter()
-        .map(|d| (d["offset"].as_u64().unwrap(), d["attempt"].as_u64().unwrap()))
+        .map(|d| {
+            (
+                d["offset"].as_u64().unwrap(),
+                d["attempt"].as_u64().unwrap(),
+            )
+        })
         .collect();
     again.sort();
-    assert_eq!(again, vec![(1, 2), (2, 2)], "the unacked two, with attempt 2");
+    assert_eq!(
+        again,
+        vec![(1, 2), (2, 2)],
+        "the unacked two, with attempt 2"
+    );
 }
