@@ -90,6 +90,45 @@ pub fn deliveries(v: &serde_json::Value) -> Result<&Vec<serde_json::Value>> {
         .ok_or_else(|| anyhow!("a pull answer without deliveries: {v}"))
 }
 
+/// Acks `ids` over POST on the worker's connection; how many were acked (all of
+/// them, or an error: a bench worker acks within the lease).
+async fn ack_over_post(publish: &mut MeshdOp, ids: &[String]) -> Result<u64> {
+    let body = serde_json::to_vec(&serde_json::json!({ "delivery_ids": ids }))?;
+    let ack = format!("/v1/subscriptions/{SUBSCRIPTION}/ack");
+    let v = publish.conn().post_json(&ack, &body, "an ack").await?;
+    acked_all(&v, ids.len())
+}
+
+/// The `acked` count of an ack answer (over POST or in band), which must be all
+/// `sent` ids.
+fn acked_all(answer: &serde_json::Value, sent: usize) -> Result<u64> {
+    let acked = answer
+        .get("acked")
+        .and_then(|a| a.as_array())
+        .map(|a| a.len())
+        .ok_or_else(|| anyhow!("an ack answer without acked: {answer}"))?;
+    if acked != sent {
+        bail!("meshd acked {acked} of {sent} deliveries (a bench worker acks within the lease): {answer}");
+    }
+    Ok(acked as u64)
+}
+
+/// Acks JetStream messages by their reply subjects, each waiting for the server's
+/// reply (AckSync), all at once.
+async fn ack_sync(client: &async_nats::Client, replies: &[async_nats::Subject]) -> Result<()> {
+    let acks = join_all(replies.iter().map(|reply| async move {
+        client
+            .request(reply.clone(), Bytes::from_static(b"+ACK"))
+            .await
+            .context("AckSync")
+    }))
+    .await;
+    for a in acks {
+        a?;
+    }
+    Ok(())
+}
+
 impl MeshdE2e {
     async fn cycle(&mut self) -> Result<()> {
         self.acked = 0;
@@ -104,21 +143,7 @@ impl MeshdE2e {
         if ids.is_empty() {
             return Ok(());
         }
-        let body = serde_json::to_vec(&serde_json::json!({ "delivery_ids": ids }))?;
-        let ack = format!("/v1/subscriptions/{SUBSCRIPTION}/ack");
-        let v = self.publish.conn().post_json(&ack, &body, "an ack").await?;
-        let acked = v
-            .get("acked")
-            .and_then(|a| a.as_array())
-            .map(|a| a.len())
-            .ok_or_else(|| anyhow!("an ack answer without acked: {v}"))?;
-        if acked != ids.len() {
-            bail!(
-                "meshd acked {acked} of {} deliveries (a bench worker acks within the lease): {v}",
-                ids.len()
-            );
-        }
-        self.acked = acked as u64;
+        self.acked = ack_over_post(&mut self.publish, &ids).await?;
         Ok(())
     }
 }
@@ -216,21 +241,7 @@ impl MeshdStreamE2e {
         if ids.is_empty() {
             return Ok(());
         }
-        let body = serde_json::to_vec(&serde_json::json!({ "delivery_ids": ids }))?;
-        let ack = format!("/v1/subscriptions/{SUBSCRIPTION}/ack");
-        let v = self.publish.conn().post_json(&ack, &body, "an ack").await?;
-        let acked = v
-            .get("acked")
-            .and_then(|a| a.as_array())
-            .map(|a| a.len())
-            .ok_or_else(|| anyhow!("an ack answer without acked: {v}"))?;
-        if acked != ids.len() {
-            bail!(
-                "meshd acked {acked} of {} streamed deliveries: {v}",
-                ids.len()
-            );
-        }
-        self.acked = acked as u64;
+        self.acked = ack_over_post(&mut self.publish, &ids).await?;
         Ok(())
     }
 }
@@ -345,18 +356,7 @@ impl MeshdWsE2e {
             }
             self.take_deliveries(&f)?;
         };
-        let acked = answer
-            .get("acked")
-            .and_then(|a| a.as_array())
-            .map(|a| a.len())
-            .ok_or_else(|| anyhow!("an in-band ack answer without acked: {answer}"))?;
-        if acked != ids.len() {
-            bail!(
-                "meshd acked {acked} of {} deliveries in band: {answer}",
-                ids.len()
-            );
-        }
-        self.acked = acked as u64;
+        self.acked = acked_all(&answer, ids.len())?;
         Ok(())
     }
 }
@@ -435,19 +435,7 @@ impl JsE2e {
                 .ok_or_else(|| anyhow!("a consumer message without an ack subject"))?;
             replies.push(reply);
         }
-        let acks = join_all(replies.iter().map(|reply| {
-            let client = &client;
-            async move {
-                client
-                    .request(reply.clone(), Bytes::from_static(b"+ACK"))
-                    .await
-                    .context("AckSync")
-            }
-        }))
-        .await;
-        for a in acks {
-            a?;
-        }
+        ack_sync(&client, &replies).await?;
         self.acked = replies.len() as u64;
         Ok(())
     }
@@ -558,20 +546,7 @@ impl JsPushE2e {
                 m.ok_or_else(|| anyhow!("the push subscription ended"))?,
             ));
         }
-        let client = self.publish.client.clone();
-        let acks = join_all(replies.iter().map(|reply| {
-            let client = &client;
-            async move {
-                client
-                    .request(reply.clone(), Bytes::from_static(b"+ACK"))
-                    .await
-                    .context("AckSync")
-            }
-        }))
-        .await;
-        for a in acks {
-            a?;
-        }
+        ack_sync(&self.publish.client, &replies).await?;
         self.acked = replies.len() as u64;
         Ok(())
     }
