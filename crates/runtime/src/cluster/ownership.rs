@@ -254,11 +254,11 @@ pub struct Directory {
 impl Directory {
     /// Who holds each partition of `topic` (and where they listen): what a waiting
     /// pull of that topic depends on.
-    pub fn topic_view(&self, topic: &str) -> Vec<(u32, String, Option<&String>)> {
+    pub fn topic_view(&self, topic: &str) -> Vec<(u32, String, Option<String>)> {
         self.holders
             .iter()
             .filter(|((t, _), _)| t == topic)
-            .map(|((_, p), h)| (*p, h.clone(), self.addrs.get(h)))
+            .map(|((_, p), h)| (*p, h.clone(), self.addrs.get(h).cloned()))
             .collect()
     }
 

@@ -163,14 +163,19 @@ fn peer_error(peer: &str, status: u16, body: &[u8]) -> RuntimeError {
     RuntimeError::Unavailable {
         store: "owners",
         backend: Backend::Http,
-        detail: format!(
-            "instance {peer} answered {status}: {}",
-            String::from_utf8_lossy(body)
-                .chars()
-                .take(300)
-                .collect::<String>()
-        ),
+        detail: peer_refused(peer, status, body),
     }
+}
+
+/// What another instance's refusal says: its status and the start of its answer.
+pub(super) fn peer_refused(peer: &str, status: u16, body: &[u8]) -> String {
+    format!(
+        "instance {peer} answered {status}: {}",
+        String::from_utf8_lossy(body)
+            .chars()
+            .take(300)
+            .collect::<String>()
+    )
 }
 
 /// The cluster side of one partition task.
@@ -385,12 +390,10 @@ impl Runtime {
         // The owners this round asks, and the view it was built from, at once.
         let (view, peers) = {
             let d = owners.borrow_and_update();
-            let view = d
-                .topic_view(topic)
-                .iter()
-                .map(|(p, h, a)| (*p, h.clone(), a.cloned()))
-                .collect::<Vec<_>>();
-            (view, d.peers_for(topic, &self.deps.instance_id))
+            (
+                d.topic_view(topic),
+                d.peers_for(topic, &self.deps.instance_id),
+            )
         };
         // Every peer's long poll, with its forward id (to give it up).
         let mut open: Vec<(String, String)> = Vec::new();
@@ -438,8 +441,7 @@ impl Runtime {
                 r = owners.changed() => {
                     // The directory is published after every look at Meta; only a
                     // change of this topic's owners (or their addresses) matters.
-                    let now = owners.borrow_and_update().topic_view(topic).iter().map(|(p, h, a)| (*p, h.clone(), a.cloned())).collect::<Vec<_>>();
-                    if r.is_ok() && now != view {
+                    if r.is_ok() && owners.borrow_and_update().topic_view(topic) != view {
                         break;
                     }
                 }

@@ -5,7 +5,7 @@
 //! (internal route, one call per owner); a partition whose owner cannot be asked is
 //! listed as unavailable with the reason, never left out or shown as zeros.
 
-use super::cluster::PEER_TIMEOUT;
+use super::cluster::{peer_refused, PEER_TIMEOUT};
 use super::{Reach, Runtime, RuntimeError, SubRuntime};
 use meshd_meta::Backend;
 use serde::{Deserialize, Serialize};
@@ -157,13 +157,7 @@ impl Runtime {
             let got = match answer {
                 Ok((200, body)) => serde_json::from_slice::<WireStats>(&body)
                     .map_err(|e| format!("instance {addr} answered stats with {e}")),
-                Ok((status, body)) => Err(format!(
-                    "instance {addr} answered {status}: {}",
-                    String::from_utf8_lossy(&body)
-                        .chars()
-                        .take(300)
-                        .collect::<String>()
-                )),
+                Ok((status, body)) => Err(peer_refused(&addr, status, &body)),
                 Err(e) => Err(format!("instance {addr}: {e}")),
             };
             match got {
