@@ -329,7 +329,8 @@ impl Gate {
 
     /// The token check of `/v1` and `/metrics`; `None` when the request may go on.
     fn tokens(&self, req: &Request) -> Option<Response> {
-        if self.defers_to_first_frame(req) {
+        if req.extensions().get::<FirstFrameAuth>().is_some() {
+            // Marked by `gate`: the stream checks the token of its first frame.
             return None;
         }
         let tokens = self.access.as_ref()?.tokens();
