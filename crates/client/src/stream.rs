@@ -97,6 +97,15 @@ impl SseParser {
     }
 }
 
+/// The delivery an `event: delivery` carries.
+fn delivery(e: &SseEvent) -> Result<Delivery, Error> {
+    serde_json::from_str(&e.data).map_err(|err| {
+        Error::Malformed(format!(
+            "a streamed delivery is not the JSON expected ({err})"
+        ))
+    })
+}
+
 /// An open stream of deliveries.
 pub struct EventStream {
     answer: Streaming,
@@ -132,11 +141,7 @@ impl EventStream {
                 let Some(e) = self.ready.pop_front() else {
                     break;
                 };
-                out.push(serde_json::from_str(&e.data).map_err(|err| {
-                    Error::Malformed(format!(
-                        "a streamed delivery is not the JSON expected ({err})"
-                    ))
-                })?);
+                out.push(delivery(&e)?);
             }
             if self.end.is_some() {
                 return Ok(out);
@@ -158,13 +163,7 @@ impl EventStream {
         loop {
             while let Some(e) = self.ready.pop_front() {
                 match e.event.as_str() {
-                    "delivery" => {
-                        return serde_json::from_str(&e.data).map(Some).map_err(|err| {
-                            Error::Malformed(format!(
-                                "a streamed delivery is not the JSON expected ({err})"
-                            ))
-                        })
-                    }
+                    "delivery" => return delivery(&e).map(Some),
                     "problem" => {
                         let status = serde_json::from_str::<serde_json::Value>(&e.data)
                             .ok()

@@ -24,7 +24,7 @@ const MAX_EVENTS: std::ops::RangeInclusive<u64> = 1..=1000;
 const DEFAULT_MAX_EVENTS: u64 = 10;
 const WAIT_MS: std::ops::RangeInclusive<u64> = 0..=30_000;
 /// `ack_timeout_ms` of an extend: the subscription range.
-const ACK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
+pub(super) const ACK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
 /// Ids per ack, nack or extend.
 pub(super) const MAX_IDS: usize = 1000;
 /// A delivery id is far shorter; anything longer is not one.

@@ -11,7 +11,7 @@
 //! An error after the stream began (a fail-stopped store, a deleted subscription) is
 //! sent as `event: problem` with the problem+json document, and the stream ends.
 
-use super::consume::{delivery_json, runtime_problem, session_binding};
+use super::consume::{delivery_json, runtime_problem, session_binding, MAX_ID_LEN};
 use super::{valid_name_or_400, Api};
 use crate::problem::Problem;
 use crate::runtime::stats::PartitionView;
@@ -65,10 +65,10 @@ pub fn parse_stream_query(
         MAX_IN_FLIGHT,
     )? as usize;
     if let Some(s) = &q.session {
-        if s.is_empty() || s.len() > 512 {
+        if s.is_empty() || s.len() > MAX_ID_LEN {
             return Err(Problem::invalid_field(
                 "session",
-                "session must be a session id of 1-512 characters",
+                format!("session must be a session id of 1-{MAX_ID_LEN} characters"),
             ));
         }
     }

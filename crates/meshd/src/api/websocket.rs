@@ -13,7 +13,7 @@
 //! batch, so a client frame never cancels a pull half-way (which would lease events to
 //! nobody). Idle streams get a ping every keep-alive period.
 
-use super::consume::{answers_json, delivery_json, MAX_IDS, MAX_ID_LEN};
+use super::consume::{answers_json, delivery_json, ACK_TIMEOUT_MS, MAX_IDS, MAX_ID_LEN};
 use super::stream::{keep_alive, next_item, open, parse_stream_query, StreamQuery};
 use super::Api;
 use crate::access::FirstFrameAuth;
@@ -34,8 +34,6 @@ use tokio::sync::mpsc;
 
 /// The largest client frame (a thousand ids of the longest length, and room).
 const MAX_FRAME_BYTES: usize = 1 << 20;
-/// `ack_timeout_ms` of an extend: the subscription range.
-const ACK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
 /// A `ref` is echoed back; it is the client's, but not unbounded.
 const MAX_REF_BYTES: usize = 256;
 /// Close codes (RFC 6455): going away (a graceful stop), policy (authentication),
@@ -79,7 +77,10 @@ fn ids(field: &str, ids: Vec<String>) -> Result<Vec<String>, Problem> {
         return Err(invalid(field, format!("at most {MAX_IDS} ids per frame")));
     }
     if ids.iter().any(|i| i.is_empty() || i.len() > MAX_ID_LEN) {
-        return Err(invalid(field, "a delivery id is 1-512 characters"));
+        return Err(invalid(
+            field,
+            format!("a delivery id is 1-{MAX_ID_LEN} characters"),
+        ));
     }
     Ok(ids)
 }

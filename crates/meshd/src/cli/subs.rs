@@ -78,6 +78,15 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
     }
 }
 
+/// An event's data as shown: text as is, JSON compact, `data_base64` as sent.
+fn data_of(e: &Value) -> String {
+    match e.get("data").or_else(|| e.get("data_base64")) {
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+        None => "-".into(),
+    }
+}
+
 fn row_of(s: &Value) -> Vec<String> {
     let filter = match s.get("filter") {
         Some(Value::Object(f)) if !f.is_empty() => f
@@ -216,11 +225,7 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
         ]);
         for d in deliveries {
             let e = d.get("event").cloned().unwrap_or(Value::Null);
-            let data = match e.get("data").or_else(|| e.get("data_base64")) {
-                Some(Value::String(s)) => s.clone(),
-                Some(v) => v.to_string(),
-                None => "-".into(),
-            };
+            let data = data_of(&e);
             t.row(vec![
                 cell(d, &["partition"]),
                 cell(d, &["offset"]),
@@ -333,11 +338,7 @@ pub fn tail(ctx: &Ctx, a: TailArgs) -> Result<(), CliError> {
                 ctx.out.json(&serde_json::to_value(&d).unwrap_or(Value::Null))?;
             } else {
                 let e = &d.event;
-                let data = match e.get("data").or_else(|| e.get("data_base64")) {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(v) => v.to_string(),
-                    None => "-".into(),
-                };
+                let data = data_of(e);
                 ctx.out.line(&format!(
                     "{}:{} attempt {} {} {} {} {}",
                     d.partition,
