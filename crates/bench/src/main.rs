@@ -139,6 +139,11 @@ struct Args {
     /// repeat 1), so CI can show the tool still works. Overrides the size flags.
     #[arg(long)]
     tiny: bool,
+    /// Only these systems of the scenario, by the names the report prints
+    /// (comma-separated, e.g. `meshd-stream-e2e,jetstream-e2e`): for profiling one
+    /// system, or for a pair's ratio without the others' runs.
+    #[arg(long, value_delimiter = ',')]
+    systems: Vec<String>,
 }
 
 fn main() -> Result<()> {
@@ -210,22 +215,33 @@ fn main() -> Result<()> {
         _ => vec![],
     };
     let mut groups: Vec<(Vec<System>, Vec<usize>)> = Vec::new();
-    if !publish.is_empty() {
-        groups.push((publish, args.batch.clone()));
-    }
-    if !e2e.is_empty() {
-        groups.push((e2e, args.batch.clone()));
-    }
-    if !meta_systems.is_empty() {
-        groups.push((meta_systems, vec![1]));
+    for (group, batches) in [
+        (publish, args.batch.clone()),
+        (e2e, args.batch.clone()),
+        (meta_systems, vec![1]),
+    ] {
+        let group = selected(group, &args.systems);
+        if !group.is_empty() {
+            groups.push((group, batches));
+        }
     }
     let systems: Vec<System> = groups.iter().flat_map(|(s, _)| s.clone()).collect();
-    let meshd = if systems.contains(&System::Meshd) || systems.contains(&System::E2eMeshd) {
+    if let Some(unknown) = args
+        .systems
+        .iter()
+        .find(|n| !systems.iter().any(|s| s.name() == n.as_str()))
+    {
+        bail!("--systems: {unknown:?} is not a system of this scenario");
+    }
+    let meshd = if systems
+        .iter()
+        .any(|s| !matches!(s, System::Meta(..)) && s.name().starts_with("meshd"))
+    {
         procs::locate_meshd(args.meshd.as_deref())?
     } else {
         PathBuf::new()
     };
-    let nats = if systems.contains(&System::JsAlways) || systems.contains(&System::E2eJsAlways) {
+    let nats = if systems.iter().any(|s| s.name().starts_with("jetstream")) {
         Some(procs::locate_nats()?)
     } else {
         None
@@ -374,4 +390,15 @@ fn main() -> Result<()> {
         eprintln!("meshd-bench: wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The systems of `group` that `only` names (all of them when `only` is empty).
+fn selected(group: Vec<System>, only: &[String]) -> Vec<System> {
+    if only.is_empty() {
+        return group;
+    }
+    group
+        .into_iter()
+        .filter(|s| only.iter().any(|n| n == s.name()))
+        .collect()
 }
