@@ -57,6 +57,10 @@
 //!
 //! * Execute commands in the order returned, one store write after the other per
 //!   partition, and feed every result back ([`Command`] says which input answers what).
+//!   The core does not need a `PersistAttempt`'s answer before its next input: a shell
+//!   whose store applies writes in submission order (and makes a write durable only
+//!   with every earlier one) may submit attempt records, go on feeding other inputs,
+//!   and feed `AttemptPersisted` once they are durable; it hands out only then.
 //! * A pull's deliveries arrive as one `PersistAttempt` per event in the output of the
 //!   `Pull` input (count them), then one `HandOut` per `AttemptPersisted`. Long polls
 //!   are the shell's: pull again when [`PartitionCore::ready`] turns positive.

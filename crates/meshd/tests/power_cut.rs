@@ -179,8 +179,15 @@ async fn given_a_power_cut_then_every_201_and_every_ack_older_than_the_flush_int
     let r = ack(&a, "s", &ids(&first)).await.unwrap();
     assert_eq!(r["acked"].as_array().unwrap().len(), first.len(), "{r}");
     tokio::time::sleep(Duration::from_millis(FLUSH_MS * 4)).await;
-    // Handed out and held: after the cut they come back with a higher attempt.
-    let held = pull_exactly(&a, "s", 30).await;
+    // Handed out and held, by concurrent pulls (so attempt writes overlap, the
+    // partition task's pipelined path): after the cut they come back with a higher
+    // attempt, as every hand-out's attempt was durable before its answer.
+    let (h1, h2, h3) = tokio::join!(
+        pull_exactly(&a, "s", 10),
+        pull_exactly(&a, "s", 10),
+        pull_exactly(&a, "s", 10)
+    );
+    let held: Vec<Delivery> = h1.into_iter().chain(h2).chain(h3).collect();
     let before_commit = committed(&a, "s").await;
     let revision_before = revision_of_put(&a, "probe-1", "t").await;
     // Acked just before the cut: inside the flush window, may come back.

@@ -755,6 +755,7 @@ impl Runtime {
             stats_at: None,
             stats_dirty: false,
             cluster,
+            pending: Default::default(),
         };
         let join = self.deps.background.spawn(task.run());
         Ok(PartitionHandle {

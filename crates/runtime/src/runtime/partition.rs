@@ -1,8 +1,17 @@
 //! The async shell around one [`PartitionCore`]: one task per (subscription
 //! incarnation, partition) that owns the core, feeds it requests, log growth and time,
-//! and executes its commands against the stores **in order**, one write after the
-//! other (the protocol in `meshd_dispatch`'s crate doc). Requests arrive over a
-//! channel, so every input of one partition is serialised without locks.
+//! and executes its commands against the stores **in order** (the protocol in
+//! `meshd_dispatch`'s crate doc). Requests arrive over a channel, so every input of one
+//! partition is serialised without locks.
+//!
+//! One exception to "one write after the other", for throughput: in standalone mode a
+//! run of pulls whose commands are only attempt records does not wait for their fsync.
+//! The write is submitted (the Local store applies writes in submission order, and an
+//! fsync covers every write applied before it), the task goes on with acks and further
+//! pulls, and the pulls are answered once their records are durable: still write-ahead
+//! (nothing is handed out before its attempt is on disk), while the next pulls' records
+//! join the next fsync instead of waiting for this one. Cluster mode keeps the strict
+//! order (its ledger write in Meta comes first).
 
 use super::{Deps, Handed, RuntimeError};
 use crate::metrics::{Counted, PartCounters, SubCounters};
@@ -215,6 +224,41 @@ pub struct PartitionTask {
     pub stats_dirty: bool,
     /// Cluster mode: the ownership this task runs under and its Meta state.
     pub cluster: Option<super::cluster::PartitionCluster>,
+    /// Pulls whose attempt records were submitted and are not durable yet, in
+    /// submission order (see the module doc).
+    pub pending: VecDeque<PendingPulls>,
+}
+
+/// The durability of one submitted attempt write.
+type AttemptWrite = oneshot::Receiver<Result<(), meshd_stores::delivery::DeliveryError>>;
+
+/// Pulls answered once their attempt records are durable.
+pub struct PendingPulls {
+    write: AttemptWrite,
+    /// (offset, attempt) of every record in the write.
+    ids: Vec<(u64, u32)>,
+    replies: Vec<PullReply>,
+    started: Instant,
+}
+
+/// Waits for the oldest pending attempt write (forever when there is none).
+async fn oldest_durable(
+    pending: &mut VecDeque<PendingPulls>,
+) -> Result<(), meshd_stores::delivery::DeliveryError> {
+    match pending.front_mut() {
+        Some(p) => durable(&mut p.write).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The outcome of a submitted attempt write; its waiter gone (meshd is stopping) is
+/// an unknown outcome.
+async fn durable(write: &mut AttemptWrite) -> Result<(), meshd_stores::delivery::DeliveryError> {
+    write.await.unwrap_or_else(|_| {
+        Err(meshd_stores::delivery::DeliveryError::Indeterminate(
+            "the attempt write's waiter went away (meshd is stopping)".into(),
+        ))
+    })
 }
 
 /// Requests served together at most (pulls or acks queued while the task was busy).
@@ -226,6 +270,7 @@ type PullRequest = (
     oneshot::Sender<Result<Vec<Handed>, RuntimeError>>,
 );
 type AckRequest = (Vec<String>, oneshot::Sender<Result<Answers, RuntimeError>>);
+type PullReply = (PullId, oneshot::Sender<Result<Vec<Handed>, RuntimeError>>);
 
 /// The delivery id a reply is about.
 fn reply_id(r: &Reply) -> &str {
@@ -338,9 +383,15 @@ impl PartitionTask {
             let mut fx = Effects::default();
             tokio::select! {
                 _ = stats_due => {}
+                done = oldest_durable(&mut self.pending) => {
+                    if let Some(p) = self.pending.pop_front() {
+                        self.persisted(p, done).await;
+                    }
+                }
                 msg = self.rx.recv() => match msg {
                     None => return,
                     Some(Msg::Stop { reply }) => {
+                        self.drain_pending().await;
                         let _ = reply.send(self.core.resolved_above());
                         return;
                     }
@@ -554,8 +605,18 @@ impl PartitionTask {
                 let _ = reply.send(result);
             }
             Msg::Stop { reply } => {
+                self.drain_pending().await;
                 let _ = reply.send(self.core.resolved_above());
             }
+        }
+    }
+
+    /// Answers every pending pull (waiting for its attempt write): before a `Stop`
+    /// is answered, so a stopped partition leaves no pull unanswered.
+    async fn drain_pending(&mut self) {
+        while let Some(mut p) = self.pending.pop_front() {
+            let done = durable(&mut p.write).await;
+            self.persisted(p, done).await;
         }
     }
 
@@ -584,6 +645,7 @@ impl PartitionTask {
                         } => pulls.push((budget, session, reply)),
                         Msg::Ack { ids, reply } => acks.push((ids, reply)),
                         Msg::Stop { reply } => {
+                            self.drain_pending().await;
                             let _ = reply.send(self.core.resolved_above());
                             return true;
                         }
@@ -638,7 +700,96 @@ impl PartitionTask {
                 }
             }
         }
+        if self.cluster.is_none()
+            && !cmds.is_empty()
+            && cmds
+                .iter()
+                .all(|c| matches!(c, Command::PersistAttempt { .. }))
+        {
+            self.submit_attempts(cmds, replies).await;
+            return;
+        }
         self.execute(cmds, &mut fx).await;
+        self.answer_pulls(fx, replies).await;
+    }
+
+    /// Submits the attempt records of a run of pulls without waiting for their fsync
+    /// (see the module doc); [`persisted`](Self::persisted) answers the pulls.
+    async fn submit_attempts(&mut self, cmds: Vec<Command>, replies: Vec<PullReply>) {
+        let records: Vec<DeliveryRecord> = cmds
+            .into_iter()
+            .filter_map(|c| match c {
+                Command::PersistAttempt { record, .. } => Some(record),
+                _ => None,
+            })
+            .collect();
+        let ids = records.iter().map(|r| (r.offset, r.attempt)).collect();
+        let store = self.deps.deliveries.clone();
+        let mut write = Box::pin(async move { store.record_attempts(records).await });
+        // One poll submits the write now, so the store applies it before any write
+        // this task makes later; a waiter task sees it through to its fsync.
+        let (tx, rx) = oneshot::channel();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::future::Future::poll(write.as_mut(), &mut cx) {
+            std::task::Poll::Ready(result) => {
+                let _ = tx.send(result);
+            }
+            std::task::Poll::Pending => {
+                tokio::spawn(async move {
+                    let _ = tx.send(write.await);
+                });
+            }
+        }
+        let write = rx;
+        self.pending.push_back(PendingPulls {
+            write,
+            ids,
+            replies,
+            started: Instant::now(),
+        });
+    }
+
+    /// A pending attempt write finished: the core learns the outcome, and the pulls it
+    /// served get their hand-outs (or the failure).
+    async fn persisted(
+        &mut self,
+        p: PendingPulls,
+        result: Result<(), meshd_stores::delivery::DeliveryError>,
+    ) {
+        self.deps.metrics.write_latency(
+            "deliveries",
+            Backend::RocksDb,
+            "record_attempt",
+            p.started.elapsed(),
+        );
+        if let Err(e) = &result {
+            self.deps
+                .metrics
+                .store_error("deliveries", Backend::RocksDb, "write_failed");
+            self.fail("deliveries", e.reason());
+        }
+        let mut cmds = Vec::new();
+        for (offset, attempt) in p.ids {
+            let input = match result {
+                Ok(()) => Input::AttemptPersisted { offset, attempt },
+                Err(_) => Input::PersistFailed { offset, attempt },
+            };
+            match self.core.handle(input, now_ms()) {
+                Ok(more) => cmds.extend(more),
+                Err(e) => {
+                    let key = self.key();
+                    tracing::warn!(subscription = %key.subscription, partition = key.partition, error = %e, "dispatch core refused a store result");
+                }
+            }
+        }
+        let mut fx = Effects::default();
+        self.execute(cmds, &mut fx).await;
+        self.answer_pulls(fx, p.replies).await;
+    }
+
+    /// Answers each pull with its hand-outs in `fx` (bodies read here), or with the
+    /// store failure when its attempt records could not be made durable.
+    async fn answer_pulls(&mut self, fx: Effects, replies: Vec<PullReply>) {
         let of_pull: HashMap<String, PullId> = fx
             .handouts
             .iter()
