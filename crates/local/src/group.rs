@@ -683,16 +683,26 @@ mod tests {
 }
 
 #[cfg(test)]
-mod engine_failure_tests {
+mod fake_engine_tests {
     use super::*;
     use crate::Rows;
+    use std::sync::mpsc;
+    use std::time::Duration;
 
     const REASON: &str = "fsync failed: a write of the embedded Meta";
 
-    /// An engine another user of it (the embedded Meta) has fail-stopped.
-    struct FailedElsewhere;
+    /// Engines that fail or block where a test needs them to.
+    enum Fake {
+        /// Another user of it (the embedded Meta) has fail-stopped it.
+        FailedElsewhere,
+        /// Its fsync reports that it began and then waits to be let go.
+        GatedSync {
+            began: Mutex<mpsc::Sender<()>>,
+            release: Mutex<mpsc::Receiver<()>>,
+        },
+    }
 
-    impl KvEngine for FailedElsewhere {
+    impl KvEngine for Fake {
         fn get(&self, _: &'static str, _: &[u8]) -> Result<Option<Vec<u8>>, LocalError> {
             Ok(None)
         }
@@ -708,11 +718,24 @@ mod engine_failure_tests {
         }
 
         fn write(&self, _: Batch, _: Durability) -> Result<(), LocalError> {
-            Err(LocalError::Poisoned(REASON.into()))
+            match self {
+                Fake::FailedElsewhere => Err(LocalError::Poisoned(REASON.into())),
+                Fake::GatedSync { .. } => Ok(()),
+            }
         }
 
         fn sync(&self) -> Result<(), LocalError> {
-            Err(LocalError::Poisoned(REASON.into()))
+            match self {
+                Fake::FailedElsewhere => Err(LocalError::Poisoned(REASON.into())),
+                Fake::GatedSync { began, release } => {
+                    let _ = began.lock().unwrap().send(());
+                    release
+                        .lock()
+                        .unwrap()
+                        .recv()
+                        .map_err(|_| LocalError::WriteFailed("gate dropped".into()))
+                }
+            }
         }
 
         fn size_bytes(&self) -> u64 {
@@ -720,13 +743,16 @@ mod engine_failure_tests {
         }
 
         fn failure(&self) -> Option<String> {
-            Some(REASON.into())
+            match self {
+                Fake::FailedElsewhere => Some(REASON.into()),
+                Fake::GatedSync { .. } => None,
+            }
         }
     }
 
     #[test]
     fn given_an_engine_failed_by_another_user_then_the_committer_reports_it_before_writing() {
-        let g = GroupCommit::new(Arc::new(FailedElsewhere), "test");
+        let g = GroupCommit::new(Arc::new(Fake::FailedElsewhere), "test");
         assert_eq!(
             g.poisoned().as_deref(),
             Some(REASON),
@@ -743,57 +769,6 @@ mod engine_failure_tests {
             assert_eq!(err.to_string(), expected);
         }
         assert_eq!(g.poisoned().as_deref(), Some(REASON));
-    }
-}
-
-#[cfg(test)]
-mod sync_thread_tests {
-    use super::*;
-    use crate::Rows;
-    use std::sync::mpsc;
-    use std::time::Duration;
-
-    /// An engine whose fsync reports that it began and then waits to be let go.
-    struct GatedSync {
-        began: Mutex<mpsc::Sender<()>>,
-        release: Mutex<mpsc::Receiver<()>>,
-    }
-
-    impl KvEngine for GatedSync {
-        fn get(&self, _: &'static str, _: &[u8]) -> Result<Option<Vec<u8>>, LocalError> {
-            Ok(None)
-        }
-
-        fn scan(
-            &self,
-            _: &'static str,
-            _: &[u8],
-            _: Option<&[u8]>,
-            _: usize,
-        ) -> Result<Rows, LocalError> {
-            Ok(Vec::new())
-        }
-
-        fn write(&self, _: Batch, _: Durability) -> Result<(), LocalError> {
-            Ok(())
-        }
-
-        fn sync(&self) -> Result<(), LocalError> {
-            let _ = self.began.lock().unwrap().send(());
-            self.release
-                .lock()
-                .unwrap()
-                .recv()
-                .map_err(|_| LocalError::WriteFailed("gate dropped".into()))
-        }
-
-        fn size_bytes(&self) -> u64 {
-            0
-        }
-
-        fn failure(&self) -> Option<String> {
-            None
-        }
     }
 
     fn submit_to(
@@ -824,7 +799,7 @@ mod sync_thread_tests {
         let (began_tx, began) = mpsc::channel();
         let (release, release_rx) = mpsc::channel();
         let g = Arc::new(GroupCommit::new(
-            Arc::new(GatedSync {
+            Arc::new(Fake::GatedSync {
                 began: Mutex::new(began_tx),
                 release: Mutex::new(release_rx),
             }),
