@@ -289,15 +289,33 @@ impl DeliveryStateStore for RocksDeliveryStore {
     }
 
     async fn record_attempts(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError> {
-        crate::on_store_thread(&self.inner.group, Wait::Durable, move |engine| {
-            let mut batch = Batch::new();
-            for record in &records {
-                RocksDeliveryStore::stage(engine, record, &mut batch).map_err(Closure::Delivery)?;
-            }
-            Ok::<_, Closure>((batch, ()))
+        self.submit_attempts(records).await.unwrap_or_else(|_| {
+            Err(local(LocalError::WriteFailed(
+                "the Local store thread went away with this write queued".into(),
+            )))
         })
-        .await?;
-        Ok(())
+    }
+
+    fn submit_attempts(
+        &self,
+        records: Vec<DeliveryRecord>,
+    ) -> tokio::sync::oneshot::Receiver<Result<(), DeliveryError>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.group.submit(
+            Wait::Durable,
+            move |engine| {
+                let mut batch = Batch::new();
+                for record in &records {
+                    RocksDeliveryStore::stage(engine, record, &mut batch)
+                        .map_err(Closure::Delivery)?;
+                }
+                Ok::<_, Closure>((batch, ()))
+            },
+            move |r: Result<(Option<u64>, ()), Closure>| {
+                let _ = tx.send(r.map(|_| ()).map_err(DeliveryError::from));
+            },
+        );
+        rx
     }
 
     async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError> {

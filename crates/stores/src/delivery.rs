@@ -107,6 +107,16 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
     /// [`record_attempt`](Self::record_attempt) for the attempts of one pull, in one
     /// atomic durable write: all of them or none.
     async fn record_attempts(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError>;
+
+    /// [`record_attempts`](Self::record_attempts) submitted before this returns and
+    /// answered on the receiver once durable (or failed): the write is ordered before
+    /// every write this store is given afterwards, so a caller may go on writing while
+    /// it is made durable (and must not hand out before the answer). A dropped sender
+    /// means the outcome is unknown.
+    fn submit_attempts(
+        &self,
+        records: Vec<DeliveryRecord>,
+    ) -> tokio::sync::oneshot::Receiver<Result<(), DeliveryError>>;
     async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError>;
     async fn resolve(
         &self,

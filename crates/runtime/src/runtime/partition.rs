@@ -724,23 +724,9 @@ impl PartitionTask {
             })
             .collect();
         let ids = records.iter().map(|r| (r.offset, r.attempt)).collect();
-        let store = self.deps.deliveries.clone();
-        let mut write = Box::pin(async move { store.record_attempts(records).await });
-        // One poll submits the write now, so the store applies it before any write
-        // this task makes later; a waiter task sees it through to its fsync.
-        let (tx, rx) = oneshot::channel();
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match std::future::Future::poll(write.as_mut(), &mut cx) {
-            std::task::Poll::Ready(result) => {
-                let _ = tx.send(result);
-            }
-            std::task::Poll::Pending => {
-                tokio::spawn(async move {
-                    let _ = tx.send(write.await);
-                });
-            }
-        }
-        let write = rx;
+        // Queued on the store before this returns: applied before any write this
+        // task makes later.
+        let write = self.deps.deliveries.submit_attempts(records);
         self.pending.push_back(PendingPulls {
             write,
             ids,
