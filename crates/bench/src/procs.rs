@@ -245,6 +245,10 @@ impl JsSync {
     }
 }
 
+/// nats-server's `max_inflight_per_stream` for atomic batches in the bench (its
+/// server-wide default, `max_inflight_total`).
+const BATCHES_IN_FLIGHT: usize = 1000;
+
 /// Starts `nats-server -js` with its store in a temp dir.
 pub fn start_nats(binary: &Path, sync: JsSync) -> Result<Server> {
     let dir = tempfile::Builder::new()
@@ -257,8 +261,11 @@ pub fn start_nats(binary: &Path, sync: JsSync) -> Result<Server> {
         JsSync::Always => "  sync_interval: always\n",
         JsSync::Default => "",
     };
+    // Atomic batches in flight per stream: nats-server allows 50 by default, which 64
+    // workers publishing batches at once pass ("atomic publish batch is incomplete");
+    // the bench raises it to the server-wide default so every configuration runs.
     let config = format!(
-        "# written by meshd-bench\nlisten: 127.0.0.1:{port}\njetstream {{\n  store_dir: {store:?}\n{sync_line}}}\n",
+        "# written by meshd-bench\nlisten: 127.0.0.1:{port}\njetstream {{\n  store_dir: {store:?}\n{sync_line}  limits {{ batch {{ max_inflight_per_stream: {BATCHES_IN_FLIGHT} }} }}\n}}\n",
         store = store.display().to_string(),
     );
     let config_path = dir.path().join("nats.conf");
