@@ -1195,3 +1195,93 @@ async fn given_a_stream_on_one_instance_then_it_gets_every_partition_and_keeps_g
         }
     }
 }
+
+/// A client behind a load balancer acks on any instance: a stream's credit comes back
+/// when its deliveries are acked on another instance (the owner tells the stream's
+/// instance), not when their leases run out. With `max_in_flight` 1 and a 60 s lease,
+/// every next delivery waits for the previous one's credit; each must come well
+/// within the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_stream_whose_deliveries_are_acked_on_other_instances_then_its_credit_comes_back_before_their_leases_run_out(
+) {
+    const LEASE_MS: u64 = 60_000;
+    /// Far below the lease: only a settle notice gives the credit back this soon.
+    const NEXT_WITHIN: Duration = Duration::from_secs(15);
+    let c = Cluster::start(3).await;
+    let a0 = c.addr(0);
+    create_topic(&a0, "t", 6).await;
+    create_subscription(
+        &a0,
+        "s",
+        json!({"topic": "t", "start": "earliest", "ack_timeout_ms": LEASE_MS}),
+    )
+    .await;
+    let members: BTreeSet<String> = c.ids.iter().cloned().collect();
+    let o = all_owned_by(&a0, "t", 6, &members, DEADLINE).await;
+    let elsewhere: BTreeSet<u64> = o
+        .iter()
+        .filter(|(_, (owner, _))| owner != &c.ids[0])
+        .map(|((_, p), _)| *p)
+        .collect();
+    assert!(
+        !elsewhere.is_empty(),
+        "some partitions are owned by other instances: {o:?}"
+    );
+    let client = meshd_client::Client::connect(&format!("http://{a0}")).unwrap();
+    let options = meshd_client::StreamOptions {
+        max_in_flight: Some(1),
+        session: None,
+    };
+    let mut stream = client.stream("s", &options).await.unwrap();
+    let mut want = BTreeSet::new();
+    for i in 0..18 {
+        let id = format!("e{i}");
+        publish(&a0, "t", &event(&id)).await.unwrap();
+        want.insert(id);
+    }
+    let others = [
+        meshd_client::Client::connect(&format!("http://{}", c.addr(1))).unwrap(),
+        meshd_client::Client::connect(&format!("http://{}", c.addr(2))).unwrap(),
+    ];
+    let mut got = BTreeSet::new();
+    let mut from_elsewhere = 0;
+    let mut n = 0;
+    while !want.is_subset(&got) {
+        let d = tokio::time::timeout(NEXT_WITHIN, stream.next())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no delivery within {NEXT_WITHIN:?} after {} of {} (credit held until the lease?)",
+                    got.len(),
+                    want.len()
+                )
+            })
+            .expect("the stream goes on")
+            .expect("the stream is not ended");
+        if elsewhere.contains(&u64::from(d.partition)) {
+            from_elsewhere += 1;
+        }
+        got.insert(d.event["id"].as_str().unwrap().to_string());
+        // Acked on instance 1 or 2, never on the stream's instance.
+        let r = others[n % 2]
+            .ack("s", std::slice::from_ref(&d.delivery_id))
+            .await
+            .unwrap();
+        n += 1;
+        assert_eq!(r.acked, vec![d.delivery_id], "{r:?}");
+    }
+    assert!(
+        from_elsewhere > 0,
+        "deliveries of other owners went through"
+    );
+    let mut sent = 0.0;
+    for i in 0..3 {
+        sent += metric(
+            &c.addr(i),
+            "meshd_stream_settle_notices_total{result=\"sent\"}",
+        )
+        .await
+        .unwrap();
+    }
+    assert!(sent >= 1.0, "the owners told instance 0: {sent}");
+}

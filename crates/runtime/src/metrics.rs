@@ -113,6 +113,9 @@ pub struct Metrics {
     forward_releases: AtomicU64,
     /// Pulls forwarded to other owners: (asked without waiting, long polls).
     forwarded_pulls: [AtomicU64; 2],
+    /// Settle notices to the instances whose streams hold forwarded deliveries: sent,
+    /// failed.
+    settle_notices: [AtomicU64; 2],
     /// Cluster mode: attempt-ledger writes, entries recorded, records pruned.
     ledger_writes: AtomicU64,
     ledger_entries: AtomicU64,
@@ -254,6 +257,12 @@ impl Metrics {
         self.forwarded_pulls[usize::from(waits)].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A notice told (or failed to tell) another instance that deliveries its streams
+    /// hold were settled here.
+    pub fn settle_notice(&self, ok: bool) {
+        self.settle_notices[usize::from(!ok)].fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn forward_release(&self) {
         self.forward_releases.fetch_add(1, Ordering::Relaxed);
     }
@@ -373,6 +382,7 @@ impl Metrics {
         let _ = writeln!(out, "# HELP meshd_local_quiet_flushes_total Memtables of quiet Local column families flushed on the timer, so the write-ahead log a start after a crash replays stays bounded.\n# TYPE meshd_local_quiet_flushes_total counter\nmeshd_local_quiet_flushes_total{{backend=\"rocksdb\"}} {}", self.quiet_flushes.load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP meshd_deliveries_released_total Hand-outs of a pull forwarded by another instance whose answer did not reach it: due again at once, the attempt not counted.\n# TYPE meshd_deliveries_released_total counter\nmeshd_deliveries_released_total {}", self.released.load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP meshd_forwarded_pull_releases_total Pulls forwarded to another instance whose answer did not arrive here, or long polls given up because another owner answered first (their owner was asked to release what they handed out).\n# TYPE meshd_forwarded_pull_releases_total counter\nmeshd_forwarded_pull_releases_total {}", self.forward_releases.load(Ordering::Relaxed));
+        let _ = writeln!(out, "# HELP meshd_stream_settle_notices_total Notices to the instance holding a stream that deliveries it pulled through this owner were acked or nacked elsewhere (so its credit comes back before their leases run out): sent, or failed (then the credit comes back at the lease deadline).\n# TYPE meshd_stream_settle_notices_total counter\nmeshd_stream_settle_notices_total{{result=\"sent\"}} {}\nmeshd_stream_settle_notices_total{{result=\"failed\"}} {}", self.settle_notices[0].load(Ordering::Relaxed), self.settle_notices[1].load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP meshd_forwarded_pulls_total Pulls forwarded to the owners of other partitions: asked without waiting, or long polls (a waiting pull holds one at each owner).\n# TYPE meshd_forwarded_pulls_total counter\nmeshd_forwarded_pulls_total{{wait=\"no\"}} {}\nmeshd_forwarded_pulls_total{{wait=\"long\"}} {}", self.forwarded_pulls[0].load(Ordering::Relaxed), self.forwarded_pulls[1].load(Ordering::Relaxed));
         if self.ownership.cluster.load(Ordering::Relaxed) {
             let _ = writeln!(out, "# HELP meshd_attempt_ledger_writes_total Cluster mode: attempt-ledger transactions applied in Meta (one per pull batch or extend, or a prune).\n# TYPE meshd_attempt_ledger_writes_total counter\nmeshd_attempt_ledger_writes_total {}", self.ledger_writes.load(Ordering::Relaxed));

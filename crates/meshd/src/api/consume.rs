@@ -73,10 +73,13 @@ struct PullBody {
     /// Internal route only: the forwarding instance's name for this pull, so it can
     /// release what it leased when the answer does not reach it.
     forward_id: Option<String>,
+    /// Internal route only: the forwarding instance's id (told when what it leased is
+    /// settled elsewhere, for its streams' credit).
+    from: Option<String>,
 }
 
 /// Fields only an instance forwarding a pull sends (internal route).
-const INTERNAL_PULL_FIELDS: [&str; 2] = ["forward_id", "at_least_one"];
+const INTERNAL_PULL_FIELDS: [&str; 3] = ["forward_id", "at_least_one", "from"];
 
 fn parse_pull(
     headers: &HeaderMap,
@@ -107,10 +110,11 @@ fn parse_pull(
         wait_ms: f.u64_in("wait_ms", WAIT_MS)?.unwrap_or(0),
         session: f.string("session", MAX_ID_LEN)?,
         forward_id: f.string("forward_id", MAX_ID_LEN)?,
+        from: f.string("from", MAX_ID_LEN)?,
     })
 }
 
-fn parse_ack(
+pub(super) fn parse_ack(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Vec<String>, Problem> {
@@ -182,6 +186,7 @@ pub async fn pull_with(
         wait_ms: wait,
         session,
         forward_id,
+        from,
     } = parse_pull(&headers, body, api.limits.max_response_bytes, reach)?;
     let session = session_binding(&api, session).await?;
     // A waiting pull holds a long-poll slot while it waits (429 when none is free).
@@ -198,7 +203,9 @@ pub async fn pull_with(
     if let Some(forward_id) = forward_id {
         // A forwarding instance that does not get this answer releases it by this id.
         let ids = handed.iter().map(|d| d.delivery_id.clone()).collect();
-        api.runtime.forwarded(&name, &forward_id, ids).await;
+        api.runtime
+            .forwarded(&name, &forward_id, ids, from.as_deref())
+            .await;
     }
     // Built as text: events go back exactly as published.
     let mut out = String::from("{\"deliveries\":[");

@@ -12,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use std::sync::Arc;
@@ -27,8 +27,9 @@ pub fn routes() -> Router<Arc<Api>> {
         .route("/internal/v1/deadletters/{id}/redrive", post(redrive))
 }
 
-/// One pull, ack, nack or extend on this instance's partitions, or the release of a
-/// forwarded pull whose answer did not reach the instance that asked.
+/// One pull, ack, nack or extend on this instance's partitions, the release of a
+/// forwarded pull whose answer did not reach the instance that asked, or an owner's
+/// notice that deliveries this instance's streams hold were settled elsewhere.
 async fn call(
     State(api): State<Arc<Api>>,
     Path((name, op)): Path<(String, String)>,
@@ -41,6 +42,13 @@ async fn call(
         "nack" => consume::nack_with(api, name, headers, body, Reach::Local).await,
         "extend" => consume::extend_with(api, name, headers, body, Reach::Local).await,
         "release" => consume::release_forwarded(api, name, headers, body).await,
+        // An owner says deliveries this instance pulled through it were settled on
+        // another instance: the streams holding them get their credit back.
+        "settled" => {
+            let ids = consume::parse_ack(&headers, body)?;
+            api.runtime.streams.settled_elsewhere(&ids);
+            Ok(axum::Json(serde_json::json!({})).into_response())
+        }
         "stats" => super::stream::stats_with(api, name, Reach::Local).await,
         _ => Err(Problem::not_found(format!("no internal operation {op:?}"))),
     }

@@ -71,7 +71,18 @@ pub struct ForwardedPulls {
 struct ForwardedInner {
     by_id: std::collections::HashMap<String, Forwarded>,
     order: std::collections::VecDeque<(tokio::time::Instant, String)>,
+    /// Deliveries handed out through a forwarded pull, by delivery id: the instance
+    /// that asked (it may hold them in a stream, whose credit an ack elsewhere must
+    /// give back). Forgotten when settled, or after [`HOLDER_MEMORY`] /
+    /// [`HOLDER_MAX`] (then a stream gets its credit back at the lease deadline).
+    holders: std::collections::HashMap<String, String>,
+    holder_order: std::collections::VecDeque<(tokio::time::Instant, String)>,
 }
+
+/// How long the owner remembers which instance a forwarded delivery went to.
+const HOLDER_MEMORY: Duration = Duration::from_secs(600);
+/// Forwarded deliveries remembered at most (the oldest are forgotten first).
+const HOLDER_MAX: usize = 100_000;
 
 enum Forwarded {
     Served { name: String, ids: Vec<String> },
@@ -88,6 +99,21 @@ impl ForwardedInner {
             if let Some((_, id)) = self.order.pop_front() {
                 self.by_id.remove(&id);
             }
+        }
+    }
+
+    fn remember_holder(&mut self, ids: &[String], holder: &str) {
+        let now = tokio::time::Instant::now();
+        while let Some((at, id)) = self.holder_order.front() {
+            if now.duration_since(*at) < HOLDER_MEMORY && self.holder_order.len() < HOLDER_MAX {
+                break;
+            }
+            self.holders.remove(id);
+            self.holder_order.pop_front();
+        }
+        for id in ids {
+            self.holders.insert(id.clone(), holder.to_string());
+            self.holder_order.push_back((now, id.clone()));
         }
     }
 
@@ -241,9 +267,20 @@ fn unavailable(store: &'static str, backend: Backend) -> impl Fn(String) -> Runt
 impl Runtime {
     /// The owner's side of a forwarded pull: remembers what it handed out under
     /// `forward_id` (or releases it at once when the asking instance already gave up).
-    pub async fn forwarded(&self, name: &str, forward_id: &str, ids: Vec<String>) {
+    /// `holder`: the instance that asked (told when these deliveries are settled
+    /// elsewhere, see [`Runtime::tell_holders`]).
+    pub async fn forwarded(
+        &self,
+        name: &str,
+        forward_id: &str,
+        ids: Vec<String>,
+        holder: Option<&str>,
+    ) {
         let released_early = {
             let mut f = self.forwarded.lock();
+            if let Some(h) = holder.filter(|h| *h != self.deps.instance_id) {
+                f.remember_holder(&ids, h);
+            }
             match f.by_id.remove(forward_id) {
                 Some(Forwarded::Released) => true,
                 _ => {
@@ -261,6 +298,66 @@ impl Runtime {
         if released_early && !ids.is_empty() {
             let n = self.release(name, ids).await;
             tracing::info!(store = "deliveries", subscription = %name, released = n, "a forwarded pull was given up by the instance that asked before it was answered; its hand-outs are due again");
+        }
+    }
+
+    /// Cluster mode, on the owner: deliveries that an ack or nack answered here
+    /// settled (`acked`, `unknown`, `fenced`, a nack list) and that went out through
+    /// another instance's forwarded pull are announced to that instance, so a stream
+    /// there gets its credit back now instead of at the lease deadline (the client
+    /// may ack on any instance). Fire and forget: a notice that fails is counted and
+    /// the credit comes back at the deadline as before.
+    pub(super) fn tell_holders(&self, name: &str, answers: &super::Answers) {
+        let Some(cluster) = &self.deps.cluster else {
+            return;
+        };
+        let mut by_holder: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        {
+            let mut f = self.forwarded.lock();
+            if f.holders.is_empty() {
+                return;
+            }
+            for (outcome, id) in &answers.lists {
+                if matches!(outcome, super::Outcome::Failed | super::Outcome::Extended) {
+                    continue;
+                }
+                if let Some(h) = f.holders.remove(id) {
+                    by_holder.entry(h).or_default().push(id.clone());
+                }
+            }
+        }
+        if by_holder.is_empty() {
+            return;
+        }
+        let directory = cluster.directory.borrow().clone();
+        let path = format!(
+            "/internal/v1/subscriptions/{}/settled",
+            meshd_client::segment(name)
+        );
+        for (holder, ids) in by_holder {
+            let Some(addr) = directory.addrs.get(&holder).cloned() else {
+                // Gone from the cluster: its streams went with it.
+                continue;
+            };
+            let peers = cluster.peers.clone();
+            let metrics = self.deps.metrics.clone();
+            let path = path.clone();
+            let name = name.to_string();
+            tokio::spawn(async move {
+                let body = serde_json::json!({ "delivery_ids": ids }).to_string();
+                let result = peers
+                    .post(&addr, &path, body.as_bytes(), PEER_TIMEOUT)
+                    .await;
+                let ok = matches!(result, Ok((200, _)));
+                metrics.settle_notice(ok);
+                if !ok {
+                    let detail = match result {
+                        Ok((status, _)) => format!("answered {status}"),
+                        Err(e) => e,
+                    };
+                    tracing::warn!(store = "deliveries", subscription = %name, instance = %holder, %addr, error = %detail, "could not tell an instance that deliveries its streams hold were settled; their credit comes back at the lease deadline");
+                }
+            });
         }
     }
 
@@ -485,6 +582,7 @@ impl Runtime {
             "at_least_one": budget.at_least_one,
             "wait_ms": wait.as_millis() as u64,
             "forward_id": id,
+            "from": self.deps.instance_id,
         });
         if let Some(s) = session {
             body["session"] = s.session_id.clone().into();

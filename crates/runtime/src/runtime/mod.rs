@@ -207,7 +207,7 @@ pub struct Runtime {
     /// Set at a graceful stop: long polls answer at once with what they have.
     stopping: watch::Sender<bool>,
     /// Open streams and the deliveries leased to them.
-    streams: stream::Streams,
+    pub streams: stream::Streams,
 }
 
 impl SubRuntime {
@@ -1058,6 +1058,7 @@ impl Runtime {
             .per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply }, forward)
             .await?;
         self.streams.answered(&answers, None);
+        self.tell_holders(name, &answers);
         Ok(answers)
     }
 
@@ -1079,6 +1080,7 @@ impl Runtime {
         let forward = (reach == Reach::Cluster).then(|| cluster::Forward::nack(&reason));
         let answers = self.nack_on(name, ids, reason, forward).await?;
         self.streams.answered(&answers, None);
+        self.tell_holders(name, &answers);
         Ok(answers)
     }
 

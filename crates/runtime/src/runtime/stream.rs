@@ -8,8 +8,11 @@
 //! deadline out), or when its lease deadline passes (it is due again for everyone).
 //! The answers are seen where the ack arrives: on the stream's own instance (the
 //! POST routes or the WebSocket's in-band frames) or on the owner it is forwarded to.
-//! An ack sent to a third instance of a cluster is forwarded to the owner, not to the
-//! stream's instance: that stream gets its credit back at the lease deadline.
+//! In a cluster, an ack that reaches the owner through another instance (or the owner
+//! itself) is announced by the owner to the instance whose forwarded pull handed the
+//! delivery out ([`Runtime::tell_holders`]), which settles it here
+//! ([`Streams::settled_elsewhere`]); only when that notice fails does the stream get
+//! its credit back at the lease deadline.
 //!
 //! Memory per stream is bounded by its credit: nothing is pulled while
 //! `max_in_flight` deliveries are unsettled, and a reader that does not read holds
@@ -105,6 +108,23 @@ impl Streams {
                         leases.settled.notify_one();
                     }
                 }
+            }
+        }
+    }
+
+    /// Deliveries an owner says were settled on another instance: their streams
+    /// get the credit back. Ids no open stream holds are ignored.
+    pub fn settled_elsewhere(&self, ids: &[String]) {
+        if self.open.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut by_id = self.lock();
+        for id in ids {
+            let Some(leases) = by_id.remove(id).and_then(|w| w.upgrade()) else {
+                continue;
+            };
+            if leases.lock().remove(id).is_some() {
+                leases.settled.notify_one();
             }
         }
     }
