@@ -289,11 +289,7 @@ impl DeliveryStateStore for RocksDeliveryStore {
     }
 
     async fn record_attempts(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError> {
-        self.submit_attempts(records).await.unwrap_or_else(|_| {
-            Err(local(LocalError::WriteFailed(
-                "the Local store thread went away with this write queued".into(),
-            )))
-        })
+        meshd_stores::delivery::submitted(&mut self.submit_attempts(records)).await
     }
 
     fn submit_attempts(

@@ -158,3 +158,15 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
     /// `Err` with the reason once poisoned.
     fn health(&self) -> Result<(), String>;
 }
+
+/// The outcome a [`DeliveryStateStore::submit_attempts`] receiver brings; a sender
+/// dropped unanswered (the store went away, meshd is stopping) is an unknown outcome.
+pub async fn submitted(
+    answer: &mut tokio::sync::oneshot::Receiver<Result<(), DeliveryError>>,
+) -> Result<(), DeliveryError> {
+    answer.await.unwrap_or_else(|_| {
+        Err(DeliveryError::Indeterminate(
+            "the store went away with this attempt write queued".into(),
+        ))
+    })
+}

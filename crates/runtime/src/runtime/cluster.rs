@@ -89,28 +89,44 @@ enum Forwarded {
     Released,
 }
 
+/// Forgets the oldest entries of `map` (in `order`, oldest first) until every one
+/// left is younger than `memory` and at most `keep` are left.
+fn forget_oldest<V>(
+    order: &mut std::collections::VecDeque<(tokio::time::Instant, String)>,
+    map: &mut std::collections::HashMap<String, V>,
+    memory: Duration,
+    keep: usize,
+) {
+    let now = tokio::time::Instant::now();
+    while let Some((at, _)) = order.front() {
+        if now.duration_since(*at) < memory && order.len() <= keep {
+            break;
+        }
+        if let Some((_, id)) = order.pop_front() {
+            map.remove(&id);
+        }
+    }
+}
+
 impl ForwardedInner {
     fn expire(&mut self) {
-        let now = tokio::time::Instant::now();
-        while let Some((at, _)) = self.order.front() {
-            if now.duration_since(*at) < FORWARD_MEMORY && self.order.len() <= FORWARD_MAX {
-                break;
-            }
-            if let Some((_, id)) = self.order.pop_front() {
-                self.by_id.remove(&id);
-            }
-        }
+        forget_oldest(
+            &mut self.order,
+            &mut self.by_id,
+            FORWARD_MEMORY,
+            FORWARD_MAX,
+        );
     }
 
     fn remember_holder(&mut self, ids: &[String], holder: &str) {
+        // Room for one more below the bound before these are added.
+        forget_oldest(
+            &mut self.holder_order,
+            &mut self.holders,
+            HOLDER_MEMORY,
+            HOLDER_MAX - 1,
+        );
         let now = tokio::time::Instant::now();
-        while let Some((at, id)) = self.holder_order.front() {
-            if now.duration_since(*at) < HOLDER_MEMORY && self.holder_order.len() < HOLDER_MAX {
-                break;
-            }
-            self.holders.remove(id);
-            self.holder_order.pop_front();
-        }
         for id in ids {
             self.holders.insert(id.clone(), holder.to_string());
             self.holder_order.push_back((now, id.clone()));
@@ -352,7 +368,7 @@ impl Runtime {
                 metrics.settle_notice(ok);
                 if !ok {
                     let detail = match result {
-                        Ok((status, _)) => format!("answered {status}"),
+                        Ok((status, body)) => peer_refused(&addr, status, &body),
                         Err(e) => e,
                     };
                     tracing::warn!(store = "deliveries", subscription = %name, instance = %holder, %addr, error = %detail, "could not tell an instance that deliveries its streams hold were settled; their credit comes back at the lease deadline");

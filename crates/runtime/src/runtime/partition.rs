@@ -246,19 +246,9 @@ async fn oldest_durable(
     pending: &mut VecDeque<PendingPulls>,
 ) -> Result<(), meshd_stores::delivery::DeliveryError> {
     match pending.front_mut() {
-        Some(p) => durable(&mut p.write).await,
+        Some(p) => meshd_stores::delivery::submitted(&mut p.write).await,
         None => std::future::pending().await,
     }
-}
-
-/// The outcome of a submitted attempt write; its waiter gone (meshd is stopping) is
-/// an unknown outcome.
-async fn durable(write: &mut AttemptWrite) -> Result<(), meshd_stores::delivery::DeliveryError> {
-    write.await.unwrap_or_else(|_| {
-        Err(meshd_stores::delivery::DeliveryError::Indeterminate(
-            "the attempt write's waiter went away (meshd is stopping)".into(),
-        ))
-    })
 }
 
 /// Requests served together at most (pulls or acks queued while the task was busy).
@@ -615,7 +605,7 @@ impl PartitionTask {
     /// is answered, so a stopped partition leaves no pull unanswered.
     async fn drain_pending(&mut self) {
         while let Some(mut p) = self.pending.pop_front() {
-            let done = durable(&mut p.write).await;
+            let done = meshd_stores::delivery::submitted(&mut p.write).await;
             self.persisted(p, done).await;
         }
     }
@@ -742,32 +732,8 @@ impl PartitionTask {
         p: PendingPulls,
         result: Result<(), meshd_stores::delivery::DeliveryError>,
     ) {
-        self.deps.metrics.write_latency(
-            "deliveries",
-            Backend::RocksDb,
-            "record_attempt",
-            p.started.elapsed(),
-        );
-        if let Err(e) = &result {
-            self.deps
-                .metrics
-                .store_error("deliveries", Backend::RocksDb, "write_failed");
-            self.fail("deliveries", e.reason());
-        }
-        let mut cmds = Vec::new();
-        for (offset, attempt) in p.ids {
-            let input = match result {
-                Ok(()) => Input::AttemptPersisted { offset, attempt },
-                Err(_) => Input::PersistFailed { offset, attempt },
-            };
-            match self.core.handle(input, now_ms()) {
-                Ok(more) => cmds.extend(more),
-                Err(e) => {
-                    let key = self.key();
-                    tracing::warn!(subscription = %key.subscription, partition = key.partition, error = %e, "dispatch core refused a store result");
-                }
-            }
-        }
+        let inputs = self.attempts_written(p.ids, p.started, &result);
+        let cmds = self.results(inputs);
         let mut fx = Effects::default();
         self.execute(cmds, &mut fx).await;
         self.answer_pulls(fx, p.replies).await;
@@ -1038,16 +1004,51 @@ impl PartitionTask {
                 }
                 other => self.run_one(other, fx).await,
             };
-            for input in inputs {
-                match self.core.handle(input, now_ms()) {
-                    Ok(more) => queue.extend(more),
-                    Err(e) => {
-                        let key = self.key();
-                        tracing::warn!(subscription = %key.subscription, partition = key.partition, error = %e, "dispatch core refused a store result");
-                    }
+            queue.extend(self.results(inputs));
+        }
+    }
+
+    /// Feeds store results to the core; the commands they lead to.
+    fn results(&mut self, inputs: Vec<Input>) -> Vec<Command> {
+        let mut cmds = Vec::new();
+        for input in inputs {
+            match self.core.handle(input, now_ms()) {
+                Ok(more) => cmds.extend(more),
+                Err(e) => {
+                    let key = self.key();
+                    tracing::warn!(subscription = %key.subscription, partition = key.partition, error = %e, "dispatch core refused a store result");
                 }
             }
         }
+        cmds
+    }
+
+    /// An attempt write finished (`started` when it was submitted): its latency and
+    /// failure go where an operator looks, and each record's result goes to the core.
+    fn attempts_written(
+        &self,
+        ids: Vec<(u64, u32)>,
+        started: Instant,
+        result: &Result<(), meshd_stores::delivery::DeliveryError>,
+    ) -> Vec<Input> {
+        self.deps.metrics.write_latency(
+            "deliveries",
+            Backend::RocksDb,
+            "record_attempt",
+            started.elapsed(),
+        );
+        if let Err(e) = result {
+            self.deps
+                .metrics
+                .store_error("deliveries", Backend::RocksDb, "write_failed");
+            self.fail("deliveries", e.reason());
+        }
+        ids.into_iter()
+            .map(|(offset, attempt)| match result {
+                Ok(()) => Input::AttemptPersisted { offset, attempt },
+                Err(_) => Input::PersistFailed { offset, attempt },
+            })
+            .collect()
     }
 
     /// Extends in cluster mode: the ledger first (a failure other than a fence is
@@ -1094,24 +1095,7 @@ impl PartitionTask {
         let ids: Vec<(u64, u32)> = records.iter().map(|r| (r.offset, r.attempt)).collect();
         let started = Instant::now();
         let result = self.deps.deliveries.record_attempts(records).await;
-        self.deps.metrics.write_latency(
-            "deliveries",
-            Backend::RocksDb,
-            "record_attempt",
-            started.elapsed(),
-        );
-        if let Err(e) = &result {
-            self.deps
-                .metrics
-                .store_error("deliveries", Backend::RocksDb, "write_failed");
-            self.fail("deliveries", e.reason());
-        }
-        ids.into_iter()
-            .map(|(offset, attempt)| match result {
-                Ok(()) => Input::AttemptPersisted { offset, attempt },
-                Err(_) => Input::PersistFailed { offset, attempt },
-            })
-            .collect()
+        self.attempts_written(ids, started, &result)
     }
 
     /// Cluster mode: the attempts of this pull written to the attempt ledger in Meta,

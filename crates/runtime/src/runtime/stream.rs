@@ -100,14 +100,7 @@ impl Streams {
                         }
                     }
                 }
-                _ => {
-                    let Some(leases) = by_id.remove(id).and_then(|w| w.upgrade()) else {
-                        continue;
-                    };
-                    if leases.lock().remove(id).is_some() {
-                        leases.settled.notify_one();
-                    }
-                }
+                _ => settle(&mut by_id, id),
             }
         }
     }
@@ -120,12 +113,7 @@ impl Streams {
         }
         let mut by_id = self.lock();
         for id in ids {
-            let Some(leases) = by_id.remove(id).and_then(|w| w.upgrade()) else {
-                continue;
-            };
-            if leases.lock().remove(id).is_some() {
-                leases.settled.notify_one();
-            }
+            settle(&mut by_id, id);
         }
     }
 
@@ -137,6 +125,16 @@ impl Streams {
     /// Deliveries leased to open streams and not settled.
     pub fn leased(&self) -> usize {
         self.lock().len()
+    }
+}
+
+/// Delivery `id` no longer counts against the stream holding it (if one does).
+fn settle(by_id: &mut HashMap<String, Weak<Leases>>, id: &str) {
+    let Some(leases) = by_id.remove(id).and_then(|w| w.upgrade()) else {
+        return;
+    };
+    if leases.lock().remove(id).is_some() {
+        leases.settled.notify_one();
     }
 }
 
