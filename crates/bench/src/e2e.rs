@@ -49,6 +49,24 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// get the same cap, above what the largest configuration holds at once.
 const MAX_IN_FLIGHT: u64 = 10_000;
 
+/// [`Op`] for the end-to-end workers: a call is one `cycle`, and it completed the
+/// events its ack confirmed (`acked`).
+macro_rules! cycle_ops {
+    ($($worker:ty),+) => {$(
+        impl Op for $worker {
+            fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+                self.cycle().boxed()
+            }
+
+            fn completed(&self) -> Option<u64> {
+                Some(self.acked)
+            }
+        }
+    )+};
+}
+
+cycle_ops!(MeshdE2e, MeshdStreamE2e, MeshdWsE2e, JsE2e, JsPushE2e);
+
 pub const MESHD_DURABILITY: &str = "publish fsynced before 201; attempt fsynced before hand-out; ack durable within 100 ms (flush interval)";
 
 pub fn js_durability(sync: JsSync) -> &'static str {
@@ -148,16 +166,6 @@ impl MeshdE2e {
     }
 }
 
-impl Op for MeshdE2e {
-    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
-        self.cycle().boxed()
-    }
-
-    fn completed(&self) -> Option<u64> {
-        Some(self.acked)
-    }
-}
-
 /// An end-to-end run on meshd: starts it (the subscription's in-flight cap as
 /// JetStream's), creates the topic and the subscription, gives each worker its
 /// publishing connection and what `worker` builds around it, and measures.
@@ -243,16 +251,6 @@ impl MeshdStreamE2e {
         }
         self.acked = ack_over_post(&mut self.publish, &ids).await?;
         Ok(())
-    }
-}
-
-impl Op for MeshdStreamE2e {
-    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
-        self.cycle().boxed()
-    }
-
-    fn completed(&self) -> Option<u64> {
-        Some(self.acked)
     }
 }
 
@@ -361,16 +359,6 @@ impl MeshdWsE2e {
     }
 }
 
-impl Op for MeshdWsE2e {
-    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
-        self.cycle().boxed()
-    }
-
-    fn completed(&self) -> Option<u64> {
-        Some(self.acked)
-    }
-}
-
 pub async fn run_meshd_ws(cfg: &Config, binary: &Path) -> Result<Outcome> {
     use futures::SinkExt;
     use tokio_tungstenite::tungstenite::Message;
@@ -438,16 +426,6 @@ impl JsE2e {
         ack_sync(&client, &replies).await?;
         self.acked = replies.len() as u64;
         Ok(())
-    }
-}
-
-impl Op for JsE2e {
-    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
-        self.cycle().boxed()
-    }
-
-    fn completed(&self) -> Option<u64> {
-        Some(self.acked)
     }
 }
 
@@ -549,16 +527,6 @@ impl JsPushE2e {
         ack_sync(&self.publish.client, &replies).await?;
         self.acked = replies.len() as u64;
         Ok(())
-    }
-}
-
-impl Op for JsPushE2e {
-    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
-        self.cycle().boxed()
-    }
-
-    fn completed(&self) -> Option<u64> {
-        Some(self.acked)
     }
 }
 
