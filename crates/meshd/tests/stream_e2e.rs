@@ -459,11 +459,10 @@ async fn with_tokens_a_websocket_authenticates_with_its_first_frame() {
     assert_eq!(set(&answer["acked"]), set_of(&ids_of(&got)), "{answer}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_sigkill_mid_stream_unacked_deliveries_come_back_with_attempt_2_and_acked_ones_never(
-) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut m = start(dir.path()).await;
+/// meshd on `dir` with topic `t` (one partition) and subscription `s` from its start
+/// with 1 s leases (so what a restart leaves in flight is due again soon).
+async fn one_partition_with_short_leases(dir: &std::path::Path) -> (MeshdProcess, String) {
+    let m = start(dir).await;
     let a = m.addr().to_string();
     create_topic(&a, "t", 1).await;
     create_subscription(
@@ -472,6 +471,14 @@ async fn after_a_sigkill_mid_stream_unacked_deliveries_come_back_with_attempt_2_
         json!({"topic": "t", "start": "earliest", "ack_timeout_ms": 1000}),
     )
     .await;
+    (m, a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sigkill_mid_stream_unacked_deliveries_come_back_with_attempt_2_and_acked_ones_never(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut m, a) = one_partition_with_short_leases(dir.path()).await;
     publish_n(&a, "t", 4, "k").await;
     let c = client(&a);
     let mut stream = c.stream("s", &StreamOptions::default()).await.unwrap();
@@ -697,15 +704,7 @@ async fn a_stream_bound_to_a_session_is_fenced_when_the_session_is_taken_over() 
 async fn a_graceful_stop_closes_a_websocket_stream_at_once_and_its_unacked_deliveries_come_back_after_the_restart(
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let mut m = start(dir.path()).await;
-    let a = m.addr().to_string();
-    create_topic(&a, "t", 1).await;
-    create_subscription(
-        &a,
-        "s",
-        json!({"topic": "t", "start": "earliest", "ack_timeout_ms": 1000}),
-    )
-    .await;
+    let (mut m, a) = one_partition_with_short_leases(dir.path()).await;
     publish_n(&a, "t", 3, "g").await;
     let mut ws = ws_connect(&a, "", None).await;
     ws_send(&mut ws, json!({"credit": 3})).await;
