@@ -1,7 +1,8 @@
 //! The settings one partition core runs with, and the retry backoff they imply.
 
+use crate::io::EventMeta;
 use meshd_stores::subscriptions::{
-    Backoff, Filter, SubscriptionSpec, ACK_TIMEOUT_MS_RANGE, BACKOFF_MAX_MS, MAX_ATTEMPTS_RANGE,
+    Backoff, Selector, SubscriptionSpec, ACK_TIMEOUT_MS_RANGE, BACKOFF_MAX_MS, MAX_ATTEMPTS_RANGE,
 };
 
 /// Deliveries in flight or waiting per partition when nothing else is said.
@@ -49,8 +50,9 @@ pub struct Config {
     pub read_batch: usize,
     /// After `ReadFailed`, the next `ReadLog` waits this long.
     pub read_retry_ms: u64,
-    /// Events that do not match are resolved without delivery (no attempt).
-    pub filter: Option<Filter>,
+    /// Events that do not match are resolved without delivery (no attempt): the
+    /// subscription's `filter` and `filters`.
+    pub selector: Selector,
     /// The size a pull's byte budget counts for an event whose stored size is not
     /// known (see [`DEFAULT_UNKNOWN_SIZE_BYTES`]).
     pub unknown_size_bytes: u64,
@@ -82,7 +84,7 @@ impl Config {
             max_pending: DEFAULT_MAX_PENDING,
             read_batch: DEFAULT_READ_BATCH,
             read_retry_ms: DEFAULT_READ_RETRY_MS,
-            filter: spec.filter.clone(),
+            selector: Selector::of(spec),
             unknown_size_bytes: DEFAULT_UNKNOWN_SIZE_BYTES,
         }
     }
@@ -125,24 +127,12 @@ impl Config {
         if self.read_retry_ms == 0 {
             return bad("read_retry_ms", "must be at least 1".into());
         }
-        if let Some(f) = &self.filter {
-            if f.event_type.is_none() && f.source.is_none() {
-                return bad("filter", "names neither type nor source".into());
-            }
-        }
         Ok(())
     }
 
-    /// Whether an event with this CloudEvents `type` and `source` is delivered: every
-    /// field the filter sets must be equal; no filter matches everything.
-    pub fn matches(&self, event_type: &str, source: &str) -> bool {
-        match &self.filter {
-            None => true,
-            Some(f) => {
-                f.event_type.as_deref().is_none_or(|t| t == event_type)
-                    && f.source.as_deref().is_none_or(|s| s == source)
-            }
-        }
+    /// Whether an event with these attributes is delivered (see [`Selector`]).
+    pub fn matches(&self, event: &EventMeta) -> bool {
+        self.selector.matches(&|name| event.attribute(name))
     }
 }
 

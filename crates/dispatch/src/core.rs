@@ -1090,7 +1090,7 @@ impl PartitionCore {
                 e.size.get_or_insert(ev.size);
                 continue;
             }
-            let status = if self.config.matches(&ev.event_type, &ev.source) {
+            let status = if self.config.matches(&ev) {
                 Status::Pending
             } else {
                 // Filtered: resolved without delivery, no attempt, no record.

@@ -9,15 +9,25 @@ pub struct PullId(pub u64);
 
 /// What the core needs of an event: its offset and what the filter looks at. The body
 /// stays with the shell (it reads it by offset for a hand-out or a dead-letter).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EventMeta {
     pub offset: u64,
-    /// The CloudEvents `type`.
-    pub event_type: String,
-    /// The CloudEvents `source`.
-    pub source: String,
+    /// The string forms of the attributes the subscription's selector looks at
+    /// ([`meshd_stores::subscriptions::Selector::attribute_names`]; the shell extracts
+    /// only those, none without a filter). An attribute the event lacks is absent.
+    pub attributes: Vec<(String, String)>,
     /// The event's stored size in bytes: what a pull's byte budget counts.
     pub size: u64,
+}
+
+impl EventMeta {
+    /// An attribute's string form, `None` when the event (or the extraction) lacks it.
+    pub fn attribute(&self, name: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// What the shell knows *now*, from its SessionStore cache, about the session a

@@ -25,7 +25,7 @@ use meshd_dispatch::{
     ExtendOutcome, Input, NackOutcome, OffsetKey, Partition, PartitionCore, PullId, Reply,
     RngJitter, SessionBinding, SessionCheck, Sources,
 };
-use meshd_stores::subscriptions::{Backoff, Filter};
+use meshd_stores::subscriptions::{Backoff, FilterExpr, Selector};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -93,10 +93,14 @@ fn config() -> impl Strategy<Value = Config> {
                 max_pending,
                 read_batch,
                 read_retry_ms: 200,
-                filter: filtered.then(|| Filter {
-                    event_type: Some("keep".into()),
-                    source: None,
-                }),
+                selector: if filtered {
+                    Selector::new(
+                        None,
+                        &[FilterExpr::Exact(vec![("type".into(), "keep".into())])],
+                    )
+                } else {
+                    Selector::default()
+                },
                 unknown_size_bytes: 1 << 20,
             },
         )
@@ -233,8 +237,7 @@ impl World {
     }
 
     fn filtered(&self, offset: u64) -> bool {
-        let e = &self.log[offset as usize];
-        !self.config.matches(&e.event_type, &e.source)
+        !self.config.matches(&self.log[offset as usize])
     }
 
     fn delivery(&self, id: &str) -> Option<&Delivery> {
@@ -506,12 +509,7 @@ impl World {
             Op::Publish(keeps) => {
                 for keep in keeps {
                     let offset = self.log.len() as u64;
-                    self.log.push(EventMeta {
-                        offset,
-                        event_type: if keep { "keep" } else { "drop" }.into(),
-                        source: "/s".into(),
-                        size: 100,
-                    });
+                    self.log.push(kept_or_dropped(offset, keep));
                 }
                 self.feed(Input::LogEnd(self.log.len() as u64));
             }
@@ -847,12 +845,7 @@ fn arb_input() -> impl Strategy<Value = Input> {
     let events = (offset.clone(), 0usize..5, any::<bool>()).prop_map(|(from, n, keep)| {
         Input::EventsRead(
             (0..n as u64)
-                .map(|i| EventMeta {
-                    offset: from.saturating_add(i),
-                    event_type: if keep { "keep" } else { "drop" }.into(),
-                    source: "/s".into(),
-                    size: 100,
-                })
+                .map(|i| kept_or_dropped(from.saturating_add(i), keep))
                 .collect(),
         )
     });
@@ -945,5 +938,17 @@ proptest! {
             let _ = core.next_wakeup();
             let _ = core.ready(now);
         }
+    }
+}
+
+/// An event the filtered model configuration keeps (`type` "keep") or drops.
+fn kept_or_dropped(offset: u64, keep: bool) -> EventMeta {
+    EventMeta {
+        offset,
+        attributes: vec![
+            ("type".into(), if keep { "keep" } else { "drop" }.into()),
+            ("source".into(), "/s".into()),
+        ],
+        size: 100,
     }
 }

@@ -10,7 +10,7 @@ use meshd_dispatch::{
     SessionBinding, SessionCheck, Sources, ACK_TIMEOUT_REASON,
 };
 use meshd_stores::deadletters::entry_id;
-use meshd_stores::subscriptions::{Backoff, Filter};
+use meshd_stores::subscriptions::{Backoff, Filter, FilterExpr, Selector};
 
 fn session(epoch: i64) -> SessionBinding {
     SessionBinding {
@@ -583,10 +583,13 @@ fn given_a_dead_letter_above_a_gap_then_it_waits_as_acked_awaiting_commit() {
 #[test]
 fn given_a_filter_when_events_do_not_match_then_they_are_resolved_without_any_attempt() {
     let mut cfg = config();
-    cfg.filter = Some(Filter {
-        event_type: Some("order.created".into()),
-        source: None,
-    });
+    cfg.selector = Selector::new(
+        Some(&Filter {
+            event_type: Some("order.created".into()),
+            source: None,
+        }),
+        &[],
+    );
     let mut s = Shell::new(cfg, 0);
     let cmds = s.publish_typed(&[
         ("order.deleted", "/a"),
@@ -606,14 +609,52 @@ fn given_a_filter_when_events_do_not_match_then_they_are_resolved_without_any_at
 #[test]
 fn given_a_source_filter_then_only_that_source_is_delivered() {
     let mut cfg = config();
-    cfg.filter = Some(Filter {
-        event_type: None,
-        source: Some("/shop".into()),
-    });
-    assert!(cfg.matches("anything", "/shop"));
-    assert!(!cfg.matches("anything", "/other"));
-    cfg.filter = None;
-    assert!(cfg.matches("x", "y"));
+    cfg.selector = Selector::new(
+        Some(&Filter {
+            event_type: None,
+            source: Some("/shop".into()),
+        }),
+        &[],
+    );
+    assert!(cfg.matches(&typed(0, "anything", "/shop")));
+    assert!(!cfg.matches(&typed(0, "anything", "/other")));
+    cfg.selector = Selector::default();
+    assert!(cfg.matches(&typed(0, "x", "y")));
+}
+
+#[test]
+fn given_filters_and_the_shorthand_then_all_of_them_must_match() {
+    let mut cfg = config();
+    cfg.selector = Selector::new(
+        Some(&Filter {
+            event_type: None,
+            source: Some("/shop".into()),
+        }),
+        &[
+            FilterExpr::Prefix(vec![("type".into(), "order.".into())]),
+            FilterExpr::Not(Box::new(FilterExpr::Suffix(vec![(
+                "type".into(),
+                ".deleted".into(),
+            )]))),
+        ],
+    );
+    let mut s = Shell::new(cfg, 0);
+    let cmds = s.publish_typed(&[
+        ("order.created", "/shop"),
+        ("order.deleted", "/shop"),
+        ("invoice.created", "/shop"),
+        ("order.created", "/other"),
+        ("order.paid", "/shop"),
+    ]);
+    assert!(
+        persists(&cmds).is_empty(),
+        "nothing recorded for filtered events"
+    );
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [0, 4]);
+    let ids: Vec<&str> = d.iter().map(|d| d.delivery_id.as_str()).collect();
+    let cmds = s.ack(&ids);
+    assert_eq!(resolves(&cmds).last().map(|r| r.1), Some(Some(5)));
 }
 
 // ---- bounds ------------------------------------------------------------------------
@@ -1289,7 +1330,7 @@ fn given_a_clock_that_goes_backwards_then_the_core_keeps_its_latest_time() {
 #[test]
 fn given_an_invalid_config_then_new_refuses_it_naming_the_field() {
     type Mutate = fn(&mut meshd_dispatch::Config);
-    let cases: [(Mutate, &str); 6] = [
+    let cases: [(Mutate, &str); 5] = [
         (|c| c.max_attempts = 0, "max_attempts"),
         (|c| c.ack_timeout_ms = 10, "ack_timeout_ms"),
         (
@@ -1303,15 +1344,6 @@ fn given_an_invalid_config_then_new_refuses_it_naming_the_field() {
         ),
         (|c| c.max_in_flight = 0, "max_in_flight"),
         (|c| c.max_window = 0, "max_window"),
-        (
-            |c| {
-                c.filter = Some(Filter {
-                    event_type: None,
-                    source: None,
-                })
-            },
-            "filter",
-        ),
     ];
     for (mutate, field) in cases {
         let mut cfg = config();

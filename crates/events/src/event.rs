@@ -169,6 +169,35 @@ impl Event {
         &self.attributes.extensions
     }
 
+    /// A context attribute or extension by name, in its string form (an extension's
+    /// canonical string); `None` when the event does not have it. What subscription
+    /// filters compare.
+    pub fn attribute(&self, name: &str) -> Option<std::borrow::Cow<'_, str>> {
+        use std::borrow::Cow;
+        let a = &self.attributes;
+        let context = match name {
+            "specversion" => Some(SPEC_VERSION),
+            "id" => Some(a.id.as_str()),
+            "source" => Some(a.source.as_str()),
+            "type" => Some(a.event_type.as_str()),
+            "datacontenttype" => a.data_content_type.as_deref(),
+            "dataschema" => a.data_schema.as_deref(),
+            "subject" => a.subject.as_deref(),
+            "time" => a.time.as_deref(),
+            _ => {
+                return a
+                    .extensions
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| match v {
+                        ExtensionValue::String(s) => Cow::Borrowed(s.as_str()),
+                        other => Cow::Owned(other.to_canonical_string()),
+                    })
+            }
+        };
+        context.map(Cow::Borrowed)
+    }
+
     /// The payload: `data` as its JSON text, or `data_base64` decoded.
     pub fn data(&self) -> Option<EventData<'_>> {
         let span = self.attributes.data.as_ref()?;

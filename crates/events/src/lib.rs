@@ -1,4 +1,4 @@
-//! # CloudEvents 1.0 for meshd: publish, store, partition, filter, push
+//! # CloudEvents 1.0 for meshd: publish, store, partition, attributes, push
 //!
 //! Pure functions and values, no I/O: the HTTP layer hands [`parse_publish`] a request's
 //! content type, headers and body and gets validated [`Event`]s or an [`EventError`]
@@ -35,13 +35,13 @@
 //! ## Partitions and delivery
 //!
 //! [`partition_for`] hashes `partitionkey` (else `id`) with a hash pinned forever;
-//! [`Filter`] is a subscription's exact-match filter; [`to_binary_mode`] renders an event
+//! [`Event::attribute`] reads an attribute by name in its string form (what subscription
+//! filters compare); [`to_binary_mode`] renders an event
 //! for push delivery in HTTP binary mode, the inverse of a binary-mode publish.
 
 mod binary;
 mod error;
 mod event;
-mod filter;
 mod partition;
 mod publish;
 mod rfc3339;
@@ -49,7 +49,6 @@ mod rfc3339;
 pub use binary::to_binary_mode;
 pub use error::EventError;
 pub use event::{Event, EventData, ExtensionValue, SPEC_VERSION};
-pub use filter::Filter;
 pub use partition::{fnv1a64, partition_for, partition_for_key};
 pub use publish::{
     parse_publish, Limits, BATCH_CONTENT_TYPE, DEFAULT_MAX_BATCH, DEFAULT_MAX_EVENT_BYTES,

@@ -12,8 +12,8 @@
 //! Case count: `MESHD_FUZZ_CASES` (default 2000, the CI pass); see docs/fuzzing.md.
 
 use meshd_events::{
-    parse_publish, partition_for, to_binary_mode, Event, EventData, Filter, Limits,
-    BATCH_CONTENT_TYPE, STRUCTURED_CONTENT_TYPE,
+    parse_publish, partition_for, to_binary_mode, Event, EventData, Limits, BATCH_CONTENT_TYPE,
+    STRUCTURED_CONTENT_TYPE,
 };
 use proptest::prelude::*;
 
@@ -286,11 +286,14 @@ fn exercise(e: &Event, limits: &Limits) -> Result<(), TestCaseError> {
     for partitions in [1, 7, 1024] {
         prop_assert!(partition_for(e, partitions) < partitions);
     }
-    let filter = Filter {
-        event_type: Some(e.event_type().to_owned()),
-        source: Some(e.source().to_owned()),
-    };
-    prop_assert!(filter.matches(e));
+    // What subscription filters compare: every attribute by name, in its string form.
+    let attr = |name: &str| e.attribute(name).map(|v| v.into_owned());
+    prop_assert_eq!(attr("type"), Some(e.event_type().to_owned()));
+    prop_assert_eq!(attr("source"), Some(e.source().to_owned()));
+    prop_assert_eq!(attr("subject"), e.subject().map(str::to_owned));
+    for (name, v) in e.extensions() {
+        prop_assert_eq!(attr(name), Some(v.to_canonical_string()));
+    }
     // Push delivery renders binary mode; publishing that back must be accepted.
     let (headers, body) = to_binary_mode(e);
     let ct = headers

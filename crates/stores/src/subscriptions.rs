@@ -24,7 +24,10 @@
 //! (or the other way round) while etcd was down.
 
 pub(crate) mod cache;
+pub mod filters;
 pub mod record;
+
+pub use filters::{FilterError, FilterExpr, Selector};
 
 pub use cache::{CacheConfig, CacheHealth};
 
@@ -111,6 +114,8 @@ pub struct SubscriptionSpec {
     /// Retry backoff (1 ≤ initial_ms ≤ max_ms ≤ 3600000).
     pub backoff: Backoff,
     pub filter: Option<Filter>,
+    /// The CloudEvents Subscriptions API filters (all must match; empty: none).
+    pub filters: Vec<FilterExpr>,
     pub push: Option<Push>,
     /// Applies when an incarnation's offsets are first created; stored as given.
     pub start: StartPosition,
@@ -126,6 +131,7 @@ impl SubscriptionSpec {
             ack_timeout_ms: DEFAULT_ACK_TIMEOUT_MS,
             backoff: Backoff::default(),
             filter: None,
+            filters: Vec::new(),
             push: None,
             start: StartPosition::Latest,
         }
@@ -182,6 +188,12 @@ impl SubscriptionSpec {
                         );
                     }
                 }
+            }
+        }
+        if !self.filters.is_empty() {
+            // One validation for every way in: the JSON form is what is parsed.
+            if let Err(e) = FilterExpr::parse_list(&FilterExpr::list_to_json(&self.filters)) {
+                return invalid("filters", e.to_string());
             }
         }
         if let Some(p) = &self.push {

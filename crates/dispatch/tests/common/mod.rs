@@ -8,7 +8,7 @@ use meshd_dispatch::{
     Input, NackOutcome, OffsetKey, Partition, PartitionCore, PullId, Reply, SessionBinding,
     Sources,
 };
-use meshd_stores::subscriptions::Backoff;
+use meshd_stores::subscriptions::{Backoff, Selector};
 
 pub fn key() -> OffsetKey {
     OffsetKey {
@@ -42,7 +42,7 @@ pub fn config() -> Config {
         max_pending: 1000,
         read_batch: 100,
         read_retry_ms: 500,
-        filter: None,
+        selector: Selector::default(),
         unknown_size_bytes: 1 << 20,
     }
 }
@@ -58,10 +58,17 @@ pub struct Shell {
 }
 
 pub fn event(offset: u64) -> EventMeta {
+    typed(offset, "order.created", "/shop")
+}
+
+/// An event with this CloudEvents `type` and `source` (what the tests' filters read).
+pub fn typed(offset: u64, event_type: &str, source: &str) -> EventMeta {
     EventMeta {
         offset,
-        event_type: "order.created".into(),
-        source: "/shop".into(),
+        attributes: vec![
+            ("type".into(), event_type.into()),
+            ("source".into(), source.into()),
+        ],
         size: 100,
     }
 }
@@ -166,12 +173,7 @@ impl Shell {
     pub fn publish_typed(&mut self, events: &[(&str, &str)]) -> Vec<Command> {
         for (t, s) in events {
             let offset = self.log.len() as u64;
-            self.log.push(EventMeta {
-                offset,
-                event_type: t.to_string(),
-                source: s.to_string(),
-                size: 100,
-            });
+            self.log.push(typed(offset, t, s));
         }
         self.input(Input::LogEnd(self.log.len() as u64))
     }

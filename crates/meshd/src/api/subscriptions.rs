@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_meta::Backend;
 use meshd_stores::subscriptions::{
-    Backoff, Filter, Precondition, Push, StartPosition, Subscription, SubscriptionError,
-    SubscriptionSpec, SubscriptionStore,
+    Backoff, Filter, FilterExpr, Precondition, Push, StartPosition, Subscription,
+    SubscriptionError, SubscriptionSpec, SubscriptionStore,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -79,6 +79,8 @@ struct PutSubscription {
     ack_timeout_ms: Option<u64>,
     backoff: Option<BackoffBody>,
     filter: Option<FilterBody>,
+    /// Parsed by [`FilterExpr::parse_list`], which names a malformed expression's path.
+    filters: Option<Value>,
     push: Option<PushBody>,
     start: Option<String>,
 }
@@ -102,6 +104,14 @@ fn spec_of(name: &str, body: PutSubscription) -> Result<SubscriptionSpec, Proble
         event_type: f.event_type,
         source: f.source,
     });
+    if let Some(v) = &body.filters {
+        spec.filters = FilterExpr::parse_list(v).map_err(|e| {
+            Problem::invalid_field(
+                &e.path,
+                format!("filter expression {}: {}", e.path, e.reason),
+            )
+        })?;
+    }
     if let Some(p) = &body.push {
         if let Err(e) = crate::runtime::push::Target::parse(&p.url) {
             return Err(Problem::invalid_field("push.url", e.to_string()));
@@ -141,6 +151,9 @@ fn to_json(s: &Subscription) -> Value {
             filter.insert("source".into(), json!(src));
         }
         v["filter"] = Value::Object(filter);
+    }
+    if !spec.filters.is_empty() {
+        v["filters"] = FilterExpr::list_to_json(&spec.filters);
     }
     if let Some(p) = &spec.push {
         v["push"] = json!({"url": p.url});

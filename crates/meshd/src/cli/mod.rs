@@ -146,6 +146,10 @@ struct SubCreate {
     /// Deliver only events from this CloudEvents source.
     #[arg(long)]
     filter_source: Option<String>,
+    /// CloudEvents Subscriptions API filters, a JSON array that must all match, e.g.
+    /// '[{"prefix":{"type":"com.shop."}},{"not":{"exact":{"region":"us"}}}]'.
+    #[arg(long, value_name = "JSON")]
+    filters: Option<String>,
     /// First retry delay in ms.
     #[arg(long)]
     backoff_initial_ms: Option<u64>,

@@ -101,6 +101,11 @@ fn row_of(s: &Value) -> Vec<String> {
             .join(","),
         _ => "-".into(),
     };
+    let filter = match (s.get("filters"), filter.as_str()) {
+        (Some(f), "-") => f.to_string(),
+        (Some(f), shorthand) => format!("{shorthand} {f}"),
+        (None, _) => filter,
+    };
     let push = s
         .get("push")
         .map_or_else(|| "-".to_string(), |p| cell(p, &["url"]));
@@ -141,6 +146,11 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
             f.insert("source".into(), json!(s));
         }
         body.insert("filter".into(), Value::Object(f));
+    }
+    if let Some(text) = c.filters {
+        let filters: Value = serde_json::from_str(&text)
+            .map_err(|e| CliError::Usage(format!("--filters is not JSON: {e}")))?;
+        body.insert("filters".into(), filters);
     }
     if c.backoff_initial_ms.is_some() || c.backoff_max_ms.is_some() {
         let mut b = Map::new();

@@ -1186,18 +1186,15 @@ impl PartitionTask {
                     .await
                 {
                     Ok(events) => {
-                        // Only a filter looks at type and source: without one the
-                        // payloads are not parsed here.
-                        let filtered = self.core.config().filter.is_some();
+                        // Only a filter looks at attributes: without one the payloads
+                        // are not parsed here, with one only the attributes it names
+                        // are kept.
+                        let selector = &self.core.config().selector;
+                        let names = (!selector.takes_all()).then(|| selector.attribute_names());
                         vec![Input::EventsRead(
                             events
                                 .into_iter()
-                                .map(|e| {
-                                    let mut m =
-                                        meta_of(e.offset, filtered.then_some(&e.payload[..]));
-                                    m.size = e.payload.len() as u64;
-                                    m
-                                })
+                                .map(|e| meta_of(e.offset, &e.payload, names.as_deref()))
                                 .collect(),
                         )]
                     }
@@ -1501,26 +1498,24 @@ impl PartitionTask {
     }
 }
 
-/// What the core's filter looks at; `payload` is `None` when there is no filter (type
-/// and source are then not needed). A stored payload that does not parse (it was
-/// validated at publish, so only damage does this) gets an empty type and source: it
-/// is delivered as it is without a filter, but a filter resolves it without delivery
-/// (it is not dead-lettered: a damaged stored event under a filtered subscription is
-/// skipped, a known gap).
-fn meta_of(offset: u64, payload: Option<&[u8]>) -> EventMeta {
-    match payload.map(Event::from_stored) {
-        Some(Ok(e)) => EventMeta {
-            offset,
-            event_type: e.event_type().to_string(),
-            source: e.source().to_string(),
-            size: 0,
-        },
-        _ => EventMeta {
-            offset,
-            event_type: String::new(),
-            source: String::new(),
-            size: 0,
-        },
+/// What the core's filter looks at: the attributes in `names` (`None`: there is no
+/// filter, nothing is parsed). A stored payload that does not parse (it was validated
+/// at publish, so only damage does this) has no attributes: it is delivered as it is
+/// without a filter, while a filter treats every attribute as absent (it is not
+/// dead-lettered: a damaged stored event under a filtered subscription is skipped or
+/// delivered as its filter says of absent attributes, a known gap).
+fn meta_of(offset: u64, payload: &[u8], names: Option<&[String]>) -> EventMeta {
+    let attributes = match names.map(|n| (n, Event::from_stored(payload))) {
+        Some((names, Ok(e))) => names
+            .iter()
+            .filter_map(|n| e.attribute(n).map(|v| (n.clone(), v.into_owned())))
+            .collect(),
+        _ => Vec::new(),
+    };
+    EventMeta {
+        offset,
+        attributes,
+        size: payload.len() as u64,
     }
 }
 

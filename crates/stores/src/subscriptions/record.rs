@@ -23,7 +23,7 @@
 //! release that does. A `PUT` replaces the whole record.
 
 use super::cache::CorruptRecord;
-use super::{Backoff, Filter, Push, StartPosition, Subscription, SubscriptionSpec};
+use super::{Backoff, Filter, FilterExpr, Push, StartPosition, Subscription, SubscriptionSpec};
 use crate::codec::decode_probed;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::KeyValue;
@@ -63,6 +63,10 @@ struct RecordV1 {
     backoff: BackoffV1,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     filter: Option<FilterV1>,
+    /// Added after version 1 shipped (an older release ignores it: see the module
+    /// doc). The API's JSON form, parsed and validated again on decode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    filters: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     push: Option<PushV1>,
     start: StartV1,
@@ -110,6 +114,7 @@ pub fn encode(spec: &SubscriptionSpec) -> Result<Vec<u8>, String> {
             event_type: f.event_type.clone(),
             source: f.source.clone(),
         }),
+        filters: (!spec.filters.is_empty()).then(|| FilterExpr::list_to_json(&spec.filters)),
         push: spec.push.as_ref().map(|p| PushV1 { url: p.url.clone() }),
         start: match spec.start {
             StartPosition::Latest => StartV1::Latest,
@@ -122,6 +127,10 @@ pub fn encode(spec: &SubscriptionSpec) -> Result<Vec<u8>, String> {
 /// Decodes the value stored under `key` for subscription `name`.
 pub fn decode_value(name: &str, value: &[u8]) -> Result<SubscriptionSpec, String> {
     let r: RecordV1 = decode_probed(value, VERSION)?;
+    let filters = match &r.filters {
+        None => Vec::new(),
+        Some(v) => FilterExpr::parse_list(v).map_err(|e| format!("the record's filters: {e}"))?,
+    };
     let spec = SubscriptionSpec {
         name: r.name,
         topic: r.topic,
@@ -135,6 +144,7 @@ pub fn decode_value(name: &str, value: &[u8]) -> Result<SubscriptionSpec, String
             event_type: f.event_type,
             source: f.source,
         }),
+        filters,
         push: r.push.map(|p| Push { url: p.url }),
         start: match r.start {
             StartV1::Latest => StartPosition::Latest,
@@ -184,6 +194,23 @@ mod tests {
         "[A-Za-z0-9._-]{1,40}"
     }
 
+    fn filter_strategy() -> impl Strategy<Value = FilterExpr> {
+        let pairs = proptest::collection::btree_map("x[a-z0-9]{0,8}", ".{0,12}", 1..3)
+            .prop_map(|m| m.into_iter().collect::<Vec<_>>());
+        let leaf = prop_oneof![
+            pairs.clone().prop_map(FilterExpr::Exact),
+            pairs.clone().prop_map(FilterExpr::Prefix),
+            pairs.prop_map(FilterExpr::Suffix),
+        ];
+        leaf.prop_recursive(3, 12, 3, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 1..3).prop_map(FilterExpr::All),
+                proptest::collection::vec(inner.clone(), 1..3).prop_map(FilterExpr::Any),
+                inner.prop_map(|f| FilterExpr::Not(Box::new(f))),
+            ]
+        })
+    }
+
     prop_compose! {
         fn spec_strategy()(
             name in name_strategy(),
@@ -195,6 +222,7 @@ mod tests {
                 .prop_filter("a filter names something", |(t, s)| t.is_some() || s.is_some())),
             push in proptest::option::of("https?://[a-z]{1,10}(:[0-9]{2,5})?/[a-z/]{0,20}"),
             earliest in any::<bool>(),
+            filters in proptest::collection::vec(filter_strategy(), 0..3),
         ) -> SubscriptionSpec {
             SubscriptionSpec {
                 name,
@@ -203,6 +231,7 @@ mod tests {
                 ack_timeout_ms,
                 backoff: Backoff { initial_ms, max_ms },
                 filter: filter.map(|(event_type, source)| Filter { event_type, source }),
+                filters,
                 push: push.map(|url| Push { url }),
                 start: if earliest { StartPosition::Earliest } else { StartPosition::Latest },
             }
@@ -239,6 +268,29 @@ mod tests {
         }
     }
 
+    /// Pins the `filters` field (added to version 1 later; a release before it ignores
+    /// the field, see the module doc).
+    #[test]
+    fn pinned_filters_field() {
+        let text = br#"{"v":1,"name":"eu","topic":"orders","max_attempts":5,"ack_timeout_ms":30000,"backoff":{"initial_ms":1000,"max_ms":60000},"filters":[{"prefix":{"type":"com.shop."}},{"not":{"exact":{"region":"us"}}}],"start":"latest"}"#;
+        let s = decode("eu", &kv("eu", text)).unwrap();
+        assert_eq!(
+            s.spec.filters,
+            vec![
+                FilterExpr::Prefix(vec![("type".into(), "com.shop.".into())]),
+                FilterExpr::Not(Box::new(FilterExpr::Exact(vec![(
+                    "region".into(),
+                    "us".into()
+                )]))),
+            ]
+        );
+        assert_eq!(encode(&s.spec).unwrap(), text.to_vec());
+        // A malformed stored expression is corrupt, never a filter that takes all.
+        let bad = br#"{"v":1,"name":"eu","topic":"orders","max_attempts":5,"ack_timeout_ms":30000,"backoff":{"initial_ms":1000,"max_ms":60000},"filters":[{"regex":{"type":"."}}],"start":"latest"}"#;
+        let e = decode("eu", &kv("eu", bad)).unwrap_err();
+        assert!(e.reason.contains("filters[0]"), "{e:?}");
+    }
+
     /// Pins the version 1 format: this exact text must keep decoding to this value.
     #[test]
     fn pinned_version_1_record() {
@@ -259,6 +311,7 @@ mod tests {
                     event_type: Some("order.created".into()),
                     source: None
                 }),
+                filters: Vec::new(),
                 push: Some(Push {
                     url: "http://hook/x".into()
                 }),

@@ -1,0 +1,458 @@
+//! # Subscription filters: the CloudEvents Subscriptions API dialects
+//!
+//! A subscription's `filters` is a list of expressions, all of which must match
+//! (HTTP API, Additions, "Filters"):
+//!
+//! | expression | matches when |
+//! |---|---|
+//! | `{"exact": {"attr": "v", ...}}` | every listed attribute is present and equal to its value |
+//! | `{"prefix": {"attr": "v", ...}}` | every listed attribute is present and starts with its value |
+//! | `{"suffix": {"attr": "v", ...}}` | every listed attribute is present and ends with its value |
+//! | `{"all": [f, ...]}` | every sub-expression matches |
+//! | `{"any": [f, ...]}` | at least one sub-expression matches |
+//! | `{"not": f}` | `f` does not match |
+//!
+//! Attribute names are CloudEvents context attributes and extensions; values are
+//! compared case-sensitively on their string form (an extension's canonical string:
+//! `42`, `true`). An absent attribute matches nothing (so `not` of it matches).
+//!
+//! Parsing validates everything and names the malformed expression by its path
+//! (`filters[1].any[0]`); the JSON form written back ([`FilterExpr::to_json`]) is the
+//! one accepted, so the record and the API share one codec. The whole list is bounded
+//! ([`MAX_FILTER_NODES`], [`MAX_FILTER_DEPTH`], [`MAX_FILTER_VALUE_LEN`]) so a record
+//! stays small in Meta and evaluation is cheap and cannot recurse without bound.
+//!
+//! Evaluation is pure: it takes a lookup from attribute name to string value, so the
+//! delivery core evaluates it without I/O over whatever attributes the shell extracted
+//! ([`FilterExpr::attribute_names`] says which).
+
+use serde_json::{Map, Value};
+use std::collections::BTreeSet;
+
+/// The most expressions (every node, leaves included) in one subscription's filters.
+pub const MAX_FILTER_NODES: usize = 64;
+/// The deepest nesting of `all`/`any`/`not` (a top-level expression is depth 1).
+pub const MAX_FILTER_DEPTH: usize = 8;
+/// The longest value compared, in bytes (as the shorthand `filter`).
+pub const MAX_FILTER_VALUE_LEN: usize = super::MAX_FILTER_LEN;
+/// The longest attribute name (CloudEvents asks for at most 20; some producers use more).
+pub const MAX_ATTRIBUTE_NAME_LEN: usize = 64;
+
+/// One filter expression.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FilterExpr {
+    Exact(Vec<(String, String)>),
+    Prefix(Vec<(String, String)>),
+    Suffix(Vec<(String, String)>),
+    All(Vec<FilterExpr>),
+    Any(Vec<FilterExpr>),
+    Not(Box<FilterExpr>),
+}
+
+/// A malformed expression: `path` names it (`filters[1].any[0]`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct FilterError {
+    pub path: String,
+    pub reason: String,
+}
+
+impl FilterExpr {
+    /// Parses and validates a `filters` list (the JSON array of the API and the
+    /// record). Errors name the malformed expression's path under `filters`.
+    pub fn parse_list(value: &Value) -> Result<Vec<FilterExpr>, FilterError> {
+        let Value::Array(items) = value else {
+            return Err(FilterError {
+                path: "filters".into(),
+                reason: "must be an array of filter expressions".into(),
+            });
+        };
+        let mut budget = MAX_FILTER_NODES;
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Self::parse_at(v, &format!("filters[{i}]"), 1, &mut budget))
+            .collect()
+    }
+
+    fn parse_at(
+        value: &Value,
+        path: &str,
+        depth: usize,
+        budget: &mut usize,
+    ) -> Result<FilterExpr, FilterError> {
+        let bad = |reason: String| FilterError {
+            path: path.to_owned(),
+            reason,
+        };
+        if depth > MAX_FILTER_DEPTH {
+            return Err(bad(format!(
+                "nested deeper than {MAX_FILTER_DEPTH} expressions"
+            )));
+        }
+        if *budget == 0 {
+            return Err(bad(format!(
+                "the filters hold more than {MAX_FILTER_NODES} expressions"
+            )));
+        }
+        *budget -= 1;
+        let Value::Object(map) = value else {
+            return Err(bad(
+                "must be an object with one of exact, prefix, suffix, all, any, not".into(),
+            ));
+        };
+        let mut entries = map.iter();
+        let (dialect, arg) = match (entries.next(), entries.next()) {
+            (Some(one), None) => one,
+            _ => {
+                return Err(bad(format!(
+                    "must have exactly one dialect (exact, prefix, suffix, all, any, not), has {}",
+                    map.len()
+                )))
+            }
+        };
+        match dialect.as_str() {
+            "exact" => Ok(FilterExpr::Exact(attributes(arg, dialect).map_err(bad)?)),
+            "prefix" => Ok(FilterExpr::Prefix(attributes(arg, dialect).map_err(bad)?)),
+            "suffix" => Ok(FilterExpr::Suffix(attributes(arg, dialect).map_err(bad)?)),
+            "all" | "any" => {
+                let Value::Array(items) = arg else {
+                    return Err(bad(format!(
+                        "{dialect} must be a non-empty array of expressions"
+                    )));
+                };
+                if items.is_empty() {
+                    return Err(bad(format!(
+                        "{dialect} must be a non-empty array of expressions"
+                    )));
+                }
+                let subs = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        Self::parse_at(v, &format!("{path}.{dialect}[{i}]"), depth + 1, budget)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(if dialect == "all" {
+                    FilterExpr::All(subs)
+                } else {
+                    FilterExpr::Any(subs)
+                })
+            }
+            "not" => Ok(FilterExpr::Not(Box::new(Self::parse_at(
+                arg,
+                &format!("{path}.not"),
+                depth + 1,
+                budget,
+            )?))),
+            other => Err(bad(format!(
+                "unknown dialect {other:?} (exact, prefix, suffix, all, any, not)"
+            ))),
+        }
+    }
+
+    /// The JSON form (what [`FilterExpr::parse_list`] accepts).
+    pub fn to_json(&self) -> Value {
+        let pairs = |ps: &[(String, String)]| {
+            Value::Object(
+                ps.iter()
+                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                    .collect::<Map<_, _>>(),
+            )
+        };
+        let list = |fs: &[FilterExpr]| Value::Array(fs.iter().map(Self::to_json).collect());
+        let (dialect, arg) = match self {
+            FilterExpr::Exact(p) => ("exact", pairs(p)),
+            FilterExpr::Prefix(p) => ("prefix", pairs(p)),
+            FilterExpr::Suffix(p) => ("suffix", pairs(p)),
+            FilterExpr::All(fs) => ("all", list(fs)),
+            FilterExpr::Any(fs) => ("any", list(fs)),
+            FilterExpr::Not(f) => ("not", f.to_json()),
+        };
+        let mut m = Map::new();
+        m.insert(dialect.into(), arg);
+        Value::Object(m)
+    }
+
+    /// The JSON array of a list.
+    pub fn list_to_json(filters: &[FilterExpr]) -> Value {
+        Value::Array(filters.iter().map(Self::to_json).collect())
+    }
+
+    /// Whether an event matches; `attr` gives an attribute's string form, `None` when
+    /// the event does not have it.
+    pub fn matches<'a>(&self, attr: &dyn Fn(&str) -> Option<&'a str>) -> bool {
+        let each = |ps: &[(String, String)], test: fn(&str, &str) -> bool| {
+            ps.iter()
+                .all(|(name, want)| attr(name).is_some_and(|got| test(got, want)))
+        };
+        match self {
+            FilterExpr::Exact(ps) => each(ps, |got, want| got == want),
+            FilterExpr::Prefix(ps) => each(ps, |got, want| got.starts_with(want)),
+            FilterExpr::Suffix(ps) => each(ps, |got, want| got.ends_with(want)),
+            FilterExpr::All(fs) => fs.iter().all(|f| f.matches(attr)),
+            FilterExpr::Any(fs) => fs.iter().any(|f| f.matches(attr)),
+            FilterExpr::Not(f) => !f.matches(attr),
+        }
+    }
+
+    /// Adds every attribute name this expression looks at to `out`.
+    pub fn attribute_names(&self, out: &mut BTreeSet<String>) {
+        match self {
+            FilterExpr::Exact(ps) | FilterExpr::Prefix(ps) | FilterExpr::Suffix(ps) => {
+                out.extend(ps.iter().map(|(k, _)| k.clone()))
+            }
+            FilterExpr::All(fs) | FilterExpr::Any(fs) => {
+                fs.iter().for_each(|f| f.attribute_names(out))
+            }
+            FilterExpr::Not(f) => f.attribute_names(out),
+        }
+    }
+}
+
+/// Which events a subscription receives: its shorthand `filter` (one `exact` over
+/// `type` and `source`) and its `filters`, all of which must match. The empty selector
+/// takes everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selector {
+    exprs: Vec<FilterExpr>,
+}
+
+impl Selector {
+    pub fn new(filter: Option<&super::Filter>, filters: &[FilterExpr]) -> Self {
+        let shorthand = filter.map(|f| {
+            let pairs = [("type", &f.event_type), ("source", &f.source)]
+                .into_iter()
+                .filter_map(|(k, v)| v.as_ref().map(|v| (k.to_owned(), v.clone())))
+                .collect();
+            FilterExpr::Exact(pairs)
+        });
+        Self {
+            exprs: shorthand
+                .into_iter()
+                .chain(filters.iter().cloned())
+                .collect(),
+        }
+    }
+
+    /// The selector of a subscription's settings.
+    pub fn of(spec: &super::SubscriptionSpec) -> Self {
+        Self::new(spec.filter.as_ref(), &spec.filters)
+    }
+
+    /// Whether it takes every event (no attribute needs to be looked at).
+    pub fn takes_all(&self) -> bool {
+        self.exprs.is_empty()
+    }
+
+    /// Whether an event with these attributes is delivered.
+    pub fn matches<'a>(&self, attr: &dyn Fn(&str) -> Option<&'a str>) -> bool {
+        self.exprs.iter().all(|f| f.matches(attr))
+    }
+
+    /// Every attribute name the selector looks at (sorted, once each).
+    pub fn attribute_names(&self) -> Vec<String> {
+        let mut names = BTreeSet::new();
+        self.exprs
+            .iter()
+            .for_each(|f| f.attribute_names(&mut names));
+        names.into_iter().collect()
+    }
+}
+
+/// The `{"attr": "value", ...}` argument of `exact`, `prefix` and `suffix`.
+fn attributes(arg: &Value, dialect: &str) -> Result<Vec<(String, String)>, String> {
+    let Value::Object(map) = arg else {
+        return Err(format!(
+            "{dialect} must be an object of attribute names to string values"
+        ));
+    };
+    if map.is_empty() {
+        return Err(format!("{dialect} names no attribute"));
+    }
+    map.iter()
+        .map(|(name, v)| {
+            if name.is_empty()
+                || name.len() > MAX_ATTRIBUTE_NAME_LEN
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            {
+                return Err(format!(
+                    "{dialect}.{name}: an attribute name is 1–{MAX_ATTRIBUTE_NAME_LEN} \
+                     lower-case letters and digits"
+                ));
+            }
+            if name == "data" || name == "data_base64" {
+                return Err(format!(
+                    "{dialect}.{name}: the event's data is not an attribute"
+                ));
+            }
+            let Value::String(s) = v else {
+                return Err(format!("{dialect}.{name} must be a string"));
+            };
+            if s.len() > MAX_FILTER_VALUE_LEN {
+                return Err(format!(
+                    "{dialect}.{name} is {} bytes, at most {MAX_FILTER_VALUE_LEN}",
+                    s.len()
+                ));
+            }
+            Ok((name.clone(), s.clone()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<Vec<FilterExpr>, FilterError> {
+        FilterExpr::parse_list(&v)
+    }
+
+    fn event<'a>(attrs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<&'a str> {
+        move |name| attrs.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
+    }
+
+    fn all_match(filters: &[FilterExpr], attrs: &[(&str, &str)]) -> bool {
+        let lookup = event(attrs);
+        filters.iter().all(|f| f.matches(&lookup))
+    }
+
+    #[test]
+    fn every_dialect_matches_as_the_contract_says() {
+        let e = [
+            ("type", "com.shop.order.created"),
+            ("source", "/shop/eu"),
+            ("tenant", "acme"),
+            ("priority", "7"),
+        ];
+        let cases = [
+            (json!([{"exact": {"type": "com.shop.order.created"}}]), true),
+            (json!([{"exact": {"type": "com.shop.order"}}]), false),
+            (
+                json!([{"exact": {"type": "Com.shop.order.created"}}]),
+                false,
+            ),
+            (
+                json!([{"exact": {"type": "com.shop.order.created", "tenant": "acme"}}]),
+                true,
+            ),
+            (
+                json!([{"exact": {"type": "com.shop.order.created", "tenant": "other"}}]),
+                false,
+            ),
+            (json!([{"prefix": {"type": "com.shop."}}]), true),
+            (json!([{"prefix": {"type": "com.bank."}}]), false),
+            (json!([{"suffix": {"source": "/eu"}}]), true),
+            (json!([{"suffix": {"source": "/us"}}]), false),
+            (json!([{"exact": {"priority": "7"}}]), true),
+            // An absent attribute matches nothing, and `not` of it matches.
+            (json!([{"exact": {"region": "eu"}}]), false),
+            (json!([{"prefix": {"region": ""}}]), false),
+            (json!([{"not": {"exact": {"region": "eu"}}}]), true),
+            (
+                json!([{"any": [{"exact": {"tenant": "x"}}, {"suffix": {"source": "/eu"}}]}]),
+                true,
+            ),
+            (
+                json!([{"any": [{"exact": {"tenant": "x"}}, {"suffix": {"source": "/us"}}]}]),
+                false,
+            ),
+            (
+                json!([{"all": [{"exact": {"tenant": "acme"}}, {"prefix": {"source": "/shop"}}]}]),
+                true,
+            ),
+            (
+                json!([{"all": [{"exact": {"tenant": "acme"}}, {"prefix": {"source": "/bank"}}]}]),
+                false,
+            ),
+            // The list is an implicit `all`.
+            (
+                json!([{"prefix": {"type": "com.shop."}}, {"not": {"exact": {"tenant": "acme"}}}]),
+                false,
+            ),
+            (json!([]), true),
+        ];
+        for (filters, want) in cases {
+            let parsed = parse(filters.clone()).unwrap();
+            assert_eq!(all_match(&parsed, &e), want, "{filters}");
+        }
+    }
+
+    #[test]
+    fn malformed_expressions_are_named_by_their_path() {
+        let cases = [
+            (json!({"exact": {}}), "filters"),
+            (json!([{"exact": {}}]), "filters[0]"),
+            (
+                json!([{"exact": {"type": "a"}}, {"any": [{"bogus": {}}]}]),
+                "filters[1].any[0]",
+            ),
+            (json!([{"exact": {"type": 5}}]), "filters[0]"),
+            (json!([{"exact": {"Type": "a"}}]), "filters[0]"),
+            (json!([{"exact": {"data": "a"}}]), "filters[0]"),
+            (
+                json!([{"exact": {"type": "a"}, "prefix": {"type": "a"}}]),
+                "filters[0]",
+            ),
+            (json!([{}]), "filters[0]"),
+            (json!(["type"]), "filters[0]"),
+            (json!([{"all": []}]), "filters[0]"),
+            (json!([{"any": {"exact": {"type": "a"}}}]), "filters[0]"),
+            (
+                json!([{"not": [{"exact": {"type": "a"}}]}]),
+                "filters[0].not",
+            ),
+            (
+                json!([{"not": {"all": [{"exact": {"type": "a"}}, {"not": 3}]}}]),
+                "filters[0].not.all[1].not",
+            ),
+            (
+                json!([{"prefix": {"type": "x".repeat(MAX_FILTER_VALUE_LEN + 1)}}]),
+                "filters[0]",
+            ),
+        ];
+        for (filters, path) in cases {
+            let e = parse(filters.clone()).unwrap_err();
+            assert_eq!(e.path, path, "{filters}: {e}");
+        }
+    }
+
+    #[test]
+    fn size_and_depth_are_bounded() {
+        let mut deep = json!({"exact": {"type": "a"}});
+        for _ in 0..MAX_FILTER_DEPTH {
+            deep = json!({"not": deep});
+        }
+        let e = parse(json!([deep])).unwrap_err();
+        assert!(e.reason.contains("deeper"), "{e}");
+        let wide: Vec<Value> = (0..=MAX_FILTER_NODES)
+            .map(|_| json!({"exact": {"type": "a"}}))
+            .collect();
+        let e = parse(Value::Array(wide)).unwrap_err();
+        assert_eq!(e.path, format!("filters[{MAX_FILTER_NODES}]"));
+        // Exactly at the bounds is fine.
+        let mut deep = json!({"exact": {"type": "a"}});
+        for _ in 1..MAX_FILTER_DEPTH {
+            deep = json!({"not": deep});
+        }
+        parse(json!([deep])).unwrap();
+    }
+
+    #[test]
+    fn the_json_form_round_trips_and_names_every_attribute() {
+        let text = json!([
+            {"exact": {"type": "t", "tenant": "acme"}},
+            {"any": [{"prefix": {"source": "/a"}}, {"not": {"suffix": {"subject": ".tmp"}}}]},
+            {"all": [{"exact": {"priority": "1"}}]}
+        ]);
+        let parsed = parse(text.clone()).unwrap();
+        assert_eq!(FilterExpr::list_to_json(&parsed), text);
+        let mut names = BTreeSet::new();
+        parsed.iter().for_each(|f| f.attribute_names(&mut names));
+        let names: Vec<_> = names.into_iter().collect();
+        assert_eq!(names, ["priority", "source", "subject", "tenant", "type"]);
+    }
+}
