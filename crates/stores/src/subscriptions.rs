@@ -25,9 +25,11 @@
 
 pub(crate) mod cache;
 pub mod filters;
+pub mod push;
 pub mod record;
 
 pub use filters::{FilterError, FilterExpr, Selector};
+pub use push::{Push, Rate, REDACTED};
 
 pub use cache::{CacheConfig, CacheHealth};
 
@@ -85,12 +87,6 @@ pub struct Filter {
     pub source: Option<String>,
 }
 
-/// Push delivery to a webhook.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Push {
-    pub url: String,
-}
-
 /// Where a new subscription (incarnation) starts reading each partition.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StartPosition {
@@ -135,6 +131,24 @@ impl SubscriptionSpec {
             push: None,
             start: StartPosition::Latest,
         }
+    }
+
+    /// A copy whose push credentials that keep stored values ([`REDACTED`], or
+    /// omitted) are replaced by valid placeholders: what can be checked before the
+    /// stored record is read.
+    fn with_redacted_as_placeholders(&self) -> SubscriptionSpec {
+        let mut s = self.clone();
+        if let Some(p) = &mut s.push {
+            if let Some(list) = &mut p.secrets {
+                list.retain(|v| v != REDACTED);
+            }
+            if let Some(list) = &mut p.headers {
+                for (_, v) in list.iter_mut().filter(|(_, v)| v == REDACTED) {
+                    v.clear();
+                }
+            }
+        }
+        s
     }
 
     /// Checks every value against its documented range; the error names the field.
@@ -210,6 +224,7 @@ impl SubscriptionSpec {
                     ),
                 );
             }
+            p.validate()?;
         }
         Ok(())
     }
@@ -578,15 +593,17 @@ impl MetaSubscriptionStore {
         spec: &SubscriptionSpec,
         precondition: Precondition,
     ) -> Result<(Subscription, bool), SubscriptionError> {
-        spec.validate()?;
+        // Bad input is refused before Meta is asked (markers that keep stored push
+        // credentials are checked once they are resolved, below).
+        spec.with_redacted_as_placeholders().validate()?;
         let name = spec.name.as_str();
         let key = record::key(name);
-        let value =
-            record::encode(spec).map_err(|m| SubscriptionError::Store(StoreFailure::Failed(m)))?;
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
             let current = self.read_current(&key).await?;
+            // The record this write replaces (when it may): what kept credentials come from.
+            let mut stored_push = None;
             let (expected, incarnation) = match (precondition, current) {
                 (Precondition::Absent, None) => (0, None),
                 (Precondition::Absent, Some(kv)) => {
@@ -596,6 +613,7 @@ impl MetaSubscriptionStore {
                 // create (`mod_revision == 0` means absent in Meta).
                 (Precondition::Revision(r), Some(kv)) if r >= 1 && kv.mod_revision == r => {
                     let existing = Self::check_update(name, spec, &kv)?;
+                    stored_push = existing.spec.push;
                     (r, Some(existing.incarnation))
                 }
                 (Precondition::Revision(_), other) => {
@@ -604,9 +622,17 @@ impl MetaSubscriptionStore {
                 (Precondition::None, None) => (0, None),
                 (Precondition::None, Some(kv)) => {
                     let existing = Self::check_update(name, spec, &kv)?;
+                    stored_push = existing.spec.push;
                     (kv.mod_revision, Some(existing.incarnation))
                 }
             };
+            let mut spec = spec.clone();
+            if let Some(p) = &mut spec.push {
+                p.resolve(stored_push.as_ref())?;
+            }
+            spec.validate()?;
+            let value = record::encode(&spec)
+                .map_err(|m| SubscriptionError::Store(StoreFailure::Failed(m)))?;
             let (topic_key, topic_revision) = self.read_topic(&spec.topic).await?;
             let pre = if expected == 0 {
                 meshd_meta::Precondition::Absent
@@ -623,7 +649,7 @@ impl MetaSubscriptionStore {
             let r = won(self.meta.txn(txn).await).map_err(SubscriptionError::from_meta)?;
             if let Ok(r) = r {
                 let s = Subscription {
-                    spec: spec.clone(),
+                    spec,
                     revision: r.revision,
                     incarnation: incarnation.unwrap_or(r.revision),
                 };

@@ -253,9 +253,7 @@ fn valid_subscription() -> impl Strategy<Value = Vec<u8>> {
                 source: (!s.is_empty()).then_some(s),
             });
             if push {
-                spec.push = Some(Push {
-                    url: "http://127.0.0.1:9/x".into(),
-                });
+                spec.push = Some(Push::new("http://127.0.0.1:9/x"));
             }
             if earliest {
                 spec.start = StartPosition::Earliest;

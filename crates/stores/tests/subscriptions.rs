@@ -22,7 +22,7 @@ use meshd_meta::{Meta, Precondition as MetaPrecondition, RangeOptions};
 use meshd_stores::failure::StoreFailure;
 use meshd_stores::subscriptions::{
     record, Backoff, Filter, MetaSubscriptionStore, Precondition, Push, StartPosition,
-    SubscriptionError, SubscriptionSpec, SubscriptionStore, SubscriptionStoreConfig,
+    SubscriptionError, SubscriptionSpec, SubscriptionStore, SubscriptionStoreConfig, REDACTED,
 };
 use meshd_stores::topics::{self, MetaTopicStore, TopicError, TopicStore};
 use meshd_test_support::wait::wait_until;
@@ -48,6 +48,7 @@ backend_cases!(
     a_subscription_on_a_missing_or_deleting_topic_is_topic_not_found,
     a_topic_referenced_by_a_subscription_is_not_deleted,
     given_creates_racing_a_topic_delete_then_no_subscription_references_a_deleted_topic,
+    redacted_push_credentials_are_kept_from_the_record_a_put_replaces,
 );
 
 // ---------------------------------------------------------------------------------
@@ -141,6 +142,100 @@ fn is_outage(e: &SubscriptionError) -> bool {
 mod suite {
     use super::*;
 
+    pub async fn redacted_push_credentials_are_kept_from_the_record_a_put_replaces(
+        h: &mut Harness,
+    ) {
+        const OLD: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+        const NEW: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        orders(h).await;
+        let s = store(h.meta()).await;
+        let with_push = |secrets: Option<Vec<&str>>, headers: Option<Vec<(&str, &str)>>| {
+            let mut x = spec("hook");
+            x.push = Some(Push {
+                secrets: secrets.map(|v| v.into_iter().map(String::from).collect()),
+                headers: headers
+                    .map(|v| v.into_iter().map(|(k, v)| (k.into(), v.into())).collect()),
+                ..Push::new("http://127.0.0.1:9/hook")
+            });
+            x
+        };
+        // A create cannot keep what is not there.
+        let e = s
+            .create(with_push(Some(vec![REDACTED]), None))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SubscriptionError::Invalid {
+                    field: "push.secrets",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let created = s
+            .create(with_push(
+                Some(vec![OLD]),
+                Some(vec![("authorization", "Bearer t")]),
+            ))
+            .await
+            .unwrap();
+        // Omitted: kept, in the store's answer, its cache and Meta.
+        let (kept, _) = s
+            .put(
+                with_push(None, None),
+                Precondition::Revision(created.revision),
+            )
+            .await
+            .unwrap();
+        let p = kept.spec.push.as_ref().unwrap();
+        assert_eq!(p.secrets(), [OLD]);
+        assert_eq!(
+            p.headers(),
+            [("authorization".to_string(), "Bearer t".to_string())]
+        );
+        assert_eq!(s.get("hook").await.unwrap().unwrap().spec, kept.spec);
+        let m = meta_state(h.meta().as_ref()).await.unwrap();
+        assert_eq!(m["hook"].2, kept.spec);
+        // Rotation with the marker, unconditionally.
+        let (rotated, _) = s
+            .put(
+                with_push(
+                    Some(vec![NEW, REDACTED]),
+                    Some(vec![("authorization", REDACTED)]),
+                ),
+                Precondition::None,
+            )
+            .await
+            .unwrap();
+        let p = rotated.spec.push.as_ref().unwrap();
+        assert_eq!(p.secrets(), [NEW, OLD]);
+        assert_eq!(
+            p.headers(),
+            [("authorization".to_string(), "Bearer t".to_string())]
+        );
+        // A marker with nothing behind it changes nothing.
+        let e = s
+            .put(
+                with_push(None, Some(vec![("x-other", REDACTED)])),
+                Precondition::None,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SubscriptionError::Invalid {
+                    field: "push.headers",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(s.get("hook").await.unwrap().unwrap(), rotated);
+    }
+
     pub async fn create_get_list_update_delete_round_trip_with_revisions(h: &mut Harness) {
         orders(h).await;
         let s = store(h.meta()).await;
@@ -155,9 +250,7 @@ mod suite {
             event_type: Some("order.created".into()),
             source: None,
         });
-        full.push = Some(Push {
-            url: "http://127.0.0.1:9/hook".into(),
-        });
+        full.push = Some(Push::new("http://127.0.0.1:9/hook"));
         full.start = StartPosition::Earliest;
         let created = s.create(full.clone()).await.expect("create");
         assert_eq!(created.spec, full);
@@ -421,11 +514,7 @@ mod suite {
                     source: None,
                 })
             }),
-            ("push.url", |x| {
-                x.push = Some(Push {
-                    url: "ftp://x".into(),
-                })
-            }),
+            ("push.url", |x| x.push = Some(Push::new("ftp://x"))),
         ];
         for (field, edit) in cases {
             let mut x = spec("v");

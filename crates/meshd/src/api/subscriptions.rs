@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_meta::Backend;
 use meshd_stores::subscriptions::{
-    Backoff, Filter, FilterExpr, Precondition, Push, StartPosition, Subscription,
-    SubscriptionError, SubscriptionSpec, SubscriptionStore,
+    Backoff, Filter, FilterExpr, Precondition, Push, Rate, StartPosition, Subscription,
+    SubscriptionError, SubscriptionSpec, SubscriptionStore, REDACTED,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -69,6 +69,42 @@ struct FilterBody {
 #[serde(deny_unknown_fields)]
 struct PushBody {
     url: String,
+    /// Omitted: keep the stored ones; `"***"` entries stand for stored ones.
+    secrets: Option<Vec<String>>,
+    /// Omitted: keep the stored ones; a `"***"` value keeps that header's value.
+    headers: Option<serde_json::Map<String, Value>>,
+    max_concurrency: Option<u32>,
+    rate_per_s: Option<f64>,
+}
+
+/// The push settings of a request (credentials kept from the stored record are
+/// resolved by the store, inside its compare-and-set).
+fn push_of(p: PushBody) -> Result<Push, Problem> {
+    if let Err(e) = crate::runtime::push::Target::parse(&p.url) {
+        return Err(Problem::invalid_field("push.url", e.to_string()));
+    }
+    let headers = match p.headers {
+        None => None,
+        Some(map) => Some(
+            map.into_iter()
+                .map(|(name, v)| match v {
+                    Value::String(v) => Ok((name.to_ascii_lowercase(), v)),
+                    _ => Err(Problem::invalid_field(
+                        "push.headers",
+                        format!("push.headers.{name} must be a string"),
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let mut push = Push::new(p.url);
+    push.secrets = p.secrets;
+    push.headers = headers;
+    if let Some(n) = p.max_concurrency {
+        push.max_concurrency = n;
+    }
+    push.rate_per_s = p.rate_per_s.map(Rate);
+    Ok(push)
 }
 
 #[derive(Deserialize)]
@@ -112,12 +148,7 @@ fn spec_of(name: &str, body: PutSubscription) -> Result<SubscriptionSpec, Proble
             )
         })?;
     }
-    if let Some(p) = &body.push {
-        if let Err(e) = crate::runtime::push::Target::parse(&p.url) {
-            return Err(Problem::invalid_field("push.url", e.to_string()));
-        }
-    }
-    spec.push = body.push.map(|p| Push { url: p.url });
+    spec.push = body.push.map(push_of).transpose()?;
     spec.start = match body.start.as_deref() {
         None | Some("latest") => StartPosition::Latest,
         Some("earliest") => StartPosition::Earliest,
@@ -156,7 +187,28 @@ fn to_json(s: &Subscription) -> Value {
         v["filters"] = FilterExpr::list_to_json(&spec.filters);
     }
     if let Some(p) = &spec.push {
-        v["push"] = json!({"url": p.url});
+        v["push"] = push_json(p);
+    }
+    v
+}
+
+/// The push settings as shown: secrets and header values as `"***"` (never sent back
+/// or logged).
+fn push_json(p: &Push) -> Value {
+    let mut v = json!({"url": p.url, "max_concurrency": p.max_concurrency});
+    if !p.secrets().is_empty() {
+        v["secrets"] = json!(vec![REDACTED; p.secrets().len()]);
+    }
+    if !p.headers().is_empty() {
+        let headers: serde_json::Map<String, Value> = p
+            .headers()
+            .iter()
+            .map(|(k, _)| (k.clone(), json!(REDACTED)))
+            .collect();
+        v["headers"] = Value::Object(headers);
+    }
+    if let Some(r) = p.rate_per_s {
+        v["rate_per_s"] = json!(r.0);
     }
     v
 }

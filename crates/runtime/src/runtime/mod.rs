@@ -210,6 +210,16 @@ pub struct Runtime {
     pub streams: stream::Streams,
 }
 
+impl Runtime {
+    /// The share of subscription `name`'s partitions that run here (1 standalone;
+    /// in cluster mode the owned share), `None` when it does not run here.
+    pub fn local_share(&self, name: &str) -> Option<f64> {
+        let sub = self.running(name)?;
+        let total = sub.parts.len().max(1);
+        Some(sub.running_parts().len() as f64 / total as f64)
+    }
+}
+
 impl SubRuntime {
     /// The task of partition `p` when it runs here.
     fn part(&self, p: usize) -> Option<Arc<PartitionHandle>> {
@@ -678,9 +688,8 @@ impl Runtime {
             Ok(target) => Some(self.deps.background.spawn(push::worker(
                 self.me.clone(),
                 sub.name().to_string(),
-                target,
+                push::PushSettings::of(sub, target)?,
                 push::transport(self.deps.push_tls.clone(), self.deps.push_egress.clone()),
-                Duration::from_millis(sub.spec.ack_timeout_ms),
                 self.deps.metrics.subscription(sub.name()),
                 self.deps.background.clone(),
             ))),

@@ -23,7 +23,9 @@
 //! release that does. A `PUT` replaces the whole record.
 
 use super::cache::CorruptRecord;
-use super::{Backoff, Filter, FilterExpr, Push, StartPosition, Subscription, SubscriptionSpec};
+use super::{
+    Backoff, Filter, FilterExpr, Push, Rate, StartPosition, Subscription, SubscriptionSpec,
+};
 use crate::codec::decode_probed;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::KeyValue;
@@ -86,9 +88,34 @@ struct FilterV1 {
     source: Option<String>,
 }
 
+/// `secrets`, `headers`, `max_concurrency` and `rate_per_s` were added after version 1
+/// shipped; each is omitted at its default, so a push without them is stored exactly
+/// as before. An older release ignores them: it pushes unsigned, without the headers
+/// and with its own bounds (README, "Push, signed and bounded": set them once every
+/// member runs a release that has them).
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
 struct PushV1 {
     url: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    secrets: Vec<String>,
+    /// `[name, value]` pairs in the order given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    headers: Vec<(String, String)>,
+    #[serde(
+        default = "default_max_concurrency",
+        skip_serializing_if = "is_default_max_concurrency"
+    )]
+    max_concurrency: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rate_per_s: Option<f64>,
+}
+
+fn default_max_concurrency() -> u32 {
+    super::push::DEFAULT_MAX_CONCURRENCY
+}
+
+fn is_default_max_concurrency(n: &u32) -> bool {
+    *n == super::push::DEFAULT_MAX_CONCURRENCY
 }
 
 #[derive(Serialize, Deserialize, Debug, PartialEq, Clone, Copy)]
@@ -115,7 +142,13 @@ pub fn encode(spec: &SubscriptionSpec) -> Result<Vec<u8>, String> {
             source: f.source.clone(),
         }),
         filters: (!spec.filters.is_empty()).then(|| FilterExpr::list_to_json(&spec.filters)),
-        push: spec.push.as_ref().map(|p| PushV1 { url: p.url.clone() }),
+        push: spec.push.as_ref().map(|p| PushV1 {
+            url: p.url.clone(),
+            secrets: p.secrets().to_vec(),
+            headers: p.headers().to_vec(),
+            max_concurrency: p.max_concurrency,
+            rate_per_s: p.rate_per_s.map(|r| r.0),
+        }),
         start: match spec.start {
             StartPosition::Latest => StartV1::Latest,
             StartPosition::Earliest => StartV1::Earliest,
@@ -145,7 +178,13 @@ pub fn decode_value(name: &str, value: &[u8]) -> Result<SubscriptionSpec, String
             source: f.source,
         }),
         filters,
-        push: r.push.map(|p| Push { url: p.url }),
+        push: r.push.map(|p| Push {
+            url: p.url,
+            secrets: Some(p.secrets),
+            headers: Some(p.headers),
+            max_concurrency: p.max_concurrency,
+            rate_per_s: p.rate_per_s.map(Rate),
+        }),
         start: match r.start {
             StartV1::Latest => StartPosition::Latest,
             StartV1::Earliest => StartPosition::Earliest,
@@ -220,7 +259,12 @@ mod tests {
             (initial_ms, max_ms) in (1u64..=3_600_000).prop_flat_map(|i| (Just(i), i..=3_600_000u64)),
             filter in proptest::option::of((proptest::option::of("[a-z.]{1,20}"), proptest::option::of("/[a-z/]{0,20}"))
                 .prop_filter("a filter names something", |(t, s)| t.is_some() || s.is_some())),
-            push in proptest::option::of("https?://[a-z]{1,10}(:[0-9]{2,5})?/[a-z/]{0,20}"),
+            push in proptest::option::of((
+                "https?://[a-z]{1,10}(:[0-9]{2,5})?/[a-z/]{0,20}",
+                any::<bool>(),
+                1u32..=256,
+                proptest::option::of(1u32..=1_000_000),
+            )),
             earliest in any::<bool>(),
             filters in proptest::collection::vec(filter_strategy(), 0..3),
         ) -> SubscriptionSpec {
@@ -232,7 +276,13 @@ mod tests {
                 backoff: Backoff { initial_ms, max_ms },
                 filter: filter.map(|(event_type, source)| Filter { event_type, source }),
                 filters,
-                push: push.map(|url| Push { url }),
+                push: push.map(|(url, signed, concurrency, rate)| Push {
+                    secrets: Some(if signed { vec!["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD".into()] } else { vec![] }),
+                    headers: Some(if signed { vec![("authorization".into(), "Bearer x".into())] } else { vec![] }),
+                    max_concurrency: concurrency,
+                    rate_per_s: rate.map(|r| Rate(f64::from(r) / 10.0)),
+                    ..Push::new(url)
+                }),
                 start: if earliest { StartPosition::Earliest } else { StartPosition::Latest },
             }
         }
@@ -312,9 +362,7 @@ mod tests {
                     source: None
                 }),
                 filters: Vec::new(),
-                push: Some(Push {
-                    url: "http://hook/x".into()
-                }),
+                push: Some(Push::new("http://hook/x")),
                 start: StartPosition::Earliest,
             }
         );
