@@ -182,6 +182,62 @@ async fn given_a_running_meshd_when_topics_and_subscriptions_are_created_then_th
         missing_topic.stderr
     );
 
+    // Filters and signed, bounded push from flags.
+    let hooked = cli(
+        a,
+        &[
+            "sub",
+            "create",
+            "hooked",
+            "--topic",
+            "orders",
+            "--filters",
+            r#"[{"prefix":{"type":"order."}}]"#,
+            "--push-url",
+            "http://127.0.0.1:9/hook",
+            "--push-secret",
+            "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+            "--push-header",
+            "authorization=Bearer x=y",
+            "--push-max-concurrency",
+            "4",
+            "--push-rate-per-s",
+            "2.5",
+            "--json",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(hooked["filters"], json!([{"prefix": {"type": "order."}}]));
+    assert_eq!(
+        hooked["push"],
+        json!({"url": "http://127.0.0.1:9/hook", "secrets": ["***"],
+               "headers": {"authorization": "***"}, "max_concurrency": 4, "rate_per_s": 2.5})
+    );
+    let bad = cli(
+        a,
+        &["sub", "create", "x", "--topic", "orders", "--filters", "[{"],
+    )
+    .await;
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    let bad = cli(
+        a,
+        &[
+            "sub",
+            "create",
+            "x",
+            "--topic",
+            "orders",
+            "--filters",
+            r#"[{"bogus":{}}]"#,
+        ],
+    )
+    .await;
+    assert_eq!(bad.code, Some(1), "{}", bad.stderr);
+    assert!(bad.stderr.contains("filters[0]"), "{}", bad.stderr);
+    cli(a, &["sub", "delete", "hooked"]).await.ok();
+
     let subs = cli(a, &["sub", "list", "--json"]).await.ok().json();
     let list = subs["subscriptions"].as_array().unwrap();
     assert_eq!(list.len(), 1, "{subs}");

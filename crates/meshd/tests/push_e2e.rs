@@ -6,107 +6,17 @@
 
 mod common;
 
+use common::webhook::{endpoint, endpoint_with};
 use common::*;
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
 use tokio::net::TcpListener;
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// One request the endpoint received.
-#[derive(Clone, Debug)]
-struct Received {
-    headers: BTreeMap<String, String>,
-    body: Vec<u8>,
-}
-
-/// An HTTP endpoint answering the scripted statuses in order (the last one repeats).
-struct Endpoint {
-    url: String,
-    received: Arc<Mutex<Vec<Received>>>,
-}
-
-async fn endpoint(statuses: Vec<u16>) -> Endpoint {
-    endpoint_with(statuses, None).await
-}
-
-/// [`endpoint`], over TLS when `tls` is given (`https://127.0.0.1:port/hook`).
-async fn endpoint_with(statuses: Vec<u16>, tls: Option<tokio_rustls::TlsAcceptor>) -> Endpoint {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let url = format!("{scheme}://{}/hook", listener.local_addr().unwrap());
-    let received: Arc<Mutex<Vec<Received>>> = Arc::default();
-    let log = received.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = listener.accept().await else {
-                return;
-            };
-            match &tls {
-                None => answer(s, &log, &statuses).await,
-                Some(acceptor) => {
-                    // A client that refuses the certificate ends here.
-                    if let Ok(s) = acceptor.accept(s).await {
-                        answer(s, &log, &statuses).await;
-                    }
-                }
-            }
-        }
-    });
-    Endpoint { url, received }
-}
-
-/// Reads one request from `s`, records it and answers the next scripted status.
-async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
-    mut s: S,
-    log: &Mutex<Vec<Received>>,
-    statuses: &[u16],
-) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        let n = s.read(&mut chunk).await.unwrap_or(0);
-        if n == 0 {
-            break None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break Some(i);
-        }
-    };
-    let Some(head_end) = head_end else { return };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let headers: BTreeMap<String, String> = head
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let len: usize = headers
-        .get("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = buf[head_end + 4..].to_vec();
-    while body.len() < len {
-        let n = s.read(&mut chunk).await.unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    let status = {
-        let mut r = log.lock().unwrap();
-        r.push(Received { headers, body });
-        statuses[(r.len() - 1).min(statuses.len() - 1)]
-    };
-    let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-    let _ = s.write_all(answer.as_bytes()).await;
-    let _ = s.shutdown().await;
-}
 
 /// A TLS acceptor with the test server certificate (for 127.0.0.1).
 fn tls_acceptor(certs: &meshd_test_support::certs::TestCerts) -> tokio_rustls::TlsAcceptor {
@@ -266,7 +176,7 @@ async fn given_an_https_push_endpoint_whose_certificate_the_push_ca_signed_then_
     .await
     .unwrap();
     let a = m.addr();
-    let hook = endpoint_with(vec![200], Some(tls_acceptor(&certs))).await;
+    let hook = endpoint_with(vec![200], Some(tls_acceptor(&certs)), Duration::ZERO).await;
     assert!(hook.url.starts_with("https://"));
     create_topic(a, "t", 1).await;
     create_subscription(a, "p", push_subscription("t", &hook.url)).await;
@@ -293,7 +203,7 @@ async fn given_an_https_push_endpoint_with_a_certificate_meshd_does_not_trust_th
     // meshd trusts the system's CAs only; the endpoint's CA is not among them.
     let m = start(&dir.path().join("data")).await;
     let a = m.addr();
-    let hook = endpoint_with(vec![200], Some(tls_acceptor(&certs))).await;
+    let hook = endpoint_with(vec![200], Some(tls_acceptor(&certs)), Duration::ZERO).await;
     create_topic(a, "t", 1).await;
     create_subscription(a, "p", push_subscription("t", &hook.url)).await;
     publish(a, "t", &event("untrusted")).await.unwrap();

@@ -159,6 +159,19 @@ struct SubCreate {
     /// Push deliveries to this URL instead of waiting for pulls.
     #[arg(long)]
     push_url: Option<String>,
+    /// Sign pushes with this Standard Webhooks secret (whsec_...); give it twice while
+    /// rotating; "***" keeps a stored one (with --upsert).
+    #[arg(long = "push-secret", value_name = "SECRET")]
+    push_secrets: Vec<String>,
+    /// A static header sent with every push, NAME=VALUE (repeatable).
+    #[arg(long = "push-header", value_name = "NAME=VALUE")]
+    push_headers: Vec<String>,
+    /// Push requests in flight at once, 1-256 (server default 16).
+    #[arg(long)]
+    push_max_concurrency: Option<u32>,
+    /// Push requests started per second, 0.1-100000 (server default unlimited).
+    #[arg(long)]
+    push_rate_per_s: Option<f64>,
     /// Update the subscription if it exists, instead of failing.
     #[arg(long)]
     upsert: bool,

@@ -163,7 +163,38 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
         body.insert("backoff".into(), Value::Object(b));
     }
     if let Some(u) = c.push_url {
-        body.insert("push".into(), json!({ "url": u }));
+        let mut push = Map::new();
+        push.insert("url".into(), json!(u));
+        if !c.push_secrets.is_empty() {
+            push.insert("secrets".into(), json!(c.push_secrets));
+        }
+        if !c.push_headers.is_empty() {
+            let mut headers = Map::new();
+            for h in &c.push_headers {
+                let (k, v) = h.split_once('=').ok_or_else(|| {
+                    CliError::Usage(format!("--push-header {h:?} is not NAME=VALUE"))
+                })?;
+                headers.insert(k.to_string(), json!(v));
+            }
+            push.insert("headers".into(), Value::Object(headers));
+        }
+        if let Some(n) = c.push_max_concurrency {
+            push.insert("max_concurrency".into(), json!(n));
+        }
+        if let Some(r) = c.push_rate_per_s {
+            push.insert("rate_per_s".into(), json!(r));
+        }
+        body.insert("push".into(), Value::Object(push));
+    } else if !c.push_secrets.is_empty()
+        || !c.push_headers.is_empty()
+        || c.push_max_concurrency.is_some()
+        || c.push_rate_per_s.is_some()
+    {
+        return Err(CliError::Usage(
+            "--push-secret, --push-header, --push-max-concurrency and --push-rate-per-s need \
+             --push-url"
+                .into(),
+        ));
     }
     let mut req =
         Request::new(Method::PUT, paths::subscription(&c.name)).json(&Value::Object(body));

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod disk;
+pub mod webhook;
 
 use anyhow::{anyhow, ensure, Context};
 use meshd_test_support::http::{self, request_with, send_json, Response};

@@ -303,7 +303,7 @@ mod tests {
         let body = br#"{"email":"test@example.com","username":"test_user"}"#;
         assert_eq!(
             sign(
-                &[key.clone()],
+                std::slice::from_ref(&key),
                 "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk",
                 1649367553,
                 body
@@ -337,7 +337,7 @@ mod tests {
             ("msg_27UH4WbU6Z5A5EzD8u03UvzRbpk", 1649367553, &body[1..]),
         ] {
             assert_ne!(
-                sign(&[key.clone()], id, ts, b),
+                sign(std::slice::from_ref(&key), id, ts, b),
                 "v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw="
             );
         }

@@ -144,12 +144,14 @@ impl Push {
                 for (name, value) in list.iter_mut().filter(|(_, v)| v == REDACTED) {
                     match stored_headers.iter().find(|(n, _)| n == name) {
                         Some((_, old)) => value.clone_from(old),
-                        None => return invalid(
-                            "push.headers",
-                            format!(
+                        None => {
+                            return invalid(
+                                "push.headers",
+                                format!(
                                 "{name}: \"{REDACTED}\" keeps a stored value, and none is stored"
                             ),
-                        ),
+                            )
+                        }
                     }
                 }
             }
