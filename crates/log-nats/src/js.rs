@@ -8,7 +8,7 @@
 //! JetStream helpers fold "no responders", timeouts and API errors into error kinds
 //! that differ per call).
 
-use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_ID, NATS_BATCH_SEQUENCE};
+use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_ID, NATS_BATCH_SEQUENCE, NATS_MESSAGE_ID};
 use async_nats::{Client, HeaderMap, Message, Request, RequestErrorKind};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -88,6 +88,10 @@ pub struct PubAck {
     /// Atomic batches: how many messages the commit stored.
     #[serde(default)]
     pub count: Option<u64>,
+    /// A publish with a `Nats-Msg-Id` the stream stored within its duplicate window:
+    /// nothing was stored, `seq` is the stored message's.
+    #[serde(default)]
+    pub duplicate: bool,
 }
 
 /// One message read back from a stream.
@@ -181,11 +185,34 @@ impl Js {
         batch_id: &str,
         deadline: Instant,
     ) -> Result<PubAck, Fail> {
+        self.publish_with_ids(subject, payloads, None, batch_id, deadline)
+            .await
+    }
+
+    /// [`publish`](Self::publish) with a `Nats-Msg-Id` per message (`ids`, one per
+    /// payload). A single message that is a duplicate is acknowledged with
+    /// `duplicate` and the stored message's sequence; a batch holding one is refused
+    /// whole ([`Fail::Api`], nothing stored).
+    pub async fn publish_with_ids(
+        &self,
+        subject: &str,
+        payloads: &[Bytes],
+        ids: Option<&[String]>,
+        batch_id: &str,
+        deadline: Instant,
+    ) -> Result<PubAck, Fail> {
         let Some((last, staged)) = payloads.split_last() else {
             return Err(Fail::NotApplied("empty publish".into()));
         };
+        let with_id = |mut h: HeaderMap, i: usize| {
+            if let Some(id) = ids.and_then(|ids| ids.get(i)) {
+                h.insert(NATS_MESSAGE_ID, id.as_str());
+            }
+            h
+        };
         let m = if staged.is_empty() {
-            self.request(subject.to_string(), None, last.clone(), deadline)
+            let h = ids.map(|_| with_id(HeaderMap::new(), 0));
+            self.request(subject.to_string(), h, last.clone(), deadline)
                 .await?
         } else {
             connected(&self.client)?;
@@ -193,7 +220,7 @@ impl Js {
                 let mut h = HeaderMap::new();
                 h.insert(NATS_BATCH_ID, batch_id);
                 h.insert(NATS_BATCH_SEQUENCE, seq.to_string().as_str());
-                h
+                with_id(h, seq - 1)
             };
             for (i, p) in staged.iter().enumerate() {
                 let send = self.client.publish_with_headers(

@@ -137,8 +137,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use js::{Fail, Js, STREAM_NAME_IN_USE, STREAM_NOT_FOUND};
 use meshd_stores::log::{
-    AppendNotifier, BodyRef, DeadLetterBodies, LogError, LogEvent, PartitionBounds, PartitionLog,
-    Retention, RetentionReport,
+    AppendNotifier, Appended, BodyRef, DeadLetterBodies, DedupEvent, DedupKey, LogError, LogEvent,
+    PartitionBounds, PartitionLog, Retention, RetentionReport,
 };
 use names::Names;
 use serde::Deserialize;
@@ -177,6 +177,8 @@ struct Inner {
     /// Partition streams known to exist: created or confirmed by this process. An
     /// entry is dropped when a publish finds nobody listening (deleted elsewhere).
     known: Mutex<HashSet<String>>,
+    /// The `duplicate_window` (ns) this process set or confirmed per partition stream.
+    windows: Mutex<HashMap<String, u64>>,
     /// Limits for streams created from now on; `enforce_retention` replaces them.
     retention: Mutex<Retention>,
     /// Retained start of each partition stream at the last retention pass (for the
@@ -438,6 +440,7 @@ impl NatsLog {
                 js,
                 names,
                 known: Mutex::new(HashSet::new()),
+                windows: Mutex::new(HashMap::new()),
                 retention: Mutex::new(retention),
                 retained_start: Mutex::new(HashMap::new()),
                 batch_prefix: format!("{:016x}", rand::random::<u64>()),
@@ -818,6 +821,241 @@ impl Inner {
         )))
     }
 
+    /// [`PartitionLog::append_dedup`] on JetStream: each event carries its key as
+    /// `Nats-Msg-Id` and the partition stream's `duplicate_window` is the topic's
+    /// window, so the server deduplicates (durably with the stream, for every
+    /// instance). A partition's share goes as one atomic batch; when the server refuses
+    /// it (a batch holding a duplicate is refused whole, telling no offsets), the share
+    /// is sent again one event at a time, each answered stored or duplicate with the
+    /// stored sequence. Repeats of a key inside the call are sent once. The call is
+    /// atomic per partition only when no event is a duplicate (with dedup a retry of
+    /// what was stored is harmless, which is the point).
+    async fn append_dedup(
+        &self,
+        topic: &str,
+        events: Vec<DedupEvent>,
+        window_ms: u64,
+    ) -> Result<Vec<Appended>, LogError> {
+        check_topic(topic)?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Per partition: the distinct keys in call order; each event's place.
+        let mut shares: BTreeMap<u32, Vec<(DedupKey, Bytes)>> = BTreeMap::new();
+        let mut first: HashMap<(u32, DedupKey), usize> = HashMap::new();
+        let mut place: Vec<(u32, usize, bool)> = Vec::with_capacity(events.len());
+        for e in events {
+            let share = shares.entry(e.partition).or_default();
+            match first.get(&(e.partition, e.key)) {
+                Some(&i) => place.push((e.partition, i, true)),
+                None => {
+                    first.insert((e.partition, e.key), share.len());
+                    place.push((e.partition, share.len(), false));
+                    share.push((e.key, Bytes::from(e.payload)));
+                }
+            }
+        }
+        let max_payload = self.js.client.server_info().max_payload;
+        for (partition, share) in &shares {
+            if share.len() > MAX_BATCH {
+                return Err(LogError::Invalid(format!(
+                    "{} events for partition {partition} in one append; JetStream takes at most {MAX_BATCH}",
+                    share.len()
+                )));
+            }
+            if let Some((_, p)) = share.iter().find(|(_, p)| p.len() + 512 > max_payload) {
+                return Err(LogError::Invalid(format!(
+                    "an event of {} bytes is above nats-server's max_payload ({max_payload} bytes)",
+                    p.len()
+                )));
+            }
+        }
+        let results =
+            futures::future::join_all(shares.iter().map(|(partition, share)| async move {
+                (
+                    *partition,
+                    self.append_partition_dedup(topic, *partition, share, window_ms)
+                        .await,
+                )
+            }))
+            .await;
+        let mut answered: HashMap<u32, Vec<(u64, bool)>> = HashMap::new();
+        let (mut stored, mut refused, mut unknown, mut reasons) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (partition, r) in results {
+            match r {
+                Ok(list) => {
+                    stored.push(partition);
+                    answered.insert(partition, list);
+                }
+                Err(Fail::Unknown(reason)) => {
+                    unknown.push(partition);
+                    reasons.push(format!("partition {partition}: {reason}"));
+                }
+                Err(f) => {
+                    refused.push(partition);
+                    reasons.push(format!("partition {partition}: {f}"));
+                }
+            }
+        }
+        for partition in &stored {
+            if let Some(end) = answered[partition].iter().map(|(o, _)| o + 1).max() {
+                self.appends.notify(topic, *partition, Some(end));
+            }
+        }
+        if !refused.is_empty() || !unknown.is_empty() {
+            let detail = reasons.join("; ");
+            tracing::warn!(
+                store = "log",
+                backend = "nats",
+                topic,
+                ?stored,
+                ?refused,
+                ?unknown,
+                detail,
+                "deduplicated append failed"
+            );
+            if stored.is_empty() && unknown.is_empty() {
+                return Err(LogError::Unavailable(format!(
+                    "nats: append to {topic} not stored: {detail}"
+                )));
+            }
+            return Err(LogError::Indeterminate(format!(
+                "nats: append to {topic} partly or possibly stored (stored: partitions {stored:?}; \
+                 unknown: {unknown:?}; refused: {refused:?}); a retry with the same events is \
+                 deduplicated: {detail}"
+            )));
+        }
+        Ok(place
+            .into_iter()
+            .map(|(partition, i, repeat)| {
+                let (offset, duplicate) = answered[&partition][i];
+                Appended {
+                    partition,
+                    offset,
+                    duplicate: duplicate || repeat,
+                }
+            })
+            .collect())
+    }
+
+    /// One partition's share of a deduplicated append: (offset, duplicate) per event.
+    async fn append_partition_dedup(
+        &self,
+        topic: &str,
+        partition: u32,
+        share: &[(DedupKey, Bytes)],
+        window_ms: u64,
+    ) -> Result<Vec<(u64, bool)>, Fail> {
+        let stream = self.names.partition_stream(topic, partition);
+        let subject = self.names.partition_subject(topic, partition);
+        let payloads: Vec<Bytes> = share.iter().map(|(_, p)| p.clone()).collect();
+        let ids: Vec<String> = share.iter().map(|(k, _)| k.hex()).collect();
+        let mut retried = false;
+        loop {
+            self.ensure_partition(topic, partition)
+                .await
+                .and(self.ensure_window(&stream, window_ms).await)
+                .map_err(|f| match f {
+                    Fail::Unknown(r) => Fail::NotApplied(format!("preparing stream {stream}: {r}")),
+                    f => f,
+                })?;
+            let sent = self
+                .js
+                .publish_with_ids(
+                    &subject,
+                    &payloads,
+                    Some(&ids),
+                    &self.batch_id(),
+                    self.deadline(),
+                )
+                .await;
+            match sent {
+                Ok(ack) if ack.stream != stream => {
+                    return Err(Fail::Unknown(format!(
+                        "stored by stream {:?}, not {stream:?}",
+                        ack.stream
+                    )))
+                }
+                Ok(ack) if payloads.len() == 1 => return Ok(vec![(ack.seq - 1, ack.duplicate)]),
+                Ok(ack) => {
+                    let first = ack.seq - payloads.len() as u64;
+                    return Ok((0..payloads.len() as u64)
+                        .map(|k| (first + k, false))
+                        .collect());
+                }
+                Err(Fail::NoResponders) if !retried => {
+                    retried = true;
+                    self.forget(&stream);
+                }
+                // Refused whole (a duplicate inside, or any other refusal): nothing
+                // stored; one at a time, in order, each stored or a duplicate.
+                Err(Fail::Api(e)) if payloads.len() > 1 => {
+                    tracing::debug!(store = "log", backend = "nats", stream, error = %e, "atomic batch refused; sending its events one at a time");
+                    let mut out = Vec::with_capacity(payloads.len());
+                    for (p, id) in payloads.iter().zip(&ids) {
+                        let ack = self
+                            .js
+                            .publish_with_ids(
+                                &subject,
+                                std::slice::from_ref(p),
+                                Some(std::slice::from_ref(id)),
+                                "",
+                                self.deadline(),
+                            )
+                            .await
+                            .map_err(|f| match (f, out.is_empty()) {
+                                (f, true) => f,
+                                // Part of the share is stored: the outcome of the
+                                // whole share is not "refused".
+                                (f, false) => Fail::Unknown(format!(
+                                    "after {} of {} events: {f}",
+                                    out.len(),
+                                    payloads.len()
+                                )),
+                            })?;
+                        out.push((ack.seq - 1, ack.duplicate));
+                    }
+                    return Ok(out);
+                }
+                Err(f) => return Err(f),
+            }
+        }
+    }
+
+    /// Sets a partition stream's `duplicate_window` to the topic's dedup window (once
+    /// per window change in this process; capped by `max_age` as the server demands).
+    async fn ensure_window(&self, stream: &str, window_ms: u64) -> Result<(), Fail> {
+        let (max_age, _, _) = limits(&lock(&self.retention));
+        let mut want = nanos(Duration::from_millis(window_ms.max(1)));
+        if max_age > 0 {
+            want = want.min(max_age);
+        }
+        if lock(&self.windows).get(stream) == Some(&want) {
+            return Ok(());
+        }
+        let Some(info) = self.stream_info(stream).await? else {
+            return Err(Fail::NoResponders);
+        };
+        if info.config["duplicate_window"].as_u64() != Some(want) {
+            let mut config = info.config.clone();
+            config["duplicate_window"] = json!(want);
+            let _: StreamInfo = self
+                .js
+                .api(&format!("STREAM.UPDATE.{stream}"), &config, self.deadline())
+                .await?;
+            tracing::info!(
+                store = "log",
+                backend = "nats",
+                stream,
+                duplicate_window_ns = want,
+                "stream dedup window set"
+            );
+        }
+        lock(&self.windows).insert(stream.to_string(), want);
+        Ok(())
+    }
+
     /// Every stream of this log's partitions, with config and state.
     async fn partition_streams(&self) -> Result<Vec<StreamInfo>, LogError> {
         let mut out = Vec::new();
@@ -912,7 +1150,15 @@ impl Inner {
                 let mut config = info.config.clone();
                 config["max_age"] = json!(max_age);
                 config["max_bytes"] = json!(max_bytes);
-                config["duplicate_window"] = json!(dup);
+                // A topic's dedup window stays (within max_age, as the server asks).
+                let current = info.config["duplicate_window"].as_u64().unwrap_or(dup);
+                let window = if max_age > 0 {
+                    current.min(max_age)
+                } else {
+                    current
+                };
+                config["duplicate_window"] = json!(window);
+                lock(&self.windows).remove(&name);
                 let updated: StreamInfo = self
                     .js
                     .api(&format!("STREAM.UPDATE.{name}"), &config, self.deadline())
@@ -974,6 +1220,15 @@ impl PartitionLog for NatsLog {
         events: Vec<(u32, Vec<u8>)>,
     ) -> Result<Vec<(u32, u64)>, LogError> {
         self.inner.append(topic, events).await
+    }
+
+    async fn append_dedup(
+        &self,
+        topic: &str,
+        events: Vec<DedupEvent>,
+        window_ms: u64,
+    ) -> Result<Vec<Appended>, LogError> {
+        self.inner.append_dedup(topic, events, window_ms).await
     }
 
     async fn read(

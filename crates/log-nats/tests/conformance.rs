@@ -41,3 +41,13 @@ async fn dead_letter_bodies_are_listed_read_and_deleted() {
     let nats = common::server().await;
     suite::dead_letter_bodies_are_listed_read_and_deleted(&common::connect(&nats).await).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_answers_the_stored_offset_for_a_key_within_the_window() {
+    let nats = common::server().await;
+    let logs: Vec<Arc<dyn PartitionLog>> = vec![
+        Arc::new(common::connect(&nats).await),
+        Arc::new(common::connect(&nats).await),
+    ];
+    suite::dedup_answers_the_stored_offset_for_a_key_within_the_window(&logs).await;
+}

@@ -613,6 +613,7 @@ impl Started {
             limits: config.limits,
             quotas,
             header_timeout: Duration::from_millis(config.header_timeout_ms),
+            log_retention_ms: config.retention().max_age_ms,
         });
         let state = Arc::new(AppState {
             api: api.clone(),

@@ -99,6 +99,8 @@ struct Histogram {
 pub struct Metrics {
     subs: Mutex<BTreeMap<String, Arc<SubCounters>>>,
     published: Mutex<BTreeMap<String, u64>>,
+    /// Per topic: published events answered as duplicates (not stored again).
+    duplicates: Mutex<BTreeMap<String, u64>>,
     latency: Mutex<BTreeMap<(&'static str, Backend, &'static str), Histogram>>,
     errors: Mutex<BTreeMap<(&'static str, Backend, String), u64>>,
     recovery: Mutex<Option<(Duration, u64)>>,
@@ -202,6 +204,11 @@ impl Metrics {
 
     pub fn published(&self, topic: &str, events: u64) {
         *lock(&self.published).entry(topic.to_string()).or_default() += events;
+    }
+
+    /// `events` of a publish were duplicates within the topic's dedup window.
+    pub fn duplicates(&self, topic: &str, events: u64) {
+        *lock(&self.duplicates).entry(topic.to_string()).or_default() += events;
     }
 
     /// One store write (`op`) took `took`.
@@ -345,6 +352,13 @@ impl Metrics {
         let _ = writeln!(out, "# HELP meshd_published_events_total Events durably appended to the log.\n# TYPE meshd_published_events_total counter");
         for (topic, n) in lock(&self.published).iter() {
             let _ = writeln!(out, "meshd_published_events_total{{topic=\"{topic}\"}} {n}");
+        }
+        let _ = writeln!(out, "# HELP meshd_publish_duplicates_total Published events answered as duplicates of an event stored within the topic's dedup window (not stored again).\n# TYPE meshd_publish_duplicates_total counter");
+        for (topic, n) in lock(&self.duplicates).iter() {
+            let _ = writeln!(
+                out,
+                "meshd_publish_duplicates_total{{topic=\"{topic}\"}} {n}"
+            );
         }
         let _ = writeln!(out, "# HELP meshd_store_write_seconds Store write latency.\n# TYPE meshd_store_write_seconds histogram");
         for ((store, backend, op), h) in lock(&self.latency).iter() {

@@ -6,6 +6,7 @@
 //! | `meta` | see `meshd-meta-embedded` (`records/mod.rs`): `s`, `k`+key, `h`+rev, `l`+lease, `a`+lease+key | embedded Meta records | as Meta says |
 //! | `log` | `e` + name(topic) + partition (u32 BE) + offset (u64 BE) | [`crate::log`] event record | until retention or topic deletion |
 //! | `log` | `p` + name(topic) + partition (u32 BE) | partition head: start, end, bytes | with the topic |
+//! | `log` | `u` + name(topic) + partition (u32 BE) + stored-at ms (u64 BE) + offset (u64 BE) | [`crate::dedup`] record: dedup key, window | until its window ends, or topic deletion |
 //! | `dlq` | `b` + seq (u64 BE) | dead-letter body record | until its entry is deleted (exempt from retention) |
 //! | `dlq` | `n` | next body seq | forever |
 //! | `offsets` | `o` + name(subscription) + incarnation (u64 BE) + name(topic) + partition (u32 BE) | committed offset record | until the subscription is deleted |
@@ -34,6 +35,7 @@ pub const BODY_SEQ: &[u8] = b"n";
 pub const OFFSET: u8 = b'o';
 pub const DELIVERY: u8 = b'd';
 pub const DEADLINE: u8 = b'x';
+pub const DEDUP: u8 = b'u';
 
 /// The longest name a key can hold.
 pub const MAX_NAME: usize = 255;

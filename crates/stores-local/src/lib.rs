@@ -6,6 +6,7 @@
 //! families in [`keys::COLUMN_FAMILIES`]) and one group committer for all three, so
 //! concurrent writers share fsyncs. Every key layout is in [`keys`].
 
+pub mod dedup;
 pub mod delivery;
 pub mod keys;
 pub mod log;

@@ -11,6 +11,7 @@
 //! (what a consumer that keeps up asks for) are served in place, without the blocking
 //! pool.
 
+use crate::dedup::{self, DedupIndex};
 use crate::keys::{self, CF_DLQ, CF_LOG};
 use crate::tail::{TailCache, TailStats};
 use async_trait::async_trait;
@@ -18,8 +19,8 @@ use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::log::{
-    AppendNotifier, BodyRef, DeadLetterBodies, LogError, LogEvent, PartitionBounds, PartitionLog,
-    Retention, RetentionReport,
+    AppendNotifier, Appended, BodyRef, DeadLetterBodies, DedupEvent, LogError, LogEvent,
+    PartitionBounds, PartitionLog, Retention, RetentionReport,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -131,6 +132,9 @@ struct Inner {
     /// Recent events (served only below the durable end). Lock order: taken under the
     /// group-commit lock by appends, after `heads` is released; never inside `heads`.
     tail: Mutex<TailCache>,
+    /// The publish dedup index ([`crate::dedup`]); changed only on the store thread
+    /// (appends, the expiry sweep) or by a topic delete. Lock order: after `heads`.
+    dedup: Mutex<DedupIndex>,
 }
 
 fn now_ms() -> u64 {
@@ -214,6 +218,18 @@ impl RocksLog {
                 },
             );
         }
+        // The dedup index: every record (expired ones answer nothing and are removed,
+        // from memory and disk, by the next sweep).
+        let mut index = DedupIndex::default();
+        let dp = dedup::prefix();
+        for (k, v) in engine
+            .scan(CF_LOG, &dp, Some(&keys::end_of(&dp)), 0)
+            .map_err(read_err)?
+        {
+            let ((topic, partition), e) =
+                dedup::Entry::decode(&k, &v).map_err(|e| corrupt(&k, e))?;
+            index.insert(&topic, partition, e);
+        }
         let next_body = match engine.get(CF_DLQ, keys::BODY_SEQ).map_err(read_err)? {
             None => 0,
             Some(b) => decode_seq(&b).map_err(|e| corrupt(keys::BODY_SEQ, e))?,
@@ -222,6 +238,7 @@ impl RocksLog {
             store = "log",
             backend = "rocksdb",
             partitions = heads.len(),
+            dedup_entries = index.len(),
             log_id,
             "log opened"
         );
@@ -233,8 +250,14 @@ impl RocksLog {
                 next_body: Mutex::new(next_body),
                 appends: AppendNotifier::default(),
                 tail: Mutex::new(TailCache::new(TAIL_CACHE_BYTES)),
+                dedup: Mutex::new(index),
             }),
         })
+    }
+
+    /// Live keys in the publish dedup index (the `meshd_dedup_entries` gauge).
+    pub fn dedup_entries(&self) -> usize {
+        self.inner.dedup().len()
     }
 
     /// A read (or anything that writes nothing) on the blocking pool: a task that
@@ -287,6 +310,107 @@ impl Inner {
     fn tail(&self) -> MutexGuard<'_, TailCache> {
         // Cache updates keep its counts consistent step by step: usable after a panic.
         self.tail.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn dedup(&self) -> MutexGuard<'_, DedupIndex> {
+        // Each change is one insert or removal with its count: usable after a panic.
+        self.dedup.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`stage_append`](Self::stage_append) with deduplication (on the store thread):
+    /// events whose key is live in the index, or repeated earlier in this call, are
+    /// answered with the stored offset; the rest are staged with their index records
+    /// in the same batch. When only duplicates remain and one of their originals may
+    /// not be durable yet, the batch rewrites a partition head unchanged, so this
+    /// call's answer waits for an fsync that covers the original.
+    fn stage_append_dedup(
+        &self,
+        topic: &str,
+        events: Vec<DedupEvent>,
+        window_ms: u64,
+        at: u64,
+    ) -> (Batch, Vec<Appended>, Vec<(u32, u64)>) {
+        let mut fresh: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut fresh_keys = Vec::new();
+        // Per event: Ok(index into fresh) or Err(the original's offset).
+        let mut plan: Vec<(u32, Result<usize, u64>)> = Vec::with_capacity(events.len());
+        let mut in_call: HashMap<(u32, meshd_stores::log::DedupKey), usize> = HashMap::new();
+        {
+            let ix = self.dedup();
+            for e in events {
+                if let Some(offset) = ix.lookup(topic, e.partition, &e.key, at) {
+                    plan.push((e.partition, Err(offset)));
+                } else if let Some(&i) = in_call.get(&(e.partition, e.key)) {
+                    plan.push((e.partition, Ok(i)));
+                } else {
+                    in_call.insert((e.partition, e.key), fresh.len());
+                    plan.push((e.partition, Ok(fresh.len())));
+                    fresh_keys.push(e.key);
+                    fresh.push((e.partition, e.payload));
+                }
+            }
+        }
+        let (mut batch, assigned) = if fresh.is_empty() {
+            (Batch::new(), Vec::new())
+        } else {
+            self.stage_append(topic, fresh, at)
+        };
+        {
+            let mut ix = self.dedup();
+            for (&(partition, offset), key) in assigned.iter().zip(&fresh_keys) {
+                let entry = dedup::Entry {
+                    key: *key,
+                    offset,
+                    at_ms: at,
+                    window_ms,
+                };
+                batch.put(
+                    CF_LOG,
+                    entry.record_key(topic, partition),
+                    entry.encode_value(),
+                );
+                ix.insert(topic, partition, entry);
+            }
+        }
+        let mut answers = Vec::with_capacity(plan.len());
+        let mut seen = vec![false; assigned.len()];
+        let mut waits_for: Option<(u32, u64)> = None;
+        for (partition, p) in plan {
+            answers.push(match p {
+                Ok(i) => {
+                    let duplicate = std::mem::replace(&mut seen[i], true);
+                    Appended {
+                        partition,
+                        offset: assigned[i].1,
+                        duplicate,
+                    }
+                }
+                Err(offset) => {
+                    waits_for = waits_for.max(Some((partition, offset)));
+                    Appended {
+                        partition,
+                        offset,
+                        duplicate: true,
+                    }
+                }
+            });
+        }
+        if batch.is_empty() {
+            if let Some((partition, _)) = waits_for {
+                let heads = self.heads();
+                let not_durable = answers.iter().any(|a| {
+                    heads
+                        .get(&(topic.to_string(), a.partition))
+                        .is_none_or(|h| h.durable_end <= a.offset)
+                });
+                if not_durable {
+                    if let Some(h) = heads.get(&(topic.to_string(), partition)) {
+                        batch.put(CF_LOG, keys::head_key(topic, partition), h.record.encode());
+                    }
+                }
+            }
+        }
+        (batch, answers, assigned)
     }
 
     /// A read served by the tail cache (`None`: not held there, read from disk).
@@ -484,6 +608,17 @@ impl Inner {
         retention: Retention,
         now_ms: u64,
     ) -> Result<RetentionReport, LogError> {
+        // Expired dedup entries go first (from memory at once, from disk in one batch).
+        self.group
+            .commit_with(|_| {
+                let gone = self.dedup().expire(now_ms);
+                let mut batch = Batch::new();
+                for k in gone {
+                    batch.delete(CF_LOG, k);
+                }
+                Ok((batch, ()))
+            })
+            .map_err(write_err)?;
         let partitions: Vec<(String, u32)> = self.heads().keys().cloned().collect();
         let mut report = RetentionReport::default();
         for (topic, partition) in partitions {
@@ -551,23 +686,27 @@ impl Inner {
 
     fn delete_topic(&self, topic: &str) -> Result<(), LogError> {
         keys::check_name("topic", topic).map_err(LogError::Invalid)?;
-        let prefix = keys::topic_prefix(topic);
-        let end = keys::end_of(&prefix);
+        // The dedup index first (an event without its entry is harmless; an entry
+        // of a deleted topic would answer a re-created one's publishes).
+        self.dedup().forget_topic(topic);
         // In chunks, each durable; the heads go last so a crash leaves a topic that is
         // still listed and gets deleted again.
-        loop {
-            let rows = self
-                .engine()
-                .scan(CF_LOG, &prefix, Some(&end), RETENTION_STEP)
-                .map_err(read_err)?;
-            if rows.is_empty() {
-                break;
+        for prefix in [dedup::topic_prefix(topic), keys::topic_prefix(topic)] {
+            let end = keys::end_of(&prefix);
+            loop {
+                let rows = self
+                    .engine()
+                    .scan(CF_LOG, &prefix, Some(&end), RETENTION_STEP)
+                    .map_err(read_err)?;
+                if rows.is_empty() {
+                    break;
+                }
+                let mut batch = Batch::new();
+                for (k, _) in rows {
+                    batch.delete(CF_LOG, k);
+                }
+                self.group.commit(batch).map_err(write_err)?;
             }
-            let mut batch = Batch::new();
-            for (k, _) in rows {
-                batch.delete(CF_LOG, k);
-            }
-            self.group.commit(batch).map_err(write_err)?;
         }
         self.group
             .commit_with(|_| {
@@ -665,6 +804,33 @@ impl PartitionLog for RocksLog {
         .map_err(write_err)?;
         self.inner.appended(topic, &assigned);
         Ok(assigned)
+    }
+
+    async fn append_dedup(
+        &self,
+        topic: &str,
+        events: Vec<DedupEvent>,
+        window_ms: u64,
+    ) -> Result<Vec<Appended>, LogError> {
+        keys::check_name("topic", topic).map_err(LogError::Invalid)?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let at = now_ms();
+        let inner = self.inner.clone();
+        let owned = topic.to_string();
+        let (_, (answers, assigned)) =
+            crate::on_store_thread(&self.inner.group, Wait::Durable, move |_| {
+                let (batch, answers, assigned) =
+                    inner.stage_append_dedup(&owned, events, window_ms, at);
+                Ok::<_, LocalError>((batch, (answers, assigned)))
+            })
+            .await
+            .map_err(write_err)?;
+        if !assigned.is_empty() {
+            self.inner.appended(topic, &assigned);
+        }
+        Ok(answers)
     }
 
     async fn read(

@@ -4,7 +4,9 @@
 
 mod common;
 
-use meshd_stores::log::{DeadLetterBodies, LogError, PartitionLog, Retention};
+use meshd_stores::log::{
+    DeadLetterBodies, DedupEvent, DedupKey, LogError, PartitionLog, Retention,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -437,4 +439,143 @@ async fn a_read_below_retention_is_refused_even_when_the_tail_cache_held_it() {
         kept.iter().map(|e| e.offset).collect::<Vec<_>>(),
         vec![5, 6, 7, 8, 9]
     );
+}
+
+fn keyed(partition: u32, id: &str) -> DedupEvent {
+    DedupEvent {
+        partition,
+        payload: id.as_bytes().to_vec(),
+        key: DedupKey::of("/pc", id),
+    }
+}
+
+/// The dedup index is durable exactly as far as the events it points to: after a power
+/// cut, a retry of every key finds the events that survived (duplicate, same offset)
+/// and stores the ones the cut lost (never a duplicate of a lost event, never a second
+/// copy of a kept one); every acknowledged event is among the kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_deduplicated_appends_when_power_is_cut_then_the_index_holds_exactly_the_surviving_events(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let log = Arc::new(stores.log.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..6u32 {
+        let log = log.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut acked, mut sent) = (Vec::new(), Vec::new());
+            let mut i = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                let id = format!("{t}-{i}");
+                sent.push((t % 2, id.clone()));
+                if let Ok(got) = log
+                    .append_dedup("pc", vec![keyed(t % 2, &id)], 60_000)
+                    .await
+                {
+                    acked.push(((got[0].partition, got[0].offset), id));
+                }
+                i += 1;
+            }
+            (acked, sent)
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let image = power.cut();
+    stop.store(true, Ordering::SeqCst);
+    let (mut acked, mut sent) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (a, s) = t.await.unwrap();
+        acked.extend(a);
+        sent.extend(s);
+    }
+    assert!(
+        acked.len() > 20,
+        "appenders made progress ({})",
+        acked.len()
+    );
+    drop(stores);
+    let rebooted = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, rebooted.path());
+    let mut kept: HashMap<String, (u32, u64)> = HashMap::new();
+    for p in 0..2 {
+        for e in stores
+            .log
+            .read("pc", p, 0, 100_000, usize::MAX)
+            .await
+            .unwrap()
+        {
+            let id = String::from_utf8(e.payload).unwrap();
+            assert!(kept.insert(id, (p, e.offset)).is_none(), "stored twice");
+        }
+    }
+    for (pos, id) in &acked {
+        assert_eq!(kept.get(id), Some(pos), "acknowledged {id} lost or moved");
+    }
+    for (partition, id) in &sent {
+        let got = stores
+            .log
+            .append_dedup("pc", vec![keyed(*partition, id)], 60_000)
+            .await
+            .unwrap()[0];
+        match kept.get(id) {
+            Some(&(p, o)) => assert_eq!(
+                (got.partition, got.offset, got.duplicate),
+                (p, o, true),
+                "{id} survived: its retry is a duplicate of it"
+            ),
+            None => assert!(!got.duplicate, "{id} was lost: its retry stores it"),
+        }
+    }
+}
+
+/// Across a clean restart the index answers as before; the sweep (run with retention)
+/// drops entries past their window from memory and disk, after which the key stores
+/// again.
+#[tokio::test]
+async fn given_dedup_entries_when_reopened_and_swept_then_they_answer_until_their_window_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let first = stores
+        .log
+        .append_dedup("t", vec![keyed(0, "a"), keyed(0, "b")], 60_000)
+        .await
+        .unwrap();
+    assert_eq!(first.iter().filter(|a| a.duplicate).count(), 0);
+    drop(stores);
+    let stores = common::open(dir.path());
+    assert_eq!(stores.log.dedup_entries(), 2, "reloaded at open");
+    let again = stores
+        .log
+        .append_dedup("t", vec![keyed(0, "b")], 60_000)
+        .await
+        .unwrap();
+    assert_eq!((again[0].offset, again[0].duplicate), (1, true));
+    // A sweep within the window keeps them; one past it drops them.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    stores
+        .log
+        .enforce_retention(Retention::default(), now)
+        .await
+        .unwrap();
+    assert_eq!(stores.log.dedup_entries(), 2);
+    stores
+        .log
+        .enforce_retention(Retention::default(), now + 120_000)
+        .await
+        .unwrap();
+    assert_eq!(stores.log.dedup_entries(), 0);
+    drop(stores);
+    let stores = common::open(dir.path());
+    assert_eq!(stores.log.dedup_entries(), 0, "gone from disk too");
+    let after = stores
+        .log
+        .append_dedup("t", vec![keyed(0, "a")], 60_000)
+        .await
+        .unwrap();
+    assert_eq!((after[0].offset, after[0].duplicate), (2, false));
 }

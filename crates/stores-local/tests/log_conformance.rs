@@ -42,3 +42,11 @@ async fn dead_letter_bodies_are_listed_read_and_deleted() {
     let stores = common::open(dir.path());
     suite::dead_letter_bodies_are_listed_read_and_deleted(&stores.log).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_answers_the_stored_offset_for_a_key_within_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let log: Arc<dyn PartitionLog> = Arc::new(stores.log.clone());
+    suite::dedup_answers_the_stored_offset_for_a_key_within_the_window(&[log]).await;
+}

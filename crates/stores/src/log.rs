@@ -143,6 +143,50 @@ pub struct RetentionReport {
     pub bytes_removed: u64,
 }
 
+/// The identity of an event for publish deduplication: a hash of its CloudEvents
+/// `source` and `id` (HTTP API, Additions, "Idempotent publish"). 128 bits of SHA-256
+/// over both, length-prefixed, so no two (source, id) pairs share an input and a
+/// collision is as likely as a random 128-bit one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DedupKey(pub [u8; 16]);
+
+impl DedupKey {
+    pub fn of(source: &str, id: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update((source.len() as u64).to_be_bytes());
+        h.update(source.as_bytes());
+        h.update((id.len() as u64).to_be_bytes());
+        h.update(id.as_bytes());
+        let digest = h.finalize();
+        let mut k = [0u8; 16];
+        k.copy_from_slice(&digest[..16]);
+        DedupKey(k)
+    }
+
+    /// The key as 32 hex digits (JetStream's `Nats-Msg-Id`, logs).
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// One event of [`PartitionLog::append_dedup`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DedupEvent {
+    pub partition: u32,
+    pub payload: Vec<u8>,
+    pub key: DedupKey,
+}
+
+/// Where an event of [`PartitionLog::append_dedup`] is: stored now, or (`duplicate`)
+/// the offset of the event with its key stored within the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub partition: u32,
+    pub offset: u64,
+    pub duplicate: bool,
+}
+
 /// The partition log.
 ///
 /// # Contract
@@ -175,6 +219,20 @@ pub trait PartitionLog: Send + Sync + 'static {
         events: Vec<(u32, Vec<u8>)>,
     ) -> Result<Vec<(u32, u64)>, LogError>;
 
+    /// [`append`](Self::append) with publish deduplication, per partition: an event
+    /// whose key the partition stored within the last `window_ms` (by the log's clock)
+    /// is not stored again and is answered with the stored event's offset and
+    /// `duplicate`; so is a repeat of a key earlier in the same call. The index is
+    /// durable exactly as far as the events it points to (written with them, lost
+    /// with them), survives restarts, and holds an entry for `window_ms` after its
+    /// event was stored (the window in force when it was stored). Returns only once
+    /// every event answered, duplicates' originals included, is durable.
+    async fn append_dedup(
+        &self,
+        topic: &str,
+        events: Vec<DedupEvent>,
+        window_ms: u64,
+    ) -> Result<Vec<Appended>, LogError>;
     /// Up to `max_events` events from `from` on (and at most `max_bytes` of payload,
     /// but always at least one event when one is available).
     async fn read(

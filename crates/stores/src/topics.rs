@@ -63,6 +63,21 @@ const CAS_RETRY_LIMIT: Duration = Duration::from_secs(10);
 /// Subscription records read per page by a delete's reference check.
 const CHECK_PAGE: usize = 500;
 
+/// `dedup_window_ms` when a topic does not say (HTTP API, Additions: on by default,
+/// 2 minutes, as JetStream's duplicate window).
+pub const DEFAULT_DEDUP_WINDOW_MS: u64 = 120_000;
+/// The longest dedup window (a day).
+pub const MAX_DEDUP_WINDOW_MS: u64 = 86_400_000;
+
+/// Checks a dedup window against 0 (off)–86400000 ms.
+pub fn validate_dedup_window(ms: u64) -> Result<(), String> {
+    if ms <= MAX_DEDUP_WINDOW_MS {
+        Ok(())
+    } else {
+        Err(format!("{ms} is above {MAX_DEDUP_WINDOW_MS} (a day)"))
+    }
+}
+
 /// Checks a partition count against 1–1024; the error says what is wrong.
 pub fn validate_partitions(partitions: u32) -> Result<(), String> {
     if PARTITIONS_RANGE.contains(&partitions) {
@@ -82,6 +97,9 @@ pub struct Topic {
     pub revision: i64,
     /// The key's `create_revision`: a re-created topic is a new incarnation.
     pub incarnation: i64,
+    /// Publishes of an event whose (`source`, `id`) a partition stored within this
+    /// many milliseconds are answered with the original (0: no dedup).
+    pub dedup_window_ms: u64,
 }
 
 /// A topic as the cache holds it: with its `deleting` mark.
@@ -170,7 +188,20 @@ pub trait TopicStore: Send + Sync + 'static {
     /// PUT semantics: creates the topic (`Ok((topic, true))`), or returns it when it
     /// exists with the same partition count (`Ok((topic, false))`);
     /// `PartitionMismatch` when it exists with another count.
-    async fn ensure(&self, name: &str, partitions: u32) -> Result<(Topic, bool), TopicError>;
+    async fn ensure(&self, name: &str, partitions: u32) -> Result<(Topic, bool), TopicError> {
+        self.ensure_with(name, partitions, None).await
+    }
+
+    /// [`ensure`](Self::ensure) that also sets the dedup window: a new topic gets
+    /// `dedup_window_ms` (default [`DEFAULT_DEDUP_WINDOW_MS`]); an existing one with
+    /// the same partition count and another window is updated to it (`Ok((topic,
+    /// false))`, conditional on its revision like every write).
+    async fn ensure_with(
+        &self,
+        name: &str,
+        partitions: u32,
+        dedup_window_ms: Option<u64>,
+    ) -> Result<(Topic, bool), TopicError>;
 
     /// From the local cache; on a miss, read Meta before answering None (a topic
     /// created on another instance is found at once).
@@ -280,10 +311,11 @@ impl MetaTopicStore {
         name: &str,
         partitions: u32,
         deleting: bool,
+        dedup_window_ms: u64,
         expected: i64,
     ) -> Result<Option<StoredTopic>, TopicError> {
         let key = record::key(name);
-        let value = record::encode(name, partitions, deleting)
+        let value = record::encode(name, partitions, deleting, dedup_window_ms)
             .map_err(|m| TopicError::Store(StoreFailure::Failed(m)))?;
         let txn = Txn::new()
             .when(Compare::ModRevision {
@@ -297,6 +329,7 @@ impl MetaTopicStore {
             topic: Topic {
                 name: name.to_string(),
                 partitions,
+                dedup_window_ms,
                 revision: r.revision,
                 incarnation: if expected == 0 {
                     r.revision
@@ -321,6 +354,7 @@ impl MetaTopicStore {
                 &current.name,
                 current.partitions,
                 deleting,
+                current.dedup_window_ms,
                 current.revision,
             )
             .await?
@@ -457,34 +491,49 @@ impl MetaTopicStore {
         }
     }
 
-    async fn ensure_inner(&self, name: &str, partitions: u32) -> Result<(Topic, bool), TopicError> {
+    async fn ensure_inner(
+        &self,
+        name: &str,
+        partitions: u32,
+        window: Option<u64>,
+    ) -> Result<(Topic, bool), TopicError> {
         Self::check_name(name)?;
         validate_partitions(partitions).map_err(|reason| TopicError::Invalid {
             field: "partitions",
             reason,
         })?;
-        let existing = |t: Topic| {
-            if t.partitions == partitions {
-                Ok(Step::Done((t, false)))
-            } else {
-                Err(TopicError::PartitionMismatch {
+        if let Some(ms) = window {
+            validate_dedup_window(ms).map_err(|reason| TopicError::Invalid {
+                field: "dedup_window_ms",
+                reason,
+            })?;
+        }
+        // An existing topic: as it is, or to be updated to the requested window.
+        let existing = |t: Topic| -> Result<(Topic, Option<u64>), TopicError> {
+            if t.partitions != partitions {
+                return Err(TopicError::PartitionMismatch {
                     name: name.to_string(),
                     existing: t.partitions,
                     requested: partitions,
-                })
+                });
             }
+            let update = window.filter(|ms| *ms != t.dedup_window_ms);
+            Ok((t, update))
         };
         self.retrying("ensure", name, move || async move {
-            match self.read(name).await? {
-                None => match self.cas_put(name, partitions, false, 0).await? {
-                    Some(s) => {
-                        self.cache
-                            .apply_local(name, s.topic.revision, Some(s.clone()));
-                        Ok(Step::Done((s.topic, true)))
-                    }
-                    None => Ok(Step::Retry),
-                },
-                Some(s) if !s.deleting => existing(s.topic),
+            let found = match self.read(name).await? {
+                None => {
+                    let window = window.unwrap_or(DEFAULT_DEDUP_WINDOW_MS);
+                    return match self.cas_put(name, partitions, false, window, 0).await? {
+                        Some(s) => {
+                            self.cache
+                                .apply_local(name, s.topic.revision, Some(s.clone()));
+                            Ok(Step::Done((s.topic, true)))
+                        }
+                        None => Ok(Step::Retry),
+                    };
+                }
+                Some(s) if !s.deleting => existing(s.topic)?,
                 Some(marked) => {
                     // An interrupted delete: finish it (then create afresh on the next
                     // pass), or unmark the topic when it is still referenced.
@@ -496,8 +545,25 @@ impl MetaTopicStore {
                         "ensure found a topic marked for deletion; finishing the delete protocol"
                     );
                     match self.finish_marked(&marked.topic).await? {
-                        Step::Retry | Step::Done(Ok(_)) => Ok(Step::Retry),
-                        Step::Done(Err((_, unmarked))) => existing(unmarked),
+                        Step::Retry | Step::Done(Ok(_)) => return Ok(Step::Retry),
+                        Step::Done(Err((_, unmarked))) => existing(unmarked)?,
+                    }
+                }
+            };
+            match found {
+                (t, None) => Ok(Step::Done((t, false))),
+                (t, Some(ms)) => {
+                    match self
+                        .cas_put(name, t.partitions, false, ms, t.revision)
+                        .await?
+                    {
+                        Some(mut s) => {
+                            s.topic.incarnation = t.incarnation;
+                            self.cache
+                                .apply_local(name, s.topic.revision, Some(s.clone()));
+                            Ok(Step::Done((s.topic, false)))
+                        }
+                        None => Ok(Step::Retry),
                     }
                 }
             }
@@ -555,8 +621,13 @@ fn topic_field(value: &[u8]) -> Option<String> {
 
 #[async_trait]
 impl TopicStore for MetaTopicStore {
-    async fn ensure(&self, name: &str, partitions: u32) -> Result<(Topic, bool), TopicError> {
-        let r = self.ensure_inner(name, partitions).await;
+    async fn ensure_with(
+        &self,
+        name: &str,
+        partitions: u32,
+        dedup_window_ms: Option<u64>,
+    ) -> Result<(Topic, bool), TopicError> {
+        let r = self.ensure_inner(name, partitions, dedup_window_ms).await;
         match &r {
             Ok((t, created)) => tracing::info!(
                 store = STORE,

@@ -263,8 +263,15 @@ fn valid_subscription() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn valid_topic() -> impl Strategy<Value = Vec<u8>> {
-    (key_name(), 1u32..=1024, any::<bool>())
-        .prop_map(|(name, p, deleting)| topic_record::encode(&name, p, deleting).unwrap())
+    (key_name(), 1u32..=1024, any::<bool>()).prop_map(|(name, p, deleting)| {
+        topic_record::encode(
+            &name,
+            p,
+            deleting,
+            meshd_stores::topics::DEFAULT_DEDUP_WINDOW_MS,
+        )
+        .unwrap()
+    })
 }
 
 fn valid_session() -> impl Strategy<Value = Vec<u8>> {
@@ -299,7 +306,7 @@ proptest! {
     fn fuzz_topic_record_decode(name in key_name(), bytes in prop_oneof![record_bytes(TOPIC_FIELDS), mutated(valid_topic(), TOPIC_FIELDS)]) {
         if let Ok(r) = topic_record::decode_value(&name, &bytes) {
             prop_assert_eq!(&r.name, &name);
-            let again = topic_record::encode(&r.name, r.partitions, r.deleting).unwrap();
+            let again = topic_record::encode(&r.name, r.partitions, r.deleting, r.dedup_window_ms).unwrap();
             prop_assert_eq!(topic_record::decode_value(&name, &again), Ok(r));
         }
     }

@@ -927,7 +927,8 @@ mod suite {
         h.meta()
             .put(
                 &topics::record::key("orders"),
-                &topics::record::encode("orders", 1, true).unwrap(),
+                &topics::record::encode("orders", 1, true, topics::DEFAULT_DEDUP_WINDOW_MS)
+                    .unwrap(),
                 MetaPrecondition::None,
                 None,
             )

@@ -57,8 +57,8 @@ async fn subscriptions(meta: Arc<dyn Meta>) -> MetaSubscriptionStore {
     s
 }
 
-/// What Meta holds: name -> (partitions, deleting, revision, incarnation).
-type State = BTreeMap<String, (u32, bool, i64, i64)>;
+/// What Meta holds: name -> (partitions, deleting, revision, incarnation, window).
+type State = BTreeMap<String, (u32, bool, i64, i64, u64)>;
 
 async fn meta_state(meta: &dyn Meta) -> anyhow::Result<State> {
     let r = meta
@@ -77,6 +77,7 @@ async fn meta_state(meta: &dyn Meta) -> anyhow::Result<State> {
                 rec.deleting,
                 kv.mod_revision,
                 kv.create_revision,
+                rec.dedup_window_ms,
             ),
         );
     }
@@ -88,13 +89,16 @@ async fn meta_topics(meta: &dyn Meta) -> anyhow::Result<Vec<Topic>> {
     Ok(meta_state(meta)
         .await?
         .into_iter()
-        .filter(|(_, (_, deleting, _, _))| !deleting)
-        .map(|(name, (partitions, _, revision, incarnation))| Topic {
-            name,
-            partitions,
-            revision,
-            incarnation,
-        })
+        .filter(|(_, (_, deleting, _, _, _))| !deleting)
+        .map(
+            |(name, (partitions, _, revision, incarnation, window))| Topic {
+                name,
+                partitions,
+                revision,
+                incarnation,
+                dedup_window_ms: window,
+            },
+        )
         .collect())
 }
 
@@ -116,7 +120,13 @@ async fn converged(meta: &dyn Meta, stores: &[&MetaTopicStore]) {
 async fn mark_directly(meta: &dyn Meta, name: &str, partitions: u32) -> i64 {
     meta.put(
         &record::key(name),
-        &record::encode(name, partitions, true).unwrap(),
+        &record::encode(
+            name,
+            partitions,
+            true,
+            meshd_stores::topics::DEFAULT_DEDUP_WINDOW_MS,
+        )
+        .unwrap(),
         MetaPrecondition::None,
         None,
     )
@@ -165,7 +175,13 @@ mod suite {
         let m = meta_state(h.meta().as_ref()).await.unwrap();
         assert_eq!(
             m["orders"],
-            (3, false, created.revision, created.incarnation),
+            (
+                3,
+                false,
+                created.revision,
+                created.incarnation,
+                meshd_stores::topics::DEFAULT_DEDUP_WINDOW_MS
+            ),
             "nothing else was written"
         );
         // Concurrent ensures of one name: exactly one creates it.
@@ -284,7 +300,7 @@ mod suite {
                 .await
                 .unwrap()
                 .values()
-                .all(|(_, deleting, _, _)| !deleting),
+                .all(|(_, deleting, _, _, _)| !deleting),
             "no delete left a mark behind"
         );
         let c = store(h.client().await).await;

@@ -9,7 +9,9 @@
 //! for a shared log they are separate clients (as separate processes would be), for
 //! an embedded log clones of one.
 
-use meshd_stores::log::{BodyRef, DeadLetterBodies, LogError, PartitionLog};
+use meshd_stores::log::{
+    Appended, BodyRef, DeadLetterBodies, DedupEvent, DedupKey, LogError, PartitionLog,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -289,4 +291,128 @@ pub async fn dead_letter_bodies_are_listed_read_and_deleted(bodies: &dyn DeadLet
     );
     let c = bodies.append_body(b"c").await.expect("append");
     assert!(c.seq > b.seq, "sequences are never reused");
+}
+
+fn dedup_event(partition: u32, id: &str, payload: &str) -> DedupEvent {
+    DedupEvent {
+        partition,
+        payload: payload.as_bytes().to_vec(),
+        key: DedupKey::of("/conformance", id),
+    }
+}
+
+fn answers(got: &[Appended]) -> Vec<(u32, u64, bool)> {
+    got.iter()
+        .map(|a| (a.partition, a.offset, a.duplicate))
+        .collect()
+}
+
+/// Publish dedup through several handles: a key stored within the window is answered
+/// with its stored offset and `duplicate` (the first stored version wins), per
+/// partition, also for a repeat inside one call and inside a batch that also stores
+/// new events; concurrent appenders of the same key store it once. Only the first
+/// versions are in the log.
+pub async fn dedup_answers_the_stored_offset_for_a_key_within_the_window(
+    logs: &[Arc<dyn PartitionLog>],
+) {
+    let topic = "dedup";
+    let window = 60_000;
+    let log = &logs[0];
+    let got = log
+        .append_dedup(
+            topic,
+            vec![
+                dedup_event(0, "a", "a1"),
+                dedup_event(0, "b", "b1"),
+                dedup_event(0, "a", "a2"),
+                dedup_event(1, "a", "a-on-1"),
+            ],
+            window,
+        )
+        .await
+        .expect("append");
+    assert_eq!(
+        answers(&got),
+        [(0, 0, false), (0, 1, false), (0, 0, true), (1, 0, false)],
+        "a repeat inside the call is a duplicate; dedup is per partition"
+    );
+    // A retry of the whole call, through another handle: every event a duplicate.
+    let again = logs[logs.len() - 1]
+        .append_dedup(
+            topic,
+            vec![
+                dedup_event(0, "a", "a3"),
+                dedup_event(0, "b", "b2"),
+                dedup_event(1, "a", "x"),
+            ],
+            window,
+        )
+        .await
+        .expect("retry");
+    assert_eq!(answers(&again), [(0, 0, true), (0, 1, true), (1, 0, true)]);
+    // A batch mixing new events and duplicates stores only the new ones, in order.
+    let mixed = log
+        .append_dedup(
+            topic,
+            vec![
+                dedup_event(0, "c", "c1"),
+                dedup_event(0, "a", "a4"),
+                dedup_event(0, "d", "d1"),
+            ],
+            window,
+        )
+        .await
+        .expect("mixed");
+    assert_eq!(
+        answers(&mixed),
+        [(0, 2, false), (0, 0, true), (0, 3, false)]
+    );
+    // Concurrent appenders of one key: stored once, every answer names that offset.
+    let mut tasks = Vec::new();
+    for t in 0..6usize {
+        let log = logs[t % logs.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            log.append_dedup(
+                topic,
+                vec![dedup_event(2, "race", &format!("r{t}"))],
+                window,
+            )
+            .await
+            .expect("race")[0]
+        }));
+    }
+    let mut raced = Vec::new();
+    for t in tasks {
+        raced.push(t.await.expect("racer"));
+    }
+    assert_eq!(
+        raced.iter().filter(|a| !a.duplicate).count(),
+        1,
+        "{raced:?}"
+    );
+    assert!(
+        raced.iter().all(|a| a.offset == 0 && a.partition == 2),
+        "{raced:?}"
+    );
+    // The log holds the first versions only.
+    let payloads = |p: u32| {
+        let log = log.clone();
+        async move {
+            log.read(topic, p, 0, 100, usize::MAX)
+                .await
+                .expect("read")
+                .into_iter()
+                .map(|e| String::from_utf8(e.payload).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(payloads(0).await, ["a1", "b1", "c1", "d1"]);
+    assert_eq!(payloads(1).await, ["a-on-1"]);
+    assert_eq!(payloads(2).await.len(), 1);
+    // Another topic has its own index.
+    let other = log
+        .append_dedup("dedup-other", vec![dedup_event(0, "a", "o")], window)
+        .await
+        .expect("other topic");
+    assert_eq!(answers(&other), [(0, 0, false)]);
 }

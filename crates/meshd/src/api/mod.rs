@@ -55,6 +55,8 @@ pub struct Api {
     pub quotas: Arc<crate::quota::Quotas>,
     /// `--header-timeout-ms`: also how long a WebSocket has for its token frame.
     pub header_timeout: std::time::Duration,
+    /// `--log-retention-hours` in ms: a topic's dedup window is at most this.
+    pub log_retention_ms: Option<u64>,
 }
 
 /// The byte bound of an answer: the query's `max_bytes` (at least 1), by default and

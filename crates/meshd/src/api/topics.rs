@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_events::{parse_publish, partition_for, Event, EventError, Limits};
 use meshd_meta::Backend;
-use meshd_stores::log::LogError;
-use meshd_stores::topics::{Topic, TopicError, TopicStore};
+use meshd_stores::log::{Appended, DedupEvent, DedupKey, LogError};
+use meshd_stores::topics::{Topic, TopicError, TopicStore, MAX_DEDUP_WINDOW_MS};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -111,6 +111,12 @@ async fn existing_topic(api: &Api, name: &str) -> Result<Topic, Problem> {
 #[serde(deny_unknown_fields)]
 struct PutTopic {
     partitions: Value,
+    dedup_window_ms: Option<Value>,
+}
+
+/// A topic as answered by PUT, GET and the list.
+fn topic_json(t: &Topic) -> Value {
+    json!({"name": t.name, "partitions": t.partitions, "dedup_window_ms": t.dedup_window_ms})
 }
 
 pub async fn put_topic(
@@ -128,6 +134,23 @@ pub async fn put_topic(
         .ok_or_else(|| {
             Problem::invalid_field("partitions", "partitions must be an integer from 1 to 1024")
         })?;
+    let window = match &req.dedup_window_ms {
+        None => None,
+        Some(v) => {
+            let most = api
+                .log_retention_ms
+                .map_or(MAX_DEDUP_WINDOW_MS, |r| r.min(MAX_DEDUP_WINDOW_MS));
+            Some(v.as_u64().filter(|ms| *ms <= most).ok_or_else(|| {
+                Problem::invalid_field(
+                    "dedup_window_ms",
+                    format!(
+                        "dedup_window_ms must be an integer from 0 (off) to {most} (a day, and \
+                         at most the log retention)"
+                    ),
+                )
+            })?)
+        }
+    };
     if let Err(over) = api.quotas.topic() {
         // At the quota only a topic that exists already may be PUT again.
         let exists = api
@@ -142,7 +165,7 @@ pub async fn put_topic(
     }
     let (topic, created) = api
         .topics
-        .ensure(&name, partitions as u32)
+        .ensure_with(&name, partitions as u32, window)
         .await
         .map_err(|e| topic_problem(e, api.meta_backend))?;
     let status = if created {
@@ -150,11 +173,7 @@ pub async fn put_topic(
     } else {
         StatusCode::OK
     };
-    Ok((
-        status,
-        Json(json!({"name": topic.name, "partitions": topic.partitions})),
-    )
-        .into_response())
+    Ok((status, Json(topic_json(&topic))).into_response())
 }
 
 pub async fn delete_topic(
@@ -183,10 +202,7 @@ pub async fn list_topics(State(api): State<Arc<Api>>) -> Result<Response, Proble
         .list()
         .await
         .map_err(|e| topic_problem(e, api.meta_backend))?;
-    let topics: Vec<Value> = topics
-        .into_iter()
-        .map(|t| json!({"name": t.name, "partitions": t.partitions}))
-        .collect();
+    let topics: Vec<Value> = topics.into_iter().map(|t| topic_json(&t)).collect();
     Ok(Json(json!({ "topics": topics })).into_response())
 }
 
@@ -205,10 +221,9 @@ pub async fn get_topic(
                 .end,
         );
     }
-    Ok(
-        Json(json!({"name": topic.name, "partitions": topic.partitions, "end_offsets": ends}))
-            .into_response(),
-    )
+    let mut v = topic_json(&topic);
+    v["end_offsets"] = json!(ends);
+    Ok(Json(v).into_response())
 }
 
 pub async fn publish(
@@ -228,27 +243,65 @@ pub async fn publish(
         .collect();
     let events: Vec<Event> = parse_publish(content_type, &ce_headers, &body, &Limits::default())
         .map_err(|e| event_problem(e, api.log_backend))?;
-    let batch: Vec<(u32, Vec<u8>)> = events
-        .iter()
-        .map(|e| (partition_for(e, topic.partitions), e.stored().to_vec()))
-        .collect();
-    // One atomic, durable append for the whole request: 201 only once all are on disk.
+    // One durable append for the whole request: 201 only once all are on disk (and,
+    // with dedup, once every duplicate's original is).
     let started = std::time::Instant::now();
-    let placed = api.log.append(&name, batch).await.map_err(|e| {
+    let failed = |e: LogError| {
         api.metrics.store_error(
             "log",
             api.log_backend,
             crate::runtime::partition::kind_of(&e),
         );
         log_problem(e, api.log_backend)
-    })?;
+    };
+    let placed: Vec<Appended> = if topic.dedup_window_ms == 0 {
+        let batch: Vec<(u32, Vec<u8>)> = events
+            .iter()
+            .map(|e| (partition_for(e, topic.partitions), e.stored().to_vec()))
+            .collect();
+        api.log
+            .append(&name, batch)
+            .await
+            .map_err(failed)?
+            .into_iter()
+            .map(|(partition, offset)| Appended {
+                partition,
+                offset,
+                duplicate: false,
+            })
+            .collect()
+    } else {
+        let batch: Vec<DedupEvent> = events
+            .iter()
+            .map(|e| DedupEvent {
+                partition: partition_for(e, topic.partitions),
+                payload: e.stored().to_vec(),
+                key: DedupKey::of(e.source(), e.id()),
+            })
+            .collect();
+        api.log
+            .append_dedup(&name, batch, topic.dedup_window_ms)
+            .await
+            .map_err(failed)?
+    };
     api.metrics
         .write_latency("log", api.log_backend, "append", started.elapsed());
-    api.metrics.published(&name, placed.len() as u64);
+    let duplicates = placed.iter().filter(|a| a.duplicate).count() as u64;
+    api.metrics
+        .published(&name, placed.len() as u64 - duplicates);
+    if duplicates > 0 {
+        api.metrics.duplicates(&name, duplicates);
+    }
     let out: Vec<Value> = events
         .iter()
         .zip(placed)
-        .map(|(e, (partition, offset))| json!({"id": e.id(), "partition": partition, "offset": offset}))
+        .map(|(e, a)| {
+            let mut v = json!({"id": e.id(), "partition": a.partition, "offset": a.offset});
+            if a.duplicate {
+                v["duplicate"] = json!(true);
+            }
+            v
+        })
         .collect();
     Ok((StatusCode::CREATED, Json(json!({ "events": out }))).into_response())
 }

@@ -180,7 +180,7 @@ struct SubCreate {
 #[derive(Subcommand, Debug)]
 enum SubCmd {
     /// Create a subscription (fails if it exists, unless --upsert).
-    Create(SubCreate),
+    Create(Box<SubCreate>),
     /// List subscriptions.
     List,
     /// Show one subscription with its committed offsets.

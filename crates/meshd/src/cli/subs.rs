@@ -10,7 +10,7 @@ use std::time::Duration;
 
 pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
     match cmd {
-        SubCmd::Create(c) => create(ctx, c),
+        SubCmd::Create(c) => create(ctx, *c),
         SubCmd::List => {
             let a = ctx.client.get(paths::SUBSCRIPTIONS.into())?;
             if ctx.json {

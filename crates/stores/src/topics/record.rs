@@ -20,7 +20,7 @@
 //! "Records"), and a feature that needs older instances to honour it waits until every
 //! member runs a release that does.
 
-use super::{validate_partitions, StoredTopic, Topic};
+use super::{validate_dedup_window, validate_partitions, StoredTopic, Topic};
 use crate::codec::decode_probed;
 use crate::subscriptions::cache::CorruptRecord;
 use crate::subscriptions::validate_name;
@@ -63,6 +63,20 @@ struct RecordV1 {
     partitions: u32,
     #[serde(default, skip_serializing_if = "is_false")]
     deleting: bool,
+    /// Added after version 1 shipped; omitted at the default (so a topic that never
+    /// set it is stored as before), and a record without it has the default, which
+    /// is on (HTTP API, Additions: dedup is on by default). An older release ignores
+    /// the field (it does not deduplicate).
+    #[serde(default = "default_window", skip_serializing_if = "is_default_window")]
+    dedup_window_ms: u64,
+}
+
+fn default_window() -> u64 {
+    super::DEFAULT_DEDUP_WINDOW_MS
+}
+
+fn is_default_window(ms: &u64) -> bool {
+    *ms == super::DEFAULT_DEDUP_WINDOW_MS
 }
 
 /// A decoded topic record (what the value holds).
@@ -72,15 +86,22 @@ pub struct TopicRecord {
     pub partitions: u32,
     /// A delete is in progress (or was interrupted): the topic reads as absent.
     pub deleting: bool,
+    pub dedup_window_ms: u64,
 }
 
 /// Encodes a topic record.
-pub fn encode(name: &str, partitions: u32, deleting: bool) -> Result<Vec<u8>, String> {
+pub fn encode(
+    name: &str,
+    partitions: u32,
+    deleting: bool,
+    dedup_window_ms: u64,
+) -> Result<Vec<u8>, String> {
     let record = RecordV1 {
         v: VERSION,
         name: name.to_string(),
         partitions,
         deleting,
+        dedup_window_ms,
     };
     serde_json::to_vec(&record).map_err(|e| format!("encoding topic record: {e}"))
 }
@@ -97,10 +118,13 @@ pub fn decode_value(name: &str, value: &[u8]) -> Result<TopicRecord, String> {
     validate_name(&r.name).map_err(|e| format!("the record holds an invalid value: name {e}"))?;
     validate_partitions(r.partitions)
         .map_err(|e| format!("the record holds an invalid value: partitions {e}"))?;
+    validate_dedup_window(r.dedup_window_ms)
+        .map_err(|e| format!("the record holds an invalid value: dedup_window_ms {e}"))?;
     Ok(TopicRecord {
         name: r.name,
         partitions: r.partitions,
         deleting: r.deleting,
+        dedup_window_ms: r.dedup_window_ms,
     })
 }
 
@@ -114,6 +138,7 @@ pub(crate) fn decode(name: &str, kv: &KeyValue) -> Result<StoredTopic, CorruptRe
             partitions: r.partitions,
             revision: kv.mod_revision,
             incarnation: kv.create_revision,
+            dedup_window_ms: r.dedup_window_ms,
         },
         deleting: r.deleting,
     })
@@ -138,15 +163,15 @@ mod tests {
     proptest! {
         #[test]
         fn round_trips(name in "[A-Za-z0-9._-]{1,249}", partitions in 1u32..=1024, deleting in any::<bool>()) {
-            let bytes = encode(&name, partitions, deleting).unwrap();
+            let bytes = encode(&name, partitions, deleting, super::super::DEFAULT_DEDUP_WINDOW_MS).unwrap();
             let got = decode(&name, &kv(&name, &bytes)).unwrap();
             prop_assert_eq!(got.deleting, deleting);
-            prop_assert_eq!(got.topic, Topic { name: name.clone(), partitions, revision: 7, incarnation: 3 });
+            prop_assert_eq!(got.topic, Topic { name: name.clone(), partitions, revision: 7, incarnation: 3, dedup_window_ms: super::super::DEFAULT_DEDUP_WINDOW_MS });
         }
 
         #[test]
         fn every_truncation_is_corrupt(name in "[A-Za-z0-9._-]{1,40}", partitions in 1u32..=1024, deleting in any::<bool>(), cut in 0usize..1000) {
-            let bytes = encode(&name, partitions, deleting).unwrap();
+            let bytes = encode(&name, partitions, deleting, super::super::DEFAULT_DEDUP_WINDOW_MS).unwrap();
             let cut = cut % bytes.len();
             let r = decode(&name, &kv(&name, &bytes[..cut]));
             prop_assert!(r.is_err(), "a record truncated at {} decoded: {:?}", cut, r);
@@ -167,11 +192,17 @@ mod tests {
     #[test]
     fn pinned_version_1_record() {
         assert_eq!(
-            String::from_utf8(encode("orders", 3, false).unwrap()).unwrap(),
+            String::from_utf8(
+                encode("orders", 3, false, super::super::DEFAULT_DEDUP_WINDOW_MS).unwrap()
+            )
+            .unwrap(),
             r#"{"v":1,"name":"orders","partitions":3}"#
         );
         assert_eq!(
-            String::from_utf8(encode("orders", 3, true).unwrap()).unwrap(),
+            String::from_utf8(
+                encode("orders", 3, true, super::super::DEFAULT_DEDUP_WINDOW_MS).unwrap()
+            )
+            .unwrap(),
             r#"{"v":1,"name":"orders","partitions":3,"deleting":true}"#
         );
         let r = decode_value("orders", br#"{"v":1,"name":"orders","partitions":3}"#).unwrap();
@@ -180,9 +211,26 @@ mod tests {
             TopicRecord {
                 name: "orders".into(),
                 partitions: 3,
-                deleting: false
+                deleting: false,
+                dedup_window_ms: super::super::DEFAULT_DEDUP_WINDOW_MS,
             }
         );
+        // The window, when set, and its default when absent (dedup is on by default).
+        assert_eq!(
+            String::from_utf8(encode("orders", 3, false, 0).unwrap()).unwrap(),
+            r#"{"v":1,"name":"orders","partitions":3,"dedup_window_ms":0}"#
+        );
+        let r = decode_value(
+            "orders",
+            br#"{"v":1,"name":"orders","partitions":3,"dedup_window_ms":5000}"#,
+        )
+        .unwrap();
+        assert_eq!(r.dedup_window_ms, 5000);
+        assert!(decode_value(
+            "orders",
+            br#"{"v":1,"name":"orders","partitions":3,"dedup_window_ms":86400001}"#,
+        )
+        .is_err());
         let r = decode_value(
             "orders",
             br#"{"v":1,"name":"orders","partitions":1024,"deleting":false}"#,
@@ -194,7 +242,9 @@ mod tests {
 
     #[test]
     fn a_field_a_newer_release_wrote_is_ignored() {
-        let good = String::from_utf8(encode("a", 3, true).unwrap()).unwrap();
+        let good =
+            String::from_utf8(encode("a", 3, true, super::super::DEFAULT_DEDUP_WINDOW_MS).unwrap())
+                .unwrap();
         let newer = good.replace(
             r#""deleting":true"#,
             r#""deleting":true,"retention":{"h":1}"#,
@@ -208,7 +258,9 @@ mod tests {
 
     #[test]
     fn corrupt_records_are_reported_with_a_reason() {
-        let good = String::from_utf8(encode("a", 3, true).unwrap()).unwrap();
+        let good =
+            String::from_utf8(encode("a", 3, true, super::super::DEFAULT_DEDUP_WINDOW_MS).unwrap())
+                .unwrap();
         let cases: Vec<(String, &str)> = vec![
             (String::new(), "not a JSON record"),
             ("{".into(), "not a JSON record"),
