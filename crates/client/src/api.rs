@@ -24,6 +24,11 @@ pub struct Client {
     publish_retries: u32,
 }
 
+/// How often [`Client::publish`] resends a request whose outcome is unknown, by default.
+pub const DEFAULT_PUBLISH_RETRIES: u32 = 5;
+/// The first pause before such a resend (doubling: 0.2, 0.4, ... 3.2 s).
+const PUBLISH_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Where a published event was stored.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct Stored {
@@ -133,9 +138,9 @@ impl Client {
         Self {
             transport,
             target,
-            // Off until meshd deduplicates publishes (the contract's dedup window):
-            // without it a retried request may store its events twice.
-            publish_retries: 0,
+            // meshd deduplicates publishes within the topic's window (on by default),
+            // so a request whose outcome is unknown is safe to send again.
+            publish_retries: DEFAULT_PUBLISH_RETRIES,
         }
     }
 
@@ -178,8 +183,10 @@ impl Client {
     }
 
     /// How often [`Client::publish`] sends a request again whose outcome is unknown
-    /// (default 0). Safe once the server deduplicates publishes within the topic's
-    /// window; against a meshd without dedup a retry may store an event twice.
+    /// (default [`DEFAULT_PUBLISH_RETRIES`]; 0 turns it off). Safe while the topic
+    /// deduplicates (its `dedup_window_ms`, on by default): each event is stored once
+    /// however often it is sent within the window. With dedup off a retry may store an
+    /// event twice.
     pub fn with_publish_retries(mut self, retries: u32) -> Self {
         self.publish_retries = retries;
         self
@@ -281,7 +288,12 @@ impl Client {
                 .body("application/cloudevents-batch+json", body.clone());
             match self.ok(req).await {
                 Ok(a) => return Ok(a.json::<Answer>()?.events),
-                Err(e) if e.outcome_unknown() && tries < self.publish_retries => tries += 1,
+                Err(e) if e.outcome_unknown() && tries < self.publish_retries => {
+                    tries += 1;
+                    // A 504 or a lost connection: give the server a moment (a
+                    // restart, a fail-over) before the same request goes again.
+                    tokio::time::sleep(PUBLISH_RETRY_PAUSE * (1 << tries.min(5))).await;
+                }
                 Err(e) => return Err(e),
             }
         }

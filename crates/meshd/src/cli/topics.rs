@@ -20,6 +20,9 @@ use std::io::{BufRead, IsTerminal};
 const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Progress on stderr every this many events.
 const PROGRESS_EVERY: u64 = 1000;
+/// How often a batch whose outcome is unknown is sent again (publish dedup makes it
+/// safe; pauses of 0.2, 0.4, ... 3.2 s).
+const PUBLISH_RETRIES: u32 = 5;
 /// Up to this many published events are listed one per row; more are summarised per
 /// partition.
 const MAX_ROWS: usize = 1000;
@@ -156,8 +159,10 @@ impl<'a> Publisher<'a> {
         body.push('[');
         body.push_str(&self.batch.join(","));
         body.push(']');
-        let mut req = Request::new(Method::POST, paths::events(self.topic));
-        req = req.body("application/cloudevents-batch+json", body);
+        let request = || {
+            Request::new(Method::POST, paths::events(self.topic))
+                .body("application/cloudevents-batch+json", body.clone())
+        };
         let range = match (self.origins.first(), self.origins.last()) {
             (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
             (Some(a), _) => a.clone(),
@@ -169,9 +174,27 @@ impl<'a> Publisher<'a> {
             )),
             other => other,
         };
-        let answer = match self.ctx.client.send(req) {
-            Ok(a) => a,
-            Err(e) => return Err(lost(e, self.so_far())),
+        // A batch whose outcome is unknown (a 504, a lost or refused connection) is
+        // sent again: within the topic's dedup window each event is stored once.
+        let mut tries = 0u32;
+        let answer = loop {
+            let unknown = match self.ctx.client.send(request()) {
+                Ok(a) if a.status != 504 => break a,
+                Ok(a) => format!("answered 504: {}", super::error::Problem::of(&a).detail),
+                Err(CliError::Unreachable(m)) => m,
+                Err(e) => return Err(lost(e, self.so_far())),
+            };
+            if tries >= PUBLISH_RETRIES {
+                return Err(lost(
+                    CliError::Unreachable(format!("{unknown} (after {PUBLISH_RETRIES} retries)")),
+                    self.so_far(),
+                ));
+            }
+            tries += 1;
+            note(&format!(
+                "the batch of {range} {unknown}; sending it again ({tries} of {PUBLISH_RETRIES})"
+            ));
+            std::thread::sleep(std::time::Duration::from_millis(100 << tries.min(5)));
         };
         if !(200..300).contains(&answer.status) {
             let mut p = super::error::Problem::of(&answer);
