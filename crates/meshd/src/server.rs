@@ -1175,6 +1175,13 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     );
     render_metric(
         &mut out,
+        "meshd_dedup_entries",
+        "gauge",
+        "Keys in the Local log's publish dedup index (events stored within their topic's dedup window, about 100 bytes of memory each; JetStream keeps its own in cluster mode).",
+        &[(ROCKSDB, state.local.log.dedup_entries() as u64)],
+    );
+    render_metric(
+        &mut out,
         "meshd_log_tail_cache_reads_total",
         "counter",
         "Reads of the Local log by whether the tail cache served them (hit) or RocksDB did (miss).",
