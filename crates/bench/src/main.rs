@@ -182,6 +182,7 @@ fn main() -> Result<()> {
     let publish: Vec<System> = match scenario {
         Scenario::Publish => vec![
             System::Meshd,
+            System::MeshdNoDedup,
             System::JsAlways,
             System::JsAtomic,
             System::JsDefault,
@@ -190,6 +191,7 @@ fn main() -> Result<()> {
         Scenario::Engine => vec![System::Rocksdb],
         Scenario::All => vec![
             System::Meshd,
+            System::MeshdNoDedup,
             System::JsAlways,
             System::JsAtomic,
             System::JsDefault,

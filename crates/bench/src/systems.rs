@@ -20,6 +20,9 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum System {
     Meshd,
+    /// meshd with the topic's publish dedup off (`dedup_window_ms: 0`): what dedup
+    /// costs is the difference to [`System::Meshd`].
+    MeshdNoDedup,
     JsAlways,
     /// JetStream at equal durability, a batch as one atomic batch publish.
     JsAtomic,
@@ -44,6 +47,7 @@ impl System {
     pub fn name(self) -> &'static str {
         match self {
             System::Meshd => "meshd",
+            System::MeshdNoDedup => "meshd-nodedup",
             System::JsAlways => "jetstream",
             System::JsAtomic => "jetstream-atomic",
             System::JsDefault => "jetstream-relaxed",
@@ -97,7 +101,8 @@ impl System {
 
     pub fn durability(self) -> &'static str {
         match self {
-            System::Meshd => "fsync per group commit (201 after fsync)",
+            System::Meshd => "fsync per group commit (201 after fsync); dedup on (2 min)",
+            System::MeshdNoDedup => "fsync per group commit (201 after fsync); dedup off",
             System::JsAlways => JsSync::Always.label(),
             System::JsAtomic => {
                 "fsync every ack (sync_interval: always); a batch is one atomic batch publish"
@@ -177,7 +182,8 @@ pub async fn run(
 ) -> Result<Outcome> {
     match system {
         System::Meta(path, op) => crate::meta::run(path, op, cfg, etcd).await,
-        System::Meshd => run_meshd(cfg, meshd).await,
+        System::Meshd => run_meshd(cfg, meshd, true).await,
+        System::MeshdNoDedup => run_meshd(cfg, meshd, false).await,
         System::JsAlways | System::JsAtomic | System::JsDefault => {
             let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
             let sync = if system == System::JsDefault {
@@ -301,11 +307,19 @@ impl Op for MeshdOp {
     }
 }
 
-async fn run_meshd(cfg: &Config, binary: &Path) -> Result<Outcome> {
+async fn run_meshd(cfg: &Config, binary: &Path, dedup: bool) -> Result<Outcome> {
     let server = procs::start_meshd(binary)?;
     let addr = server.addr;
     let setup = async {
         meshd_with_topic(addr, cfg.partitions).await?;
+        if !dedup {
+            meshd_put(
+                addr,
+                &format!("/v1/topics/{TOPIC}"),
+                &format!(r#"{{"partitions":{},"dedup_window_ms":0}}"#, cfg.partitions),
+            )
+            .await?;
+        }
         let mut ops: Vec<Box<dyn Op>> = Vec::new();
         for worker in 0..cfg.concurrency {
             ops.push(Box::new(MeshdOp::new(

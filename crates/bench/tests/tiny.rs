@@ -68,6 +68,7 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
     let rows = report["rows"].as_array().expect("rows");
     for (scenario, system) in [
         ("publish", "meshd"),
+        ("publish", "meshd-nodedup"),
         ("publish", "jetstream"),
         ("publish", "jetstream-atomic"),
         ("publish", "jetstream-relaxed"),

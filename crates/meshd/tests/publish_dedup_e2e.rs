@@ -165,7 +165,11 @@ async fn given_repeats_inside_a_batch_and_across_requests_then_each_event_is_sto
     let dups = metric(&a, "meshd_publish_duplicates_total{topic=\"t\"}").await;
     assert_eq!(dups, Some(4.0), "counted since this process started");
     let entries = metric(&a, r#"meshd_dedup_entries{backend="rocksdb"}"#).await;
-    assert_eq!(entries, Some(3.0), "three keys, reloaded after the restarts");
+    assert_eq!(
+        entries,
+        Some(3.0),
+        "three keys, reloaded after the restarts"
+    );
 }
 
 fn a_of(m: &MeshdProcess) -> String {
