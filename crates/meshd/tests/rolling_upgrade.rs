@@ -226,6 +226,28 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
         "{members}"
     );
 
+    // Second-wave settings: what the previous release would ignore is refused while
+    // it is a member; what it can ignore harmlessly (a topic's dedup window) is
+    // written, and the previous release still reads the record.
+    let filtered = json!({"topic": "t", "filters": [{"prefix": {"type": "x"}}]});
+    let r = meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/f", &filtered)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.json().unwrap()["field"], "filters", "{}", r.body);
+    let r = meshd_test_support::http::send_json(
+        &n,
+        "PUT",
+        "/v1/topics/t",
+        &json!({"partitions": PARTITIONS, "dedup_window_ms": 60000}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    create_subscription(&o, "by-previous", json!({"topic": "t"})).await;
+    let listed = get(&o, "/v1/topics").await.unwrap();
+    assert_eq!(listed.status, 200, "the previous release reads the topic: {}", listed.body);
+
     // Publishes through both; a consumer on each gets the other's partitions through
     // forwarding, and acks go back across releases.
     let mut placed = publish_n(&o, 0, 10).await;
@@ -289,4 +311,13 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     ack_retrying(&n, &again).await;
     wait_all_committed(&n, &etcd.endpoint()).await;
     assert_no_delivery(&n, "s", 500, "everything was acked").await;
+    // The previous release has left: the settings it would ignore are taken now.
+    wait_until(DEADLINE, "filters accepted once every member runs this release", || async {
+        let r = meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/f", &filtered)
+            .await?;
+        anyhow::ensure!(r.status == 201, "{} {}", r.status, r.body);
+        Ok(())
+    })
+    .await
+    .unwrap();
 }

@@ -59,6 +59,39 @@ pub struct Api {
     pub log_retention_ms: Option<u64>,
 }
 
+/// The release that first honours the second-wave settings of subscriptions
+/// (`filters`, signed and bounded `push`): an older member ignores them (it would
+/// deliver unfiltered, push unsigned), so they are refused while one is a member.
+pub const SETTINGS_RELEASE: crate::membership::Release = crate::membership::Release(0, 2, 0);
+
+/// 409 while a member of the cluster runs a release older than `since`, which would
+/// ignore `field` (state-plane.md, "Records": a feature that needs older instances to
+/// honour it waits until every member runs a release that does). Standalone, the only
+/// member is this one.
+pub async fn require_release(
+    api: &Api,
+    field: &str,
+    since: crate::membership::Release,
+) -> Result<(), Problem> {
+    let members = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        crate::membership::members(api.meta.as_ref()),
+    )
+    .await
+    .map_err(|_| Problem::unavailable("members", api.meta_backend, "Meta did not answer in time"))?
+    .map_err(|e| Problem::unavailable("members", api.meta_backend, e.to_string()))?;
+    let oldest = crate::membership::oldest_release(&members);
+    if oldest < since {
+        return Err(Problem::conflict(format!(
+            "{field} needs every member to run release {since} or newer, and one runs {oldest}: \
+             it would ignore {field}; finish the rolling upgrade first"
+        ))
+        .with("field", field)
+        .with("oldest_release", oldest.to_string()));
+    }
+    Ok(())
+}
+
 /// The byte bound of an answer: the query's `max_bytes` (at least 1), by default and
 /// at most `--max-response-bytes` (http-api.md "Bounded answers").
 pub fn answer_bytes(api: &Api, max_bytes: Option<&str>) -> Result<usize, Problem> {

@@ -260,6 +260,22 @@ pub async fn put_subscription(
                 .map_err(|e| Problem::invalid_field("push.url", e))?;
         }
     }
+    // Settings an older release would ignore wait for the end of a rolling upgrade.
+    let second_wave = if !spec.filters.is_empty() {
+        Some("filters")
+    } else {
+        spec.push.as_ref().and_then(|p| {
+            // Omitted lists keep what is stored (written when the check held).
+            let signed = p.secrets.as_ref().is_some_and(|s| !s.is_empty())
+                || p.headers.as_ref().is_some_and(|h| !h.is_empty());
+            let bounded = p.max_concurrency != meshd_stores::subscriptions::push::DEFAULT_MAX_CONCURRENCY
+                || p.rate_per_s.is_some();
+            (signed || bounded).then_some("push")
+        })
+    };
+    if let Some(field) = second_wave {
+        super::require_release(&api, field, super::SETTINGS_RELEASE).await?;
+    }
     let pre = precondition(&headers)?;
     if let Err(over) = api.quotas.subscription() {
         // At the quota only an existing subscription may be PUT again.
