@@ -95,8 +95,10 @@ async fn given_token_files_then_routes_need_the_right_token_and_health_stays_ope
         &call(a, "POST", "/v1/topics/orders/events", None, event).await,
         401,
     );
-    for token in [CLIENT_OLD, CLIENT_NEW] {
-        let r = call(a, "POST", "/v1/topics/orders/events", Some(token), event).await;
+    // Two events (one id each: the same event twice would be one, deduplicated).
+    for (token, id) in [(CLIENT_OLD, "e1"), (CLIENT_NEW, "e2")] {
+        let event = event.replace("\"e1\"", &format!("\"{id}\""));
+        let r = call(a, "POST", "/v1/topics/orders/events", Some(token), &event).await;
         assert_eq!(r.status, 201, "{}", r.body);
     }
     let r = call(

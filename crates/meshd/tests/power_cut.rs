@@ -6,7 +6,8 @@
 //!
 //! What the README promises and these check: a publish answered 201 is on disk; an ack
 //! older than `--delivery-flush-ms` is on disk; attempt counts and committed offsets
-//! never go back; the embedded Meta never hands out a revision twice; and a torn
+//! never go back; the publish dedup index keeps every 201'd event (a resend is its
+//! duplicate); the embedded Meta never hands out a revision twice; and a torn
 //! write-ahead-log tail either opens (nothing acknowledged was in it) or stops the start
 //! naming the data dir, and `--wal-recovery point-in-time` then opens with every 201.
 //! The last test runs JetStream on the same filesystem (`sync_interval: always` and its
@@ -222,6 +223,39 @@ async fn given_a_power_cut_then_every_201_and_every_ack_older_than_the_flush_int
     assert!(
         revision_after > revision_before,
         "{revision_before} then {revision_after}"
+    );
+
+    // The dedup index is durable with its events: every 201'd event sent again is a
+    // duplicate of itself, at the offset its first answer named (nothing stored twice).
+    for chunk in placed.keys().cloned().collect::<Vec<_>>().chunks(10) {
+        let batch: Vec<Value> = chunk.iter().map(|id| event(id)).collect();
+        let r = meshd_test_support::http::request_with(
+            &a,
+            "POST",
+            "/v1/topics/t/events",
+            &[("content-type", "application/cloudevents-batch+json")],
+            Value::Array(batch).to_string().as_bytes(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 201, "{}", r.body);
+        for e in r.json().unwrap()["events"].as_array().unwrap() {
+            let id = e["id"].as_str().unwrap();
+            let at = (
+                e["partition"].as_u64().unwrap(),
+                e["offset"].as_u64().unwrap(),
+            );
+            assert_eq!(
+                e["duplicate"], true,
+                "{id} was stored again after the cut: {e}"
+            );
+            assert_eq!(Some(&at), placed.get(id), "{id}");
+        }
+    }
+    assert_eq!(
+        browse_all(&a, "t", 3).await.len(),
+        found.len(),
+        "nothing stored twice"
     );
 
     // Drain: acks older than the flush interval never come back; held deliveries come

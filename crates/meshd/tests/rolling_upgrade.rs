@@ -226,9 +226,10 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
         "{members}"
     );
 
-    // Second-wave settings: what the previous release would ignore is refused while
-    // it is a member; what it can ignore harmlessly (a topic's dedup window) is
-    // written, and the previous release still reads the record.
+    // Second-wave settings the previous release would ignore (filters) or read as a
+    // corrupt record (a topic's dedup window) are refused while it is a member; a
+    // PUT that leaves the window at its default is taken and the previous release
+    // still reads the topic.
     let filtered = json!({"topic": "t", "filters": [{"prefix": {"type": "x"}}]});
     let r = meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/f", &filtered)
         .await
@@ -243,10 +244,24 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     )
     .await
     .unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.json().unwrap()["field"], "dedup_window_ms", "{}", r.body);
+    let r = meshd_test_support::http::send_json(
+        &n,
+        "PUT",
+        "/v1/topics/t",
+        &json!({"partitions": PARTITIONS, "dedup_window_ms": 120000}),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     create_subscription(&o, "by-previous", json!({"topic": "t"})).await;
     let listed = get(&o, "/v1/topics").await.unwrap();
-    assert_eq!(listed.status, 200, "the previous release reads the topic: {}", listed.body);
+    assert_eq!(
+        listed.status, 200,
+        "the previous release reads the topic: {}",
+        listed.body
+    );
 
     // Publishes through both; a consumer on each gets the other's partitions through
     // forwarding, and acks go back across releases.
@@ -312,12 +327,26 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     wait_all_committed(&n, &etcd.endpoint()).await;
     assert_no_delivery(&n, "s", 500, "everything was acked").await;
     // The previous release has left: the settings it would ignore are taken now.
-    wait_until(DEADLINE, "filters accepted once every member runs this release", || async {
-        let r = meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/f", &filtered)
-            .await?;
-        anyhow::ensure!(r.status == 201, "{} {}", r.status, r.body);
-        Ok(())
-    })
+    wait_until(
+        DEADLINE,
+        "filters accepted once every member runs this release",
+        || async {
+            let r =
+                meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/f", &filtered)
+                    .await?;
+            anyhow::ensure!(r.status == 201, "{} {}", r.status, r.body);
+            Ok(())
+        },
+    )
     .await
     .unwrap();
+    let r = meshd_test_support::http::send_json(
+        &n,
+        "PUT",
+        "/v1/topics/t",
+        &json!({"partitions": PARTITIONS, "dedup_window_ms": 60000}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
 }

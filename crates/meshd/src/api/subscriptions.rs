@@ -268,7 +268,8 @@ pub async fn put_subscription(
             // Omitted lists keep what is stored (written when the check held).
             let signed = p.secrets.as_ref().is_some_and(|s| !s.is_empty())
                 || p.headers.as_ref().is_some_and(|h| !h.is_empty());
-            let bounded = p.max_concurrency != meshd_stores::subscriptions::push::DEFAULT_MAX_CONCURRENCY
+            let bounded = p.max_concurrency
+                != meshd_stores::subscriptions::push::DEFAULT_MAX_CONCURRENCY
                 || p.rate_per_s.is_some();
             (signed || bounded).then_some("push")
         })

@@ -12,7 +12,9 @@ use axum::Json;
 use meshd_events::{parse_publish, partition_for, Event, EventError, Limits};
 use meshd_meta::Backend;
 use meshd_stores::log::{Appended, DedupEvent, DedupKey, LogError};
-use meshd_stores::topics::{Topic, TopicError, TopicStore, MAX_DEDUP_WINDOW_MS};
+use meshd_stores::topics::{
+    Topic, TopicError, TopicStore, DEFAULT_DEDUP_WINDOW_MS, MAX_DEDUP_WINDOW_MS,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -114,9 +116,15 @@ struct PutTopic {
     dedup_window_ms: Option<Value>,
 }
 
-/// A topic as answered by PUT, GET and the list.
+/// A topic as answered by PUT, GET and the list: `dedup_window_ms` only when it is not
+/// the default (so the answers for a topic that never set it are those of the API
+/// before dedup, field for field).
 fn topic_json(t: &Topic) -> Value {
-    json!({"name": t.name, "partitions": t.partitions, "dedup_window_ms": t.dedup_window_ms})
+    let mut v = json!({"name": t.name, "partitions": t.partitions});
+    if t.dedup_window_ms != DEFAULT_DEDUP_WINDOW_MS {
+        v["dedup_window_ms"] = json!(t.dedup_window_ms);
+    }
+    v
 }
 
 pub async fn put_topic(
@@ -151,6 +159,11 @@ pub async fn put_topic(
             })?)
         }
     };
+    // A release before dedup (0.1.x) reads a topic record with a window as corrupt:
+    // another window than the default (which is not written) waits for the upgrade.
+    if window.is_some_and(|ms| ms != DEFAULT_DEDUP_WINDOW_MS) {
+        super::require_release(&api, "dedup_window_ms", super::SETTINGS_RELEASE).await?;
+    }
     if let Err(over) = api.quotas.topic() {
         // At the quota only a topic that exists already may be PUT again.
         let exists = api
