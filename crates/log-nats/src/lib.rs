@@ -282,6 +282,77 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The per-partition shares of one append by outcome: stored (with what each
+/// answered), refused (nothing stored) or unknown.
+struct Split<T> {
+    stored: BTreeMap<u32, T>,
+    refused: Vec<u32>,
+    unknown: Vec<u32>,
+    reasons: Vec<String>,
+}
+
+impl<T> Split<T> {
+    fn of(results: Vec<(u32, Result<T, Fail>)>) -> Self {
+        let mut split = Split {
+            stored: BTreeMap::new(),
+            refused: Vec::new(),
+            unknown: Vec::new(),
+            reasons: Vec::new(),
+        };
+        for (partition, r) in results {
+            match r {
+                Ok(t) => {
+                    split.stored.insert(partition, t);
+                }
+                Err(Fail::Unknown(reason)) => {
+                    split.unknown.push(partition);
+                    split
+                        .reasons
+                        .push(format!("partition {partition}: {reason}"));
+                }
+                Err(f) => {
+                    split.refused.push(partition);
+                    split.reasons.push(format!("partition {partition}: {f}"));
+                }
+            }
+        }
+        split
+    }
+
+    /// `None` when every share was stored; else the whole call's error (logged):
+    /// `Unavailable` when nothing was or may have been stored, `Indeterminate`
+    /// naming the partitions otherwise. `note` is added to the latter.
+    fn failure(&self, topic: &str, note: &str) -> Option<LogError> {
+        if self.refused.is_empty() && self.unknown.is_empty() {
+            return None;
+        }
+        let (stored, refused, unknown) = (
+            self.stored.keys().collect::<Vec<_>>(),
+            &self.refused,
+            &self.unknown,
+        );
+        let detail = self.reasons.join("; ");
+        tracing::warn!(
+            store = "log",
+            backend = "nats",
+            topic,
+            ?stored,
+            ?refused,
+            ?unknown,
+            detail,
+            "append failed"
+        );
+        Some(if stored.is_empty() && unknown.is_empty() {
+            LogError::Unavailable(format!("nats: append to {topic} not stored: {detail}"))
+        } else {
+            LogError::Indeterminate(format!(
+                "nats: append to {topic} partly or possibly stored (stored: partitions \
+                 {stored:?}; unknown: {unknown:?}; refused: {refused:?}){note}: {detail}"
+            ))
+        })
+    }
+}
+
 /// `max_age`, `max_bytes` and `duplicate_window` of a stream under `r`.
 fn limits(r: &Retention) -> (u64, i64, u64) {
     let max_age = r
@@ -765,60 +836,21 @@ impl Inner {
             }
         }))
         .await;
+        let split = Split::of(results);
         let mut placed = vec![(0u32, 0u64); total];
-        let (mut stored, mut refused, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
-        let mut reasons = Vec::new();
-        for (partition, r) in results {
-            match r {
-                Ok(first) => {
-                    stored.push(partition);
-                    for (k, (i, _)) in shares[&partition].iter().enumerate() {
-                        placed[*i] = (partition, first + k as u64);
-                    }
-                }
-                Err(Fail::Unknown(reason)) => {
-                    unknown.push(partition);
-                    reasons.push(format!("partition {partition}: {reason}"));
-                }
-                Err(f) => {
-                    refused.push(partition);
-                    reasons.push(format!("partition {partition}: {f}"));
-                }
+        for (partition, first) in &split.stored {
+            for (k, (i, _)) in shares[partition].iter().enumerate() {
+                placed[*i] = (*partition, first + k as u64);
             }
-        }
-        // Acknowledged, so durable: readers of those partitions may look (the
-        // republished notices follow, possibly later).
-        for partition in &stored {
-            let share = &shares[partition];
-            let end = share
-                .last()
-                .map(|(i, _)| placed[*i].1 + 1)
-                .unwrap_or_default();
+            // Acknowledged, so durable: readers of those partitions may look (the
+            // republished notices follow, possibly later).
+            let end = first + shares[partition].len() as u64;
             self.appends.notify(topic, *partition, Some(end));
         }
-        if refused.is_empty() && unknown.is_empty() {
-            return Ok(placed);
+        match split.failure(topic, "") {
+            None => Ok(placed),
+            Some(e) => Err(e),
         }
-        let detail = reasons.join("; ");
-        tracing::warn!(
-            store = "log",
-            backend = "nats",
-            topic,
-            ?stored,
-            ?refused,
-            ?unknown,
-            detail,
-            "append failed"
-        );
-        if stored.is_empty() && unknown.is_empty() {
-            return Err(LogError::Unavailable(format!(
-                "nats: append to {topic} not stored: {detail}"
-            )));
-        }
-        Err(LogError::Indeterminate(format!(
-            "nats: append to {topic} partly or possibly stored (stored: partitions {stored:?}; \
-             unknown: {unknown:?}; refused: {refused:?}): {detail}"
-        )))
     }
 
     /// [`PartitionLog::append_dedup`] on JetStream: each event carries its key as
@@ -879,53 +911,16 @@ impl Inner {
                 )
             }))
             .await;
-        let mut answered: HashMap<u32, Vec<(u64, bool)>> = HashMap::new();
-        let (mut stored, mut refused, mut unknown, mut reasons) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (partition, r) in results {
-            match r {
-                Ok(list) => {
-                    stored.push(partition);
-                    answered.insert(partition, list);
-                }
-                Err(Fail::Unknown(reason)) => {
-                    unknown.push(partition);
-                    reasons.push(format!("partition {partition}: {reason}"));
-                }
-                Err(f) => {
-                    refused.push(partition);
-                    reasons.push(format!("partition {partition}: {f}"));
-                }
-            }
-        }
-        for partition in &stored {
-            if let Some(end) = answered[partition].iter().map(|(o, _)| o + 1).max() {
+        let split = Split::of(results);
+        for (partition, list) in &split.stored {
+            if let Some(end) = list.iter().map(|(o, _)| o + 1).max() {
                 self.appends.notify(topic, *partition, Some(end));
             }
         }
-        if !refused.is_empty() || !unknown.is_empty() {
-            let detail = reasons.join("; ");
-            tracing::warn!(
-                store = "log",
-                backend = "nats",
-                topic,
-                ?stored,
-                ?refused,
-                ?unknown,
-                detail,
-                "deduplicated append failed"
-            );
-            if stored.is_empty() && unknown.is_empty() {
-                return Err(LogError::Unavailable(format!(
-                    "nats: append to {topic} not stored: {detail}"
-                )));
-            }
-            return Err(LogError::Indeterminate(format!(
-                "nats: append to {topic} partly or possibly stored (stored: partitions {stored:?}; \
-                 unknown: {unknown:?}; refused: {refused:?}); a retry with the same events is \
-                 deduplicated: {detail}"
-            )));
+        if let Some(e) = split.failure(topic, "; a retry with the same events is deduplicated") {
+            return Err(e);
         }
+        let answered = split.stored;
         Ok(place
             .into_iter()
             .map(|(partition, i, repeat)| {

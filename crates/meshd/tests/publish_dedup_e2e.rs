@@ -10,10 +10,8 @@
 mod common;
 
 use common::*;
-use meshd_test_support::etcd::EtcdProcess;
 use meshd_test_support::http::{request_with, send_json};
 use meshd_test_support::meshd::MeshdProcess;
-use meshd_test_support::nats::NatsProcess;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -271,24 +269,8 @@ async fn given_meshd_sigkilled_during_a_publish_stream_when_clients_resend_every
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_a_cluster_when_an_instance_is_sigkilled_mid_stream_and_requests_are_resent_to_the_other_then_every_event_is_stored_once(
 ) {
-    let etcd = EtcdProcess::start().await.unwrap();
-    let nats = NatsProcess::start().await.unwrap();
-    let secret_dir = tempfile::tempdir().unwrap();
-    let secret_file = secret_dir.path().join("secret");
-    std::fs::write(
-        &secret_file,
-        "dedup-e2e-secret-0123456789abcdef0123456789\n",
-    )
-    .unwrap();
-    let args = cluster_args(&etcd, &nats, &secret_file, Duration::from_millis(2000));
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let mut nodes = Vec::new();
-    for (i, dir) in dirs.iter().enumerate() {
-        let id = format!("inst-{i}");
-        let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
-        a.extend(["--instance-id", &id]);
-        nodes.push(MeshdProcess::start(bin(), dir.path(), &a).await.unwrap());
-    }
+    let mut cluster = SmallCluster::start(2, Duration::from_millis(2000)).await;
+    let nodes = &mut cluster.nodes;
     let a0 = a_of(&nodes[0]);
     let a1 = a_of(&nodes[1]);
     create_topic(&a0, "t", 3).await;

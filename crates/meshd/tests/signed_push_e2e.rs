@@ -14,10 +14,7 @@ mod common;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use common::webhook::{endpoint, endpoint_with, Endpoint, Received};
 use common::*;
-use meshd_test_support::etcd::EtcdProcess;
 use meshd_test_support::http::send_json;
-use meshd_test_support::meshd::MeshdProcess;
-use meshd_test_support::nats::NatsProcess;
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use standardwebhooks::Webhook;
@@ -330,20 +327,8 @@ async fn given_max_concurrency_and_a_rate_then_the_receiver_never_sees_more_at_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_a_cluster_when_the_owner_is_sigkilled_then_the_survivor_pushes_signed_with_the_same_webhook_ids(
 ) {
-    let etcd = EtcdProcess::start().await.unwrap();
-    let nats = NatsProcess::start().await.unwrap();
-    let secret_dir = tempfile::tempdir().unwrap();
-    let secret_file = secret_dir.path().join("secret");
-    std::fs::write(&secret_file, "signed-push-e2e-0123456789abcdef0123456789\n").unwrap();
-    let args = cluster_args(&etcd, &nats, &secret_file, Duration::from_millis(2000));
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let mut nodes = Vec::new();
-    for (i, dir) in dirs.iter().enumerate() {
-        let id = format!("inst-{i}");
-        let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
-        a.extend(["--instance-id", &id]);
-        nodes.push(MeshdProcess::start(bin(), dir.path(), &a).await.unwrap());
-    }
+    let mut cluster = SmallCluster::start(2, Duration::from_millis(2000)).await;
+    let nodes = &mut cluster.nodes;
     let a0 = nodes[0].addr().to_string();
     let a1 = nodes[1].addr().to_string();
     create_topic(&a0, "t", 4).await;

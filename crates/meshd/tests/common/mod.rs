@@ -414,3 +414,59 @@ pub fn current_rss(pid: u32) -> u64 {
         .map(|kb| kb * 1024)
         .expect("VmRSS")
 }
+
+/// A small cluster for end-to-end tests: `n` meshd instances (ids `inst-0`, ...) on one
+/// etcd and one nats-server with [`cluster_args`]. Fields drop in order: the instances
+/// stop before their backends.
+pub struct SmallCluster {
+    pub nodes: Vec<MeshdProcess>,
+    _dirs: Vec<tempfile::TempDir>,
+    _secret_dir: tempfile::TempDir,
+    pub etcd: meshd_test_support::etcd::EtcdProcess,
+    pub nats: meshd_test_support::nats::NatsProcess,
+}
+
+impl SmallCluster {
+    pub async fn start(n: usize, lease_ttl: Duration) -> Self {
+        let etcd = meshd_test_support::etcd::EtcdProcess::start()
+            .await
+            .expect("start etcd");
+        let nats = meshd_test_support::nats::NatsProcess::start()
+            .await
+            .expect("start nats-server");
+        let secret_dir = tempfile::tempdir().expect("temp dir");
+        let secret_file = secret_dir.path().join("secret");
+        std::fs::write(
+            &secret_file,
+            "small-cluster-secret-0123456789abcdef0123456789\n",
+        )
+        .expect("write the cluster secret");
+        let args = cluster_args(&etcd, &nats, &secret_file, lease_ttl);
+        let mut nodes = Vec::new();
+        let mut dirs = Vec::new();
+        for i in 0..n {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let id = format!("inst-{i}");
+            let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+            a.extend(["--instance-id", &id]);
+            nodes.push(
+                MeshdProcess::start(bin(), dir.path(), &a)
+                    .await
+                    .expect("start meshd"),
+            );
+            dirs.push(dir);
+        }
+        Self {
+            nodes,
+            _dirs: dirs,
+            _secret_dir: secret_dir,
+            etcd,
+            nats,
+        }
+    }
+
+    /// The address of instance `i`.
+    pub fn addr(&self, i: usize) -> String {
+        self.nodes[i].addr().to_string()
+    }
+}
