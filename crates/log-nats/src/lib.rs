@@ -644,25 +644,48 @@ impl Inner {
         partition: u32,
         payloads: &[Bytes],
     ) -> Result<u64, Fail> {
+        let ack = self
+            .publish_share(topic, partition, payloads, None, None)
+            .await?;
+        Ok(ack.seq - payloads.len() as u64)
+    }
+
+    /// Publishes one partition's share (one message, or one atomic batch), with a
+    /// `Nats-Msg-Id` per message when `ids` are given, once its stream exists (with
+    /// the dedup window `window_ms` when given): the PubAck of the stream it belongs
+    /// to.
+    async fn publish_share(
+        &self,
+        topic: &str,
+        partition: u32,
+        payloads: &[Bytes],
+        ids: Option<&[String]>,
+        window_ms: Option<u64>,
+    ) -> Result<js::PubAck, Fail> {
         let stream = self.names.partition_stream(topic, partition);
         let subject = self.names.partition_subject(topic, partition);
         let mut retried = false;
         loop {
             // Nothing of the append is sent before the stream exists: a failure here,
             // even a timeout of the creation, stores no event.
-            self.ensure_partition(topic, partition)
-                .await
-                .map_err(|f| match f {
-                    Fail::Unknown(r) => Fail::NotApplied(format!("creating stream {stream}: {r}")),
-                    f => f,
-                })?;
+            let prepared = match self.ensure_partition(topic, partition).await {
+                Ok(()) => match window_ms {
+                    Some(ms) => self.ensure_window(&stream, ms).await,
+                    None => Ok(()),
+                },
+                Err(f) => Err(f),
+            };
+            prepared.map_err(|f| match f {
+                Fail::Unknown(r) => Fail::NotApplied(format!("preparing stream {stream}: {r}")),
+                f => f,
+            })?;
             let id = self.batch_id();
             match self
                 .js
-                .publish(&subject, payloads, &id, self.deadline())
+                .publish_with_ids(&subject, payloads, ids, &id, self.deadline())
                 .await
             {
-                Ok(ack) if ack.stream == stream => return Ok(ack.seq - payloads.len() as u64),
+                Ok(ack) if ack.stream == stream => return Ok(ack),
                 Ok(ack) => {
                     return Err(Fail::Unknown(format!(
                         "stored by stream {:?}, not {stream:?}",
@@ -678,6 +701,30 @@ impl Inner {
                 Err(f) => return Err(f),
             }
         }
+    }
+
+    /// Refuses a share JetStream cannot take: more than [`MAX_BATCH`] events, or an
+    /// event that with `room` bytes of headers passes the server's `max_payload`.
+    fn check_share<'a>(
+        &self,
+        partition: u32,
+        payloads: impl ExactSizeIterator<Item = &'a Bytes>,
+        room: usize,
+    ) -> Result<(), LogError> {
+        if payloads.len() > MAX_BATCH {
+            return Err(LogError::Invalid(format!(
+                "{} events for partition {partition} in one append; JetStream takes at most {MAX_BATCH}",
+                payloads.len()
+            )));
+        }
+        let max_payload = self.js.client.server_info().max_payload;
+        if let Some(p) = payloads.into_iter().find(|p| p.len() + room > max_payload) {
+            return Err(LogError::Invalid(format!(
+                "an event of {} bytes is above nats-server's max_payload ({max_payload} bytes)",
+                p.len()
+            )));
+        }
+        Ok(())
     }
 
     async fn stream_info(&self, stream: &str) -> Result<Option<StreamInfo>, Fail> {
@@ -811,21 +858,9 @@ impl Inner {
                 .or_default()
                 .push((i, Bytes::from(payload)));
         }
-        let max_payload = self.js.client.server_info().max_payload;
         for (partition, share) in &shares {
-            if share.len() > MAX_BATCH {
-                return Err(LogError::Invalid(format!(
-                    "{} events for partition {partition} in one append; JetStream takes at most {MAX_BATCH}",
-                    share.len()
-                )));
-            }
             // Headers (batch id, sequence, commit) need a little room.
-            if let Some((_, p)) = share.iter().find(|(_, p)| p.len() + 256 > max_payload) {
-                return Err(LogError::Invalid(format!(
-                    "an event of {} bytes is above nats-server's max_payload ({max_payload} bytes)",
-                    p.len()
-                )));
-            }
+            self.check_share(*partition, share.iter().map(|(_, p)| p), 256)?;
         }
         let total: usize = shares.values().map(Vec::len).sum();
         let results = futures::future::join_all(shares.iter().map(|(partition, share)| {
@@ -887,20 +922,9 @@ impl Inner {
                 }
             }
         }
-        let max_payload = self.js.client.server_info().max_payload;
         for (partition, share) in &shares {
-            if share.len() > MAX_BATCH {
-                return Err(LogError::Invalid(format!(
-                    "{} events for partition {partition} in one append; JetStream takes at most {MAX_BATCH}",
-                    share.len()
-                )));
-            }
-            if let Some((_, p)) = share.iter().find(|(_, p)| p.len() + 512 > max_payload) {
-                return Err(LogError::Invalid(format!(
-                    "an event of {} bytes is above nats-server's max_payload ({max_payload} bytes)",
-                    p.len()
-                )));
-            }
+            // The batch headers and a `Nats-Msg-Id` need room.
+            self.check_share(*partition, share.iter().map(|(_, p)| p), 512)?;
         }
         let results =
             futures::future::join_all(shares.iter().map(|(partition, share)| async move {
@@ -942,79 +966,49 @@ impl Inner {
         share: &[(DedupKey, Bytes)],
         window_ms: u64,
     ) -> Result<Vec<(u64, bool)>, Fail> {
-        let stream = self.names.partition_stream(topic, partition);
-        let subject = self.names.partition_subject(topic, partition);
         let payloads: Vec<Bytes> = share.iter().map(|(_, p)| p.clone()).collect();
         let ids: Vec<String> = share.iter().map(|(k, _)| k.hex()).collect();
-        let mut retried = false;
-        loop {
-            self.ensure_partition(topic, partition)
-                .await
-                .and(self.ensure_window(&stream, window_ms).await)
-                .map_err(|f| match f {
-                    Fail::Unknown(r) => Fail::NotApplied(format!("preparing stream {stream}: {r}")),
-                    f => f,
-                })?;
-            let sent = self
-                .js
-                .publish_with_ids(
-                    &subject,
-                    &payloads,
-                    Some(&ids),
-                    &self.batch_id(),
-                    self.deadline(),
-                )
-                .await;
-            match sent {
-                Ok(ack) if ack.stream != stream => {
-                    return Err(Fail::Unknown(format!(
-                        "stored by stream {:?}, not {stream:?}",
-                        ack.stream
-                    )))
-                }
-                Ok(ack) if payloads.len() == 1 => return Ok(vec![(ack.seq - 1, ack.duplicate)]),
-                Ok(ack) => {
-                    let first = ack.seq - payloads.len() as u64;
-                    return Ok((0..payloads.len() as u64)
-                        .map(|k| (first + k, false))
-                        .collect());
-                }
-                Err(Fail::NoResponders) if !retried => {
-                    retried = true;
-                    self.forget(&stream);
-                }
-                // Refused whole (a duplicate inside, or any other refusal): nothing
-                // stored; one at a time, in order, each stored or a duplicate.
-                Err(Fail::Api(e)) if payloads.len() > 1 => {
-                    tracing::debug!(store = "log", backend = "nats", stream, error = %e, "atomic batch refused; sending its events one at a time");
-                    let mut out = Vec::with_capacity(payloads.len());
-                    for (p, id) in payloads.iter().zip(&ids) {
-                        let ack = self
-                            .js
-                            .publish_with_ids(
-                                &subject,
-                                std::slice::from_ref(p),
-                                Some(std::slice::from_ref(id)),
-                                "",
-                                self.deadline(),
-                            )
-                            .await
-                            .map_err(|f| match (f, out.is_empty()) {
-                                (f, true) => f,
-                                // Part of the share is stored: the outcome of the
-                                // whole share is not "refused".
-                                (f, false) => Fail::Unknown(format!(
-                                    "after {} of {} events: {f}",
-                                    out.len(),
-                                    payloads.len()
-                                )),
-                            })?;
-                        out.push((ack.seq - 1, ack.duplicate));
-                    }
-                    return Ok(out);
-                }
-                Err(f) => return Err(f),
+        let sent = self
+            .publish_share(topic, partition, &payloads, Some(&ids), Some(window_ms))
+            .await;
+        match sent {
+            Ok(ack) if payloads.len() == 1 => Ok(vec![(ack.seq - 1, ack.duplicate)]),
+            Ok(ack) => {
+                let first = ack.seq - payloads.len() as u64;
+                Ok((0..payloads.len() as u64)
+                    .map(|k| (first + k, false))
+                    .collect())
             }
+            // Refused whole (a duplicate inside, or any other refusal): nothing
+            // stored; one at a time, in order, each stored or a duplicate.
+            Err(Fail::Api(e)) if payloads.len() > 1 => {
+                tracing::debug!(store = "log", backend = "nats", topic, partition, error = %e, "atomic batch refused; sending its events one at a time");
+                let mut out = Vec::with_capacity(payloads.len());
+                for (p, id) in payloads.iter().zip(&ids) {
+                    let ack = self
+                        .publish_share(
+                            topic,
+                            partition,
+                            std::slice::from_ref(p),
+                            Some(std::slice::from_ref(id)),
+                            Some(window_ms),
+                        )
+                        .await
+                        .map_err(|f| match (f, out.is_empty()) {
+                            (f, true) => f,
+                            // Part of the share is stored: the outcome of the
+                            // whole share is not "refused".
+                            (f, false) => Fail::Unknown(format!(
+                                "after {} of {} events: {f}",
+                                out.len(),
+                                payloads.len()
+                            )),
+                        })?;
+                    out.push((ack.seq - 1, ack.duplicate));
+                }
+                Ok(out)
+            }
+            Err(f) => Err(f),
         }
     }
 

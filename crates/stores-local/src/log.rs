@@ -374,40 +374,32 @@ impl Inner {
         }
         let mut answers = Vec::with_capacity(plan.len());
         let mut seen = vec![false; assigned.len()];
-        let mut waits_for: Option<(u32, u64)> = None;
         for (partition, p) in plan {
             answers.push(match p {
-                Ok(i) => {
-                    let duplicate = std::mem::replace(&mut seen[i], true);
-                    Appended {
-                        partition,
-                        offset: assigned[i].1,
-                        duplicate,
-                    }
-                }
-                Err(offset) => {
-                    waits_for = waits_for.max(Some((partition, offset)));
-                    Appended {
-                        partition,
-                        offset,
-                        duplicate: true,
-                    }
-                }
+                Ok(i) => Appended {
+                    partition,
+                    offset: assigned[i].1,
+                    duplicate: std::mem::replace(&mut seen[i], true),
+                },
+                Err(offset) => Appended {
+                    partition,
+                    offset,
+                    duplicate: true,
+                },
             });
         }
         if batch.is_empty() {
-            if let Some((partition, _)) = waits_for {
-                let heads = self.heads();
-                let not_durable = answers.iter().any(|a| {
-                    heads
-                        .get(&(topic.to_string(), a.partition))
-                        .is_none_or(|h| h.durable_end <= a.offset)
-                });
-                if not_durable {
-                    if let Some(h) = heads.get(&(topic.to_string(), partition)) {
-                        batch.put(CF_LOG, keys::head_key(topic, partition), h.record.encode());
-                    }
-                }
+            // Only duplicates: the index holds an entry only for a staged event, so
+            // every answer's partition has a head.
+            let heads = self.heads();
+            let pending = answers.iter().find_map(|a| {
+                heads
+                    .get(&(topic.to_string(), a.partition))
+                    .filter(|h| h.durable_end <= a.offset)
+                    .map(|h| (a.partition, h.record))
+            });
+            if let Some((partition, record)) = pending {
+                batch.put(CF_LOG, keys::head_key(topic, partition), record.encode());
             }
         }
         (batch, answers, assigned)

@@ -1194,7 +1194,7 @@ impl PartitionTask {
                         vec![Input::EventsRead(
                             events
                                 .into_iter()
-                                .map(|e| meta_of(e.offset, &e.payload, names.as_deref()))
+                                .map(|e| meta_of(e.offset, &e.payload, names))
                                 .collect(),
                         )]
                     }

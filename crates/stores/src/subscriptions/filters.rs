@@ -216,6 +216,9 @@ impl FilterExpr {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Selector {
     exprs: Vec<FilterExpr>,
+    /// Every attribute name `exprs` look at, sorted, once each: derived at
+    /// construction, so the shell asks for it per log read without walking the tree.
+    names: Vec<String>,
 }
 
 impl Selector {
@@ -227,11 +230,15 @@ impl Selector {
                 .collect();
             FilterExpr::Exact(pairs)
         });
+        let exprs: Vec<FilterExpr> = shorthand
+            .into_iter()
+            .chain(filters.iter().cloned())
+            .collect();
+        let mut names = BTreeSet::new();
+        exprs.iter().for_each(|f| f.attribute_names(&mut names));
         Self {
-            exprs: shorthand
-                .into_iter()
-                .chain(filters.iter().cloned())
-                .collect(),
+            exprs,
+            names: names.into_iter().collect(),
         }
     }
 
@@ -251,12 +258,8 @@ impl Selector {
     }
 
     /// Every attribute name the selector looks at (sorted, once each).
-    pub fn attribute_names(&self) -> Vec<String> {
-        let mut names = BTreeSet::new();
-        self.exprs
-            .iter()
-            .for_each(|f| f.attribute_names(&mut names));
-        names.into_iter().collect()
+    pub fn attribute_names(&self) -> &[String] {
+        &self.names
     }
 }
 
