@@ -12,10 +12,11 @@ pub struct PullId(pub u64);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EventMeta {
     pub offset: u64,
-    /// The string forms of the attributes the subscription's selector looks at
-    /// ([`meshd_stores::subscriptions::Selector::attribute_names`]; the shell extracts
-    /// only those, none without a filter). An attribute the event lacks is absent.
-    pub attributes: Vec<(String, String)>,
+    /// The string forms of the event's context attributes and extensions, for the
+    /// subscription's selector (the shell fills them only for a subscription with a
+    /// filter, shared with the other subscriptions that read the event). An attribute
+    /// the event lacks is absent.
+    pub attributes: std::sync::Arc<[(String, String)]>,
     /// The event's stored size in bytes: what a pull's byte budget counts.
     pub size: u64,
 }

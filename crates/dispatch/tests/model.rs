@@ -948,7 +948,8 @@ fn kept_or_dropped(offset: u64, keep: bool) -> EventMeta {
         attributes: vec![
             ("type".into(), if keep { "keep" } else { "drop" }.into()),
             ("source".into(), "/s".into()),
-        ],
+        ]
+        .into(),
         size: 100,
     }
 }

@@ -198,6 +198,26 @@ impl Event {
         context.map(Cow::Borrowed)
     }
 
+    /// Every context attribute the event has and every extension, each with its string
+    /// form as [`Event::attribute`] gives it (`specversion` first, extensions last in
+    /// stored order).
+    pub fn attributes(&self) -> impl Iterator<Item = (&str, std::borrow::Cow<'_, str>)> {
+        const CONTEXT: [&str; 8] = [
+            "specversion",
+            "id",
+            "source",
+            "type",
+            "datacontenttype",
+            "dataschema",
+            "subject",
+            "time",
+        ];
+        CONTEXT
+            .into_iter()
+            .chain(self.attributes.extensions.iter().map(|(k, _)| k.as_str()))
+            .filter_map(|name| self.attribute(name).map(|v| (name, v)))
+    }
+
     /// The payload: `data` as its JSON text, or `data_base64` decoded.
     pub fn data(&self) -> Option<EventData<'_>> {
         let span = self.attributes.data.as_ref()?;

@@ -681,3 +681,37 @@ fn deeply_nested_data_is_stored_without_recursion() {
     let err = structured_err(&with(&format!(r#""data":{}"#, "[".repeat(100_000))));
     assert_eq!(err.status, 400);
 }
+
+#[test]
+fn attributes_lists_every_context_attribute_and_extension_in_its_string_form() {
+    let e = structured(&with(
+        r#""subject":"s1","time":"2026-01-01T00:00:00Z","region":"eu","priority":3,"urgent":true"#,
+    ))
+    .unwrap();
+    let all: Vec<(String, String)> = e
+        .attributes()
+        .map(|(k, v)| (k.to_string(), v.into_owned()))
+        .collect();
+    for (name, value) in &all {
+        assert_eq!(e.attribute(name).as_deref(), Some(value.as_str()), "{name}");
+    }
+    let names: Vec<&str> = all.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "specversion",
+            "id",
+            "source",
+            "type",
+            "subject",
+            "time",
+            "region",
+            "priority",
+            "urgent"
+        ]
+    );
+    assert_eq!(e.attribute("priority").as_deref(), Some("3"));
+    assert_eq!(e.attribute("urgent").as_deref(), Some("true"));
+    // Absent optional attributes are not listed.
+    assert!(e.attribute("dataschema").is_none());
+}

@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use meshd_test_support::http::send_json;
+use meshd_test_support::http::{metric, send_json};
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -228,6 +228,71 @@ async fn given_filters_when_meshd_is_sigkilled_mid_delivery_then_only_matches_ar
     let end = (evs.len() + later.len()) as u64;
     wait_committed(&a, "s", 0, end).await;
     assert_no_delivery(&a, "s", 300, "a filtered-out event was delivered").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_three_filtered_subscriptions_of_one_topic_then_each_event_is_parsed_once_for_all_of_them(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    let eu = json!([{"exact": {"region": "eu"}}]);
+    create_subscription(
+        &a,
+        "all-dialects",
+        json!({"topic": "t", "filters": filters()}),
+    )
+    .await;
+    create_subscription(&a, "eu", json!({"topic": "t", "filters": eu})).await;
+    create_subscription(
+        &a,
+        "shorthand",
+        json!({"topic": "t", "filter": {"type": "com.shop.order"}}),
+    )
+    .await;
+    create_subscription(&a, "unfiltered", json!({"topic": "t"})).await;
+    let evs = events("p");
+    for (e, _) in &evs {
+        publish(&a, "t", e).await.unwrap();
+    }
+    let taken = |pick: &dyn Fn(&Value) -> bool| -> BTreeSet<String> {
+        evs.iter()
+            .filter(|(e, _)| pick(e))
+            .map(|(e, _)| e["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let expected = [
+        ("all-dialects", ids_taken(&evs)),
+        ("eu", taken(&|e| e["region"] == "eu")),
+        ("shorthand", taken(&|e| e["type"] == "com.shop.order")),
+        ("unfiltered", taken(&|_| true)),
+    ];
+    for (sub, want) in &expected {
+        assert!(!want.is_empty() && want.len() < evs.len() || *sub == "unfiltered");
+        let got = pull_until(&a, sub, want.len(), DRAIN).await;
+        assert_eq!(&event_ids(&got), want, "{sub}: {:?}", summary(&got));
+        ack(&a, sub, &ids(&got)).await.unwrap();
+        wait_committed(&a, sub, 0, evs.len() as u64).await;
+    }
+    // Three filtered subscriptions read every event; it was parsed once, the others
+    // were served the same attributes; the unfiltered one never asked.
+    let sample =
+        |result: &str| format!("meshd_filter_attribute_reads_total{{result=\"{result}\"}}");
+    let parsed = metric(&a, &sample("parsed")).await.unwrap();
+    let hits = metric(&a, &sample("hit")).await.unwrap();
+    assert_eq!(parsed, evs.len() as f64, "each event parsed once");
+    assert!(hits >= 2.0 * evs.len() as f64, "hits {hits}");
+    let held = metric(&a, "meshd_filter_attribute_cache_events")
+        .await
+        .unwrap();
+    assert_eq!(held, evs.len() as f64);
+    assert!(
+        metric(&a, "meshd_filter_attribute_cache_bytes")
+            .await
+            .unwrap()
+            > 0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

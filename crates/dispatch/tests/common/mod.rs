@@ -68,7 +68,8 @@ pub fn typed(offset: u64, event_type: &str, source: &str) -> EventMeta {
         attributes: vec![
             ("type".into(), event_type.into()),
             ("source".into(), source.into()),
-        ],
+        ]
+        .into(),
         size: 100,
     }
 }

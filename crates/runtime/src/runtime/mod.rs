@@ -20,6 +20,7 @@
 //! the writes, so a stale process of the same log (which the data-dir lock already
 //! prevents locally) cannot write entries after a newer one started.
 
+pub mod attributes;
 pub mod cluster;
 pub mod partition;
 pub mod push;
@@ -208,6 +209,8 @@ pub struct Runtime {
     stopping: watch::Sender<bool>,
     /// Open streams and the deliveries leased to them.
     pub streams: stream::Streams,
+    /// The attributes of events read by filtered subscriptions.
+    attributes: Arc<attributes::AttributeCache>,
 }
 
 impl Runtime {
@@ -260,6 +263,7 @@ impl Runtime {
             forwarded: cluster::ForwardedPulls::default(),
             stopping: watch::channel(false).0,
             streams: stream::Streams::default(),
+            attributes: Arc::default(),
         })
     }
 
@@ -765,6 +769,7 @@ impl Runtime {
             stats_dirty: false,
             cluster,
             pending: Default::default(),
+            attributes: self.attributes.clone(),
         };
         let join = self.deps.background.spawn(task.run());
         Ok(PartitionHandle {
@@ -1489,6 +1494,10 @@ impl Runtime {
         let _ = writeln!(out, "# HELP meshd_dispatch_failed_partitions Partitions stopped after a store write failed.\n# TYPE meshd_dispatch_failed_partitions gauge\nmeshd_dispatch_failed_partitions {}", self.failures().len());
         let _ = writeln!(out, "# HELP meshd_log_ownership Whether this instance holds its log's ownership in Meta (needed to write dead letters).\n# TYPE meshd_log_ownership gauge\nmeshd_log_ownership {}", u8::from(self.holds_ownership()));
         let _ = writeln!(out, "# HELP meshd_recovered Whether boot recovery of delivery state is done.\n# TYPE meshd_recovered gauge\nmeshd_recovered {}", u8::from(self.is_recovered()));
+        let a = self.attributes.stats();
+        let _ = writeln!(out, "# HELP meshd_filter_attribute_reads_total Events whose attributes a filtered subscription needed, by whether the shared attribute cache held them (hit) or the stored event was parsed (parsed; once per event for all subscriptions of a topic while cached).\n# TYPE meshd_filter_attribute_reads_total counter\nmeshd_filter_attribute_reads_total{{result=\"hit\"}} {}\nmeshd_filter_attribute_reads_total{{result=\"parsed\"}} {}", a.hits, a.parses);
+        let _ = writeln!(out, "# HELP meshd_filter_attribute_cache_bytes Memory held by the shared attribute cache of filtered subscriptions (attribute strings plus a fixed cost per event).\n# TYPE meshd_filter_attribute_cache_bytes gauge\nmeshd_filter_attribute_cache_bytes {}", a.bytes);
+        let _ = writeln!(out, "# HELP meshd_filter_attribute_cache_events Events held by the shared attribute cache of filtered subscriptions.\n# TYPE meshd_filter_attribute_cache_events gauge\nmeshd_filter_attribute_cache_events {}", a.entries);
     }
 }
 

@@ -20,14 +20,13 @@ use meshd_dispatch::{
     AckOutcome, Command, DeliveryRef, EventMeta, ExtendOutcome, Input, NackOutcome, PartitionCore,
     PullId, Reply, SessionBinding, SessionCheck, Stats,
 };
-use meshd_events::Event;
 use meshd_meta::fence::Ownership;
 use meshd_meta::Backend;
 use meshd_stores::attempts::{AttemptError, LedgerEntry, MAX_RECORD_ENTRIES};
 use meshd_stores::deadletters::{DeadLetterError, NewDeadLetter};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::failure::StoreFailure;
-use meshd_stores::log::LogError;
+use meshd_stores::log::{LogError, LogEvent};
 use meshd_stores::offsets::OffsetKey;
 use meshd_stores::sessions::SessionError;
 use meshd_stores::time::Timestamp;
@@ -227,6 +226,8 @@ pub struct PartitionTask {
     /// Pulls whose attempt records were submitted and are not durable yet, in
     /// submission order (see the module doc).
     pub pending: VecDeque<PendingPulls>,
+    /// The attributes of events read, shared by the subscriptions of a topic.
+    pub attributes: Arc<super::attributes::AttributeCache>,
 }
 
 /// The durability of one submitted attempt write.
@@ -1187,14 +1188,23 @@ impl PartitionTask {
                 {
                     Ok(events) => {
                         // Only a filter looks at attributes: without one the payloads
-                        // are not parsed here, with one only the attributes it names
-                        // are kept.
-                        let selector = &self.core.config().selector;
-                        let names = (!selector.takes_all()).then(|| selector.attribute_names());
+                        // are not parsed here; with one, the attribute cache parses
+                        // each event once for every subscription of the topic.
+                        let filtered = !self.core.config().selector.takes_all();
+                        let attributes = |e: &LogEvent| {
+                            filtered.then(|| {
+                                self.attributes
+                                    .get(&key.topic, key.partition, e.offset, &e.payload)
+                            })
+                        };
                         vec![Input::EventsRead(
                             events
-                                .into_iter()
-                                .map(|e| meta_of(e.offset, &e.payload, names))
+                                .iter()
+                                .map(|e| EventMeta {
+                                    offset: e.offset,
+                                    attributes: attributes(e).unwrap_or_default(),
+                                    size: e.payload.len() as u64,
+                                })
                                 .collect(),
                         )]
                     }
@@ -1504,21 +1514,6 @@ impl PartitionTask {
 /// without a filter, while a filter treats every attribute as absent (it is not
 /// dead-lettered: a damaged stored event under a filtered subscription is skipped or
 /// delivered as its filter says of absent attributes, a known gap).
-fn meta_of(offset: u64, payload: &[u8], names: Option<&[String]>) -> EventMeta {
-    let attributes = match names.map(|n| (n, Event::from_stored(payload))) {
-        Some((names, Ok(e))) => names
-            .iter()
-            .filter_map(|n| e.attribute(n).map(|v| (n.clone(), v.into_owned())))
-            .collect(),
-        _ => Vec::new(),
-    };
-    EventMeta {
-        offset,
-        attributes,
-        size: payload.len() as u64,
-    }
-}
-
 pub fn kind_of(e: &LogError) -> &'static str {
     match e {
         LogError::BelowRetention { .. } => "below_retention",

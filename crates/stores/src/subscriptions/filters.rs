@@ -23,11 +23,10 @@
 //! stays small in Meta and evaluation is cheap and cannot recurse without bound.
 //!
 //! Evaluation is pure: it takes a lookup from attribute name to string value, so the
-//! delivery core evaluates it without I/O over whatever attributes the shell extracted
-//! ([`FilterExpr::attribute_names`] says which).
+//! delivery core evaluates it without I/O over the attributes the shell extracted (once
+//! per event for all subscriptions of a topic: `meshd_runtime::runtime::attributes`).
 
 use serde_json::{Map, Value};
-use std::collections::BTreeSet;
 
 /// The most expressions (every node, leaves included) in one subscription's filters.
 pub const MAX_FILTER_NODES: usize = 64;
@@ -195,19 +194,6 @@ impl FilterExpr {
             FilterExpr::Not(f) => !f.matches(attr),
         }
     }
-
-    /// Adds every attribute name this expression looks at to `out`.
-    pub fn attribute_names(&self, out: &mut BTreeSet<String>) {
-        match self {
-            FilterExpr::Exact(ps) | FilterExpr::Prefix(ps) | FilterExpr::Suffix(ps) => {
-                out.extend(ps.iter().map(|(k, _)| k.clone()))
-            }
-            FilterExpr::All(fs) | FilterExpr::Any(fs) => {
-                fs.iter().for_each(|f| f.attribute_names(out))
-            }
-            FilterExpr::Not(f) => f.attribute_names(out),
-        }
-    }
 }
 
 /// Which events a subscription receives: its shorthand `filter` (one `exact` over
@@ -216,9 +202,6 @@ impl FilterExpr {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Selector {
     exprs: Vec<FilterExpr>,
-    /// Every attribute name `exprs` look at, sorted, once each: derived at
-    /// construction, so the shell asks for it per log read without walking the tree.
-    names: Vec<String>,
 }
 
 impl Selector {
@@ -230,16 +213,11 @@ impl Selector {
                 .collect();
             FilterExpr::Exact(pairs)
         });
-        let exprs: Vec<FilterExpr> = shorthand
+        let exprs = shorthand
             .into_iter()
             .chain(filters.iter().cloned())
             .collect();
-        let mut names = BTreeSet::new();
-        exprs.iter().for_each(|f| f.attribute_names(&mut names));
-        Self {
-            exprs,
-            names: names.into_iter().collect(),
-        }
+        Self { exprs }
     }
 
     /// The selector of a subscription's settings.
@@ -255,11 +233,6 @@ impl Selector {
     /// Whether an event with these attributes is delivered.
     pub fn matches<'a>(&self, attr: &dyn Fn(&str) -> Option<&'a str>) -> bool {
         self.exprs.iter().all(|f| f.matches(attr))
-    }
-
-    /// Every attribute name the selector looks at (sorted, once each).
-    pub fn attribute_names(&self) -> &[String] {
-        &self.names
     }
 }
 
@@ -453,9 +426,5 @@ mod tests {
         ]);
         let parsed = parse(text.clone()).unwrap();
         assert_eq!(FilterExpr::list_to_json(&parsed), text);
-        let mut names = BTreeSet::new();
-        parsed.iter().for_each(|f| f.attribute_names(&mut names));
-        let names: Vec<_> = names.into_iter().collect();
-        assert_eq!(names, ["priority", "source", "subject", "tenant", "type"]);
     }
 }
