@@ -79,6 +79,28 @@ pub struct Settings {
     /// (c): pull batches per consumer pattern; (d): events through the moves.
     pub footprint_batches: usize,
     pub moves_events: usize,
+    /// Only these parts and publish systems ([`PARTS`]; empty: all of them).
+    pub only: Vec<String>,
+}
+
+/// The parts of the scenario and the systems of its publish runs, by the names
+/// `--systems` takes: the takeover (a), the Meta footprint (c), the duplicates per move
+/// (d), and publishing through meshd (1 and N instances), through meshd with the topic's
+/// publish dedup off (`dedup_window_ms: 0`, 1 instance: what dedup costs in cluster
+/// mode), and to JetStream alone.
+pub const PARTS: [&str; 6] = [
+    "takeover",
+    "footprint",
+    "moves",
+    "meshd",
+    "meshd-nodedup",
+    "jetstream",
+];
+
+impl Settings {
+    fn runs(&self, part: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == part)
+    }
 }
 
 // ---- the report ----------------------------------------------------------------------
@@ -102,6 +124,8 @@ pub struct ClusterReport {
     pub ratios: Vec<ScaleRatio>,
     /// meshd with one instance against JetStream alone.
     pub peer_ratios: Vec<PeerRatio>,
+    /// meshd with one instance, publish dedup on (the default) against off.
+    pub dedup_ratios: Vec<DedupRatio>,
     pub throughput_runs: Vec<ThroughputRun>,
 }
 
@@ -142,9 +166,10 @@ pub struct TakeoverRun {
 
 #[derive(Serialize)]
 pub struct ThroughputRun {
-    /// `meshd` (publishing through meshd's JetStream log), or `jetstream`: the same
-    /// nats-server configuration alone, the driver publishing each request's events as
-    /// one atomic batch per partition stream itself (`instances` is 0 then).
+    /// `meshd` (publishing through meshd's JetStream log), `meshd-nodedup` (the same
+    /// with the topic's `dedup_window_ms` 0), or `jetstream`: the same nats-server
+    /// configuration alone, the driver publishing each request's events as one atomic
+    /// batch per partition stream itself (`instances` is 0 then).
     pub system: &'static str,
     pub instances: usize,
     pub concurrency: usize,
@@ -234,6 +259,19 @@ pub struct PeerRatio {
     pub nats_cpu_per_event_ratio: f64,
 }
 
+/// meshd (1 instance) with publish dedup (the default window) over meshd without it
+/// (`dedup_window_ms: 0`), ratios of medians, and the CPU each spends per event.
+#[derive(Serialize)]
+pub struct DedupRatio {
+    pub concurrency: usize,
+    pub batch: usize,
+    pub throughput_ratio: f64,
+    pub p50_ratio: f64,
+    /// CPU microseconds per event of meshd and of nats-server, with dedup and without.
+    pub meshd_cpu_us_per_event: [f64; 2],
+    pub nats_cpu_us_per_event: [f64; 2],
+}
+
 const TAKEOVER_MEASURE: &str = "SIGKILL of the instance owning the most partitions -> every \
      partition owned by a survivor (lost ones under a new epoch, GET /v1/cluster) and an \
      event published to each lost partition after the kill handed out by a pull on a survivor";
@@ -241,15 +279,8 @@ const TAKEOVER_MEASURE: &str = "SIGKILL of the instance owning the most partitio
 const CHECKPOINT_MS: u64 = 200;
 
 impl ClusterReport {
-    pub fn table(&self) -> String {
-        let mut s = String::new();
+    fn takeover_table(&self, s: &mut String) {
         let t = &self.takeover;
-        let _ = writeln!(
-            s,
-            "meshd-bench cluster: etcd + nats-server ({}) + meshd instances on one machine ({} CPU(s)); \
-             lease TTL {} ms, checkpoint {} ms, topic of {} partitions",
-            self.log, self.cpus, self.lease_ttl_ms, self.checkpoint_ms, self.partitions
-        );
         let _ = writeln!(
             s,
             "takeover after SIGKILL ({} instances): until every partition is owned by a survivor \
@@ -291,6 +322,20 @@ impl ClusterReport {
             self.lease_ttl_ms as f64 / 1000.0,
             t.owned_median_s
         );
+    }
+
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let t = &self.takeover;
+        let _ = writeln!(
+            s,
+            "meshd-bench cluster: etcd + nats-server ({}) + meshd instances on one machine ({} CPU(s)); \
+             lease TTL {} ms, checkpoint {} ms, topic of {} partitions",
+            self.log, self.cpus, self.lease_ttl_ms, self.checkpoint_ms, self.partitions
+        );
+        if !t.runs.is_empty() {
+            self.takeover_table(&mut s);
+        }
         if !self.footprint.is_empty() {
             let _ = writeln!(
                 s,
@@ -337,7 +382,7 @@ impl ClusterReport {
             );
             let _ = writeln!(
                 s,
-                "{:<10} {:>9} {:>5} {:>5} {:>11} {:>9} {:>9} {:>10} {:>8} {:>8}",
+                "{:<13} {:>9} {:>5} {:>5} {:>11} {:>9} {:>9} {:>10} {:>8} {:>8}",
                 "system",
                 "instances",
                 "conc",
@@ -352,7 +397,7 @@ impl ClusterReport {
             for r in &self.throughput {
                 let _ = writeln!(
                     s,
-                    "{:<10} {:>9} {:>5} {:>5} {:>11.0} {:>9.3} {:>9.3} {:>10.2} {:>8.2} {:>8.2}",
+                    "{:<13} {:>9} {:>5} {:>5} {:>11.0} {:>9.3} {:>9.3} {:>10.2} {:>8.2} {:>8.2}",
                     r.system,
                     r.instances,
                     r.concurrency,
@@ -389,6 +434,28 @@ impl ClusterReport {
                     r.concurrency, r.batch, r.throughput_ratio, r.p50_ratio, r.nats_cpu_per_event_ratio
                 );
             }
+            if !self.dedup_ratios.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "\nwhat publish dedup costs in cluster mode (Nats-Msg-Id and the stream's duplicate window), \
+                     ratios of medians, meshd (1 instance) with the default window / with dedup_window_ms 0; \
+                     CPU µs per event with / without:"
+                );
+                for r in &self.dedup_ratios {
+                    let _ = writeln!(
+                        s,
+                        "  conc {:>3} batch {:>4}: throughput x{:.2}  p50 x{:.2}  meshd cpu {:.1}/{:.1} µs  nats cpu {:.1}/{:.1} µs",
+                        r.concurrency,
+                        r.batch,
+                        r.throughput_ratio,
+                        r.p50_ratio,
+                        r.meshd_cpu_us_per_event[0],
+                        r.meshd_cpu_us_per_event[1],
+                        r.nats_cpu_us_per_event[0],
+                        r.nats_cpu_us_per_event[1]
+                    );
+                }
+            }
         }
         s
     }
@@ -408,7 +475,7 @@ pub async fn run(bins: &Binaries<'_>, s: &Settings) -> Result<ClusterReport> {
         bail!("--lease-ttl-ms must be from 1000 to 600000 (meshd's range)");
     }
     let mut takeovers = Vec::new();
-    for rep in 0..s.repeat {
+    for rep in (0..s.repeat).filter(|_| s.runs("takeover")) {
         eprintln!(
             "meshd-bench: cluster takeover, {} instances, {} partitions, lease TTL {} ms, run {}/{}",
             s.instances,
@@ -427,48 +494,66 @@ pub async fn run(bins: &Binaries<'_>, s: &Settings) -> Result<ClusterReport> {
         );
         takeovers.push(r);
     }
-    eprintln!(
-        "meshd-bench: cluster Meta footprint, {} pull batches per pattern",
-        s.footprint_batches
-    );
-    let fp = footprint::footprint(bins, s.lease_ttl_ms, s.footprint_batches).await?;
-    eprintln!(
-        "meshd-bench: cluster duplicates per move, {} instances, {} events",
-        s.instances, s.moves_events
-    );
-    let moves = footprint::moves(
-        bins,
-        s.instances,
-        s.partitions,
-        s.lease_ttl_ms,
-        s.moves_events,
-    )
-    .await?;
+    let mut fp = Vec::new();
+    if s.runs("footprint") {
+        eprintln!(
+            "meshd-bench: cluster Meta footprint, {} pull batches per pattern",
+            s.footprint_batches
+        );
+        fp = footprint::footprint(bins, s.lease_ttl_ms, s.footprint_batches).await?;
+    }
+    let mut moves = None;
+    if s.runs("moves") {
+        eprintln!(
+            "meshd-bench: cluster duplicates per move, {} instances, {} events",
+            s.instances, s.moves_events
+        );
+        moves = Some(
+            footprint::moves(
+                bins,
+                s.instances,
+                s.partitions,
+                s.lease_ttl_ms,
+                s.moves_events,
+            )
+            .await?,
+        );
+    }
     let mut runs = Vec::new();
     for &batch in &s.batch {
         for &concurrency in &s.concurrency {
             for rep in 0..s.repeat {
-                for n in [1, s.instances] {
+                let meshd = [("meshd", 1), ("meshd", s.instances), ("meshd-nodedup", 1)];
+                for (system, n) in meshd.into_iter().filter(|(system, _)| s.runs(system)) {
                     eprintln!(
-                        "meshd-bench: cluster publish, {n} instance(s) concurrency={concurrency} batch={batch} run {}/{}",
+                        "meshd-bench: cluster publish, {system} {n} instance(s) concurrency={concurrency} batch={batch} run {}/{}",
                         rep + 1,
                         s.repeat
                     );
-                    runs.push(throughput_run(bins, s, n, concurrency, batch, rep).await?);
+                    let c = PublishRun {
+                        system,
+                        instances: n,
+                        concurrency,
+                        batch,
+                        rep,
+                    };
+                    runs.push(throughput_run(bins, s, &c).await?);
                 }
-                eprintln!(
-                    "meshd-bench: cluster publish, JetStream alone ({} streams) concurrency={concurrency} batch={batch} run {}/{}",
-                    s.partitions,
-                    rep + 1,
-                    s.repeat
-                );
-                runs.push(jetstream_run(bins, s, concurrency, batch, rep).await?);
+                if s.runs("jetstream") {
+                    eprintln!(
+                        "meshd-bench: cluster publish, JetStream alone ({} streams) concurrency={concurrency} batch={batch} run {}/{}",
+                        s.partitions,
+                        rep + 1,
+                        s.repeat
+                    );
+                    runs.push(jetstream_run(bins, s, concurrency, batch, rep).await?);
+                }
             }
         }
     }
     let mut report = build_report(s, takeovers, runs);
     report.footprint = fp;
-    report.moves = Some(moves);
+    report.moves = moves;
     report.binaries = [bins.meshd, bins.nats, bins.etcd].map(|p| p.display().to_string());
     Ok(report)
 }
@@ -525,6 +610,8 @@ fn build_report(
         .collect();
     let mut ratios = Vec::new();
     let mut peer_ratios = Vec::new();
+    let mut dedup_ratios = Vec::new();
+    let per_event_us = |cpu_s: f64, r: &ThroughputRow| cpu_s / r.events_per_sec * 1e6;
     for one in rows
         .iter()
         .filter(|r| r.system == "meshd" && r.instances == 1)
@@ -539,6 +626,24 @@ fn build_report(
                 p50_ratio: one.p50_us / js.p50_us,
                 nats_cpu_per_event_ratio: (one.nats_cpu_s / one.events_per_sec)
                     / (js.nats_cpu_s / js.events_per_sec),
+            });
+        }
+        if let Some(off) = rows.iter().find(|r| {
+            r.system == "meshd-nodedup" && (r.concurrency, r.batch) == (one.concurrency, one.batch)
+        }) {
+            dedup_ratios.push(DedupRatio {
+                concurrency: one.concurrency,
+                batch: one.batch,
+                throughput_ratio: one.events_per_sec / off.events_per_sec,
+                p50_ratio: one.p50_us / off.p50_us,
+                meshd_cpu_us_per_event: [
+                    per_event_us(one.meshd_cpu_s, one),
+                    per_event_us(off.meshd_cpu_s, off),
+                ],
+                nats_cpu_us_per_event: [
+                    per_event_us(one.nats_cpu_s, one),
+                    per_event_us(off.nats_cpu_s, off),
+                ],
             });
         }
         if let Some(many) = rows.iter().find(|r| {
@@ -573,6 +678,7 @@ fn build_report(
         throughput: rows,
         ratios,
         peer_ratios,
+        dedup_ratios,
         throughput_runs: runs,
     }
 }
@@ -1403,34 +1509,41 @@ impl Op for JsSplitOp {
     }
 }
 
+/// One publish run through meshd.
+#[derive(Clone, Copy)]
+struct PublishRun {
+    /// `meshd`, or `meshd-nodedup` (the topic's `dedup_window_ms` 0).
+    system: &'static str,
+    instances: usize,
+    concurrency: usize,
+    batch: usize,
+    rep: usize,
+}
+
 async fn throughput_run(
     bins: &Binaries<'_>,
     s: &Settings,
-    n: usize,
-    concurrency: usize,
-    batch: usize,
-    rep: usize,
+    c: &PublishRun,
 ) -> Result<ThroughputRun> {
-    let c = Cluster::start(n, bins, s.lease_ttl_ms).await?;
-    let r = throughput_on(&c, s, n, concurrency, batch, rep).await;
-    r.map_err(|e| c.with_logs(e))
+    let cluster = Cluster::start(c.instances, bins, s.lease_ttl_ms).await?;
+    let r = throughput_on(&cluster, s, c).await;
+    r.map_err(|e| cluster.with_logs(e))
 }
 
-async fn throughput_on(
-    c: &Cluster,
-    s: &Settings,
-    n: usize,
-    concurrency: usize,
-    batch: usize,
-    rep: usize,
-) -> Result<ThroughputRun> {
+async fn throughput_on(c: &Cluster, s: &Settings, run: &PublishRun) -> Result<ThroughputRun> {
+    let PublishRun {
+        system,
+        instances: n,
+        concurrency,
+        batch,
+        rep,
+    } = *run;
     let a0 = c.addr(0)?;
-    crate::systems::meshd_put(
-        a0,
-        &format!("/v1/topics/{TOPIC}"),
-        &json!({ "partitions": s.partitions }).to_string(),
-    )
-    .await?;
+    let mut topic = json!({ "partitions": s.partitions });
+    if system == "meshd-nodedup" {
+        topic["dedup_window_ms"] = json!(0);
+    }
+    crate::systems::meshd_put(a0, &format!("/v1/topics/{TOPIC}"), &topic.to_string()).await?;
     // Publishing needs no owner, but the partition tasks starting and moving cost CPU:
     // measure once that is over.
     settle(a0, n, s.partitions).await?;
@@ -1455,7 +1568,7 @@ async fn throughput_on(
     )
     .await?;
     Ok(ThroughputRun::new(
-        ("meshd", n),
+        (system, n),
         concurrency,
         batch,
         rep,

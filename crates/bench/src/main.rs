@@ -15,6 +15,7 @@
 //! cargo run --release -p meshd-bench -- meta --concurrency 1,16,64   # needs etcd on PATH
 //! cargo run --release -p meshd-bench -- recovery   # 1000 subs x 1000 in flight, 10M events
 //! cargo run --release -p meshd-bench -- cluster --concurrency 4,16 --batch 1,100 --lease-ttl-ms 2000
+//! cargo run --release -p meshd-bench -- cluster --systems meshd,meshd-nodedup,jetstream   # what dedup costs
 //! cargo run --release -p meshd-bench -- all --json bench.json
 //! cargo run --release -p meshd-bench -- --tiny          # every scenario once, tiny
 //! ```
@@ -141,7 +142,9 @@ struct Args {
     tiny: bool,
     /// Only these systems of the scenario, by the names the report prints
     /// (comma-separated, e.g. `meshd-stream-e2e,jetstream-e2e`): for profiling one
-    /// system, or for a pair's ratio without the others' runs.
+    /// system, or for a pair's ratio without the others' runs. The cluster scenario
+    /// takes its parts and publish systems: takeover, footprint, moves, meshd,
+    /// meshd-nodedup, jetstream (e.g. `meshd,meshd-nodedup` for what dedup costs).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
 }
@@ -228,11 +231,11 @@ fn main() -> Result<()> {
         }
     }
     let systems: Vec<System> = groups.iter().flat_map(|(s, _)| s.clone()).collect();
-    if let Some(unknown) = args
-        .systems
-        .iter()
-        .find(|n| !systems.iter().any(|s| s.name() == n.as_str()))
-    {
+    let runs_cluster = scenario == Scenario::Cluster || args.tiny;
+    let known = |n: &str| {
+        systems.iter().any(|s| s.name() == n) || (runs_cluster && cluster::PARTS.contains(&n))
+    };
+    if let Some(unknown) = args.systems.iter().find(|n| !known(n)) {
         bail!("--systems: {unknown:?} is not a system of this scenario");
     }
     let meshd = if systems
@@ -301,7 +304,7 @@ fn main() -> Result<()> {
         }
     }
     // Scenario 6 runs after the others, on its own processes.
-    let cluster_report = if scenario == Scenario::Cluster || args.tiny {
+    let cluster_report = if runs_cluster {
         let bins = (
             procs::locate_meshd(args.meshd.as_deref())?,
             procs::locate_nats()?,
@@ -328,6 +331,12 @@ fn main() -> Result<()> {
             events: events.clone(),
             footprint_batches: if args.tiny { 50 } else { 500 },
             moves_events: if args.tiny { 300 } else { 3000 },
+            only: args
+                .systems
+                .iter()
+                .filter(|n| cluster::PARTS.contains(&n.as_str()))
+                .cloned()
+                .collect(),
         };
         let bins = cluster::Binaries {
             meshd: &bins.0,
