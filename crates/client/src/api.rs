@@ -435,6 +435,22 @@ impl Client {
         .await
     }
 
+    /// A nack whose retries wait `delay_ms` (0 to 86 400 000) instead of the
+    /// subscription's backoff; each still counts as a failed attempt.
+    pub async fn nack_delayed(
+        &self,
+        name: &str,
+        ids: &[String],
+        reason: &str,
+        delay_ms: u64,
+    ) -> Result<Nacked, Error> {
+        self.post_json(
+            paths::subscription_action(name, "nack"),
+            &json!({ "delivery_ids": ids, "reason": reason, "delay_ms": delay_ms }),
+        )
+        .await
+    }
+
     pub async fn extend(
         &self,
         name: &str,

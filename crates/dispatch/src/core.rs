@@ -859,7 +859,7 @@ impl PartitionCore {
                     deadline,
                     recovered,
                 } if deadline == t => {
-                    self.fail(loc, ACK_TIMEOUT_REASON, now, recovered, out);
+                    self.fail(loc, ACK_TIMEOUT_REASON, now, recovered.then_some(0), out);
                 }
                 Status::DeadLettering {
                     outstanding: false,
@@ -934,13 +934,14 @@ impl PartitionCore {
     }
 
     /// A failed attempt (nack, lease end): retry with backoff, or dead-letter at
-    /// `max_attempts`. `immediate`: due at once (a recovered lease).
+    /// `max_attempts`. `delay_ms`: the retry is due after this instead of the backoff
+    /// (0 for a recovered lease: due at once; a nack's `delay_ms`).
     fn fail(
         &mut self,
         loc: Loc,
         reason: &str,
         now: u64,
-        immediate: bool,
+        delay_ms: Option<u64>,
         out: &mut Out,
     ) -> NackOutcome {
         let Some(e) = self.entries.get_mut(&loc) else {
@@ -952,15 +953,11 @@ impl PartitionCore {
             self.start_dead_letter(loc, now, out);
             return NackOutcome::DeadLettering;
         }
-        let due = if immediate {
-            now
-        } else {
-            now.saturating_add(backoff_delay(
-                self.config.backoff,
-                attempt,
-                self.sources.jitter.as_mut(),
-            ))
+        let delay = match delay_ms {
+            Some(ms) => ms,
+            None => backoff_delay(self.config.backoff, attempt, self.sources.jitter.as_mut()),
         };
+        let due = now.saturating_add(delay);
         self.set_status(loc, Status::WaitingRetry { due });
         self.update(loc, DeliveryState::WaitingRetry, due, out);
         NackOutcome::Retrying { due_ms: due }
@@ -1022,9 +1019,13 @@ impl PartitionCore {
                     });
                 }
             }
-            Input::Nack { deliveries, reason } => {
+            Input::Nack {
+                deliveries,
+                reason,
+                delay_ms,
+            } => {
                 for r in deliveries {
-                    let outcome = self.nack(&r, &reason, now, out);
+                    let outcome = self.nack(&r, &reason, delay_ms, now, out);
                     out.replies.push(Reply::Nack {
                         delivery_id: r.delivery_id,
                         outcome,
@@ -1319,7 +1320,14 @@ impl PartitionCore {
         AckOutcome::Acked
     }
 
-    fn nack(&mut self, r: &DeliveryRef, reason: &str, now: u64, out: &mut Out) -> NackOutcome {
+    fn nack(
+        &mut self,
+        r: &DeliveryRef,
+        reason: &str,
+        delay_ms: Option<u64>,
+        now: u64,
+        out: &mut Out,
+    ) -> NackOutcome {
         let Some(loc) = self.current(&r.delivery_id) else {
             return NackOutcome::Unknown;
         };
@@ -1327,7 +1335,7 @@ impl PartitionCore {
             return NackOutcome::Fenced;
         }
         match self.entries.get(&loc).map(|e| e.status.clone()) {
-            Some(Status::InFlight { .. }) => self.fail(loc, reason, now, false, out),
+            Some(Status::InFlight { .. }) => self.fail(loc, reason, now, delay_ms, out),
             // Failed already (lease ran out): the retry stands.
             Some(Status::WaitingRetry { due }) => NackOutcome::Retrying { due_ms: due },
             _ => NackOutcome::Unknown,

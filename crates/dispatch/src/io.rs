@@ -110,9 +110,12 @@ pub enum Input {
     /// [`Command::Resolve`].
     Ack(Vec<DeliveryRef>),
     /// Failed deliveries (a consumer's nack, a webhook's failure), with the reason.
+    /// Each is retried after `delay_ms` when given, instead of the backoff (it still
+    /// counts as a failed attempt: the `max_attempts`-th is dead-lettered).
     Nack {
         deliveries: Vec<DeliveryRef>,
         reason: String,
+        delay_ms: Option<u64>,
     },
     /// Pushes the leases of these attempts out to `now + ack_timeout_ms` (never
     /// shortens one).

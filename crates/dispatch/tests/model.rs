@@ -37,7 +37,7 @@ enum Op {
     ReportPersisted { idx: usize, fail: bool },
     Ack { idx: usize },
     AckUnknown,
-    Nack { idx: usize },
+    Nack { idx: usize, delay_ms: Option<u64> },
     Extend { idx: usize, ms: u64 },
     Release { idx: usize },
     Advance(u64),
@@ -58,7 +58,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(idx, fail)| Op::ReportPersisted { idx, fail }),
         4 => any::<usize>().prop_map(|idx| Op::Ack { idx }),
         1 => Just(Op::AckUnknown),
-        2 => any::<usize>().prop_map(|idx| Op::Nack { idx }),
+        2 => (any::<usize>(), prop_oneof![Just(None), (0u64..5000).prop_map(Some)])
+            .prop_map(|(idx, delay_ms)| Op::Nack { idx, delay_ms }),
         1 => (any::<usize>(), 100u64..3000).prop_map(|(idx, ms)| Op::Extend { idx, ms }),
         1 => any::<usize>().prop_map(|idx| Op::Release { idx }),
         3 => (0u64..2500).prop_map(Op::Advance),
@@ -553,7 +554,10 @@ impl World {
                     self.feed(Input::AttemptPersisted { offset, attempt });
                 }
             }
-            Op::Ack { idx } | Op::Nack { idx } | Op::Release { idx } | Op::Extend { idx, .. }
+            Op::Ack { idx }
+            | Op::Nack { idx, .. }
+            | Op::Release { idx }
+            | Op::Extend { idx, .. }
                 if self.held.is_empty() =>
             {
                 let _ = idx;
@@ -585,7 +589,7 @@ impl World {
                 );
                 self.run(cmds);
             }
-            Op::Nack { idx } => {
+            Op::Nack { idx, delay_ms } => {
                 let d = self.held[idx % self.held.len()].clone();
                 let r = DeliveryRef {
                     delivery_id: d.delivery_id.clone(),
@@ -594,6 +598,7 @@ impl World {
                 self.feed(Input::Nack {
                     deliveries: vec![r],
                     reason: "consumer failed".into(),
+                    delay_ms,
                 });
             }
             Op::Extend { idx, ms } => {
@@ -868,9 +873,12 @@ fn arb_input() -> impl Strategy<Value = Input> {
         (offset.clone(), 0u32..4)
             .prop_map(|(offset, attempt)| Input::PersistFailed { offset, attempt }),
         refs.clone().prop_map(Input::Ack),
-        refs.clone().prop_map(|deliveries| Input::Nack {
-            deliveries,
-            reason: "r".into()
+        (refs.clone(), proptest::option::of(0u64..u64::MAX)).prop_map(|(deliveries, delay_ms)| {
+            Input::Nack {
+                deliveries,
+                reason: "r".into(),
+                delay_ms,
+            }
         }),
         (
             refs,

@@ -405,6 +405,56 @@ fn given_repeated_nacks_then_the_backoff_doubles_up_to_the_cap() {
 }
 
 #[test]
+fn given_a_nack_with_a_delay_then_that_retry_waits_the_delay_instead_of_the_backoff_and_still_counts(
+) {
+    let mut cfg = config();
+    cfg.max_attempts = 3;
+    cfg.backoff = Backoff {
+        initial_ms: 100,
+        max_ms: 500,
+    };
+    let mut s = Shell::new(cfg, 0);
+    s.publish(2);
+    let nack = |s: &mut Shell, id: &str, delay_ms| {
+        s.input(Input::Nack {
+            deliveries: vec![DeliveryRef::unbound(id)],
+            reason: "later".into(),
+            delay_ms,
+        })
+    };
+    // A delay longer than the backoff: due exactly then, recorded so, and the later
+    // offset goes out meanwhile.
+    let first = s.deliver(1).remove(0);
+    let cmds = nack(&mut s, &first.delivery_id, Some(60_000));
+    let [NackOutcome::Retrying { due_ms }] = nack_outcomes(&cmds)[..] else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(due_ms, s.now + 60_000);
+    let u = updates(&cmds);
+    assert_eq!(
+        (u[0].state, u[0].deadline_ms),
+        (DeliveryState::WaitingRetry, due_ms)
+    );
+    s.at(due_ms - 1);
+    let later = s.pull(2);
+    assert_eq!(later.iter().map(|d| d.offset).collect::<Vec<_>>(), [1]);
+    s.at(due_ms);
+    let second = s.deliver(1).remove(0);
+    assert_eq!((second.offset, second.attempt), (0, 2));
+    // A delay of 0: due at once, not after the backoff.
+    let cmds = nack(&mut s, &second.delivery_id, Some(0));
+    assert_eq!(
+        nack_outcomes(&cmds),
+        [NackOutcome::Retrying { due_ms: s.now }]
+    );
+    let third = s.deliver(1).remove(0);
+    assert_eq!((third.offset, third.attempt), (0, 3));
+    // It still counts: the max_attempts-th failure dead-letters, whatever the delay.
+    let cmds = nack(&mut s, &third.delivery_id, Some(1000));
+    assert_eq!(nack_outcomes(&cmds), [NackOutcome::DeadLettering]);
+}
+
+#[test]
 fn given_equal_jitter_then_every_delay_lies_between_half_the_cap_and_the_cap() {
     let b = Backoff {
         initial_ms: 1000,
@@ -753,6 +803,7 @@ fn given_a_session_taken_over_when_the_old_session_acks_then_fenced_and_nothing_
     let cmds = s.input(Input::Nack {
         deliveries: vec![stale(&d[0].delivery_id, None)],
         reason: "x".into(),
+        delay_ms: None,
     });
     assert_eq!(nack_outcomes(&cmds), [NackOutcome::Fenced]);
     let cmds = s.input(Input::Extend {

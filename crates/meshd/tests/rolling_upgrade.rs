@@ -246,6 +246,17 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     .unwrap();
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(r.json().unwrap()["field"], "dedup_window_ms", "{}", r.body);
+    // A nack's delay_ms: the previous release's owner route would refuse the field.
+    let r = meshd_test_support::http::send_json(
+        &n,
+        "POST",
+        "/v1/subscriptions/s/nack",
+        &json!({"delivery_ids": ["not-a-delivery"], "delay_ms": 1000}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.json().unwrap()["field"], "delay_ms", "{}", r.body);
     let r = meshd_test_support::http::send_json(
         &n,
         "PUT",
@@ -345,6 +356,15 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
         "PUT",
         "/v1/topics/t",
         &json!({"partitions": PARTITIONS, "dedup_window_ms": 60000}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = meshd_test_support::http::send_json(
+        &n,
+        "POST",
+        "/v1/subscriptions/s/nack",
+        &json!({"delivery_ids": ["not-a-delivery"], "delay_ms": 1000}),
     )
     .await
     .unwrap();

@@ -138,7 +138,7 @@ impl Node {
         let ids = vec![h.delivery_id.clone()];
         named(
             self.rt
-                .nack("s", ids, "no".into(), Reach::Local)
+                .nack("s", ids, "no".into(), None, Reach::Local)
                 .await
                 .expect("nack"),
         )

@@ -278,6 +278,7 @@ impl Shell {
         self.input(Input::Nack {
             deliveries: ids.iter().map(|i| DeliveryRef::unbound(*i)).collect(),
             reason: reason.into(),
+            delay_ms: None,
         })
     }
 

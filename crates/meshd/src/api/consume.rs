@@ -25,6 +25,8 @@ const DEFAULT_MAX_EVENTS: u64 = 10;
 const WAIT_MS: std::ops::RangeInclusive<u64> = 0..=30_000;
 /// `ack_timeout_ms` of an extend: the subscription range.
 pub(super) const ACK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
+/// `delay_ms` of a nack (http-api.md, Additions, "Parking").
+pub(super) const NACK_DELAY_MS: std::ops::RangeInclusive<u64> = 0..=86_400_000;
 /// Ids per ack, nack or extend.
 pub(super) const MAX_IDS: usize = 1000;
 /// A delivery id is far shorter; anything longer is not one.
@@ -121,16 +123,28 @@ pub(super) fn parse_ack(
     ids_of(&Fields::parse(headers, body, &["delivery_ids"])?)
 }
 
+/// A nack's ids, reason and `delay_ms`.
+type NackBody = (Vec<String>, String, Option<u64>);
+
 fn parse_nack(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(Vec<String>, String), Problem> {
-    let f = Fields::parse(headers, body, &["delivery_ids", "reason"])?;
+) -> Result<NackBody, Problem> {
+    let f = Fields::parse(headers, body, &["delivery_ids", "reason", "delay_ms"])?;
     let ids = ids_of(&f)?;
     let reason = f
         .string("reason", MAX_REASON_BYTES)?
         .unwrap_or_else(|| "nacked".to_string());
-    Ok((ids, reason))
+    Ok((ids, reason, f.u64_in("delay_ms", NACK_DELAY_MS)?))
+}
+
+/// A nack with `delay_ms` waits for the rolling upgrade: a member of a release before
+/// it would refuse the field on the owner's route (409 naming it meanwhile).
+pub(super) async fn nack_delay_allowed(api: &Api, delay_ms: Option<u64>) -> Result<(), Problem> {
+    match delay_ms {
+        Some(_) => super::require_release(api, "delay_ms", super::SETTINGS_RELEASE).await,
+        None => Ok(()),
+    }
 }
 
 fn parse_extend(
@@ -351,11 +365,12 @@ pub async fn nack_with(
     reach: Reach,
 ) -> Result<Response, Problem> {
     valid_name_or_400("subscription", &name)?;
-    let (ids, reason) = parse_nack(&headers, body)?;
+    let (ids, reason, delay_ms) = parse_nack(&headers, body)?;
+    nack_delay_allowed(&api, delay_ms).await?;
     let n = ids.len();
     let answers = api
         .runtime
-        .nack(&name, ids, reason, reach)
+        .nack(&name, ids, reason, delay_ms, reach)
         .await
         .map_err(|e| runtime_problem(e, api.meta_backend))?;
     all_fenced_or(n, answers, &Outcome::NACK)
@@ -493,8 +508,9 @@ mod fuzz {
     }
 
     fn nack(h: &HeaderMap, b: Bytes) -> Result<(), Problem> {
-        let (ids, reason) = parse_nack(h, Ok(b))?;
+        let (ids, reason, delay) = parse_nack(h, Ok(b))?;
         assert!(valid_ids(&ids) && reason.len() <= MAX_REASON_BYTES);
+        assert!(delay.is_none_or(|ms| NACK_DELAY_MS.contains(&ms)));
         Ok(())
     }
 

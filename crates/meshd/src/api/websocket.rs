@@ -13,7 +13,10 @@
 //! batch, so a client frame never cancels a pull half-way (which would lease events to
 //! nobody). Idle streams get a ping every keep-alive period.
 
-use super::consume::{answers_json, delivery_json, ACK_TIMEOUT_MS, MAX_IDS, MAX_ID_LEN};
+use super::consume::{
+    answers_json, delivery_json, nack_delay_allowed, ACK_TIMEOUT_MS, MAX_IDS, MAX_ID_LEN,
+    NACK_DELAY_MS,
+};
 use super::stream::{keep_alive, next_item, open, parse_stream_query, StreamQuery};
 use super::Api;
 use crate::access::FirstFrameAuth;
@@ -62,7 +65,8 @@ struct ClientFrame {
 #[derive(Debug, PartialEq)]
 enum Op {
     Ack(Vec<String>),
-    Nack(Vec<String>, String),
+    /// Ids, reason, `delay_ms`.
+    Nack(Vec<String>, String, Option<u64>),
     Extend(Vec<String>, Option<u64>),
     Credit(usize),
     Token(String),
@@ -129,11 +133,20 @@ fn read_op(f: ClientFrame) -> Result<Op, Problem> {
     if f.ack_timeout_ms.is_some() && f.extend.is_none() {
         return Err(invalid("ack_timeout_ms", "ack_timeout_ms goes with extend"));
     }
-    if f.delay_ms.is_some() {
-        return Err(invalid(
-            "delay_ms",
-            "delay_ms (a delayed retry) is not supported yet; nack without it",
-        ));
+    if let Some(ms) = f.delay_ms {
+        if f.nack.is_none() {
+            return Err(invalid("delay_ms", "delay_ms goes with nack"));
+        }
+        if !NACK_DELAY_MS.contains(&ms) {
+            return Err(invalid(
+                "delay_ms",
+                format!(
+                    "delay_ms must be an integer from {} to {}",
+                    NACK_DELAY_MS.start(),
+                    NACK_DELAY_MS.end()
+                ),
+            ));
+        }
     }
     if let Some(a) = f.ack {
         return Ok(Op::Ack(ids("ack", a)?));
@@ -146,7 +159,7 @@ fn read_op(f: ClientFrame) -> Result<Op, Problem> {
                 format!("reason is at most {MAX_REASON_BYTES} bytes"),
             ));
         }
-        return Ok(Op::Nack(ids("nack", n)?, reason));
+        return Ok(Op::Nack(ids("nack", n)?, reason, f.delay_ms));
     }
     if let Some(e) = f.extend {
         if let Some(ms) = f.ack_timeout_ms {
@@ -323,12 +336,15 @@ async fn answer(api: &Api, name: &str, credit: &Credit, text: &str) -> Option<St
             .await
             .map(|a| (a, &Outcome::ACK[..]))
             .map_err(|e| super::consume::runtime_problem(e, api.meta_backend)),
-        Ok(Op::Nack(ids, reason)) => api
-            .runtime
-            .nack(name, ids, reason, Reach::Cluster)
-            .await
-            .map(|a| (a, &Outcome::NACK[..]))
-            .map_err(|e| super::consume::runtime_problem(e, api.meta_backend)),
+        Ok(Op::Nack(ids, reason, delay_ms)) => match nack_delay_allowed(api, delay_ms).await {
+            Ok(()) => api
+                .runtime
+                .nack(name, ids, reason, delay_ms, Reach::Cluster)
+                .await
+                .map(|a| (a, &Outcome::NACK[..]))
+                .map_err(|e| super::consume::runtime_problem(e, api.meta_backend)),
+            Err(p) => Err(p),
+        },
         Ok(Op::Extend(ids, ms)) => api
             .runtime
             .extend(name, ids, ms, Reach::Cluster)
@@ -364,7 +380,11 @@ mod tests {
         );
         assert_eq!(
             op(r#"{"ref":2,"nack":["a"],"reason":"bad"}"#).unwrap(),
-            Op::Nack(vec!["a".into()], "bad".into())
+            Op::Nack(vec!["a".into()], "bad".into(), None)
+        );
+        assert_eq!(
+            op(r#"{"nack":["a"],"delay_ms":10}"#).unwrap(),
+            Op::Nack(vec!["a".into()], "nacked".into(), Some(10))
         );
         assert_eq!(
             op(r#"{"extend":["a"],"ack_timeout_ms":1000}"#).unwrap(),
@@ -382,7 +402,8 @@ mod tests {
             ),
             (r#"{"ack":[""]}"#, Some("ack")),
             (r#"{"ack":["a"],"reason":"x"}"#, Some("reason")),
-            (r#"{"nack":["a"],"delay_ms":10}"#, Some("delay_ms")),
+            (r#"{"nack":["a"],"delay_ms":86400001}"#, Some("delay_ms")),
+            (r#"{"ack":["a"],"delay_ms":10}"#, Some("delay_ms")),
             (r#"{"ref":{"x":1},"ack":["a"]}"#, Some("ref")),
             (r#"{"ack":["a"],"other":1}"#, None),
             (r#"not json"#, None),

@@ -170,9 +170,14 @@ impl Forward {
         }
     }
 
-    pub fn nack(reason: &str) -> Self {
+    /// A nack; `delay_ms` goes along only when given, so an owner of a release
+    /// before it takes the call (the API gates the field during a rolling upgrade).
+    pub fn nack(reason: &str, delay_ms: Option<u64>) -> Self {
         let mut fields = serde_json::Map::new();
         fields.insert("reason".into(), reason.into());
+        if let Some(ms) = delay_ms {
+            fields.insert("delay_ms".into(), ms.into());
+        }
         Self { op: "nack", fields }
     }
 

@@ -1083,16 +1083,19 @@ impl Runtime {
             .await
     }
 
+    /// Nacks: each delivery is retried after `delay_ms` when given (instead of the
+    /// backoff), or dead-lettered at `max_attempts`.
     pub async fn nack(
         &self,
         name: &str,
         ids: Vec<String>,
         reason: String,
+        delay_ms: Option<u64>,
         reach: Reach,
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
-        let forward = (reach == Reach::Cluster).then(|| cluster::Forward::nack(&reason));
-        let answers = self.nack_on(name, ids, reason, forward).await?;
+        let forward = (reach == Reach::Cluster).then(|| cluster::Forward::nack(&reason, delay_ms));
+        let answers = self.nack_on(name, ids, reason, delay_ms, forward).await?;
         self.streams.answered(&answers, None);
         self.tell_holders(name, &answers);
         Ok(answers)
@@ -1106,7 +1109,7 @@ impl Runtime {
         ids: Vec<String>,
         reason: String,
     ) -> Result<Answers, RuntimeError> {
-        self.nack_on(name, ids, reason, None).await
+        self.nack_on(name, ids, reason, None, None).await
     }
 
     async fn nack_on(
@@ -1114,6 +1117,7 @@ impl Runtime {
         name: &str,
         ids: Vec<String>,
         reason: String,
+        delay_ms: Option<u64>,
         forward: Option<cluster::Forward>,
     ) -> Result<Answers, RuntimeError> {
         self.per_partition(
@@ -1122,6 +1126,7 @@ impl Runtime {
             |ids, reply| Msg::Nack {
                 ids,
                 reason: reason.clone(),
+                delay_ms,
                 reply,
             },
             forward,

@@ -69,6 +69,8 @@ pub enum Msg {
     Nack {
         ids: Vec<String>,
         reason: String,
+        /// Retry after this instead of the backoff.
+        delay_ms: Option<u64>,
         reply: oneshot::Sender<Result<Answers, RuntimeError>>,
     },
     Extend {
@@ -550,11 +552,17 @@ impl PartitionTask {
                 let _ = reply.send(released);
             }
             Msg::Ack { ids, reply } => self.acks(vec![(ids, reply)]).await,
-            Msg::Nack { ids, reason, reply } => {
+            Msg::Nack {
+                ids,
+                reason,
+                delay_ms,
+                reply,
+            } => {
                 let answer = self
                     .resolve_ids(ids, Outcome::Unknown, |deliveries| Input::Nack {
                         deliveries,
                         reason,
+                        delay_ms,
                     })
                     .await;
                 let _ = reply.send(answer);
