@@ -17,6 +17,9 @@ use serde_json::value::RawValue;
 use crate::error::EventError;
 use crate::rfc3339::is_rfc3339;
 
+/// The extension that delays an event's delivery (http-api.md, Additions, "Parking").
+pub const DELIVER_AT: &str = "deliverat";
+
 /// The only CloudEvents version meshd accepts.
 pub const SPEC_VERSION: &str = "1.0";
 
@@ -196,6 +199,19 @@ impl Event {
             }
         };
         context.map(Cow::Borrowed)
+    }
+
+    /// When the event may be handed out (the `deliverat` extension, Unix
+    /// milliseconds), `None` without one. A stored value that is not an RFC 3339
+    /// string (published before the rule existed) is read as absent.
+    pub fn deliver_at_ms(&self) -> Option<i64> {
+        self.attributes
+            .extensions
+            .iter()
+            .find_map(|(k, v)| match v {
+                ExtensionValue::String(s) if k == DELIVER_AT => crate::rfc3339::unix_ms(s),
+                _ => None,
+            })
     }
 
     /// Every context attribute the event has and every extension, each with its string

@@ -48,11 +48,11 @@ mod rfc3339;
 
 pub use binary::to_binary_mode;
 pub use error::EventError;
-pub use event::{Event, EventData, ExtensionValue, SPEC_VERSION};
+pub use event::{Event, EventData, ExtensionValue, DELIVER_AT, SPEC_VERSION};
 pub use partition::{fnv1a64, partition_for, partition_for_key};
 pub use publish::{
     parse_publish, Limits, BATCH_CONTENT_TYPE, DEFAULT_MAX_BATCH, DEFAULT_MAX_EVENT_BYTES,
-    STRUCTURED_CONTENT_TYPE,
+    MAX_DELIVER_AHEAD_MS, STRUCTURED_CONTENT_TYPE,
 };
 
 /// `serde_json`'s raw JSON value, as returned by [`Event::to_raw_json`].

@@ -27,13 +27,21 @@ pub struct Limits {
     pub max_batch: usize,
     /// Largest stored form of one event, in bytes; larger is a 413 naming the event.
     pub max_event_bytes: usize,
+    /// The time of the publish (Unix milliseconds), for the `deliverat` horizon: a
+    /// `deliverat` more than [`MAX_DELIVER_AHEAD_MS`] after it is a 400. `None`: only
+    /// its form is checked.
+    pub now_ms: Option<i64>,
 }
+
+/// How far ahead `deliverat` may lie (7 days; http-api.md, Additions, "Parking").
+pub const MAX_DELIVER_AHEAD_MS: i64 = 7 * 24 * 3600 * 1000;
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_batch: DEFAULT_MAX_BATCH,
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            now_ms: None,
         }
     }
 }
@@ -164,7 +172,39 @@ fn event_from_object(raw: &RawValue, limits: &Limits) -> Result<Event, EventErro
             "the event has a \\u escape of a lone UTF-16 surrogate (e.g. \"\\ud800\"): strict JSON parsers refuse it, so consumers could not read it",
         ));
     }
-    Event::from_raw(raw.to_owned())
+    published(Event::from_raw(raw.to_owned())?, limits)
+}
+
+/// The publish-only rules of an event that parsed: `deliverat` is an RFC 3339 string
+/// at most [`MAX_DELIVER_AHEAD_MS`] ahead of the publish (a past one means now). Only
+/// at publish: a stored event is never re-judged by the clock.
+fn published(event: Event, limits: &Limits) -> Result<Event, EventError> {
+    let Some((_, value)) = event
+        .extensions()
+        .iter()
+        .find(|(k, _)| k == crate::DELIVER_AT)
+    else {
+        return Ok(event);
+    };
+    let at = match value {
+        crate::ExtensionValue::String(s) => crate::rfc3339::unix_ms(s),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        EventError::invalid(
+            crate::DELIVER_AT,
+            "deliverat must be an RFC 3339 timestamp string such as 2018-04-05T17:31:00Z",
+        )
+    })?;
+    if let Some(now) = limits.now_ms {
+        if at > now.saturating_add(MAX_DELIVER_AHEAD_MS) {
+            return Err(EventError::invalid(
+                crate::DELIVER_AT,
+                "deliverat is more than 7 days ahead",
+            ));
+        }
+    }
+    Ok(event)
 }
 
 /// Whether JSON `text` (already valid JSON syntax) has a `\u` escape of a UTF-16
@@ -337,7 +377,7 @@ fn parse_binary(
         // parsed as JSON.
         EventError::bad_request(None, format!("event is not valid JSON: {e}"))
     })?;
-    Event::from_raw(raw)
+    published(Event::from_raw(raw)?, limits)
 }
 
 /// HTTP binding 3.1.3.2: undo RFC 7230 double-quoting, then one round of

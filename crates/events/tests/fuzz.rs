@@ -149,7 +149,7 @@ fn body() -> impl Strategy<Value = (Option<String>, Vec<u8>)> {
 fn limits() -> impl Strategy<Value = Limits> {
     prop_oneof![
         4 => Just(Limits::default()),
-        1 => (0usize..6, 0usize..400).prop_map(|(max_batch, max_event_bytes)| Limits { max_batch, max_event_bytes }),
+        1 => (0usize..6, 0usize..400).prop_map(|(max_batch, max_event_bytes)| Limits { max_batch, max_event_bytes, now_ms: None }),
     ]
 }
 

@@ -155,7 +155,8 @@ fn limits() -> impl Strategy<Value = Limits> {
         3 => Just(Limits::default()),
         1 => (0usize..4, 0usize..300).prop_map(|(max_batch, max_event_bytes)| Limits {
             max_batch,
-            max_event_bytes
+            max_event_bytes,
+            now_ms: None,
         }),
     ]
 }

@@ -3,6 +3,7 @@
 
 use meshd_events::{
     parse_publish, to_binary_mode, Event, EventData, EventError, ExtensionValue, Limits,
+    MAX_DELIVER_AHEAD_MS,
 };
 
 const CE: &str = "application/cloudevents+json";
@@ -714,4 +715,77 @@ fn attributes_lists_every_context_attribute_and_extension_in_its_string_form() {
     assert_eq!(e.attribute("urgent").as_deref(), Some("true"));
     // Absent optional attributes are not listed.
     assert!(e.attribute("dataschema").is_none());
+}
+
+#[test]
+fn deliverat_is_an_rfc3339_string_at_most_7_days_ahead_of_the_publish() {
+    let now = 1_796_400_000_000i64; // 2026-12-04T16:00:00Z
+    let limits = Limits {
+        now_ms: Some(now),
+        ..Limits::default()
+    };
+    let publish = |deliverat: &str| {
+        parse_publish(
+            Some(CE),
+            &[],
+            with(&format!(r#""deliverat":{deliverat}"#)).as_bytes(),
+            &limits,
+        )
+    };
+    // In the past (means now), just ahead, exactly 7 days ahead, with an offset.
+    for ok in [
+        r#""2001-01-01T00:00:00Z""#,
+        r#""2026-12-04T16:00:01Z""#,
+        r#""2026-12-11T16:00:00Z""#,
+        r#""2026-12-11T18:00:00+02:00""#,
+    ] {
+        let e = publish(ok)
+            .unwrap_or_else(|e| panic!("{ok}: {e:?}"))
+            .remove(0);
+        assert!(e.deliver_at_ms().is_some(), "{ok}");
+    }
+    assert_eq!(
+        publish(r#""2026-12-11T16:00:00Z""#).unwrap()[0].deliver_at_ms(),
+        Some(now + MAX_DELIVER_AHEAD_MS)
+    );
+    for bad in [
+        r#""2026-12-11T16:00:00.001Z""#,
+        r#""2027-01-01T00:00:00Z""#,
+        r#""tomorrow""#,
+        r#""2026-12-05""#,
+        "1796400000000",
+        "true",
+    ] {
+        assert_400(&publish(bad).unwrap_err(), "deliverat");
+    }
+    // In a batch the field names the event; in binary mode the header's value counts.
+    let body = format!(
+        "[{},{}]",
+        with(""),
+        with(r#""deliverat":"2030-01-01T00:00:00Z""#)
+    );
+    let err = parse_publish(Some(BATCH), &[], body.as_bytes(), &limits).unwrap_err();
+    assert_400(&err, "events[1].deliverat");
+    let err = parse_publish(
+        None,
+        &h(&[
+            ("ce-specversion", "1.0"),
+            ("ce-id", "b1"),
+            ("ce-source", "/s"),
+            ("ce-type", "t"),
+            ("ce-deliverat", "soon"),
+        ]),
+        b"",
+        &limits,
+    )
+    .unwrap_err();
+    assert_400(&err, "deliverat");
+    // Without a clock only the form is checked; a stored event is never re-judged.
+    let far = with(r#""deliverat":"2030-01-01T00:00:00Z""#);
+    let e = parse_publish(Some(CE), &[], far.as_bytes(), &Limits::default()).unwrap();
+    let stored = Event::from_stored(e[0].stored()).unwrap();
+    assert_eq!(stored.deliver_at_ms(), e[0].deliver_at_ms());
+    let malformed = with(r#""deliverat":"later""#);
+    let stored = Event::from_stored(malformed.as_bytes()).unwrap();
+    assert_eq!(stored.deliver_at_ms(), None, "read as absent, not corrupt");
 }

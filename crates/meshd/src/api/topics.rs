@@ -254,7 +254,12 @@ pub async fn publish(
         .iter()
         .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
         .collect();
-    let events: Vec<Event> = parse_publish(content_type, &ce_headers, &body, &Limits::default())
+    // The clock judges `deliverat` (at most 7 days ahead).
+    let limits = Limits {
+        now_ms: i64::try_from(crate::runtime::partition::now_ms()).ok(),
+        ..Limits::default()
+    };
+    let events: Vec<Event> = parse_publish(content_type, &ce_headers, &body, &limits)
         .map_err(|e| event_problem(e, api.log_backend))?;
     // One durable append for the whole request: 201 only once all are on disk (and,
     // with dedup, once every duplicate's original is).
