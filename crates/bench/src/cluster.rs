@@ -616,9 +616,13 @@ fn build_report(
         .iter()
         .filter(|r| r.system == "meshd" && r.instances == 1)
     {
-        if let Some(js) = rows.iter().find(|r| {
-            r.system == "jetstream" && (r.concurrency, r.batch) == (one.concurrency, one.batch)
-        }) {
+        // The row of `system` at this one's concurrency and batch.
+        let peer = |system: &str| {
+            rows.iter().find(|r| {
+                r.system == system && (r.concurrency, r.batch) == (one.concurrency, one.batch)
+            })
+        };
+        if let Some(js) = peer("jetstream") {
             peer_ratios.push(PeerRatio {
                 concurrency: one.concurrency,
                 batch: one.batch,
@@ -628,9 +632,7 @@ fn build_report(
                     / (js.nats_cpu_s / js.events_per_sec),
             });
         }
-        if let Some(off) = rows.iter().find(|r| {
-            r.system == "meshd-nodedup" && (r.concurrency, r.batch) == (one.concurrency, one.batch)
-        }) {
+        if let Some(off) = peer("meshd-nodedup") {
             dedup_ratios.push(DedupRatio {
                 concurrency: one.concurrency,
                 batch: one.batch,

@@ -17,6 +17,18 @@ use serde_json::value::RawValue;
 use crate::error::EventError;
 use crate::rfc3339::is_rfc3339;
 
+/// The context attributes in the order the specification lists them.
+pub(crate) const CONTEXT_ATTRIBUTES: [&str; 8] = [
+    "specversion",
+    "id",
+    "source",
+    "type",
+    "datacontenttype",
+    "dataschema",
+    "subject",
+    "time",
+];
+
 /// The extension that delays an event's delivery (http-api.md, Additions, "Parking").
 pub const DELIVER_AT: &str = "deliverat";
 
@@ -218,17 +230,7 @@ impl Event {
     /// form as [`Event::attribute`] gives it (`specversion` first, extensions last in
     /// stored order).
     pub fn attributes(&self) -> impl Iterator<Item = (&str, std::borrow::Cow<'_, str>)> {
-        const CONTEXT: [&str; 8] = [
-            "specversion",
-            "id",
-            "source",
-            "type",
-            "datacontenttype",
-            "dataschema",
-            "subject",
-            "time",
-        ];
-        CONTEXT
+        CONTEXT_ATTRIBUTES
             .into_iter()
             .chain(self.attributes.extensions.iter().map(|(k, _)| k.as_str()))
             .filter_map(|name| self.attribute(name).map(|v| (name, v)))

@@ -321,16 +321,7 @@ fn parse_binary(
     if let Some(ct) = content_type {
         attributes.push(("datacontenttype".to_owned(), ct.to_owned()));
     }
-    const ORDER: [&str; 8] = [
-        "specversion",
-        "id",
-        "source",
-        "type",
-        "datacontenttype",
-        "dataschema",
-        "subject",
-        "time",
-    ];
+    const ORDER: [&str; 8] = crate::event::CONTEXT_ATTRIBUTES;
     let rank = |n: &str| ORDER.iter().position(|o| *o == n).unwrap_or(ORDER.len());
     attributes.sort_by(|(a, _), (b, _)| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
 

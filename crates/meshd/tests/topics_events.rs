@@ -259,28 +259,10 @@ async fn bad_events_are_problems_that_name_the_field_and_store_nothing() {
     // deliverat: an RFC 3339 string at most 7 days ahead of the publish (the server's
     // clock; a day's margin each way).
     let at = |days_ahead: i64| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
+        let now = meshd_stores::time::Timestamp::now().as_millis();
+        meshd_stores::time::Timestamp::from_millis(now + days_ahead * 86_400_000)
             .unwrap()
-            .as_secs() as i64
-            + days_ahead * 86_400;
-        // Civil date from days since the epoch (Howard Hinnant's algorithm).
-        let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-        let z = days + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z - era * 146_097;
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let d = doy - (153 * mp + 2) / 5 + 1;
-        let m = if mp < 10 { mp + 3 } else { mp - 9 };
-        let y = yoe + era * 400 + i64::from(m <= 2);
-        format!(
-            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-            rem / 3600,
-            rem % 3600 / 60,
-            rem % 60
-        )
+            .to_rfc3339()
     };
     for (deliverat, field) in [
         (json!(at(8)), "deliverat"),
