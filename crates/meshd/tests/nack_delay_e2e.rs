@@ -107,6 +107,16 @@ async fn given_a_cluster_when_a_non_owner_takes_a_nack_with_delay_ms_then_the_ow
     let a1 = cluster.nodes[1].addr().to_string();
     create_topic(&a0, "t", 4).await;
     create_subscription(&a0, "s", hour_backoff("t", 5)).await;
+    // A partition moved between the pull and the retry would come back only when its
+    // lease (a minute) runs out: start once the partitions have settled.
+    cluster.wait_settled("t", 4).await;
+    let members = ["inst-0", "inst-1"];
+    for m in members {
+        assert!(
+            (0..4).any(|p| meshd_runtime::cluster::assign::owner(&members, "t", p) == Some(m)),
+            "{m} owns a partition of t, so the nack on inst-1 is forwarded for some"
+        );
+    }
     for i in 0..8 {
         publish(
             &a0,
@@ -123,6 +133,10 @@ async fn given_a_cluster_when_a_non_owner_takes_a_nack_with_delay_ms_then_the_ow
     assert!(partitions.len() > 1, "{:?}", summary(&first));
     let r = nack_delayed(&a1, "s", &ids(&first), 1000).await;
     assert_eq!(set(&r["retrying"]), set_of(&ids(&first)), "{r}");
+    // Pulled on the other instance: its own retries and its peer's fall due at the
+    // same moment, so its forwarded long poll is often given up while the peer hands
+    // out under it; those hand-outs must come back at once (released), not when their
+    // minute-long lease runs out.
     let again = pull_until(&a0, "s", 8, DRAIN).await;
     assert!(
         again.iter().all(|d| d.attempt == 2),

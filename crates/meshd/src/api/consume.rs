@@ -209,18 +209,35 @@ pub async fn pull_with(
         _ => Some(api.admission.long_poll()?),
     };
     let wait = Duration::from_millis(wait).min(api.admission.max_wait());
-    let handed = api
-        .runtime
-        .pull(&name, budget, wait, session, reach)
-        .await
-        .map_err(|e| runtime_problem(e, api.meta_backend))?;
-    if let Some(forward_id) = forward_id {
-        // A forwarding instance that does not get this answer releases it by this id.
-        let ids = handed.iter().map(|d| d.delivery_id.clone()).collect();
-        api.runtime
-            .forwarded(&name, &forward_id, ids, from.as_deref())
-            .await;
+    let handed = match forward_id {
+        None => api.runtime.pull(&name, budget, wait, session, reach).await,
+        // A forwarding instance that does not get this answer releases it by this id,
+        // so what is handed out must be registered under it even when that instance
+        // gives up the call (and the server drops this handler) in the middle of the
+        // pull: the pull and the registration run on their own task.
+        Some(forward_id) => {
+            let (task_api, task_name) = (api.clone(), name.clone());
+            tokio::spawn(async move {
+                let handed = task_api
+                    .runtime
+                    .pull(&task_name, budget, wait, session, reach)
+                    .await?;
+                let ids = handed.iter().map(|d| d.delivery_id.clone()).collect();
+                task_api
+                    .runtime
+                    .forwarded(&task_name, &forward_id, ids, from.as_deref())
+                    .await;
+                Ok(handed)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(RuntimeError::Core(format!(
+                    "the forwarded pull task failed: {e}"
+                )))
+            })
+        }
     }
+    .map_err(|e| runtime_problem(e, api.meta_backend))?;
     // Built as text: events go back exactly as published.
     let mut out = String::from("{\"deliveries\":[");
     let mut first = true;

@@ -469,4 +469,41 @@ impl SmallCluster {
     pub fn addr(&self, i: usize) -> String {
         self.nodes[i].addr().to_string()
     }
+
+    /// Waits until every partition of `topic` is owned by the instance the assignment
+    /// designates for it among all of this cluster's instances: a cluster that just
+    /// started still moves partitions to its later members, and a move in the middle
+    /// of a test brings back what was in flight only when its lease runs out.
+    pub async fn wait_settled(&self, topic: &str, partitions: u32) {
+        let members: Vec<String> = (0..self.nodes.len()).map(|i| format!("inst-{i}")).collect();
+        let a = self.addr(0);
+        wait_until(
+            Duration::from_secs(30),
+            &format!("every partition of {topic} with its designated owner"),
+            || async {
+                let r = http::get(&a, "/v1/cluster").await?;
+                ensure!(r.status == 200, "GET /v1/cluster answered {}", r.status);
+                let v = r.json()?;
+                let mut settled = 0;
+                for p in v["partitions"].as_array().into_iter().flatten() {
+                    let Some(n) = p["partition"].as_u64().filter(|_| p["topic"] == topic) else {
+                        continue;
+                    };
+                    let want = meshd_runtime::cluster::assign::owner(&members, topic, n as u32);
+                    ensure!(
+                        p["owner"].as_str() == want,
+                        "partition {n}: {p}, designated {want:?}"
+                    );
+                    settled += 1;
+                }
+                ensure!(
+                    settled == partitions,
+                    "{settled} of {partitions} partitions listed"
+                );
+                Ok(())
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    }
 }
