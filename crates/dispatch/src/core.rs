@@ -72,8 +72,10 @@ pub struct Stats {
     /// Failed `max_attempts` times; the dead-letter (or redrive-failed) write is not
     /// durable yet.
     pub dead_lettering: usize,
-    /// Redrives under way (any state).
+    /// Redrives under way (any state), unparked events included.
     pub redrives: usize,
+    /// Events whose park entry is being written ([`Command::Park`] outstanding).
+    pub parking: usize,
     /// What `max_in_flight` bounds: persisting + in flight + waiting + dead-lettering
     /// + redrive acks being recorded.
     pub outstanding: usize,
@@ -125,9 +127,13 @@ enum Status {
         retry_at: u64,
         failures: u32,
     },
-    /// Window only: acked, dead-lettered or filtered above a gap. `recorded`: its record
-    /// says `AckedAwaitingCommit` (or it has no record).
+    /// Window only: acked, dead-lettered, filtered or parked above a gap. `recorded`:
+    /// its record says `AckedAwaitingCommit` (or it has no record).
     Resolved { recorded: bool },
+    /// Window only: not to be handed out before its `deliverat`; the `Park` write is
+    /// with the shell. Bounded by the window (`max_window`), not by `max_in_flight`:
+    /// nothing is handed out.
+    Parking,
 }
 
 impl Status {
@@ -165,6 +171,8 @@ struct Entry {
     has_record: bool,
     /// For a redrive: its dead-letter entry id.
     redrive_of: Option<String>,
+    /// A redrive of a parked event ([`Input::Unpark`]): settled in the park index.
+    parked: bool,
     /// The event's stored size, once the log was read there.
     size: Option<u64>,
     status: Status,
@@ -180,6 +188,7 @@ impl Entry {
             last_reason: None,
             has_record: false,
             redrive_of,
+            parked: false,
             size,
             status,
         }
@@ -354,12 +363,18 @@ impl PartitionCore {
     /// * Offsets `>= committed` without a record are read and delivered again, from
     ///   attempt 1. Attempt counts continue from the records.
     /// * Records below `committed` are redrives (dead-lettered offsets are resolved);
-    ///   their entry id is derived from the partition and offset.
+    ///   their entry id is derived from the partition and offset. Those whose offset is
+    ///   in `parked` (the park index holds an entry for it) are unparked events.
+    /// * Offsets in `parked` at or above `committed` (parked, but the advance past them
+    ///   was not durable yet) are resolved, never read and handed out again. The shell
+    ///   passes the parked offsets that have a record, and those at or above
+    ///   `committed`.
     pub fn recover(
         partition: Partition,
         config: Config,
         committed: u64,
         records: Vec<DeliveryRecord>,
+        parked: &BTreeSet<u64>,
         now_ms: u64,
         sources: Sources,
     ) -> Result<(Self, Vec<Command>), CoreError> {
@@ -390,9 +405,10 @@ impl PartitionCore {
             } else {
                 Loc::Window(r.offset)
             };
+            let was_parked = matches!(loc, Loc::Redrive(o) if parked.contains(&o));
             let redrive_of = match loc {
-                Loc::Redrive(o) => Some(core.partition.dead_letter_id(o)),
-                Loc::Window(_) => None,
+                Loc::Redrive(o) if !was_parked => Some(core.partition.dead_letter_id(o)),
+                _ => None,
             };
             let status = match (r.state, loc) {
                 (DeliveryState::InFlight, _) => Status::InFlight {
@@ -437,6 +453,7 @@ impl PartitionCore {
                 last_reason: r.last_reason,
                 has_record: true,
                 redrive_of,
+                parked: was_parked,
                 size: None,
                 status,
             };
@@ -447,6 +464,18 @@ impl PartitionCore {
             core.insert_entry(loc, entry);
             if rewrite {
                 core.emit_meta_write(loc, &mut out);
+            }
+        }
+        // Parked at or above `committed`: the park entry was durable before the crash
+        // but the offset's advance was not. It stays resolved (it must not be handed
+        // out from the log as well: the park entry delivers it when due).
+        for &o in parked.range(committed..) {
+            let loc = Loc::Window(o);
+            if !core.entries.contains_key(&loc) {
+                core.insert_entry(
+                    loc,
+                    Entry::fresh(None, None, Status::Resolved { recorded: true }),
+                );
             }
         }
         core.fire_timers(now, &mut out);
@@ -559,6 +588,7 @@ impl PartitionCore {
                 Status::WaitingRetry { .. } => s.waiting += 1,
                 Status::DeadLettering { .. } => s.dead_lettering += 1,
                 Status::Settling { .. } => s.acked_awaiting += 1,
+                Status::Parking => s.parking += 1,
                 Status::Resolved { .. } if e.has_record => s.acked_awaiting += 1,
                 Status::Resolved { .. } => {}
             }
@@ -587,8 +617,14 @@ impl PartitionCore {
                         self.committed
                     ))
                 }
-                Loc::Redrive(_) if e.redrive_of.is_none() => {
-                    return Err(format!("redrive {loc:?} without an entry id"))
+                // Exactly one of an entry id and a park entry.
+                Loc::Redrive(_) if e.redrive_of.is_some() == e.parked => {
+                    return Err(format!(
+                        "redrive {loc:?} needs exactly one of an entry id and a park entry"
+                    ))
+                }
+                Loc::Redrive(_) if e.status == Status::Parking => {
+                    return Err(format!("redrive {loc:?} parking"))
                 }
                 _ => {}
             }
@@ -806,7 +842,44 @@ impl PartitionCore {
                     return Err(CoreError::NotSettling { offset: *offset });
                 }
             }
+            Input::Parked { offset }
+                if self.entries.get(&Loc::Window(*offset)).map(|e| &e.status)
+                    != Some(&Status::Parking) =>
+            {
+                return Err(CoreError::NotParking { offset: *offset });
+            }
+            Input::Unpark { offset, attempt } => {
+                if *attempt >= self.config.max_attempts {
+                    return Err(CoreError::InvalidRecord {
+                        offset: *offset,
+                        reason: format!(
+                            "unparked after {attempt} attempts, max_attempts is {}",
+                            self.config.max_attempts
+                        ),
+                    });
+                }
+                if *offset >= self.committed {
+                    return Err(CoreError::RedriveOfUnresolvedOffset {
+                        offset: *offset,
+                        committed: self.committed,
+                    });
+                }
+                match self.entries.get(&Loc::Redrive(*offset)) {
+                    Some(e) if !e.parked => {
+                        return Err(CoreError::UnparkOfRedrive { offset: *offset })
+                    }
+                    Some(_) => {}
+                    None => self.redrive_room()?,
+                }
+            }
             Input::Redrive { entry_id, offset } => {
+                if self
+                    .entries
+                    .get(&Loc::Redrive(*offset))
+                    .is_some_and(|e| e.parked)
+                {
+                    return Err(CoreError::RedriveOfParked { offset: *offset });
+                }
                 if *offset >= self.committed {
                     return Err(CoreError::RedriveOfUnresolvedOffset {
                         offset: *offset,
@@ -820,19 +893,25 @@ impl PartitionCore {
                         expected,
                     });
                 }
-                let under_way = self
-                    .entries
-                    .range(Loc::Redrive(0)..=Loc::Redrive(u64::MAX))
-                    .count();
-                if !self.entries.contains_key(&Loc::Redrive(*offset))
-                    && under_way >= self.config.max_in_flight
-                {
-                    return Err(CoreError::RedriveBacklogFull {
-                        limit: self.config.max_in_flight,
-                    });
+                if !self.entries.contains_key(&Loc::Redrive(*offset)) {
+                    self.redrive_room()?;
                 }
             }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Room for one more redrive (unparked events count): at most `max_in_flight`.
+    fn redrive_room(&self) -> Result<(), CoreError> {
+        let under_way = self
+            .entries
+            .range(Loc::Redrive(0)..=Loc::Redrive(u64::MAX))
+            .count();
+        if under_way >= self.config.max_in_flight {
+            return Err(CoreError::RedriveBacklogFull {
+                limit: self.config.max_in_flight,
+            });
         }
         Ok(())
     }
@@ -905,14 +984,25 @@ impl PartitionCore {
             .last_reason
             .clone()
             .unwrap_or_else(|| MAX_ATTEMPTS_REASON.to_string());
+        let request = |offset| DeadLetterRequest {
+            offset,
+            attempts: e.attempt,
+            reason: reason.clone(),
+            first_attempt_at_ms: e.first_at.unwrap_or(0),
+        };
+        if let (true, Loc::Redrive(offset)) = (e.parked, loc) {
+            match e.status {
+                Status::DeadLettering { .. } => {
+                    out.cmds.push(Command::ParkDeadLetter(request(offset)))
+                }
+                Status::Settling { .. } => out.cmds.push(Command::ParkSettled { offset }),
+                _ => {}
+            }
+            return;
+        }
         let cmd = match (&e.status, loc, &e.redrive_of) {
             (Status::DeadLettering { .. }, Loc::Window(offset), _) => {
-                Command::DeadLetter(DeadLetterRequest {
-                    offset,
-                    attempts: e.attempt,
-                    reason,
-                    first_attempt_at_ms: e.first_at.unwrap_or(0),
-                })
+                Command::DeadLetter(request(offset))
             }
             (Status::DeadLettering { .. }, Loc::Redrive(offset), Some(id)) => {
                 Command::RedriveFailed {
@@ -980,7 +1070,7 @@ impl PartitionCore {
     fn apply(&mut self, input: Input, now: u64, out: &mut Out) {
         match input {
             Input::LogEnd(end) => self.log_end = self.log_end.max(end),
-            Input::EventsRead(events) => self.events_read(events),
+            Input::EventsRead(events) => self.events_read(events, now, out),
             Input::ReadFailed => {
                 self.reading = None;
                 self.read_retry_at = Some(now.saturating_add(self.config.read_retry_ms));
@@ -1069,10 +1159,26 @@ impl PartitionCore {
             Input::RedriveUnavailable { offset } => {
                 self.meta_write_unavailable(Loc::Redrive(offset), now)
             }
+            Input::Parked { offset } => {
+                // Resolved without a record: the park entry holds it from now on.
+                self.set_status(Loc::Window(offset), Status::Resolved { recorded: true });
+            }
+            Input::Unpark { offset, attempt } => {
+                let loc = Loc::Redrive(offset);
+                if !self.entries.contains_key(&loc) {
+                    let mut e = Entry::fresh(None, None, Status::Pending);
+                    e.parked = true;
+                    e.attempt = attempt;
+                    // Attempts made before it was parked have their record in the park
+                    // entry; the next hand-out writes one here.
+                    e.has_record = attempt > 0;
+                    self.insert_entry(loc, e);
+                }
+            }
         }
     }
 
-    fn events_read(&mut self, events: Vec<EventMeta>) {
+    fn events_read(&mut self, events: Vec<EventMeta>, now: u64, out: &mut Out) {
         let Some((from, _)) = self.reading.take() else {
             return;
         };
@@ -1091,11 +1197,17 @@ impl PartitionCore {
                 e.size.get_or_insert(ev.size);
                 continue;
             }
-            let status = if self.config.matches(&ev) {
-                Status::Pending
-            } else {
+            let status = match ev.deliver_at_ms {
                 // Filtered: resolved without delivery, no attempt, no record.
-                Status::Resolved { recorded: true }
+                _ if !self.config.matches(&ev) => Status::Resolved { recorded: true },
+                Some(due_ms) if due_ms > now => {
+                    out.cmds.push(Command::Park {
+                        offset: ev.offset,
+                        due_ms,
+                    });
+                    Status::Parking
+                }
+                _ => Status::Pending,
             };
             self.insert_entry(loc, Entry::fresh(None, Some(ev.size), status));
         }
@@ -1244,6 +1356,7 @@ impl PartitionCore {
             deadline_ms: deadline,
             session: e.session.clone(),
             redrive_of: e.redrive_of.clone(),
+            parked: e.parked,
         };
         self.ids.insert(delivery.delivery_id.clone(), loc);
         self.set_status(

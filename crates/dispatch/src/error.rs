@@ -55,4 +55,13 @@ pub enum CoreError {
     /// As many redrives are under way as `max_in_flight`; try again later.
     #[error("{limit} redrives are under way on this partition; try again later")]
     RedriveBacklogFull { limit: usize },
+    /// `Parked` for an offset whose `Park` is not outstanding.
+    #[error("offset {offset} is not being parked")]
+    NotParking { offset: u64 },
+    /// `Unpark` for an offset that is being redriven from the dead-letter store.
+    #[error("offset {offset} is being redriven, not unparked")]
+    UnparkOfRedrive { offset: u64 },
+    /// `Redrive` for an offset that is being unparked.
+    #[error("offset {offset} is being unparked, not redriven")]
+    RedriveOfParked { offset: u64 },
 }

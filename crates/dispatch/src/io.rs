@@ -19,6 +19,9 @@ pub struct EventMeta {
     pub attributes: std::sync::Arc<[(String, String)]>,
     /// The event's stored size in bytes: what a pull's byte budget counts.
     pub size: u64,
+    /// Not to be handed out before this (unix ms; the event's `deliverat`): a later
+    /// time parks the event ([`Command::Park`]).
+    pub deliver_at_ms: Option<u64>,
 }
 
 impl EventMeta {
@@ -152,6 +155,16 @@ pub enum Input {
     RedriveSettled { offset: u64 },
     /// ... or could not be written: held, asked again after a backoff.
     RedriveUnavailable { offset: u64 },
+    /// The park entry of [`Command::Park`] is durable: the offset counts as resolved
+    /// (the committed offset may pass it).
+    Parked { offset: u64 },
+    /// A parked event is due (the shell found it in the park index): deliver it below
+    /// the committed offset like a redrive, its attempt count continuing from
+    /// `attempt`. Settled with [`Command::ParkSettled`] (acked) or
+    /// [`Command::ParkDeadLetter`] (failed `max_attempts` times), each answered by
+    /// [`Input::RedriveSettled`] or [`Input::RedriveUnavailable`]. The offset must be
+    /// below the committed offset; repeating it while it is under way changes nothing.
+    Unpark { offset: u64, attempt: u32 },
 }
 
 /// One hand-out.
@@ -167,6 +180,9 @@ pub struct Delivery {
     /// `Some(entry id)` for a redriven event: its body is read from the
     /// DeadLetterStore, not from the log.
     pub redrive_of: Option<String>,
+    /// An unparked event ([`Input::Unpark`]): its body is read from the park index,
+    /// not from the log (retention may have removed it there).
+    pub parked: bool,
 }
 
 /// What the shell hands to [`meshd_stores::deadletters::DeadLetterStore::dead_letter`]
@@ -270,6 +286,17 @@ pub enum Command {
         reason: String,
         attempts: u32,
     },
+    /// Park the event at `offset` (window) until `due_ms`: write its park entry, with
+    /// the body read from the log, durably, then [`Input::Parked`]. The shell feeds
+    /// [`Input::Unpark`] once it is due.
+    Park { offset: u64, due_ms: u64 },
+    /// An unparked event was acked: remove its park entry, then
+    /// [`Input::RedriveSettled`] (or [`Input::RedriveUnavailable`]).
+    ParkSettled { offset: u64 },
+    /// An unparked event failed `max_attempts` times: write its dead-letter entry with
+    /// the body of its park entry and remove that entry, then [`Input::RedriveSettled`]
+    /// (or [`Input::RedriveUnavailable`] when the dead-letter write failed).
+    ParkDeadLetter(DeadLetterRequest),
     /// An answer to the caller of an ack, nack or extend.
     Reply(Reply),
 }

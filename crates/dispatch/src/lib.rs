@@ -48,6 +48,17 @@
 //!   attempt count, tied to its dead-letter entry: acked → [`Command::RedriveSucceeded`],
 //!   failed `max_attempts` times → [`Command::RedriveFailed`]. It never touches the
 //!   committed offset (that offset was resolved by the dead-lettering).
+//! * **Parking** (http-api.md, "Parking"): an event read with a `deliverat`
+//!   ([`EventMeta::deliver_at_ms`]) later than now is not handed out: the core emits
+//!   [`Command::Park`] and, once the shell reports the park entry durable
+//!   ([`Input::Parked`]), counts the offset as resolved, so `committed` moves past a
+//!   delayed event instead of waiting for it. When it is due the shell feeds
+//!   [`Input::Unpark`]; the event is then delivered below `committed` the way a
+//!   redrive is (write-ahead attempts, leases, retries), and settled in the park
+//!   index: [`Command::ParkSettled`] when acked, [`Command::ParkDeadLetter`] at
+//!   `max_attempts`. Recovery tells unparked deliveries from redrives by the park
+//!   index (`recover`'s `parked`). A parking event is bounded by the window, not by
+//!   `max_in_flight`.
 //!
 //! The tests under `tests/` pin each rule as a story, and `tests/model.rs` drives
 //! random input sequences (with crashes, lost unflushed updates and recoveries)

@@ -17,6 +17,9 @@
 //! * an ack of a superseded attempt or from a fenced session is never `Acked`;
 //! * a dead-letter is written with exactly `max_attempts` attempts, once per offset;
 //! * `outstanding <= max_in_flight`;
+//! * an event with a later `deliverat` is never handed out before it: it is parked
+//!   (its park entry durable before `committed` passes it), unparked only when due,
+//!   and settled in the park index (acked, or dead-lettered at `max_attempts`);
 //! * in the end, a consumer that keeps acking drains everything: the committed offset
 //!   reaches the log end and no record is left behind.
 
@@ -31,27 +34,68 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 #[derive(Clone, Debug)]
 enum Op {
-    Publish(Vec<bool>),
-    ServeRead { fail: bool },
-    Pull { max: usize, bind: bool },
-    ReportPersisted { idx: usize, fail: bool },
-    Ack { idx: usize },
+    /// (kept by the filter, delayed by this many ms)
+    Publish(Vec<(bool, Option<u64>)>),
+    ParkWrite,
+    Unpark {
+        idx: usize,
+    },
+    ParkSettleWrite {
+        ok: bool,
+    },
+    ServeRead {
+        fail: bool,
+    },
+    Pull {
+        max: usize,
+        bind: bool,
+    },
+    ReportPersisted {
+        idx: usize,
+        fail: bool,
+    },
+    Ack {
+        idx: usize,
+    },
     AckUnknown,
-    Nack { idx: usize, delay_ms: Option<u64> },
-    Extend { idx: usize, ms: u64 },
-    Release { idx: usize },
+    Nack {
+        idx: usize,
+        delay_ms: Option<u64>,
+    },
+    Extend {
+        idx: usize,
+        ms: u64,
+    },
+    Release {
+        idx: usize,
+    },
     Advance(u64),
-    DeadLetterWrite { ok: bool },
-    Redrive { idx: usize },
-    RedriveWrite { ok: bool },
+    DeadLetterWrite {
+        ok: bool,
+    },
+    Redrive {
+        idx: usize,
+    },
+    RedriveWrite {
+        ok: bool,
+    },
     Takeover,
     Flush,
-    Crash { lossy: bool },
+    Crash {
+        lossy: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => proptest::collection::vec(any::<bool>(), 1..4).prop_map(Op::Publish),
+        3 => proptest::collection::vec(
+            (any::<bool>(), prop_oneof![3 => Just(None), 1 => (0u64..3000).prop_map(Some)]),
+            1..4
+        )
+        .prop_map(Op::Publish),
+        2 => Just(Op::ParkWrite),
+        2 => any::<usize>().prop_map(|idx| Op::Unpark { idx }),
+        2 => any::<bool>().prop_map(|ok| Op::ParkSettleWrite { ok }),
         4 => prop::bool::weighted(0.2).prop_map(|fail| Op::ServeRead { fail }),
         4 => (1usize..5, any::<bool>()).prop_map(|(max, bind)| Op::Pull { max, bind }),
         4 => (any::<usize>(), prop::bool::weighted(0.1))
@@ -137,6 +181,13 @@ enum MetaWrite {
     Failed { offset: u64 },
 }
 
+/// A settlement of an unparked event the shell is writing.
+#[derive(Clone, Debug)]
+enum ParkSettle {
+    Acked { offset: u64 },
+    DeadLetter { offset: u64 },
+}
+
 struct World {
     config: Config,
     core: PartitionCore,
@@ -155,6 +206,16 @@ struct World {
 
     // -- the DeadLetterStore model --
     dead: BTreeMap<u64, (DlState, u32)>,
+
+    // -- the park index model (writes are synced) --
+    /// Parked offsets and when they are due.
+    parked: BTreeMap<u64, u64>,
+    /// Offsets the shell has fed `Unpark` for in this life (lost in a crash).
+    unparked: BTreeSet<u64>,
+    park_writes: VecDeque<(u64, u64)>,
+    park_settles: VecDeque<ParkSettle>,
+    /// Highest attempt handed out per parked offset.
+    max_park_handed: HashMap<u64, u32>,
 
     // -- the shell's outstanding work (lost in a crash) --
     read: Option<(u64, usize)>,
@@ -199,6 +260,11 @@ impl World {
             committed: 0,
             synced_committed: 0,
             dead: BTreeMap::new(),
+            parked: BTreeMap::new(),
+            unparked: BTreeSet::new(),
+            park_writes: VecDeque::new(),
+            park_settles: VecDeque::new(),
+            max_park_handed: HashMap::new(),
             read: None,
             persists: Vec::new(),
             dl_writes: VecDeque::new(),
@@ -303,8 +369,22 @@ impl World {
                     (d.attempt, &d.delivery_id, DeliveryState::InFlight),
                     "write-ahead: the hand-out's record is not durable"
                 );
-                let redrive = d.redrive_of.is_some();
-                if redrive {
+                let redrive = d.redrive_of.is_some() || d.parked;
+                if d.parked {
+                    let due = self
+                        .parked
+                        .get(&d.offset)
+                        .expect("unparked without an entry");
+                    assert!(*due <= self.now, "handed out before its deliverat: {d:?}");
+                    assert!(d.redrive_of.is_none());
+                    let prev = self.max_park_handed.entry(d.offset).or_insert(0);
+                    if self.released.remove(&(true, d.offset)) {
+                        assert!(d.attempt >= *prev, "parked attempt went back: {d:?}");
+                    } else {
+                        assert!(d.attempt > *prev, "parked attempt went back: {d:?}");
+                    }
+                    *prev = d.attempt;
+                } else if redrive {
                     assert!(d.offset < self.committed);
                     let prev = self.max_redrive_handed.entry(d.offset).or_insert(0);
                     if self.released.remove(&(true, d.offset)) {
@@ -315,6 +395,12 @@ impl World {
                     *prev = d.attempt;
                 } else {
                     assert!(d.offset >= self.committed, "hand-out below committed");
+                    assert!(
+                        self.log[d.offset as usize]
+                            .deliver_at_ms
+                            .is_none_or(|at| at <= self.now),
+                        "handed out before its deliverat: {d:?}"
+                    );
                     assert!(
                         !self.acked_synced.contains(&d.offset)
                             && !self.acked_unsynced.contains(&d.offset),
@@ -352,8 +438,9 @@ impl World {
                             self.acked_synced.contains(&o)
                                 || self.acked_unsynced.contains(&o)
                                 || self.dead.contains_key(&o)
-                                || self.filtered(o),
-                            "offset {o} committed but neither acked, dead-lettered nor filtered"
+                                || self.filtered(o)
+                                || self.parked.contains_key(&o),
+                            "offset {o} committed but neither acked, dead-lettered, filtered nor parked"
                         );
                         assert!(
                             !self.records.contains_key(&o),
@@ -405,6 +492,24 @@ impl World {
                 );
                 self.redrive_writes.push_back(MetaWrite::Failed { offset });
             }
+            Command::Park { offset, due_ms } => {
+                assert!(offset >= self.committed, "park below committed");
+                assert_eq!(self.log[offset as usize].deliver_at_ms, Some(due_ms));
+                assert!(due_ms > self.now, "parked though due");
+                self.park_writes.push_back((offset, due_ms));
+            }
+            Command::ParkSettled { offset } => {
+                self.sync();
+                assert!(self.parked.contains_key(&offset));
+                self.park_settles.push_back(ParkSettle::Acked { offset });
+            }
+            Command::ParkDeadLetter(req) => {
+                self.sync();
+                assert_eq!(req.attempts, max, "dead-lettered at exactly max_attempts");
+                assert!(self.parked.contains_key(&req.offset));
+                self.park_settles
+                    .push_back(ParkSettle::DeadLetter { offset: req.offset });
+            }
             Command::Reply(reply) => self.check_reply(reply),
         }
     }
@@ -445,7 +550,8 @@ impl World {
                 // Not a consumer's call (the shell releases what it could not
                 // deliver), so no session is checked: the attempt just did not count.
                 if let Some(d) = self.delivery(delivery_id).filter(|_| *released) {
-                    self.released.insert((d.redrive_of.is_some(), d.offset));
+                    self.released
+                        .insert((d.redrive_of.is_some() || d.parked, d.offset));
                 }
                 return;
             }
@@ -458,7 +564,7 @@ impl World {
             // recovered ones (handed out by an earlier life): accepted is fine.
             return;
         };
-        let redrive = d.redrive_of.is_some();
+        let redrive = d.redrive_of.is_some() || d.parked;
         assert_eq!(
             self.latest_id.get(&(redrive, d.offset)),
             Some(&d.delivery_id),
@@ -507,10 +613,13 @@ impl World {
 
     fn step(&mut self, op: Op) {
         match op {
-            Op::Publish(keeps) => {
-                for keep in keeps {
+            Op::Publish(events) => {
+                for (keep, delay) in events {
                     let offset = self.log.len() as u64;
-                    self.log.push(kept_or_dropped(offset, keep));
+                    self.log.push(EventMeta {
+                        deliver_at_ms: delay.map(|d| self.now + d),
+                        ..kept_or_dropped(offset, keep)
+                    });
                 }
                 self.feed(Input::LogEnd(self.log.len() as u64));
             }
@@ -692,6 +801,60 @@ impl World {
                     epoch,
                 };
             }
+            Op::ParkWrite => {
+                let Some((offset, due)) = self.park_writes.pop_front() else {
+                    return;
+                };
+                // Durable (synced) before the core hears of it; a repeat after a
+                // crash writes the same entry.
+                self.parked.insert(offset, due);
+                self.feed(Input::Parked { offset });
+            }
+            Op::Unpark { idx } => {
+                let due: Vec<u64> = self
+                    .parked
+                    .iter()
+                    .filter(|(o, due)| **due <= self.now && !self.unparked.contains(o))
+                    .map(|(o, _)| *o)
+                    .collect();
+                if due.is_empty() {
+                    return;
+                }
+                let offset = due[idx % due.len()];
+                match self
+                    .core
+                    .handle(Input::Unpark { offset, attempt: 0 }, self.now)
+                {
+                    Ok(cmds) => {
+                        self.unparked.insert(offset);
+                        self.run(cmds);
+                    }
+                    // Parked above a gap (committed has not passed it yet), or too
+                    // many redrives under way: the shell tries again later.
+                    Err(meshd_dispatch::CoreError::RedriveOfUnresolvedOffset { .. })
+                    | Err(meshd_dispatch::CoreError::RedriveBacklogFull { .. }) => {}
+                    Err(e) => panic!("unpark refused: {e}"),
+                }
+            }
+            Op::ParkSettleWrite { ok } => {
+                let Some(w) = self.park_settles.pop_front() else {
+                    return;
+                };
+                let offset = match w {
+                    ParkSettle::Acked { offset } | ParkSettle::DeadLetter { offset } => offset,
+                };
+                if ok {
+                    if let ParkSettle::DeadLetter { .. } = w {
+                        self.dead.entry(offset).or_insert((DlState::Dead, 0));
+                    }
+                    self.parked.remove(&offset);
+                    self.unparked.remove(&offset);
+                    self.max_park_handed.remove(&offset);
+                    self.feed(Input::RedriveSettled { offset });
+                } else {
+                    self.feed(Input::RedriveUnavailable { offset });
+                }
+            }
             Op::Flush => self.sync(),
             Op::Crash { lossy } => self.crash(lossy),
         }
@@ -708,17 +871,28 @@ impl World {
         self.persists.clear();
         self.dl_writes.clear();
         self.redrive_writes.clear();
+        self.park_writes.clear();
+        self.park_settles.clear();
+        self.unparked.clear();
         self.generation += 1;
         let (core, cmds) = PartitionCore::recover(
             partition(),
             self.config.clone(),
             self.committed,
             self.records.values().cloned().collect(),
+            &self.parked.keys().copied().collect(),
             self.now,
             Sources::deterministic(self.generation << 40, RngJitter::seeded(self.generation)),
         )
         .expect("recover from what the store holds");
         self.core = core;
+        // Parked offsets recovered from their records are under way already.
+        self.unparked = self
+            .parked
+            .keys()
+            .filter(|o| self.records.contains_key(o))
+            .copied()
+            .collect();
         self.run(cmds);
         // Boot: the log end, and every entry still `redriving` is injected again.
         self.feed(Input::LogEnd(self.log.len() as u64));
@@ -743,6 +917,7 @@ impl World {
             let idle = self.committed as usize == self.log.len()
                 && self.dead.values().all(|e| e.0 == DlState::Dead)
                 && self.records.is_empty()
+                && self.parked.is_empty()
                 && self.core.stats().outstanding == 0
                 && self.core.stats().redrives == 0;
             if idle && self.dead.is_empty() {
@@ -767,6 +942,15 @@ impl World {
             }
             while !self.redrive_writes.is_empty() {
                 self.step(Op::RedriveWrite { ok: true });
+            }
+            while !self.park_writes.is_empty() {
+                self.step(Op::ParkWrite);
+            }
+            while !self.park_settles.is_empty() {
+                self.step(Op::ParkSettleWrite { ok: true });
+            }
+            for _ in 0..self.parked.len() {
+                self.step(Op::Unpark { idx: 0 });
             }
             let before = self.held.len();
             self.step(Op::Pull {
@@ -794,11 +978,12 @@ impl World {
         }
         let s = self.core.stats();
         panic!(
-            "did not drain: committed {} of {}, stats {s:?}, records {:?}, dead {:?}",
+            "did not drain: committed {} of {}, stats {s:?}, records {:?}, dead {:?}, parked {:?}",
             self.committed,
             self.log.len(),
             self.records,
-            self.dead
+            self.dead,
+            self.parked
         );
     }
 }
@@ -847,13 +1032,22 @@ fn arb_input() -> impl Strategy<Value = Input> {
         }),
         0..3,
     );
-    let events = (offset.clone(), 0usize..5, any::<bool>()).prop_map(|(from, n, keep)| {
-        Input::EventsRead(
-            (0..n as u64)
-                .map(|i| kept_or_dropped(from.saturating_add(i), keep))
-                .collect(),
-        )
-    });
+    let events = (
+        offset.clone(),
+        0usize..5,
+        any::<bool>(),
+        proptest::option::of(prop_oneof![0u64..2_000_000, Just(u64::MAX)]),
+    )
+        .prop_map(|(from, n, keep, deliver_at_ms)| {
+            Input::EventsRead(
+                (0..n as u64)
+                    .map(|i| EventMeta {
+                        deliver_at_ms,
+                        ..kept_or_dropped(from.saturating_add(i), keep)
+                    })
+                    .collect(),
+            )
+        });
     prop_oneof![
         prop_oneof![0u64..15, Just(u64::MAX)].prop_map(Input::LogEnd),
         events,
@@ -906,7 +1100,11 @@ fn arb_input() -> impl Strategy<Value = Input> {
         offset
             .clone()
             .prop_map(|offset| Input::RedriveSettled { offset }),
-        offset.prop_map(|offset| Input::RedriveUnavailable { offset }),
+        offset
+            .clone()
+            .prop_map(|offset| Input::RedriveUnavailable { offset }),
+        offset.clone().prop_map(|offset| Input::Parked { offset }),
+        (offset, 0u32..4).prop_map(|(offset, attempt)| Input::Unpark { offset, attempt }),
     ]
 }
 
@@ -959,5 +1157,6 @@ fn kept_or_dropped(offset: u64, keep: bool) -> EventMeta {
         ]
         .into(),
         size: 100,
+        deliver_at_ms: None,
     }
 }

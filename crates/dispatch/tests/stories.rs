@@ -1067,6 +1067,7 @@ fn given_invalid_records_then_recovery_refuses_them() {
             config(),
             0,
             records,
+            &Default::default(),
             T0,
             Sources::deterministic(0, FixedJitter::Max),
         )
@@ -1435,6 +1436,7 @@ fn mac_core(
         config(),
         0,
         records,
+        &Default::default(),
         now,
         Sources {
             ids: Box::new(meshd_dispatch::MacIds::new(id_key.clone())),
@@ -1565,5 +1567,239 @@ fn given_a_partition_moved_with_a_delivery_in_flight_then_the_new_owner_honours_
     assert_eq!(
         ack(&mut d, &ids[0].delivery_id, deadline + 2),
         vec![AckOutcome::Unknown]
+    );
+}
+
+// ---- parking (deliverat) -----------------------------------------------------------
+
+fn parks(cmds: &[Command]) -> Vec<(u64, u64)> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Park { offset, due_ms } => Some((*offset, *due_ms)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn given_an_event_with_a_later_deliverat_then_it_is_parked_resolved_and_later_offsets_flow() {
+    let mut s = Shell::new(config(), 0);
+    let due = T0 + 7 * 86_400_000;
+    // A later time parks; a past one (or none) is delivered at once.
+    let cmds = s.publish_delayed(&[Some(due), Some(T0 - 1), None]);
+    assert_eq!(parks(&cmds), [(0, due)]);
+    let stats = s.core.stats();
+    assert_eq!((stats.parking, stats.outstanding), (1, 0), "{stats:?}");
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [1, 2], "the parked event is not handed out");
+    // Until the park entry is durable the offset holds `committed`.
+    let cmds = s.ack(&[&d[0].delivery_id, &d[1].delivery_id]);
+    assert_eq!(s.core.stats().committed, 0);
+    assert!(
+        resolves(&cmds).iter().all(|(_, adv)| adv.is_none()),
+        "{cmds:?}"
+    );
+    // Then it counts as resolved: committed passes it and the acks above it.
+    let cmds = s.input(Input::Parked { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![1, 2], Some(3))]);
+    let stats = s.core.stats();
+    assert_eq!(
+        (stats.parking, stats.outstanding, stats.committed),
+        (0, 0, 3)
+    );
+    s.core.check_consistency().unwrap();
+}
+
+#[test]
+fn given_a_parked_event_when_due_then_it_is_delivered_below_committed_and_its_ack_settles_the_park_entry(
+) {
+    let mut s = Shell::new(config(), 0);
+    let due = T0 + 60_000;
+    s.publish_delayed(&[Some(due)]);
+    s.input(Input::Parked { offset: 0 });
+    assert_eq!(s.core.stats().committed, 1);
+    s.at(due);
+    s.input(Input::Unpark {
+        offset: 0,
+        attempt: 0,
+    });
+    let d = s.deliver(1);
+    assert_eq!(offsets(&d), [0]);
+    assert!(d[0].parked && d[0].redrive_of.is_none(), "{d:?}");
+    assert_eq!(d[0].attempt, 1);
+    // Feeding the same due entry again while it is under way changes nothing.
+    let cmds = s.input(Input::Unpark {
+        offset: 0,
+        attempt: 0,
+    });
+    assert!(effects(&cmds).is_empty(), "{cmds:?}");
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert_eq!(ack_outcomes(&cmds), [AckOutcome::Acked]);
+    assert!(
+        cmds.contains(&Command::ParkSettled { offset: 0 }),
+        "{cmds:?}"
+    );
+    assert!(
+        !cmds
+            .iter()
+            .any(|c| matches!(c, Command::RedriveSucceeded { .. })),
+        "{cmds:?}"
+    );
+    let cmds = s.input(Input::RedriveSettled { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![0], None)], "the record goes");
+    let stats = s.core.stats();
+    assert_eq!((stats.redrives, stats.committed), (0, 1));
+    s.core.check_consistency().unwrap();
+}
+
+#[test]
+fn given_an_unparked_event_that_fails_max_attempts_then_it_is_dead_lettered_from_its_park_entry() {
+    let mut cfg = config();
+    cfg.max_attempts = 2;
+    let mut s = Shell::new(cfg, 0);
+    s.publish_delayed(&[Some(T0 + 1000)]);
+    s.input(Input::Parked { offset: 0 });
+    s.at(T0 + 1000);
+    s.input(Input::Unpark {
+        offset: 0,
+        attempt: 0,
+    });
+    let d = s.deliver(1);
+    let cmds = s.nack(&[&d[0].delivery_id], "not yet");
+    let [NackOutcome::Retrying { due_ms }] = nack_outcomes(&cmds)[..] else {
+        panic!("{cmds:?}")
+    };
+    s.at(due_ms);
+    let d = s.deliver(1);
+    assert_eq!((d[0].offset, d[0].attempt, d[0].parked), (0, 2, true));
+    let cmds = s.nack(&[&d[0].delivery_id], "still not");
+    assert_eq!(nack_outcomes(&cmds), [NackOutcome::DeadLettering]);
+    let requests: Vec<_> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            Command::ParkDeadLetter(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(requests.len(), 1, "{cmds:?}");
+    assert_eq!(
+        (
+            requests[0].offset,
+            requests[0].attempts,
+            requests[0].reason.as_str()
+        ),
+        (0, 2, "still not")
+    );
+    assert!(
+        dead_letters(&cmds).is_empty(),
+        "not the window's dead-letter write"
+    );
+    // Held until the write is durable; a failed write is asked again after a backoff.
+    let cmds = s.input(Input::RedriveUnavailable { offset: 0 });
+    assert!(effects(&cmds).is_empty(), "{cmds:?}");
+    s.advance(10_000);
+    let cmds = s.input(Input::Tick);
+    assert_eq!(
+        cmds.iter()
+            .filter(|c| matches!(c, Command::ParkDeadLetter(_)))
+            .count(),
+        1,
+        "{cmds:?}"
+    );
+    let cmds = s.input(Input::RedriveSettled { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![0], None)]);
+    assert_eq!(s.core.stats().redrives, 0);
+    s.core.check_consistency().unwrap();
+}
+
+#[test]
+fn given_a_crash_with_an_unparked_event_in_flight_then_recovery_finds_it_by_the_park_index() {
+    // Offset 0 was unparked and handed out (attempt 1) below committed 2; offset 1 is a
+    // dead-letter redrive. The park index holds offset 0.
+    let records = vec![
+        record(0, 1, DeliveryState::InFlight, T0 - 1),
+        record(1, 1, DeliveryState::InFlight, T0 - 1),
+    ];
+    let parked = std::collections::BTreeSet::from([0]);
+    let (mut s, _) = Shell::recovered_parked(config(), 2, records, &parked, T0, 2);
+    s.core.check_consistency().unwrap();
+    let d = s.deliver(10);
+    let got: Vec<_> = d
+        .iter()
+        .map(|d| (d.offset, d.attempt, d.parked, d.redrive_of.is_some()))
+        .collect();
+    assert_eq!(got, [(0, 2, true, false), (1, 2, false, true)]);
+    let cmds = s.ack(&[&d[0].delivery_id, &d[1].delivery_id]);
+    assert!(
+        cmds.contains(&Command::ParkSettled { offset: 0 }),
+        "{cmds:?}"
+    );
+    assert!(
+        cmds.iter()
+            .any(|c| matches!(c, Command::RedriveSucceeded { offset: 1, .. })),
+        "{cmds:?}"
+    );
+}
+
+#[test]
+fn parking_inputs_that_do_not_fit_the_state_are_refused() {
+    let mut s = Shell::new(config(), 0);
+    s.publish_delayed(&[None, Some(T0 + 1000)]);
+    let err = s.core.handle(Input::Parked { offset: 0 }, T0).unwrap_err();
+    assert!(matches!(err, CoreError::NotParking { offset: 0 }), "{err}");
+    let err = s
+        .core
+        .handle(
+            Input::Unpark {
+                offset: 1,
+                attempt: 0,
+            },
+            T0,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, CoreError::RedriveOfUnresolvedOffset { offset: 1, .. }),
+        "{err}"
+    );
+    // Resolve 0 and park 1: committed 2. A dead-letter redrive of the unparked offset
+    // (or an unpark of a redriven one) is refused.
+    let d = s.deliver(1);
+    s.ack(&[&d[0].delivery_id]);
+    s.input(Input::Parked { offset: 1 });
+    s.input(Input::Unpark {
+        offset: 1,
+        attempt: 0,
+    });
+    let err = s
+        .core
+        .handle(
+            Input::Redrive {
+                entry_id: s.core.partition().dead_letter_id(1),
+                offset: 1,
+            },
+            T0,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, CoreError::RedriveOfParked { offset: 1 }),
+        "{err}"
+    );
+    s.input(Input::Redrive {
+        entry_id: s.core.partition().dead_letter_id(0),
+        offset: 0,
+    });
+    let err = s
+        .core
+        .handle(
+            Input::Unpark {
+                offset: 0,
+                attempt: 0,
+            },
+            T0,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, CoreError::UnparkOfRedrive { offset: 0 }),
+        "{err}"
     );
 }

@@ -196,6 +196,18 @@ fn published(event: Event, limits: &Limits) -> Result<Event, EventError> {
             "deliverat must be an RFC 3339 timestamp string such as 2018-04-05T17:31:00Z",
         )
     })?;
+    // Delivery finds delayed events by these bytes instead of parsing every event.
+    let literal = format!("\"{}\"", crate::DELIVER_AT);
+    if !event
+        .stored()
+        .windows(literal.len())
+        .any(|w| w == literal.as_bytes())
+    {
+        return Err(EventError::invalid(
+            crate::DELIVER_AT,
+            "write the name deliverat without escapes",
+        ));
+    }
     if let Some(now) = limits.now_ms {
         if at > now.saturating_add(MAX_DELIVER_AHEAD_MS) {
             return Err(EventError::invalid(

@@ -758,6 +758,10 @@ fn deliverat_is_an_rfc3339_string_at_most_7_days_ahead_of_the_publish() {
     ] {
         assert_400(&publish(bad).unwrap_err(), "deliverat");
     }
+    // The name must be written as is (delivery looks for its bytes).
+    let escaped = with(r#""deliver\u0061t":"2026-12-05T00:00:00Z""#);
+    let err = parse_publish(Some(CE), &[], escaped.as_bytes(), &limits).unwrap_err();
+    assert_400(&err, "deliverat");
     // In a batch the field names the event; in binary mode the header's value counts.
     let body = format!(
         "[{},{}]",

@@ -9,6 +9,7 @@ use meshd_dispatch::{
     Sources,
 };
 use meshd_stores::subscriptions::{Backoff, Selector};
+use std::collections::BTreeSet;
 
 pub fn key() -> OffsetKey {
     OffsetKey {
@@ -71,6 +72,7 @@ pub fn typed(offset: u64, event_type: &str, source: &str) -> EventMeta {
         ]
         .into(),
         size: 100,
+        deliver_at_ms: None,
     }
 }
 
@@ -101,11 +103,24 @@ impl Shell {
         now: u64,
         log_len: u64,
     ) -> (Self, Vec<Command>) {
+        Self::recovered_parked(config, committed, records, &BTreeSet::new(), now, log_len)
+    }
+
+    /// [`Shell::recovered`] with the offsets the park index holds.
+    pub fn recovered_parked(
+        config: Config,
+        committed: u64,
+        records: Vec<DeliveryRecord>,
+        parked: &BTreeSet<u64>,
+        now: u64,
+        log_len: u64,
+    ) -> (Self, Vec<Command>) {
         let (core, cmds) = PartitionCore::recover(
             partition(),
             config,
             committed,
             records,
+            parked,
             now,
             Sources::deterministic(1 << 32, FixedJitter::Max),
         )
@@ -175,6 +190,19 @@ impl Shell {
         for (t, s) in events {
             let offset = self.log.len() as u64;
             self.log.push(typed(offset, t, s));
+        }
+        self.input(Input::LogEnd(self.log.len() as u64))
+    }
+
+    /// Appends events not to be handed out before these times (`None`: at once) and
+    /// tells the core the new end.
+    pub fn publish_delayed(&mut self, deliver_at: &[Option<u64>]) -> Vec<Command> {
+        for at in deliver_at {
+            let offset = self.log.len() as u64;
+            self.log.push(EventMeta {
+                deliver_at_ms: *at,
+                ..event(offset)
+            });
         }
         self.input(Input::LogEnd(self.log.len() as u64))
     }

@@ -735,6 +735,8 @@ impl Runtime {
             config,
             committed,
             records,
+            // No park index yet: this shell never parks (it reads no `deliverat`).
+            &Default::default(),
             now_ms(),
             Sources::production(self.deps.id_key.clone()),
         )
