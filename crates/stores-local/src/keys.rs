@@ -12,6 +12,8 @@
 //! | `offsets` | `o` + name(subscription) + incarnation (u64 BE) + name(topic) + partition (u32 BE) | committed offset record | until the subscription is deleted |
 //! | `deliveries` | `d` + the same subscription/topic/partition part + offset (u64 BE) | delivery record | until resolved |
 //! | `deliveries` | `x` + deadline ms (u64 BE) + the `d` key | empty: deadline index | with its record |
+//! | `deliveries` | `k` + the same subscription/topic/partition part + due ms (u64 BE) + offset (u64 BE) | [`crate::park`] entry: the parked event's body | until settled (acked or dead-lettered) or the subscription is deleted |
+//! | `deliveries` | `q` + the same subscription/topic/partition part + offset (u64 BE) | the parked entry's due ms (u64 BE): lookup by offset | with its `k` entry |
 //!
 //! `name(s)` is one length byte followed by the bytes of `s` (names are at most 249
 //! bytes), so a name can never run into the next component and no two component lists
@@ -36,6 +38,8 @@ pub const OFFSET: u8 = b'o';
 pub const DELIVERY: u8 = b'd';
 pub const DEADLINE: u8 = b'x';
 pub const DEDUP: u8 = b'u';
+pub const PARKED: u8 = b'k';
+pub const PARKED_OFFSET: u8 = b'q';
 
 /// The longest name a key can hold.
 pub const MAX_NAME: usize = 255;
@@ -150,6 +154,21 @@ pub fn delivery_key(key: &OffsetKey, offset: u64) -> Vec<u8> {
     let mut k = vec![DELIVERY];
     partition_part(&mut k, key);
     k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+/// The prefix of one partition's park entries (by due time), or (`by_offset`) of their
+/// lookup keys.
+pub fn parked_of_partition(key: &OffsetKey, by_offset: bool) -> Vec<u8> {
+    let mut k = vec![if by_offset { PARKED_OFFSET } else { PARKED }];
+    partition_part(&mut k, key);
+    k
+}
+
+/// The prefix of every park entry (or lookup key) of a subscription incarnation.
+pub fn parked_of_subscription(subscription: &str, incarnation: i64, by_offset: bool) -> Vec<u8> {
+    let mut k = vec![if by_offset { PARKED_OFFSET } else { PARKED }];
+    subscription_part(&mut k, subscription, incarnation);
     k
 }
 

@@ -11,6 +11,7 @@ pub mod delivery;
 pub mod keys;
 pub mod log;
 pub mod offsets;
+pub mod park;
 pub mod tail;
 
 use meshd_local::group::GroupCommit;
@@ -25,6 +26,8 @@ pub struct LocalStores {
     pub log: log::RocksLog,
     pub offsets: offsets::RocksOffsetStore,
     pub deliveries: delivery::RocksDeliveryStore,
+    /// The park index (http-api.md "Parking"; the runtime does not use it yet).
+    pub parks: park::RocksParkStore,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,11 +53,13 @@ impl LocalStores {
         let offsets = offsets::RocksOffsetStore::open(group.clone())?;
         let deliveries =
             delivery::RocksDeliveryStore::open(group.clone(), offsets.clone(), delivery_flush)?;
+        let parks = park::RocksParkStore::open(group.clone());
         Ok(Self {
             group,
             log,
             offsets,
             deliveries,
+            parks,
         })
     }
 }

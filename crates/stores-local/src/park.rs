@@ -1,0 +1,275 @@
+//! # The park index on the Local RocksDB (column family `deliveries`)
+//!
+//! Per (subscription incarnation, topic, partition), the events that wait for their
+//! time (http-api.md, Additions, "Parking"), each with its body: log retention may
+//! remove the event from the log while it is parked, and the delivery reads the body
+//! from here. An entry is written **durably** before the delivery core hears of it
+//! (`Input::Parked`), so the committed offset never passes an event that a crash could
+//! lose; it goes when the event is settled (acked, or dead-lettered with this body).
+//!
+//! Two keys per entry (see [`crate::keys`]): `k` + partition + due + offset holds the
+//! body, so the due entries of a partition are the front of its range and are read in
+//! due order without anything in memory; `q` + partition + offset holds the due time,
+//! so an entry is found (and parked at most once) by its offset. Memory: nothing per
+//! entry; a million parked events cost disk only.
+
+use crate::keys::{self, CF_DELIVERIES};
+use meshd_local::group::{GroupCommit, Wait};
+use meshd_local::{Batch, KvEngine, LocalError};
+use meshd_stores::delivery::DeliveryError;
+use meshd_stores::offsets::OffsetKey;
+use std::sync::Arc;
+
+/// A parked event, as the index answers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parked {
+    pub offset: u64,
+    /// Not to be handed out before this (unix ms).
+    pub due_ms: u64,
+}
+
+#[derive(Clone)]
+pub struct RocksParkStore {
+    group: Arc<GroupCommit>,
+}
+
+fn local(e: LocalError) -> DeliveryError {
+    if e.outcome_unknown() {
+        DeliveryError::Indeterminate(e.reason())
+    } else {
+        DeliveryError::Poisoned(e.reason())
+    }
+}
+
+enum Closure {
+    Local(LocalError),
+    Park(DeliveryError),
+}
+
+impl From<LocalError> for Closure {
+    fn from(e: LocalError) -> Self {
+        Closure::Local(e)
+    }
+}
+
+impl From<Closure> for DeliveryError {
+    fn from(e: Closure) -> Self {
+        match e {
+            Closure::Local(e) => local(e),
+            Closure::Park(e) => e,
+        }
+    }
+}
+
+fn due_key(key: &OffsetKey, due_ms: u64, offset: u64) -> Vec<u8> {
+    let mut k = keys::parked_of_partition(key, false);
+    k.extend_from_slice(&due_ms.to_be_bytes());
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+fn offset_key(key: &OffsetKey, offset: u64) -> Vec<u8> {
+    let mut k = keys::parked_of_partition(key, true);
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+fn be8(b: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(b.try_into().ok()?))
+}
+
+fn corrupt(k: &[u8], reason: &str) -> DeliveryError {
+    DeliveryError::Corrupt {
+        key: format!("{k:?}"),
+        reason: reason.to_string(),
+    }
+}
+
+/// The due time of `offset`'s entry, `None` when it is not parked.
+fn due_of(engine: &dyn KvEngine, key: &OffsetKey, offset: u64) -> Result<Option<u64>, Closure> {
+    let k = offset_key(key, offset);
+    match engine.get(CF_DELIVERIES, &k)? {
+        None => Ok(None),
+        Some(v) => be8(&v)
+            .map(Some)
+            .ok_or_else(|| Closure::Park(corrupt(&k, "due time is not 8 bytes"))),
+    }
+}
+
+impl RocksParkStore {
+    pub fn open(group: Arc<GroupCommit>) -> Self {
+        Self { group }
+    }
+
+    fn check(key: &OffsetKey) -> Result<(), DeliveryError> {
+        keys::check_name("subscription", &key.subscription)
+            .and_then(|_| keys::check_name("topic", &key.topic))
+            .map_err(DeliveryError::Invalid)
+    }
+
+    /// Parks the event at `offset` until `due_ms` with its `body`, durably before it
+    /// returns. An offset parked already keeps its entry (a repeat after a crash that
+    /// lost the committed offset's advance parks nothing twice).
+    pub async fn park(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        due_ms: u64,
+        body: Vec<u8>,
+    ) -> Result<(), DeliveryError> {
+        Self::check(key)?;
+        let key = key.clone();
+        crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+            let mut batch = Batch::new();
+            if due_of(engine, &key, offset)?.is_none() {
+                batch.put(
+                    CF_DELIVERIES,
+                    offset_key(&key, offset),
+                    due_ms.to_be_bytes(),
+                );
+                batch.put(CF_DELIVERIES, due_key(&key, due_ms, offset), body);
+            }
+            Ok::<_, Closure>((batch, ()))
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Removes `offset`'s entry (its event was settled), durably before it returns.
+    /// Removing an entry that is not there changes nothing.
+    pub async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<(), DeliveryError> {
+        Self::check(key)?;
+        let key = key.clone();
+        crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+            let mut batch = Batch::new();
+            if let Some(due) = due_of(engine, &key, offset)? {
+                batch.delete(CF_DELIVERIES, offset_key(&key, offset));
+                batch.delete(CF_DELIVERIES, due_key(&key, due, offset));
+            }
+            Ok::<_, Closure>((batch, ()))
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// At most `limit` entries of the partition in due order, from the earliest (the
+    /// caller stops at the first that is not due yet).
+    pub async fn earliest(
+        &self,
+        key: &OffsetKey,
+        limit: usize,
+    ) -> Result<Vec<Parked>, DeliveryError> {
+        let prefix = keys::parked_of_partition(key, false);
+        let rows = self
+            .read(move |engine| {
+                let end = keys::end_of(&prefix);
+                engine.scan(CF_DELIVERIES, &prefix, Some(&end), limit.max(1))
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(k, _)| {
+                let tail = k
+                    .len()
+                    .checked_sub(16)
+                    .and_then(|at| k.get(at..))
+                    .ok_or_else(|| corrupt(&k, "park key too short"))?;
+                Ok(Parked {
+                    due_ms: be8(&tail[..8]).ok_or_else(|| corrupt(&k, "due"))?,
+                    offset: be8(&tail[8..]).ok_or_else(|| corrupt(&k, "offset"))?,
+                })
+            })
+            .collect()
+    }
+
+    /// The body of `offset`'s entry, `None` when it is not parked.
+    pub async fn body(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+    ) -> Result<Option<Vec<u8>>, DeliveryError> {
+        let key = key.clone();
+        self.read(move |engine| {
+            let k = offset_key(&key, offset);
+            let Some(v) = engine.get(CF_DELIVERIES, &k)? else {
+                return Ok(None);
+            };
+            let Some(due) = be8(&v) else {
+                return Ok(None);
+            };
+            engine.get(CF_DELIVERIES, &due_key(&key, due, offset))
+        })
+        .await
+    }
+
+    /// The parked offsets of the partition from `from` on, in offset order, at most
+    /// `limit` (recovery: the ones at or above the committed offset).
+    pub async fn offsets_from(
+        &self,
+        key: &OffsetKey,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<u64>, DeliveryError> {
+        let prefix = keys::parked_of_partition(key, true);
+        let rows = self
+            .read(move |engine| {
+                let mut start = prefix.clone();
+                start.extend_from_slice(&from.to_be_bytes());
+                let end = keys::end_of(&prefix);
+                engine.scan(CF_DELIVERIES, &start, Some(&end), limit.max(1))
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(k, _)| {
+                k.len()
+                    .checked_sub(8)
+                    .and_then(|at| be8(&k[at..]))
+                    .ok_or_else(|| corrupt(&k, "park offset key too short"))
+            })
+            .collect()
+    }
+
+    /// Removes every entry of a subscription incarnation (it was deleted), in batches.
+    pub async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), DeliveryError> {
+        let group = self.group.clone();
+        let prefixes = [false, true]
+            .map(|by_offset| keys::parked_of_subscription(subscription, incarnation, by_offset));
+        tokio::task::spawn_blocking(move || {
+            for prefix in prefixes {
+                let end = keys::end_of(&prefix);
+                loop {
+                    let done = group
+                        .commit_with::<_, Closure>(|engine| {
+                            let rows = engine.scan(CF_DELIVERIES, &prefix, Some(&end), 1000)?;
+                            let mut batch = Batch::new();
+                            for (k, _) in &rows {
+                                batch.delete(CF_DELIVERIES, k.clone());
+                            }
+                            Ok((batch, rows.is_empty()))
+                        })
+                        .map_err(DeliveryError::from)?;
+                    if done {
+                        break;
+                    }
+                }
+            }
+            Ok::<_, DeliveryError>(())
+        })
+        .await
+        .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn KvEngine) -> Result<T, LocalError> + Send + 'static,
+    ) -> Result<T, DeliveryError> {
+        let engine = self.group.engine().clone();
+        tokio::task::spawn_blocking(move || f(engine.as_ref()))
+            .await
+            .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
+            .map_err(local)
+    }
+}

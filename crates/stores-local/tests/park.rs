@@ -1,0 +1,168 @@
+//! The park index: entries durable before `park` returns (a power cut keeps them),
+//! read in due order per partition with their bodies, parked at most once per offset,
+//! removed durably, and fail-stop with the other Local stores.
+
+mod common;
+
+use meshd_stores::delivery::DeliveryError;
+use meshd_stores::offsets::OffsetKey;
+use meshd_stores_local::park::Parked;
+
+fn pkey(subscription: &str, p: u32) -> OffsetKey {
+    OffsetKey {
+        subscription: subscription.into(),
+        incarnation: 1,
+        topic: "orders".into(),
+        partition: p,
+    }
+}
+
+fn parked(list: &[(u64, u64)]) -> Vec<Parked> {
+    list.iter()
+        .map(|&(offset, due_ms)| Parked { offset, due_ms })
+        .collect()
+}
+
+#[tokio::test]
+async fn parked_events_are_read_in_due_order_per_partition_with_their_bodies_and_parked_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let parks = &stores.parks;
+    let (a, b) = (pkey("sub", 0), pkey("sub", 1));
+    parks.park(&a, 7, 3000, b"seven".to_vec()).await.unwrap();
+    parks.park(&a, 2, 5000, b"two".to_vec()).await.unwrap();
+    parks.park(&a, 9, 1000, b"nine".to_vec()).await.unwrap();
+    parks
+        .park(&b, 7, 10, b"other partition".to_vec())
+        .await
+        .unwrap();
+    parks
+        .park(&pkey("sub-2", 0), 1, 10, b"other subscription".to_vec())
+        .await
+        .unwrap();
+    // Parked again (a repeat after a crash): the first entry stands.
+    parks.park(&a, 7, 99_000, b"again".to_vec()).await.unwrap();
+
+    assert_eq!(
+        parks.earliest(&a, 10).await.unwrap(),
+        parked(&[(9, 1000), (7, 3000), (2, 5000)])
+    );
+    assert_eq!(
+        parks.earliest(&a, 2).await.unwrap(),
+        parked(&[(9, 1000), (7, 3000)])
+    );
+    assert_eq!(parks.earliest(&b, 10).await.unwrap(), parked(&[(7, 10)]));
+    assert_eq!(
+        parks.body(&a, 7).await.unwrap().as_deref(),
+        Some(&b"seven"[..])
+    );
+    assert_eq!(parks.body(&a, 8).await.unwrap(), None);
+    assert_eq!(parks.offsets_from(&a, 3, 10).await.unwrap(), [7, 9]);
+    assert_eq!(parks.offsets_from(&a, 0, 10).await.unwrap(), [2, 7, 9]);
+
+    parks.remove(&a, 7).await.unwrap();
+    parks.remove(&a, 7).await.unwrap(); // gone already: nothing changes
+    assert_eq!(
+        parks.earliest(&a, 10).await.unwrap(),
+        parked(&[(9, 1000), (2, 5000)])
+    );
+    assert_eq!(parks.body(&a, 7).await.unwrap(), None);
+    assert_eq!(parks.earliest(&b, 10).await.unwrap(), parked(&[(7, 10)]));
+
+    // A deleted subscription incarnation takes its entries along, and only its own.
+    parks.drop_subscription("sub", 1).await.unwrap();
+    assert!(parks.earliest(&a, 10).await.unwrap().is_empty());
+    assert!(parks.offsets_from(&b, 0, 10).await.unwrap().is_empty());
+    assert_eq!(
+        parks.earliest(&pkey("sub-2", 0), 10).await.unwrap(),
+        parked(&[(1, 10)])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_parked_events_when_power_is_cut_then_every_park_that_returned_survives_and_removals_too(
+) {
+    let key = pkey("sub", 0);
+    let want = |offsets: std::ops::Range<u64>| -> Vec<Parked> {
+        offsets
+            .map(|offset| Parked {
+                offset,
+                due_ms: 1000 + offset,
+            })
+            .collect()
+    };
+    // Parks, then the cut: nothing after them made them durable but themselves.
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    for offset in 0..20u64 {
+        stores
+            .parks
+            .park(
+                &key,
+                offset,
+                1000 + offset,
+                format!("body {offset}").into_bytes(),
+            )
+            .await
+            .unwrap();
+    }
+    let image = power.cut();
+    drop(stores);
+    let rebooted = tempfile::tempdir().unwrap();
+    let (stores, power) = {
+        let fresh = meshd_local::RocksEngine::open(
+            rebooted.path(),
+            meshd_stores_local::keys::COLUMN_FAMILIES,
+        )
+        .unwrap();
+        image.restore_into(&fresh).unwrap();
+        drop(fresh);
+        common::open_with_power_cut(rebooted.path())
+    };
+    assert_eq!(stores.parks.earliest(&key, 100).await.unwrap(), want(0..20));
+    for offset in 0..20u64 {
+        assert_eq!(
+            stores.parks.body(&key, offset).await.unwrap(),
+            Some(format!("body {offset}").into_bytes())
+        );
+    }
+    // Removals, then the cut: they are gone after it too.
+    for offset in 0..5u64 {
+        stores.parks.remove(&key, offset).await.unwrap();
+    }
+    let image = power.cut();
+    drop(stores);
+    let again = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, again.path());
+    assert_eq!(stores.parks.earliest(&key, 100).await.unwrap(), want(5..20));
+    assert_eq!(
+        stores.parks.offsets_from(&key, 0, 100).await.unwrap(),
+        (5..20).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn given_a_failed_write_then_parking_is_refused_like_every_local_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let key = pkey("sub", 0);
+    stores.parks.park(&key, 0, 1, b"x".to_vec()).await.unwrap();
+    power.fail_writes(true);
+    assert!(matches!(
+        stores.parks.park(&key, 1, 1, b"y".to_vec()).await,
+        Err(DeliveryError::Indeterminate(_))
+    ));
+    power.fail_writes(false);
+    assert!(matches!(
+        stores.parks.remove(&key, 0).await,
+        Err(DeliveryError::Poisoned(_))
+    ));
+    let bad = OffsetKey {
+        topic: String::new(),
+        ..key
+    };
+    assert!(matches!(
+        stores.parks.park(&bad, 0, 1, Vec::new()).await,
+        Err(DeliveryError::Invalid(_))
+    ));
+}
