@@ -98,6 +98,29 @@ pub fn http_health(addr: std::net::SocketAddr, path: &str, expect: &str) -> anyh
     Ok(())
 }
 
+/// Waits (at most 5 s) until every thread of `pid` is in the stopped state (`T` in
+/// `/proc/<pid>/task/*/stat`); gives up quietly when `/proc` cannot tell.
+fn wait_stopped(pid: u32) {
+    let stopped = || -> Option<bool> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        let mut all = true;
+        for t in tasks.flatten() {
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            // The state follows the command name's closing parenthesis.
+            let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
+            all &= matches!(state, "T" | "t");
+        }
+        Some(all)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        match stopped() {
+            Some(true) | None => return,
+            Some(false) => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    }
+}
+
 /// A child process a test owns, with the file its output goes to: what the etcd,
 /// nats-server and meshd harnesses share. Signals (pause, resume, any other),
 /// SIGKILL with reaping, the log's tail, and the log printed when the test panics.
@@ -147,9 +170,14 @@ impl Proc {
         }
     }
 
-    /// SIGSTOP: its sockets stay open but it answers nothing.
+    /// SIGSTOP: its sockets stay open but it answers nothing. Returns once every thread
+    /// of the process is stopped (the signal is delivered asynchronously: a thread of a
+    /// multi-threaded server could otherwise still answer a request sent right after).
     pub fn pause(&self) {
         self.signal(libc::SIGSTOP);
+        if let Some(pid) = self.pid() {
+            wait_stopped(pid);
+        }
     }
 
     /// SIGCONT after [`pause`](Self::pause).
