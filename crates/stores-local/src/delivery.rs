@@ -114,7 +114,7 @@ struct Inner {
 }
 
 /// Outcome unknown when this call's batch reached the engine, refused otherwise.
-fn local(e: LocalError) -> DeliveryError {
+pub(crate) fn local(e: LocalError) -> DeliveryError {
     if e.outcome_unknown() {
         DeliveryError::Indeterminate(e.reason())
     } else {
@@ -132,7 +132,8 @@ impl From<OffsetErrorOrLocal> for DeliveryError {
 }
 
 /// Errors of group-commit closures in this store.
-enum Closure {
+/// The error of a closure on the store thread: the engine's, or the store's own.
+pub(crate) enum Closure {
     Local(LocalError),
     Delivery(DeliveryError),
 }

@@ -13,6 +13,7 @@
 //! so an entry is found (and parked at most once) by its offset. Memory: nothing per
 //! entry; a million parked events cost disk only.
 
+use crate::delivery::{local, Closure};
 use crate::keys::{self, CF_DELIVERIES};
 use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
@@ -31,34 +32,6 @@ pub struct Parked {
 #[derive(Clone)]
 pub struct RocksParkStore {
     group: Arc<GroupCommit>,
-}
-
-fn local(e: LocalError) -> DeliveryError {
-    if e.outcome_unknown() {
-        DeliveryError::Indeterminate(e.reason())
-    } else {
-        DeliveryError::Poisoned(e.reason())
-    }
-}
-
-enum Closure {
-    Local(LocalError),
-    Park(DeliveryError),
-}
-
-impl From<LocalError> for Closure {
-    fn from(e: LocalError) -> Self {
-        Closure::Local(e)
-    }
-}
-
-impl From<Closure> for DeliveryError {
-    fn from(e: Closure) -> Self {
-        match e {
-            Closure::Local(e) => local(e),
-            Closure::Park(e) => e,
-        }
-    }
 }
 
 fn due_key(key: &OffsetKey, due_ms: u64, offset: u64) -> Vec<u8> {
@@ -92,7 +65,7 @@ fn due_of(engine: &dyn KvEngine, key: &OffsetKey, offset: u64) -> Result<Option<
         None => Ok(None),
         Some(v) => be8(&v)
             .map(Some)
-            .ok_or_else(|| Closure::Park(corrupt(&k, "due time is not 8 bytes"))),
+            .ok_or_else(|| Closure::Delivery(corrupt(&k, "due time is not 8 bytes"))),
     }
 }
 
