@@ -990,19 +990,16 @@ impl PartitionCore {
             reason: reason.clone(),
             first_attempt_at_ms: e.first_at.unwrap_or(0),
         };
-        if let (true, Loc::Redrive(offset)) = (e.parked, loc) {
-            match e.status {
-                Status::DeadLettering { .. } => {
-                    out.cmds.push(Command::ParkDeadLetter(request(offset)))
-                }
-                Status::Settling { .. } => out.cmds.push(Command::ParkSettled { offset }),
-                _ => {}
-            }
-            return;
-        }
         let cmd = match (&e.status, loc, &e.redrive_of) {
             (Status::DeadLettering { .. }, Loc::Window(offset), _) => {
                 Command::DeadLetter(request(offset))
+            }
+            // An unparked event is settled in the park index.
+            (Status::DeadLettering { .. }, Loc::Redrive(offset), _) if e.parked => {
+                Command::ParkDeadLetter(request(offset))
+            }
+            (Status::Settling { .. }, Loc::Redrive(offset), _) if e.parked => {
+                Command::ParkSettled { offset }
             }
             (Status::DeadLettering { .. }, Loc::Redrive(offset), Some(id)) => {
                 Command::RedriveFailed {

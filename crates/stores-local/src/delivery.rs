@@ -131,8 +131,8 @@ impl From<OffsetErrorOrLocal> for DeliveryError {
     }
 }
 
-/// Errors of group-commit closures in this store.
-/// The error of a closure on the store thread: the engine's, or the store's own.
+/// Errors of group-commit closures in this store and the park index: the engine's,
+/// or the store's own.
 pub(crate) enum Closure {
     Local(LocalError),
     Delivery(DeliveryError),

@@ -231,8 +231,8 @@ pub async fn pull_with(
             })
             .await
             .unwrap_or_else(|e| {
-                Err(RuntimeError::Core(format!(
-                    "the forwarded pull task failed: {e}"
+                Err(RuntimeError::Restarting(format!(
+                    "the forwarded pull of {name:?} failed: {e}"
                 )))
             })
         }

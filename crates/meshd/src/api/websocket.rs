@@ -72,6 +72,21 @@ enum Op {
     Token(String),
 }
 
+/// A 400 naming `field` unless `value` lies in `range`.
+fn in_range(field: &str, value: u64, range: std::ops::RangeInclusive<u64>) -> Result<(), Problem> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(invalid(
+        field,
+        format!(
+            "{field} must be an integer from {} to {}",
+            range.start(),
+            range.end()
+        ),
+    ))
+}
+
 fn invalid(field: &str, detail: impl Into<String>) -> Problem {
     Problem::invalid_field(field, detail)
 }
@@ -137,16 +152,7 @@ fn read_op(f: ClientFrame) -> Result<Op, Problem> {
         if f.nack.is_none() {
             return Err(invalid("delay_ms", "delay_ms goes with nack"));
         }
-        if !NACK_DELAY_MS.contains(&ms) {
-            return Err(invalid(
-                "delay_ms",
-                format!(
-                    "delay_ms must be an integer from {} to {}",
-                    NACK_DELAY_MS.start(),
-                    NACK_DELAY_MS.end()
-                ),
-            ));
-        }
+        in_range("delay_ms", ms, NACK_DELAY_MS)?;
     }
     if let Some(a) = f.ack {
         return Ok(Op::Ack(ids("ack", a)?));
@@ -163,12 +169,7 @@ fn read_op(f: ClientFrame) -> Result<Op, Problem> {
     }
     if let Some(e) = f.extend {
         if let Some(ms) = f.ack_timeout_ms {
-            if !ACK_TIMEOUT_MS.contains(&ms) {
-                return Err(invalid(
-                    "ack_timeout_ms",
-                    "ack_timeout_ms must be an integer from 100 to 600000",
-                ));
-            }
+            in_range("ack_timeout_ms", ms, ACK_TIMEOUT_MS)?;
         }
         return Ok(Op::Extend(ids("extend", e)?, f.ack_timeout_ms));
     }

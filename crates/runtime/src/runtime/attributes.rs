@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// The attributes of one event in their string forms (context attributes and
 /// extensions, `specversion` included); empty for a stored event that does not parse
-/// (a filter then sees an event without attributes, as before).
+/// (it was validated at publish, so only damage does this): a filter then treats every
+/// attribute as absent and skips or delivers it accordingly, it is not dead-lettered
+/// (a known gap).
 pub type Attributes = Arc<[(String, String)]>;
 
 /// What the cache holds by default (attribute strings plus a fixed cost per entry).

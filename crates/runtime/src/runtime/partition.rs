@@ -1528,12 +1528,6 @@ impl PartitionTask {
     }
 }
 
-/// What the core's filter looks at: the attributes in `names` (`None`: there is no
-/// filter, nothing is parsed). A stored payload that does not parse (it was validated
-/// at publish, so only damage does this) has no attributes: it is delivered as it is
-/// without a filter, while a filter treats every attribute as absent (it is not
-/// dead-lettered: a damaged stored event under a filtered subscription is skipped or
-/// delivered as its filter says of absent attributes, a known gap).
 /// A parking command reached a shell without a park index: a bug (see `run_one`).
 fn parking_unwired(key: &OffsetKey, offset: u64) {
     tracing::error!(subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, "a parking command reached the runtime, which has no park index yet; the offset stays held");
