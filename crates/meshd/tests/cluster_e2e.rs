@@ -1078,8 +1078,22 @@ async fn stream_until(
         partitions.insert(d.partition);
         got.insert(d.event["id"].as_str().unwrap().to_string());
         // An ack may be `unknown` when the partition moved since the hand-out; the
-        // event then comes again (at least once), which this loop accepts.
-        c.ack("s", &[d.delivery_id]).await.unwrap();
+        // event then comes again (at least once), which this loop accepts. While the
+        // partition is changing owners the ack is answered 503 with Retry-After, which
+        // asks for exactly this: the same ack again, until the new owner answers.
+        loop {
+            match c.ack("s", &[d.delivery_id.clone()]).await {
+                Ok(_) => break,
+                Err(meshd_client::Error::Api(p)) if p.status == 503 => {
+                    assert!(
+                        start.elapsed() < DEADLINE,
+                        "acks still refused after the deadline: {p:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("ack failed: {e}"),
+            }
+        }
     }
     partitions
 }
