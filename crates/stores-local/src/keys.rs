@@ -12,7 +12,7 @@
 //! | `offsets` | `o` + name(subscription) + incarnation (u64 BE) + name(topic) + partition (u32 BE) | committed offset record | until the subscription is deleted |
 //! | `deliveries` | `d` + the same subscription/topic/partition part + offset (u64 BE) | delivery record | until resolved |
 //! | `deliveries` | `x` + deadline ms (u64 BE) + the `d` key | empty: deadline index | with its record |
-//! | `deliveries` | `k` + the same subscription/topic/partition part + due ms (u64 BE) + offset (u64 BE) | [`crate::park`] entry: the parked event's body | until settled (acked or dead-lettered) or the subscription is deleted |
+//! | `deliveries` | `k` + the same subscription/topic/partition part + due ms (u64 BE) + offset (u64 BE) | [`crate::park`] entry: attempts made before parking (u32 BE) + the parked event's body | until settled (acked or dead-lettered) or the subscription is deleted |
 //! | `deliveries` | `q` + the same subscription/topic/partition part + offset (u64 BE) | the parked entry's due ms (u64 BE): lookup by offset | with its `k` entry |
 //!
 //! `name(s)` is one length byte followed by the bytes of `s` (names are at most 249

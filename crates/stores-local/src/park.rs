@@ -8,26 +8,24 @@
 //! lose; it goes when the event is settled (acked, or dead-lettered with this body).
 //!
 //! Two keys per entry (see [`crate::keys`]): `k` + partition + due + offset holds the
-//! body, so the due entries of a partition are the front of its range and are read in
+//! attempts made before parking (4 bytes, big-endian) and the body, so the due entries of a partition are the front of its range and are read in
 //! due order without anything in memory; `q` + partition + offset holds the due time,
 //! so an entry is found (and parked at most once) by its offset. Memory: nothing per
 //! entry; a million parked events cost disk only.
 
 use crate::delivery::{local, Closure};
 use crate::keys::{self, CF_DELIVERIES};
+use async_trait::async_trait;
 use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::delivery::DeliveryError;
 use meshd_stores::offsets::OffsetKey;
+pub use meshd_stores::park::{ParkIndex, Parked};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// A parked event, as the index answers it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Parked {
-    pub offset: u64,
-    /// Not to be handed out before this (unix ms).
-    pub due_ms: u64,
-}
+/// Keys counted per read when counting a partition's entries.
+const COUNT_PAGE: usize = 4096;
 
 #[derive(Clone)]
 pub struct RocksParkStore {
@@ -80,58 +78,67 @@ impl RocksParkStore {
             .map_err(DeliveryError::Invalid)
     }
 
-    /// Parks the event at `offset` until `due_ms` with its `body`, durably before it
-    /// returns. An offset parked already keeps its entry (a repeat after a crash that
-    /// lost the committed offset's advance parks nothing twice).
-    pub async fn park(
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn KvEngine) -> Result<T, LocalError> + Send + 'static,
+    ) -> Result<T, DeliveryError> {
+        let engine = self.group.engine().clone();
+        tokio::task::spawn_blocking(move || f(engine.as_ref()))
+            .await
+            .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
+            .map_err(local)
+    }
+}
+
+#[async_trait]
+impl ParkIndex for RocksParkStore {
+    async fn park(
         &self,
         key: &OffsetKey,
         offset: u64,
         due_ms: u64,
+        attempt: u32,
         body: Vec<u8>,
-    ) -> Result<(), DeliveryError> {
+    ) -> Result<bool, DeliveryError> {
         Self::check(key)?;
         let key = key.clone();
-        crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+        let (_, created) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
             let mut batch = Batch::new();
-            if due_of(engine, &key, offset)?.is_none() {
+            let new = due_of(engine, &key, offset)?.is_none();
+            if new {
                 batch.put(
                     CF_DELIVERIES,
                     offset_key(&key, offset),
                     due_ms.to_be_bytes(),
                 );
-                batch.put(CF_DELIVERIES, due_key(&key, due_ms, offset), body);
+                let mut value = Vec::with_capacity(4 + body.len());
+                value.extend_from_slice(&attempt.to_be_bytes());
+                value.extend_from_slice(&body);
+                batch.put(CF_DELIVERIES, due_key(&key, due_ms, offset), value);
             }
-            Ok::<_, Closure>((batch, ()))
+            Ok::<_, Closure>((batch, new))
         })
         .await?;
-        Ok(())
+        Ok(created)
     }
 
-    /// Removes `offset`'s entry (its event was settled), durably before it returns.
-    /// Removing an entry that is not there changes nothing.
-    pub async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<(), DeliveryError> {
+    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, DeliveryError> {
         Self::check(key)?;
         let key = key.clone();
-        crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+        let (_, removed) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
             let mut batch = Batch::new();
-            if let Some(due) = due_of(engine, &key, offset)? {
+            let due = due_of(engine, &key, offset)?;
+            if let Some(due) = due {
                 batch.delete(CF_DELIVERIES, offset_key(&key, offset));
                 batch.delete(CF_DELIVERIES, due_key(&key, due, offset));
             }
-            Ok::<_, Closure>((batch, ()))
+            Ok::<_, Closure>((batch, due.is_some()))
         })
         .await?;
-        Ok(())
+        Ok(removed)
     }
 
-    /// At most `limit` entries of the partition in due order, from the earliest (the
-    /// caller stops at the first that is not due yet).
-    pub async fn earliest(
-        &self,
-        key: &OffsetKey,
-        limit: usize,
-    ) -> Result<Vec<Parked>, DeliveryError> {
+    async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError> {
         let prefix = keys::parked_of_partition(key, false);
         let rows = self
             .read(move |engine| {
@@ -140,43 +147,70 @@ impl RocksParkStore {
             })
             .await?;
         rows.into_iter()
-            .map(|(k, _)| {
+            .map(|(k, v)| {
                 let tail = k
                     .len()
                     .checked_sub(16)
                     .and_then(|at| k.get(at..))
                     .ok_or_else(|| corrupt(&k, "park key too short"))?;
+                let attempt = v
+                    .get(..4)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_be_bytes)
+                    .ok_or_else(|| corrupt(&k, "park entry without its attempt count"))?;
                 Ok(Parked {
                     due_ms: be8(&tail[..8]).ok_or_else(|| corrupt(&k, "due"))?,
                     offset: be8(&tail[8..]).ok_or_else(|| corrupt(&k, "offset"))?,
+                    attempt,
                 })
             })
             .collect()
     }
 
-    /// The body of `offset`'s entry, `None` when it is not parked.
-    pub async fn body(
+    async fn body(&self, key: &OffsetKey, offset: u64) -> Result<Option<Vec<u8>>, DeliveryError> {
+        let key = key.clone();
+        let value = self
+            .read(move |engine| {
+                let k = offset_key(&key, offset);
+                let Some(v) = engine.get(CF_DELIVERIES, &k)? else {
+                    return Ok(None);
+                };
+                let Some(due) = be8(&v) else {
+                    return Ok(None);
+                };
+                engine.get(CF_DELIVERIES, &due_key(&key, due, offset))
+            })
+            .await?;
+        match value {
+            None => Ok(None),
+            Some(mut v) if v.len() >= 4 => Ok(Some(v.split_off(4))),
+            Some(_) => Err(corrupt(
+                &offset.to_be_bytes(),
+                "park entry without its attempt count",
+            )),
+        }
+    }
+
+    async fn parked_among(
         &self,
         key: &OffsetKey,
-        offset: u64,
-    ) -> Result<Option<Vec<u8>>, DeliveryError> {
+        offsets: Vec<u64>,
+    ) -> Result<Vec<u64>, DeliveryError> {
         let key = key.clone();
+        let wanted: BTreeSet<u64> = offsets.into_iter().collect();
         self.read(move |engine| {
-            let k = offset_key(&key, offset);
-            let Some(v) = engine.get(CF_DELIVERIES, &k)? else {
-                return Ok(None);
-            };
-            let Some(due) = be8(&v) else {
-                return Ok(None);
-            };
-            engine.get(CF_DELIVERIES, &due_key(&key, due, offset))
+            let mut out = Vec::new();
+            for o in wanted {
+                if engine.get(CF_DELIVERIES, &offset_key(&key, o))?.is_some() {
+                    out.push(o);
+                }
+            }
+            Ok(out)
         })
         .await
     }
 
-    /// The parked offsets of the partition from `from` on, in offset order, at most
-    /// `limit` (recovery: the ones at or above the committed offset).
-    pub async fn offsets_from(
+    async fn offsets_from(
         &self,
         key: &OffsetKey,
         from: u64,
@@ -201,8 +235,28 @@ impl RocksParkStore {
             .collect()
     }
 
-    /// Removes every entry of a subscription incarnation (it was deleted), in batches.
-    pub async fn drop_subscription(
+    async fn count(&self, key: &OffsetKey) -> Result<u64, DeliveryError> {
+        let prefix = keys::parked_of_partition(key, true);
+        self.read(move |engine| {
+            let end = keys::end_of(&prefix);
+            let mut start = prefix.clone();
+            let mut n = 0u64;
+            loop {
+                let rows = engine.scan(CF_DELIVERIES, &start, Some(&end), COUNT_PAGE)?;
+                n += rows.len() as u64;
+                match rows.last() {
+                    Some((k, _)) if rows.len() == COUNT_PAGE => {
+                        start = k.clone();
+                        start.push(0);
+                    }
+                    _ => return Ok(n),
+                }
+            }
+        })
+        .await
+    }
+
+    async fn drop_subscription(
         &self,
         subscription: &str,
         incarnation: i64,
@@ -233,16 +287,5 @@ impl RocksParkStore {
         })
         .await
         .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
-    }
-
-    async fn read<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&dyn KvEngine) -> Result<T, LocalError> + Send + 'static,
-    ) -> Result<T, DeliveryError> {
-        let engine = self.group.engine().clone();
-        tokio::task::spawn_blocking(move || f(engine.as_ref()))
-            .await
-            .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
-            .map_err(local)
     }
 }

@@ -6,7 +6,7 @@ mod common;
 
 use meshd_stores::delivery::DeliveryError;
 use meshd_stores::offsets::OffsetKey;
-use meshd_stores_local::park::Parked;
+use meshd_stores_local::park::{ParkIndex, Parked};
 
 fn pkey(subscription: &str, p: u32) -> OffsetKey {
     OffsetKey {
@@ -19,7 +19,11 @@ fn pkey(subscription: &str, p: u32) -> OffsetKey {
 
 fn parked(list: &[(u64, u64)]) -> Vec<Parked> {
     list.iter()
-        .map(|&(offset, due_ms)| Parked { offset, due_ms })
+        .map(|&(offset, due_ms)| Parked {
+            offset,
+            due_ms,
+            attempt: 0,
+        })
         .collect()
 }
 
@@ -29,23 +33,45 @@ async fn parked_events_are_read_in_due_order_per_partition_with_their_bodies_and
     let stores = common::open(dir.path());
     let parks = &stores.parks;
     let (a, b) = (pkey("sub", 0), pkey("sub", 1));
-    parks.park(&a, 7, 3000, b"seven".to_vec()).await.unwrap();
-    parks.park(&a, 2, 5000, b"two".to_vec()).await.unwrap();
-    parks.park(&a, 9, 1000, b"nine".to_vec()).await.unwrap();
+    assert!(parks.park(&a, 7, 3000, 0, b"seven".to_vec()).await.unwrap());
+    // An event parked after two attempts (a long nack delay) keeps its count.
+    assert!(parks.park(&a, 2, 5000, 2, b"two".to_vec()).await.unwrap());
+    parks.park(&a, 9, 1000, 0, b"nine".to_vec()).await.unwrap();
     parks
-        .park(&b, 7, 10, b"other partition".to_vec())
+        .park(&b, 7, 10, 0, b"other partition".to_vec())
         .await
         .unwrap();
     parks
-        .park(&pkey("sub-2", 0), 1, 10, b"other subscription".to_vec())
+        .park(&pkey("sub-2", 0), 1, 10, 0, b"other subscription".to_vec())
         .await
         .unwrap();
     // Parked again (a repeat after a crash): the first entry stands.
-    parks.park(&a, 7, 99_000, b"again".to_vec()).await.unwrap();
+    assert!(!parks
+        .park(&a, 7, 99_000, 0, b"again".to_vec())
+        .await
+        .unwrap());
+    assert_eq!(parks.count(&a).await.unwrap(), 3);
+    assert_eq!(parks.count(&b).await.unwrap(), 1);
 
     assert_eq!(
         parks.earliest(&a, 10).await.unwrap(),
-        parked(&[(9, 1000), (7, 3000), (2, 5000)])
+        [
+            parked(&[(9, 1000), (7, 3000)]),
+            vec![Parked {
+                offset: 2,
+                due_ms: 5000,
+                attempt: 2
+            }]
+        ]
+        .concat()
+    );
+    assert_eq!(
+        parks.body(&a, 2).await.unwrap().as_deref(),
+        Some(&b"two"[..])
+    );
+    assert_eq!(
+        parks.parked_among(&a, vec![9, 8, 2, 100]).await.unwrap(),
+        [2, 9]
     );
     assert_eq!(
         parks.earliest(&a, 2).await.unwrap(),
@@ -60,12 +86,19 @@ async fn parked_events_are_read_in_due_order_per_partition_with_their_bodies_and
     assert_eq!(parks.offsets_from(&a, 3, 10).await.unwrap(), [7, 9]);
     assert_eq!(parks.offsets_from(&a, 0, 10).await.unwrap(), [2, 7, 9]);
 
-    parks.remove(&a, 7).await.unwrap();
-    parks.remove(&a, 7).await.unwrap(); // gone already: nothing changes
+    assert!(parks.remove(&a, 7).await.unwrap());
+    assert!(!parks.remove(&a, 7).await.unwrap()); // gone already: nothing changes
     assert_eq!(
-        parks.earliest(&a, 10).await.unwrap(),
-        parked(&[(9, 1000), (2, 5000)])
+        parks
+            .earliest(&a, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|p| p.offset)
+            .collect::<Vec<_>>(),
+        [9, 2]
     );
+    assert_eq!(parks.count(&a).await.unwrap(), 2);
     assert_eq!(parks.body(&a, 7).await.unwrap(), None);
     assert_eq!(parks.earliest(&b, 10).await.unwrap(), parked(&[(7, 10)]));
 
@@ -88,6 +121,7 @@ async fn given_parked_events_when_power_is_cut_then_every_park_that_returned_sur
             .map(|offset| Parked {
                 offset,
                 due_ms: 1000 + offset,
+                attempt: 0,
             })
             .collect()
     };
@@ -101,6 +135,7 @@ async fn given_parked_events_when_power_is_cut_then_every_park_that_returned_sur
                 &key,
                 offset,
                 1000 + offset,
+                0,
                 format!("body {offset}").into_bytes(),
             )
             .await
@@ -146,10 +181,14 @@ async fn given_a_failed_write_then_parking_is_refused_like_every_local_write() {
     let dir = tempfile::tempdir().unwrap();
     let (stores, power) = common::open_with_power_cut(dir.path());
     let key = pkey("sub", 0);
-    stores.parks.park(&key, 0, 1, b"x".to_vec()).await.unwrap();
+    stores
+        .parks
+        .park(&key, 0, 1, 0, b"x".to_vec())
+        .await
+        .unwrap();
     power.fail_writes(true);
     assert!(matches!(
-        stores.parks.park(&key, 1, 1, b"y".to_vec()).await,
+        stores.parks.park(&key, 1, 1, 0, b"y".to_vec()).await,
         Err(DeliveryError::Indeterminate(_))
     ));
     power.fail_writes(false);
@@ -162,7 +201,29 @@ async fn given_a_failed_write_then_parking_is_refused_like_every_local_write() {
         ..key
     };
     assert!(matches!(
-        stores.parks.park(&bad, 0, 1, Vec::new()).await,
+        stores.parks.park(&bad, 0, 1, 0, Vec::new()).await,
         Err(DeliveryError::Invalid(_))
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_a_partition_goes_past_one_read_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let (a, b) = (pkey("sub", 0), pkey("sub", 1));
+    // More entries than one counting read takes (4096), parked concurrently so their
+    // fsyncs are shared.
+    let n = 5000u64;
+    let parks = (0..n).map(|o| {
+        let parks = stores.parks.clone();
+        let a = a.clone();
+        tokio::spawn(async move { parks.park(&a, o, 1000 + o % 7, 0, vec![1]).await })
+    });
+    for p in parks {
+        assert!(p.await.unwrap().unwrap());
+    }
+    stores.parks.park(&b, 0, 1, 0, vec![1]).await.unwrap();
+    assert_eq!(stores.parks.count(&a).await.unwrap(), n);
+    assert_eq!(stores.parks.count(&b).await.unwrap(), 1);
+    assert_eq!(stores.parks.count(&pkey("sub", 2)).await.unwrap(), 0);
 }

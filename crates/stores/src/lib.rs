@@ -8,6 +8,7 @@
 //! | partition log ([`log`]) | L1 | Local RocksDB | `meshd-stores-local` |
 //! | OffsetStore ([`offsets`]) | L1 local | Local RocksDB + cache; fenced checkpoints to Meta | `meshd-stores-local` |
 //! | DeliveryStateStore ([`delivery`]) | L1, sub-second flush | Local RocksDB | `meshd-stores-local` |
+//! | park index ([`park`]) | L1, durable per write | Local RocksDB | `meshd-stores-local` |
 //! | TopicStore ([`topics`]) | L2 cluster-shared | Meta + prefix watch + cache | here |
 //! | SubscriptionStore ([`subscriptions`]) | L2 cluster-shared | Meta + prefix watch + cache | here |
 //! | SessionStore ([`sessions`]) | L2 cluster-shared | Meta + lease + cache | here |
@@ -25,6 +26,7 @@ pub mod failure;
 pub mod log;
 pub mod names;
 pub mod offsets;
+pub mod park;
 pub mod sessions;
 pub mod subscriptions;
 pub mod tasks;

@@ -1,0 +1,83 @@
+//! # The park index: events that wait for their time
+//!
+//! Per (subscription incarnation, topic, partition), the events a subscription must not
+//! hand out yet (http-api.md, Additions, "Parking"), each with its body: log retention
+//! may remove an event from the log while it is parked, and its delivery reads the
+//! body from here.
+//!
+//! ## Contract
+//!
+//! * [`park`](ParkIndex::park) is durable before it returns: the delivery core hears
+//!   of the entry (`Input::Parked`) only then, so the committed offset never passes an
+//!   event a crash could lose. Parking an offset that is parked already keeps the first
+//!   entry (a repeat after a crash that lost the committed offset's advance parks
+//!   nothing twice) and answers `false`.
+//! * [`remove`](ParkIndex::remove) is durable before it returns (an event settled and
+//!   then brought back by a power cut would be delivered again after its ack).
+//! * [`earliest`](ParkIndex::earliest) answers entries in due order without holding
+//!   anything per entry in memory: a million parked events cost storage only.
+//! * Entries of other partitions and subscription incarnations are never touched.
+
+use crate::delivery::DeliveryError;
+use crate::offsets::OffsetKey;
+use async_trait::async_trait;
+
+/// A parked event, as the index answers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parked {
+    pub offset: u64,
+    /// Not to be handed out before this (unix ms).
+    pub due_ms: u64,
+    /// Attempts made before it was parked (0 for an event parked as it was read).
+    pub attempt: u32,
+}
+
+#[async_trait]
+pub trait ParkIndex: Send + Sync + 'static {
+    /// Parks the event at `offset` until `due_ms` with its `body`, durably. `true`: a
+    /// new entry; `false`: the offset was parked already (its entry is unchanged).
+    async fn park(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        due_ms: u64,
+        attempt: u32,
+        body: Vec<u8>,
+    ) -> Result<bool, DeliveryError>;
+
+    /// Removes `offset`'s entry, durably. `true`: it was there.
+    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, DeliveryError>;
+
+    /// At most `limit` entries of the partition in due order, from the earliest.
+    async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError>;
+
+    /// The body of `offset`'s entry, `None` when it is not parked.
+    async fn body(&self, key: &OffsetKey, offset: u64) -> Result<Option<Vec<u8>>, DeliveryError>;
+
+    /// Which of `offsets` are parked, in offset order.
+    async fn parked_among(
+        &self,
+        key: &OffsetKey,
+        offsets: Vec<u64>,
+    ) -> Result<Vec<u64>, DeliveryError>;
+
+    /// The parked offsets of the partition from `from` on, in offset order, at most
+    /// `limit`.
+    async fn offsets_from(
+        &self,
+        key: &OffsetKey,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<u64>, DeliveryError>;
+
+    /// How many events of the partition are parked (a scan of the partition's keys:
+    /// at partition start, not per request).
+    async fn count(&self, key: &OffsetKey) -> Result<u64, DeliveryError>;
+
+    /// Removes every entry of a subscription incarnation (it was deleted).
+    async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), DeliveryError>;
+}
