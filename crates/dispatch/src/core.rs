@@ -498,6 +498,22 @@ impl PartitionCore {
         Ok(out.finish())
     }
 
+    /// Redrives under way, unparked events included (each counts against the room
+    /// [`Input::Redrive`] and [`Input::Unpark`] need: at most `max_in_flight`).
+    pub fn redrives_under_way(&self) -> usize {
+        self.entries
+            .range(Loc::Redrive(0)..=Loc::Redrive(u64::MAX))
+            .count()
+    }
+
+    /// Whether the parked event at `offset` was unparked and is not settled yet (the
+    /// shell feeds [`Input::Unpark`] once per due entry).
+    pub fn is_unparked(&self, offset: u64) -> bool {
+        self.entries
+            .get(&Loc::Redrive(offset))
+            .is_some_and(|e| e.parked)
+    }
+
     /// The earliest time at which time alone changes something (a lease ends, a retry
     /// becomes due, a held dead-letter or a failed read is tried again): tick then.
     /// `None`: nothing is timed. Retries already due are not wake-ups: they wait for a
@@ -904,11 +920,7 @@ impl PartitionCore {
 
     /// Room for one more redrive (unparked events count): at most `max_in_flight`.
     fn redrive_room(&self) -> Result<(), CoreError> {
-        let under_way = self
-            .entries
-            .range(Loc::Redrive(0)..=Loc::Redrive(u64::MAX))
-            .count();
-        if under_way >= self.config.max_in_flight {
+        if self.redrives_under_way() >= self.config.max_in_flight {
             return Err(CoreError::RedriveBacklogFull {
                 limit: self.config.max_in_flight,
             });

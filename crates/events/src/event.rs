@@ -32,6 +32,19 @@ pub(crate) const CONTEXT_ATTRIBUTES: [&str; 8] = [
 /// The extension that delays an event's delivery (http-api.md, Additions, "Parking").
 pub const DELIVER_AT: &str = "deliverat";
 
+/// Whether a stored event may carry `deliverat`: its name, quoted, is in the bytes
+/// (publish refuses the name written with escapes, so an event without these bytes
+/// has none). Delivery parses only the events for which this is `true`.
+pub fn may_deliver_later(stored: &[u8]) -> bool {
+    memchr::memmem::find(stored, b"\"deliverat\"").is_some()
+}
+
+/// The instant a `deliverat` value names (Unix milliseconds), `None` when it is not
+/// an RFC 3339 timestamp.
+pub fn deliver_at_of(value: &str) -> Option<i64> {
+    crate::rfc3339::unix_ms(value)
+}
+
 /// The only CloudEvents version meshd accepts.
 pub const SPEC_VERSION: &str = "1.0";
 

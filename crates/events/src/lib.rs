@@ -48,7 +48,9 @@ mod rfc3339;
 
 pub use binary::to_binary_mode;
 pub use error::EventError;
-pub use event::{Event, EventData, ExtensionValue, DELIVER_AT, SPEC_VERSION};
+pub use event::{
+    deliver_at_of, may_deliver_later, Event, EventData, ExtensionValue, DELIVER_AT, SPEC_VERSION,
+};
 pub use partition::{fnv1a64, partition_for, partition_for_key};
 pub use publish::{
     parse_publish, Limits, BATCH_CONTENT_TYPE, DEFAULT_MAX_BATCH, DEFAULT_MAX_EVENT_BYTES,

@@ -197,12 +197,7 @@ fn published(event: Event, limits: &Limits) -> Result<Event, EventError> {
         )
     })?;
     // Delivery finds delayed events by these bytes instead of parsing every event.
-    let literal = format!("\"{}\"", crate::DELIVER_AT);
-    if !event
-        .stored()
-        .windows(literal.len())
-        .any(|w| w == literal.as_bytes())
-    {
+    if !crate::may_deliver_later(event.stored()) {
         return Err(EventError::invalid(
             crate::DELIVER_AT,
             "write the name deliverat without escapes",

@@ -444,6 +444,12 @@ async fn start(config: &Config, preflight: &Preflight, stores: Stores) -> anyhow
         log_backend: stores.log_backend,
         offsets: Arc::new(stores.local.offsets.clone()),
         deliveries: Arc::new(stores.local.deliveries.clone()),
+        // Cluster mode has no park index that moves with a partition yet: `deliverat`
+        // is waited for in embedded mode only (README, "Delayed delivery").
+        parks: match &cluster_secret {
+            Some(_) => None,
+            None => Some(Arc::new(stores.local.parks.clone())),
+        },
         deadletters: stores.deadletters.clone(),
         sessions: stores.sessions.clone(),
         topics: stores.topics.clone(),

@@ -1082,7 +1082,7 @@ async fn stream_until(
         // partition is changing owners the ack is answered 503 with Retry-After, which
         // asks for exactly this: the same ack again, until the new owner answers.
         loop {
-            match c.ack("s", &[d.delivery_id.clone()]).await {
+            match c.ack("s", std::slice::from_ref(&d.delivery_id)).await {
                 Ok(_) => break,
                 Err(meshd_client::Error::Api(p)) if p.status == 503 => {
                     assert!(

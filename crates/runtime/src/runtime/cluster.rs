@@ -1063,6 +1063,8 @@ impl Runtime {
             key,
             committed,
             records,
+            // No park index in cluster mode yet (`Deps::parks` is `None`).
+            Default::default(),
             counters,
             sub.notify.clone(),
             Some((owner, part)),

@@ -44,7 +44,7 @@ use meshd_stores::subscriptions::{
 use meshd_stores::topics::{MetaTopicStore, TopicStore};
 use partition::{now_ms, Msg, PartitionTask, Shared};
 pub use partition::{Answers, Outcome};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -68,6 +68,9 @@ pub struct Deps {
     pub log_backend: Backend,
     pub offsets: Arc<dyn OffsetStore>,
     pub deliveries: Arc<dyn DeliveryStateStore>,
+    /// Where events wait for their time (`deliverat`). `None`: this mode has no park
+    /// index yet (cluster mode), and `deliverat` is not waited for.
+    pub parks: Option<Arc<dyn meshd_stores::park::ParkIndex>>,
     pub deadletters: Arc<dyn DeadLetterStore>,
     pub sessions: Arc<dyn SessionStore>,
     pub topics: Arc<MetaTopicStore>,
@@ -87,6 +90,13 @@ pub struct Deps {
     /// Where the runtime's tasks run (partition tasks, push workers, the ownership and
     /// subscription followers): a graceful stop cancels and waits for them.
     pub background: crate::background::Background,
+}
+
+/// A partition's park index at its start (see `Runtime::parked_at_start`).
+#[derive(Default)]
+struct ParkedAtStart {
+    offsets: BTreeSet<u64>,
+    count: u64,
 }
 
 /// What one pull may take: events, bytes of stored events (the contract's
@@ -557,6 +567,11 @@ impl Runtime {
         {
             tracing::warn!(store = "deliveries", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's deliveries failed");
         }
+        if let Some(parks) = &self.deps.parks {
+            if let Err(e) = parks.drop_subscription(name, incarnation).await {
+                tracing::warn!(store = "parks", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's park entries failed");
+            }
+        }
     }
 
     fn key(sub: &Subscription, partition: u32) -> OffsetKey {
@@ -650,11 +665,15 @@ impl Runtime {
             let key = Self::key(sub, p);
             let committed = self.committed_or_start(sub, &key).await?;
             let records = by_partition.remove(&p).unwrap_or_default();
+            let parked = self
+                .parked_at_start(&key, committed.offset, &records)
+                .await?;
             parts.push(RwLock::new(Some(Arc::new(self.spawn_partition(
                 sub,
                 key,
                 committed,
                 records,
+                parked,
                 counters.clone(),
                 notify.clone(),
                 None,
@@ -704,6 +723,46 @@ impl Runtime {
         }
     }
 
+    /// What recovery needs of the park index: the parked offsets that have a record
+    /// (unparked, not settled) or are at or above `committed` (parked above a gap),
+    /// and how many entries the partition has.
+    async fn parked_at_start(
+        &self,
+        key: &OffsetKey,
+        committed: u64,
+        records: &[DeliveryRecord],
+    ) -> Result<ParkedAtStart, RuntimeError> {
+        let Some(parks) = &self.deps.parks else {
+            return Ok(ParkedAtStart::default());
+        };
+        let failed = |e: meshd_stores::delivery::DeliveryError| {
+            RuntimeError::StoreFailed(format!("parks: {e}"))
+        };
+        let count = parks.count(key).await.map_err(failed)?;
+        if count == 0 {
+            return Ok(ParkedAtStart::default());
+        }
+        let below: Vec<u64> = records
+            .iter()
+            .map(|r| r.offset)
+            .filter(|o| *o < committed)
+            .collect();
+        let mut offsets: BTreeSet<u64> = parks
+            .parked_among(key, below)
+            .await
+            .map_err(failed)?
+            .into_iter()
+            .collect();
+        // At most the core's window: only events read above a gap are parked there.
+        offsets.extend(
+            parks
+                .offsets_from(key, committed, usize::MAX)
+                .await
+                .map_err(failed)?,
+        );
+        Ok(ParkedAtStart { offsets, count })
+    }
+
     /// Spawns a partition task. `owned`: in cluster mode, the ownership it runs under
     /// and its Meta state (dead letters are then fenced by that ownership instead of
     /// the log's).
@@ -714,6 +773,7 @@ impl Runtime {
         key: OffsetKey,
         committed: Committed,
         records: Vec<DeliveryRecord>,
+        parked: ParkedAtStart,
         counters: Arc<SubCounters>,
         notify: watch::Sender<u64>,
         owned: Option<(Ownership, cluster::PartitionCluster)>,
@@ -735,8 +795,7 @@ impl Runtime {
             config,
             committed,
             records,
-            // No park index yet: this shell never parks (it reads no `deliverat`).
-            &Default::default(),
+            &parked.offsets,
             now_ms(),
             Sources::production(self.deps.id_key.clone()),
         )
@@ -744,6 +803,7 @@ impl Runtime {
         let (tx, rx) = mpsc::channel(QUEUE);
         let shared = Arc::new(Shared::default());
         shared.committed.store(committed, Ordering::Release);
+        shared.parked.store(parked.count, Ordering::Release);
         if let Some((_, c)) = &owned {
             shared.checkpointed_at_ms.store(now_ms(), Ordering::Release);
             shared
@@ -772,6 +832,7 @@ impl Runtime {
             cluster,
             pending: Default::default(),
             attributes: self.attributes.clone(),
+            park: partition::ParkState::at_start(parked.count),
         };
         let join = self.deps.background.spawn(task.run());
         Ok(PartitionHandle {
@@ -1458,36 +1519,46 @@ impl Runtime {
             let mut waiting = 0u64;
             let mut backlog = 0u64;
             let mut held = 0u64;
+            let mut parked = 0u64;
             for p in s.running_parts() {
                 let st = p.shared.stats();
                 in_flight += (st.in_flight + st.persisting) as u64;
                 waiting += st.waiting as u64;
                 held += st.dead_lettering as u64;
                 backlog += st.backlog;
+                parked += p.shared.parked.load(Ordering::Acquire);
             }
-            rows.push((s.sub.name().to_string(), in_flight, waiting, backlog, held));
+            rows.push((
+                s.sub.name().to_string(),
+                [in_flight, waiting, backlog, held, parked],
+            ));
         }
-        type Pick = fn(&(String, u64, u64, u64, u64)) -> u64;
-        let gauges: [(&str, &str, Pick); 4] = [
+        type Pick = fn(&(String, [u64; 5])) -> u64;
+        let gauges: [(&str, &str, Pick); 5] = [
             (
                 "meshd_in_flight_deliveries",
                 "Deliveries handed out and not yet acked, nacked or timed out.",
-                |r| r.1,
+                |r| r.1[0],
             ),
             (
                 "meshd_waiting_retries",
                 "Deliveries waiting for their retry backoff.",
-                |r| r.2,
+                |r| r.1[1],
             ),
             (
                 "meshd_backlog_events",
                 "Events at or above the committed offset, not yet resolved.",
-                |r| r.3,
+                |r| r.1[2],
             ),
             (
                 "meshd_dead_lettering_deliveries",
                 "Deliveries held because their dead-letter entry cannot be written yet.",
-                |r| r.4,
+                |r| r.1[3],
+            ),
+            (
+                "meshd_parked_events",
+                "Events in the park index: waiting for their deliverat, or handed out from it and not settled yet.",
+                |r| r.1[4],
             ),
         ];
         for (name, help, pick) in gauges {

@@ -48,6 +48,17 @@ const READ_BYTES: usize = 4 * 1024 * 1024;
 /// noticed promptly (a pull looks at the log end itself anyway).
 const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(250);
 
+/// Park-index entries taken per look beyond those already unparked.
+const UNPARK_BATCH: usize = 256;
+
+/// How long a due park entry that cannot be unparked yet (no room for another
+/// redrive, or the committed offset has not passed it) waits before the next look,
+/// unless a settled unparked event makes room sooner.
+const UNPARK_RETRY_MS: u64 = 250;
+
+/// How long a park whose event body could not be read waits before it is tried again.
+const PARK_RETRY_MS: u64 = 1000;
+
 /// Requests to a partition task.
 pub enum Msg {
     Pull {
@@ -183,6 +194,9 @@ pub struct Shared {
     pub checkpointed_at_ms: AtomicU64,
     /// Cluster mode: the partition's attempt-ledger records in Meta.
     pub ledger_records: AtomicUsize,
+    /// Events of the partition in the park index (waiting for their time, or
+    /// unparked and not settled yet).
+    pub parked: AtomicU64,
 }
 
 impl Shared {
@@ -230,6 +244,40 @@ pub struct PartitionTask {
     pub pending: VecDeque<PendingPulls>,
     /// The attributes of events read, shared by the subscriptions of a topic.
     pub attributes: Arc<super::attributes::AttributeCache>,
+    /// The shell's side of parking.
+    pub park: ParkState,
+}
+
+/// The shell's side of parking (http-api.md, "Parking"): the park index holds the
+/// entries; this only knows when to look at it next.
+#[derive(Default)]
+pub struct ParkState {
+    /// When to look for due entries next (unix ms); `None`: nothing parked is known.
+    look_at: Option<u64>,
+    /// Whether the last look left due entries behind (no room, or not below the
+    /// committed offset yet): a settled unparked event brings the next look forward.
+    stalled: bool,
+    /// Bodies of the events just read that the core may park (`Command::Park` follows
+    /// the read that found them; the next read drops what was not taken).
+    bodies: HashMap<u64, Vec<u8>>,
+    /// Parks whose event body could not be read: (offset, due), tried again later.
+    retry: Vec<(u64, u64)>,
+}
+
+impl ParkState {
+    /// At a partition's start: with entries in the index, look at once (some may be
+    /// due already).
+    pub fn at_start(parked: u64) -> Self {
+        Self {
+            look_at: (parked > 0).then_some(0),
+            ..Default::default()
+        }
+    }
+
+    /// Look no later than `at`.
+    fn look_by(&mut self, at: u64) {
+        self.look_at = Some(self.look_at.map_or(at, |t| t.min(at)));
+    }
 }
 
 /// The durability of one submitted attempt write.
@@ -425,6 +473,15 @@ impl PartitionTask {
                     self.refresh_log_end(&mut fx).await;
                 }
                 _ = sleep => self.feed(Input::Tick, &mut fx).await,
+                _ = async {
+                    match self.park.look_at {
+                        Some(at) => {
+                            let d = Duration::from_millis(at.saturating_sub(now_ms()));
+                            tokio::time::sleep(d).await
+                        }
+                        None => std::future::pending().await,
+                    }
+                } => self.unpark_due(&mut fx).await,
                 _ = checkpoints.tick(), if self.cluster.is_some() => self.checkpoint().await,
             }
             self.publish();
@@ -1194,32 +1251,7 @@ impl PartitionTask {
                     .read(&key.topic, key.partition, from, max, READ_BYTES)
                     .await
                 {
-                    Ok(events) => {
-                        // Only a filter looks at attributes: without one the payloads
-                        // are not parsed here; with one, the attribute cache parses
-                        // each event once for every subscription of the topic.
-                        let filtered = !self.core.config().selector.takes_all();
-                        let attributes = |e: &LogEvent| {
-                            filtered.then(|| {
-                                self.attributes
-                                    .get(&key.topic, key.partition, e.offset, &e.payload)
-                            })
-                        };
-                        vec![Input::EventsRead(
-                            events
-                                .iter()
-                                .map(|e| EventMeta {
-                                    offset: e.offset,
-                                    attributes: attributes(e).unwrap_or_default(),
-                                    size: e.payload.len() as u64,
-                                    // Parking is not wired to a park index yet:
-                                    // `deliverat` is not read, so the core never
-                                    // emits `Park` here.
-                                    deliver_at_ms: None,
-                                })
-                                .collect(),
-                        )]
-                    }
+                    Ok(events) => vec![Input::EventsRead(self.metas(&key, events))],
                     Err(e) => {
                         self.deps
                             .metrics
@@ -1230,14 +1262,9 @@ impl PartitionTask {
                 }
             }
             Command::PersistAttempt { record, .. } => self.persist(vec![record]).await,
-            // The core emits these only for events read with a `deliverat` or fed
-            // `Unpark`, neither of which this shell does until the park index exists.
-            Command::Park { offset, .. }
-            | Command::ParkSettled { offset }
-            | Command::ParkDeadLetter(meshd_dispatch::DeadLetterRequest { offset, .. }) => {
-                parking_unwired(&key, offset);
-                vec![]
-            }
+            Command::Park { offset, due_ms } => self.park(offset, due_ms).await,
+            Command::ParkSettled { offset } => self.park_settled(offset).await,
+            Command::ParkDeadLetter(req) => self.park_dead_letter(req, fx).await,
             Command::HandOut { pull_id, delivery } => {
                 fx.handouts.push((pull_id, delivery));
                 vec![]
@@ -1380,9 +1407,9 @@ impl PartitionTask {
         tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, op, entry = entry_id, error = %e, "dead-letter write failed; retried");
     }
 
-    /// Writes the dead-letter entry (body first, then the fenced entry). `Ok(created)`.
+    /// Writes the dead-letter entry (body first, then the fenced entry), the body read
+    /// from the log. `Ok(created)`.
     async fn dead_letter(&self, req: meshd_dispatch::DeadLetterRequest) -> Result<bool, String> {
-        let key = self.key().clone();
         let body = match self.read_event(req.offset).await {
             Ok(b) => b,
             Err(e) => {
@@ -1390,6 +1417,16 @@ impl PartitionTask {
                 return Err(format!("reading the event body: {e}"));
             }
         };
+        self.dead_letter_with(req, body).await
+    }
+
+    /// Writes the dead-letter entry of `req` with `body`. `Ok(created)`.
+    async fn dead_letter_with(
+        &self,
+        req: meshd_dispatch::DeadLetterRequest,
+        body: Vec<u8>,
+    ) -> Result<bool, String> {
+        let key = self.key().clone();
         let owner = self
             .owner
             .read()
@@ -1455,8 +1492,10 @@ impl PartitionTask {
         let key = self.key().clone();
         let mut out = Vec::with_capacity(handouts.len());
         // Contiguous offsets are read with one call.
-        let mut normal: Vec<&meshd_dispatch::Delivery> =
-            handouts.iter().filter(|d| d.redrive_of.is_none()).collect();
+        let mut normal: Vec<&meshd_dispatch::Delivery> = handouts
+            .iter()
+            .filter(|d| d.redrive_of.is_none() && !d.parked)
+            .collect();
         normal.sort_by_key(|d| d.offset);
         let mut i = 0;
         while i < normal.len() {
@@ -1511,8 +1550,281 @@ impl PartitionTask {
                 }
             }
         }
+        for d in handouts.iter().filter(|d| d.parked) {
+            match self.parked_body(d.offset).await {
+                Ok(b) => out.push(self.handed(d, b)),
+                Err(e) => {
+                    SubCounters::add(&self.counters.read_failures, 1);
+                    tracing::warn!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset = d.offset, error = %e, "reading an unparked event failed; it is retried when its lease runs out");
+                }
+            }
+        }
         out.sort_by_key(|h| h.offset);
         out
+    }
+
+    /// What the core learns of events read from the log. Only a filter, or a
+    /// `deliverat` (found by its bytes, `meshd_events::may_deliver_later`), needs the
+    /// attributes: other payloads are not parsed here, and the attribute cache parses
+    /// each event once for every subscription of the topic. The bodies of events with
+    /// a later `deliverat` are kept for the `Park` that follows.
+    fn metas(&mut self, key: &OffsetKey, events: Vec<LogEvent>) -> Vec<EventMeta> {
+        let filtered = !self.core.config().selector.takes_all();
+        let parks = self.deps.parks.is_some();
+        let now = now_ms();
+        self.park.bodies.clear();
+        let mut out = Vec::with_capacity(events.len());
+        for e in events {
+            let delayed = parks && meshd_events::may_deliver_later(&e.payload);
+            let attributes = (filtered || delayed).then(|| {
+                self.attributes
+                    .get(&key.topic, key.partition, e.offset, &e.payload)
+            });
+            let deliver_at_ms = match (&attributes, delayed) {
+                (Some(a), true) => a
+                    .iter()
+                    .find(|(k, _)| k == meshd_events::DELIVER_AT)
+                    .and_then(|(_, v)| meshd_events::deliver_at_of(v))
+                    .map(|ms| u64::try_from(ms).unwrap_or(0)),
+                _ => None,
+            };
+            let size = e.payload.len() as u64;
+            if deliver_at_ms.is_some_and(|at| at > now) {
+                self.park.bodies.insert(e.offset, e.payload);
+            }
+            out.push(EventMeta {
+                offset: e.offset,
+                attributes: if filtered {
+                    attributes.unwrap_or_default()
+                } else {
+                    Default::default()
+                },
+                size,
+                deliver_at_ms,
+            });
+        }
+        out
+    }
+
+    /// `Command::Park`: the event's entry, with its body, durable in the park index
+    /// before the core hears `Parked` (and may advance the committed offset past it).
+    async fn park(&mut self, offset: u64, due_ms: u64) -> Vec<Input> {
+        let key = self.key().clone();
+        let Some(parks) = self.deps.parks.clone() else {
+            parking_unwired(&key, offset);
+            return vec![];
+        };
+        let body = match self.park.bodies.remove(&offset) {
+            Some(b) => b,
+            None => match self.read_event(offset).await {
+                Ok(b) => b,
+                Err(e) => {
+                    SubCounters::add(&self.counters.read_failures, 1);
+                    tracing::warn!(store = "log", backend = %self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %e, "reading an event to park failed; tried again shortly (the offset is held until then)");
+                    self.park.retry.push((offset, due_ms));
+                    self.park.look_by(now_ms().saturating_add(PARK_RETRY_MS));
+                    return vec![];
+                }
+            },
+        };
+        let started = Instant::now();
+        let r = parks.park(&key, offset, due_ms, 0, body).await;
+        self.deps
+            .metrics
+            .write_latency("parks", Backend::RocksDb, "park", started.elapsed());
+        match r {
+            Ok(created) => {
+                if created {
+                    self.shared.parked.fetch_add(1, Ordering::AcqRel);
+                }
+                self.park.look_by(due_ms);
+                vec![Input::Parked { offset }]
+            }
+            Err(e) => {
+                self.deps
+                    .metrics
+                    .store_error("parks", Backend::RocksDb, "write_failed");
+                self.fail("parks", e.reason());
+                vec![]
+            }
+        }
+    }
+
+    /// Removes a settled event's park entry, durably. `false`: the write failed (the
+    /// partition has fail-stopped).
+    async fn unpark_done(&mut self, offset: u64, op: &'static str) -> bool {
+        let key = self.key().clone();
+        let Some(parks) = self.deps.parks.clone() else {
+            parking_unwired(&key, offset);
+            return false;
+        };
+        let started = Instant::now();
+        let r = parks.remove(&key, offset).await;
+        self.deps
+            .metrics
+            .write_latency("parks", Backend::RocksDb, op, started.elapsed());
+        match r {
+            Ok(removed) => {
+                if removed {
+                    let _ =
+                        self.shared
+                            .parked
+                            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                                Some(n.saturating_sub(1))
+                            });
+                }
+                if self.park.stalled {
+                    // Room for the next due entry.
+                    self.park.look_by(now_ms());
+                }
+                true
+            }
+            Err(e) => {
+                self.deps
+                    .metrics
+                    .store_error("parks", Backend::RocksDb, "write_failed");
+                self.fail("parks", e.reason());
+                false
+            }
+        }
+    }
+
+    /// `Command::ParkSettled`: an unparked event was acked. Its record (acked) is made
+    /// durable before the park entry goes, so a crash in between finds an acked record
+    /// and never hands the event out again.
+    async fn park_settled(&mut self, offset: u64) -> Vec<Input> {
+        if !self.flush_deliveries("flush_before_unpark").await {
+            return vec![];
+        }
+        if !self.unpark_done(offset, "remove").await {
+            return vec![];
+        }
+        vec![Input::RedriveSettled { offset }]
+    }
+
+    /// `Command::ParkDeadLetter`: an unparked event failed `max_attempts` times: its
+    /// dead-letter entry is written with the park entry's body, then the entry goes.
+    async fn park_dead_letter(
+        &mut self,
+        req: meshd_dispatch::DeadLetterRequest,
+        fx: &mut Effects,
+    ) -> Vec<Input> {
+        let offset = req.offset;
+        let key = self.key().clone();
+        if !self.flush_deliveries("flush_before_unpark").await {
+            return vec![];
+        }
+        let body = match self.parked_body(offset).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %e, "reading a parked event to dead-letter it failed; retried");
+                return vec![Input::RedriveUnavailable { offset }];
+            }
+        };
+        match self.dead_letter_with(req, body).await {
+            Ok(created) => {
+                if created {
+                    self.counters
+                        .count(&self.part_counters, Counted::DeadLettered);
+                }
+                if !self.unpark_done(offset, "remove_dead_lettered").await {
+                    return vec![];
+                }
+                fx.dead_lettered.insert(offset);
+                vec![Input::RedriveSettled { offset }]
+            }
+            Err(reason) => {
+                tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %reason, "dead-letter write of an unparked event failed; it is held and retried");
+                vec![Input::RedriveUnavailable { offset }]
+            }
+        }
+    }
+
+    /// The body of a parked event, from the park index.
+    async fn parked_body(&self, offset: u64) -> Result<Vec<u8>, String> {
+        let key = self.key();
+        let Some(parks) = &self.deps.parks else {
+            return Err("this partition has no park index".into());
+        };
+        match parks.body(key, offset).await {
+            Ok(Some(b)) => Ok(b),
+            Ok(None) => Err(format!("offset {offset} is not in the park index")),
+            Err(e) => {
+                self.deps
+                    .metrics
+                    .store_error("parks", Backend::RocksDb, "read_failed");
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Looks at the park index: parks whose body could not be read are tried again,
+    /// and due entries are unparked (fed to the core like redrives) while there is
+    /// room; the next look is set to the earliest entry not due yet.
+    async fn unpark_due(&mut self, fx: &mut Effects) {
+        self.park.look_at = None;
+        self.park.stalled = false;
+        let key = self.key().clone();
+        let Some(parks) = self.deps.parks.clone() else {
+            return;
+        };
+        for (offset, due_ms) in std::mem::take(&mut self.park.retry) {
+            let inputs = self.park(offset, due_ms).await;
+            let cmds = self.results(inputs);
+            self.execute(cmds, fx).await;
+        }
+        // Entries unparked already come first in due order: take past them.
+        let limit = self.core.redrives_under_way() + UNPARK_BATCH;
+        let entries = match parks.earliest(&key, limit).await {
+            Ok(e) => e,
+            Err(e) => {
+                self.deps
+                    .metrics
+                    .store_error("parks", Backend::RocksDb, "read_failed");
+                tracing::warn!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "reading the park index failed; looked at again shortly");
+                self.park.look_by(now_ms().saturating_add(UNPARK_RETRY_MS));
+                return;
+            }
+        };
+        let full = entries.len() >= limit;
+        let now = now_ms();
+        let mut cmds = Vec::new();
+        let mut blocked = false;
+        for p in entries {
+            if p.due_ms > now {
+                self.park.look_by(p.due_ms);
+                break;
+            }
+            if self.core.is_unparked(p.offset) {
+                continue;
+            }
+            if blocked || p.offset >= self.core.committed() {
+                // Due, but no room, or the committed offset has not passed it yet.
+                self.park.stalled = true;
+                continue;
+            }
+            let input = Input::Unpark {
+                offset: p.offset,
+                attempt: p.attempt,
+            };
+            match self.core.handle(input, now) {
+                Ok(more) => cmds.extend(more),
+                Err(meshd_dispatch::CoreError::RedriveBacklogFull { .. }) => {
+                    blocked = true;
+                    self.park.stalled = true;
+                }
+                Err(e) => {
+                    tracing::error!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset = p.offset, error = %e, "dispatch core refused a due park entry; it stays parked");
+                }
+            }
+        }
+        if self.park.stalled {
+            self.park.look_by(now.saturating_add(UNPARK_RETRY_MS));
+        } else if full && self.park.look_at.is_none() {
+            // Every entry read was due and taken: more may be.
+            self.park.look_by(now);
+        }
+        self.execute(cmds, fx).await;
     }
 
     fn handed(&self, d: &meshd_dispatch::Delivery, body: Vec<u8>) -> Handed {
@@ -1528,9 +1840,10 @@ impl PartitionTask {
     }
 }
 
-/// A parking command reached a shell without a park index: a bug (see `run_one`).
+/// A parking command reached a shell without a park index: a bug (the shell reads
+/// no `deliverat` then, so the core never parks).
 fn parking_unwired(key: &OffsetKey, offset: u64) {
-    tracing::error!(subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, "a parking command reached the runtime, which has no park index yet; the offset stays held");
+    tracing::error!(store = "parks", subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, "a parking command reached a partition without a park index; the offset stays held");
 }
 
 pub fn kind_of(e: &LogError) -> &'static str {

@@ -25,7 +25,8 @@ pub struct PartitionStats {
     /// Handed out (or being recorded for a hand-out), lease running.
     pub in_flight: u64,
     pub waiting_retries: u64,
-    /// Waiting for their time or key (parking); none before parking exists.
+    /// In the park index: waiting for their time, or handed out from it and not
+    /// settled yet.
     pub parked: u64,
     pub dead_lettering: u64,
     pub delivered_total: u64,
@@ -112,7 +113,7 @@ impl Runtime {
                 backlog: end_offset - committed,
                 in_flight: (st.in_flight + st.persisting) as u64,
                 waiting_retries: st.waiting as u64,
-                parked: 0,
+                parked: part.shared.parked.load(Ordering::Acquire),
                 dead_lettering: st.dead_lettering as u64,
                 delivered_total: c.delivered.load(Ordering::Relaxed),
                 acked_total: c.acked.load(Ordering::Relaxed),

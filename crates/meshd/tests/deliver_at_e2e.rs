@@ -1,0 +1,186 @@
+//! Delayed delivery (`deliverat`, http-api.md, Additions, "Parking") through the real
+//! binary in embedded mode: an event is not handed out before its time, later offsets
+//! flow meanwhile and the committed offset moves past it (it is parked, with its body,
+//! in the park index), it waits across SIGKILL, an unparked event that was handed out
+//! and not acked comes again with its next attempt after a SIGKILL, an unparked event
+//! that fails `max_attempts` times is dead-lettered with its body, and `stats` and
+//! `/metrics` count parked events.
+
+mod common;
+
+use common::*;
+use meshd_stores::time::Timestamp;
+use meshd_test_support::http::{get, metric};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const DRAIN: Duration = Duration::from_secs(30);
+
+fn now_ms() -> i64 {
+    Timestamp::now().as_millis()
+}
+
+/// An event to be delivered at `at_ms` (unix ms).
+fn delayed(id: &str, at_ms: i64) -> Value {
+    json!({
+        "specversion": "1.0", "id": id, "source": "/d", "type": "t",
+        "deliverat": Timestamp::from_millis(at_ms).unwrap().to_rfc3339(),
+        "data": {"n": id}
+    })
+}
+
+/// The `parked` figure of every partition of `sub`'s stats, summed.
+async fn parked(a: &str, sub: &str) -> u64 {
+    let r = get(a, &format!("/v1/subscriptions/{sub}/stats"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json().unwrap();
+    v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["parked"].as_u64().expect("parked in stats"))
+        .sum()
+}
+
+fn sub(topic: &str) -> Value {
+    json!({"topic": topic, "ack_timeout_ms": 2000, "max_attempts": 2,
+           "backoff": {"initial_ms": 100, "max_ms": 100}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_event_with_a_later_deliverat_then_it_waits_while_later_offsets_flow_and_committed_passes_it(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(&a, "s", sub("t")).await;
+    let at = now_ms() + 3000;
+    publish(&a, "t", &delayed("later", at)).await.unwrap();
+    publish(&a, "t", &event("now")).await.unwrap();
+    // A past deliverat means now.
+    publish(&a, "t", &delayed("past", now_ms() - 60_000))
+        .await
+        .unwrap();
+
+    let first = pull_until(&a, "s", 2, DRAIN).await;
+    assert_eq!(
+        summary(&first),
+        [(0, 1, 1), (0, 2, 1)],
+        "only the undelayed"
+    );
+    let r = ack(&a, "s", &ids(&first)).await.unwrap();
+    assert_eq!(set(&r["acked"]).len(), 2, "{r}");
+    // Offset 0 is parked: the committed offset moves past it.
+    wait_committed(&a, "s", 0, 3).await;
+    assert_eq!(parked(&a, "s").await, 1);
+    assert_eq!(
+        metric(&a, "meshd_parked_events{subscription=\"s\"}")
+            .await
+            .unwrap(),
+        1.0
+    );
+
+    let later = pull_until(&a, "s", 1, DRAIN).await;
+    let handed_at = now_ms();
+    assert_eq!(summary(&later), [(0, 0, 1)]);
+    assert!(
+        handed_at >= at,
+        "handed out {} ms before its deliverat",
+        at - handed_at
+    );
+    assert_eq!(later[0].event["id"], "later");
+    assert_eq!(later[0].event["data"], json!({"n": "later"}), "body kept");
+    // Still in the index until it is settled.
+    assert_eq!(parked(&a, "s").await, 1);
+    let r = ack(&a, "s", &ids(&later)).await.unwrap();
+    assert_eq!(set(&r["acked"]), set_of(&ids(&later)), "{r}");
+    assert_eq!(parked(&a, "s").await, 0);
+    assert_eq!(committed(&a, "s", 0).await.unwrap(), 3);
+    assert_no_delivery(&a, "s", 2500, "an acked unparked event came again").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_parked_events_when_meshd_is_sigkilled_then_they_wait_and_an_unacked_unparked_one_comes_again(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start(dir.path()).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(&a, "s", sub("t")).await;
+    let soon = now_ms() + 1000;
+    publish(&a, "t", &delayed("soon", soon)).await.unwrap();
+    let late = now_ms() + 6000;
+    publish(&a, "t", &delayed("late", late)).await.unwrap();
+    publish(&a, "t", &event("now")).await.unwrap();
+    let first = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(summary(&first), [(0, 2, 1)]);
+    ack(&a, "s", &ids(&first)).await.unwrap();
+    wait_committed(&a, "s", 0, 3).await;
+    // "soon" is handed out from the park index and not acked.
+    let soon_got = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(summary(&soon_got), [(0, 0, 1)]);
+    assert!(now_ms() >= soon);
+
+    m.restart().await.unwrap();
+    let a = m.addr().to_string();
+    assert_eq!(parked(&a, "s").await, 2, "both still parked after SIGKILL");
+    assert_eq!(committed(&a, "s", 0).await.unwrap(), 3);
+    // "soon" comes again once its lease ends, as attempt 2; "late" at its time.
+    let again = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(summary(&again), [(0, 0, 2)]);
+    assert_eq!(again[0].event["id"], "soon");
+    ack(&a, "s", &ids(&again)).await.unwrap();
+    let late_got = pull_until(&a, "s", 1, DRAIN).await;
+    assert!(now_ms() >= late, "handed out before its deliverat");
+    assert_eq!(summary(&late_got), [(0, 1, 1)]);
+    assert_eq!(late_got[0].event["id"], "late");
+    ack(&a, "s", &ids(&late_got)).await.unwrap();
+    assert_eq!(parked(&a, "s").await, 0);
+
+    // Settled entries stay settled across another SIGKILL.
+    m.restart().await.unwrap();
+    let a = m.addr().to_string();
+    assert_eq!(parked(&a, "s").await, 0);
+    assert_no_delivery(
+        &a,
+        "s",
+        3000,
+        "a settled parked event came again after SIGKILL",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_unparked_event_that_fails_max_attempts_then_it_is_dead_lettered_with_its_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(&a, "s", sub("t")).await;
+    let at = now_ms() + 1500;
+    publish(&a, "t", &delayed("poison", at)).await.unwrap();
+    wait_committed(&a, "s", 0, 1).await;
+    assert_eq!(parked(&a, "s").await, 1);
+    for attempt in 1..=2u64 {
+        let got = pull_until(&a, "s", 1, DRAIN).await;
+        assert!(now_ms() >= at, "handed out before its deliverat");
+        assert_eq!(summary(&got), [(0, 0, attempt)]);
+        let r = nack(&a, "s", &ids(&got), "bad").await.unwrap();
+        let list = if attempt == 2 {
+            "dead_lettered"
+        } else {
+            "retrying"
+        };
+        assert_eq!(set(&r[list]), set_of(&ids(&got)), "{r}");
+    }
+    let dl = dead_letters(&a, "s").await;
+    assert_eq!(dl.len(), 1, "{dl:?}");
+    assert_eq!(dl[0]["offset"], 0);
+    assert_eq!(dl[0]["attempts"], 2);
+    assert_eq!(dl[0]["event"]["id"], "poison", "{}", dl[0]);
+    assert_eq!(parked(&a, "s").await, 0);
+    assert_no_delivery(&a, "s", 1500, "a dead-lettered unparked event came again").await;
+}
