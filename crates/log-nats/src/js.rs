@@ -294,6 +294,21 @@ impl Js {
         max_bytes: Option<usize>,
         deadline: Instant,
     ) -> Result<Vec<Stored>, Fail> {
+        self.direct_batch_of(stream, seq, batch, max_bytes, None, deadline)
+            .await
+    }
+
+    /// [`direct_batch`](Self::direct_batch) of the messages whose subject matches
+    /// `subjects` (a filter with wildcards) only, when given.
+    pub async fn direct_batch_of(
+        &self,
+        stream: &str,
+        seq: u64,
+        batch: usize,
+        max_bytes: Option<usize>,
+        subjects: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Vec<Stored>, Fail> {
         connected(&self.client)?;
         let inbox = self.client.new_inbox();
         let mut sub = self
@@ -304,6 +319,9 @@ impl Js {
         let mut body = serde_json::json!({ "seq": seq, "batch": batch });
         if let Some(b) = max_bytes {
             body["max_bytes"] = serde_json::json!(b);
+        }
+        if let Some(f) = subjects {
+            body["next_by_subj"] = serde_json::json!(f);
         }
         self.client
             .publish_with_reply(

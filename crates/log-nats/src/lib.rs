@@ -96,6 +96,13 @@
 //!   orphan collection, which on a shared stream must not remove a body another
 //!   instance appended a moment ago and is about to reference: in cluster mode that
 //!   collection needs a grace period (or a per-instance listing) before it deletes.
+//! * **Park journal** (`meshd_stores::park::ParkJournal`): one stream per namespace
+//!   (`ns_park`), one subject per parked event (subscription incarnation, topic,
+//!   partition, offset; see [`names`]) with `max_msgs_per_subject: 1`, so the stream
+//!   holds each entry's last state: the entry (offset, due, attempt, body) or, once
+//!   settled, an empty tombstone published with `Nats-TTL: 1h` (the stream allows
+//!   per-message TTLs). `load` reads a partition's subjects with batch direct gets
+//!   filtered by subject (`next_by_subj`); a deleted subscription's subjects are purged.
 //!
 //! # JetStream settings
 //!
@@ -140,6 +147,8 @@ use meshd_stores::log::{
     AppendNotifier, Appended, BodyRef, DeadLetterBodies, DedupEvent, DedupKey, LogError, LogEvent,
     PartitionBounds, PartitionLog, Retention, RetentionReport,
 };
+use meshd_stores::offsets::OffsetKey;
+use meshd_stores::park::{ParkError, ParkJournal, Parked};
 use names::Names;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -1345,6 +1354,214 @@ impl DeadLetterBodies for NatsLog {
             next = last + 1;
         }
         Ok(out)
+    }
+}
+
+/// A park journal entry's payload: a version byte, then offset, due (u64 BE),
+/// attempt (u32 BE) and the body. An empty payload is a settled entry's tombstone.
+const PARK_ENTRY_V1: u8 = 1;
+const PARK_HEAD: usize = 1 + 8 + 8 + 4;
+/// How long a tombstone stays (it replaces the entry at once; it only has to outlive
+/// a stale owner's late write of the same entry, which would then be a duplicate
+/// delivery at worst).
+const PARK_TOMBSTONE_TTL: &str = "1h";
+
+fn park_payload(entry: &Parked, body: &[u8]) -> Bytes {
+    let mut v = Vec::with_capacity(PARK_HEAD + body.len());
+    v.push(PARK_ENTRY_V1);
+    v.extend_from_slice(&entry.offset.to_be_bytes());
+    v.extend_from_slice(&entry.due_ms.to_be_bytes());
+    v.extend_from_slice(&entry.attempt.to_be_bytes());
+    v.extend_from_slice(body);
+    Bytes::from(v)
+}
+
+/// `None` for a tombstone; an error for a payload this version cannot read.
+fn parse_park_payload(p: &[u8]) -> Result<Option<(Parked, Vec<u8>)>, String> {
+    if p.is_empty() {
+        return Ok(None);
+    }
+    if p.len() < PARK_HEAD || p[0] != PARK_ENTRY_V1 {
+        return Err(format!(
+            "park journal entry of {} bytes, version {}: not one this meshd reads",
+            p.len(),
+            p[0]
+        ));
+    }
+    let u64_at = |at: usize| u64::from_be_bytes(p[at..at + 8].try_into().unwrap_or([0; 8]));
+    let attempt = u32::from_be_bytes(p[17..21].try_into().unwrap_or([0; 4]));
+    Ok(Some((
+        Parked {
+            offset: u64_at(1),
+            due_ms: u64_at(9),
+            attempt,
+        },
+        p[PARK_HEAD..].to_vec(),
+    )))
+}
+
+fn park_err(what: &str, f: Fail) -> ParkError {
+    ParkError::Unavailable(format!("nats: {what}: {f}"))
+}
+
+impl Inner {
+    async fn ensure_parks(&self) -> Result<(), Fail> {
+        let config = json!({
+            "name": self.names.park_stream(),
+            "subjects": [self.names.park_filter()],
+            "retention": "limits",
+            "storage": "file",
+            "discard": "old",
+            "num_replicas": self.config.replicas,
+            "max_consumers": -1,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": 0,
+            // The last message of an entry's subject is the entry (or its tombstone).
+            "max_msgs_per_subject": 1,
+            "max_msg_size": -1,
+            "allow_direct": true,
+            "allow_msg_ttl": true,
+            "description": "meshd park journal",
+            "metadata": { "meshd.kind": "park-journal" },
+        });
+        self.create_stream(config).await
+    }
+
+    /// Publishes one journal message; creates the stream when nothing listens (no
+    /// message was stored then) and tries once more.
+    async fn park_publish(
+        &self,
+        subject: String,
+        headers: Option<async_nats::HeaderMap>,
+        payload: Bytes,
+        what: &str,
+    ) -> Result<(), ParkError> {
+        let mut retried = false;
+        loop {
+            let sent = self
+                .js
+                .request(
+                    subject.clone(),
+                    headers.clone(),
+                    payload.clone(),
+                    self.deadline(),
+                )
+                .await
+                .and_then(|m| js::parse_api::<js::PubAck>(&m.payload));
+            match sent {
+                Ok(_) => return Ok(()),
+                Err(Fail::NoResponders) if !retried => {
+                    retried = true;
+                    self.ensure_parks()
+                        .await
+                        .map_err(|f| park_err("creating the park journal", f))?;
+                }
+                Err(f) => return Err(park_err(what, f)),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ParkJournal for NatsLog {
+    async fn put(&self, key: &OffsetKey, entry: &Parked, body: &[u8]) -> Result<(), ParkError> {
+        let i = &self.inner;
+        let subject = i.names.park_subject(
+            &key.subscription,
+            key.incarnation,
+            &key.topic,
+            key.partition,
+            entry.offset,
+        );
+        i.park_publish(subject, None, park_payload(entry, body), "parking an event")
+            .await
+    }
+
+    async fn settle(&self, key: &OffsetKey, offset: u64) -> Result<(), ParkError> {
+        let i = &self.inner;
+        let subject = i.names.park_subject(
+            &key.subscription,
+            key.incarnation,
+            &key.topic,
+            key.partition,
+            offset,
+        );
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-TTL", PARK_TOMBSTONE_TTL);
+        i.park_publish(subject, Some(h), Bytes::new(), "settling a parked event")
+            .await
+    }
+
+    async fn load(&self, key: &OffsetKey) -> Result<Vec<(Parked, Vec<u8>)>, ParkError> {
+        let i = &self.inner;
+        let filter = i.names.park_partition_filter(
+            &key.subscription,
+            key.incarnation,
+            &key.topic,
+            key.partition,
+        );
+        let mut out = Vec::new();
+        let mut next = 1u64;
+        loop {
+            let got = match i
+                .js
+                .direct_batch_of(
+                    &i.names.park_stream(),
+                    next,
+                    MAX_READ,
+                    None,
+                    Some(&filter),
+                    i.deadline(),
+                )
+                .await
+            {
+                Ok(got) => got,
+                // No journal yet: nothing was ever parked.
+                Err(Fail::NoResponders) => Vec::new(),
+                Err(f) => return Err(park_err("reading the park journal", f)),
+            };
+            let Some(last) = got.last().map(|m| m.seq) else {
+                break;
+            };
+            for m in got {
+                match parse_park_payload(&m.payload) {
+                    Ok(Some(entry)) => out.push(entry),
+                    Ok(None) => {}
+                    Err(e) => {
+                        return Err(ParkError::Unavailable(format!(
+                            "nats: park journal message {} of {filter}: {e}",
+                            m.seq
+                        )))
+                    }
+                }
+            }
+            next = last + 1;
+        }
+        Ok(out)
+    }
+
+    async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), ParkError> {
+        let i = &self.inner;
+        let filter = i.names.park_subscription_filter(subscription, incarnation);
+        match i
+            .js
+            .api::<Value>(
+                &format!("STREAM.PURGE.{}", i.names.park_stream()),
+                &json!({ "filter": filter }),
+                i.deadline(),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Fail::NoResponders) => Ok(()),
+            Err(f) if f.api_code() == Some(STREAM_NOT_FOUND) => Ok(()),
+            Err(f) => Err(park_err("dropping a subscription's park journal", f)),
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! | partition `p` of topic `t` | `ns_log_{esc(t)}_{p}` | `ns.log.{esc(t)}.{p}` |
 //! | "stored" notices (headers only, republished by JetStream after the store) | — | `ns.appended.{esc(t)}.{p}` |
 //! | dead-letter bodies | `ns_dlq` | `ns.dlq` |
+//! | park journal (one entry per subject: the last message is the entry or its tombstone) | `ns_park` | `ns.park.{esc(subscription)}.{incarnation}.{esc(t)}.{p}.{offset}` |
 //!
 //! `esc` keeps `[A-Za-z0-9-]` and writes every other byte as `_` + two upper-case hex
 //! digits (`.` → `_2E`, `_` → `_5F`), so it is injective, never contains `.`, `*`,
@@ -144,6 +145,53 @@ impl Names {
     pub fn dlq_subject(&self) -> String {
         format!("{}.dlq", self.ns)
     }
+
+    pub fn park_stream(&self) -> String {
+        format!("{}_park", self.ns)
+    }
+
+    /// Matches every park journal subject of this namespace.
+    pub fn park_filter(&self) -> String {
+        format!("{}.park.>", self.ns)
+    }
+
+    /// The park journal subjects of one subscription incarnation's partition.
+    pub fn park_partition_filter(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+        topic: &str,
+        partition: u32,
+    ) -> String {
+        format!(
+            "{}.park.{}.{incarnation}.{}.{partition}.*",
+            self.ns,
+            escape(subscription),
+            escape(topic)
+        )
+    }
+
+    /// The park journal subject of one entry.
+    pub fn park_subject(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+    ) -> String {
+        format!(
+            "{}.park.{}.{incarnation}.{}.{partition}.{offset}",
+            self.ns,
+            escape(subscription),
+            escape(topic)
+        )
+    }
+
+    /// Every park journal subject of one subscription incarnation.
+    pub fn park_subscription_filter(&self, subscription: &str, incarnation: i64) -> String {
+        format!("{}.park.{}.{incarnation}.>", self.ns, escape(subscription))
+    }
 }
 
 #[cfg(test)]
@@ -194,6 +242,19 @@ mod tests {
         assert_eq!(n.parse_appended_subject("meshd.log.o.0"), None);
         assert_eq!(n.parse_appended_subject("meshd.appended.o.x"), None);
         assert_eq!(n.dlq_stream(), "meshd_dlq");
+        assert_eq!(n.park_stream(), "meshd_park");
+        assert_eq!(
+            n.park_subject("billing.eu", 7, "orders", 2, 42),
+            "meshd.park.billing_2Eeu.7.orders.2.42"
+        );
+        assert_eq!(
+            n.park_partition_filter("billing.eu", 7, "orders", 2),
+            "meshd.park.billing_2Eeu.7.orders.2.*"
+        );
+        assert_eq!(
+            n.park_subscription_filter("billing.eu", 7),
+            "meshd.park.billing_2Eeu.7.>"
+        );
     }
 
     #[test]

@@ -262,6 +262,7 @@ struct Stores {
     caches_loaded: bool,
     log: Arc<dyn PartitionLog>,
     log_backend: Backend,
+    parks: Arc<dyn meshd_stores::park::ParkIndex>,
     deadletters: Arc<dyn DeadLetterStore>,
     tasks: Arc<dyn meshd_stores::tasks::TaskStore>,
 }
@@ -344,21 +345,24 @@ impl Stores {
         let local = Arc::new(local);
         // The log (and the dead-letter bodies): this instance's RocksDB, or a
         // JetStream shared by the instances of a cluster.
-        let (log, bodies, log_backend): (
-            Arc<dyn PartitionLog>,
-            Arc<dyn meshd_stores::log::DeadLetterBodies>,
-            Backend,
-        ) = match config.nats_connection()? {
+        // The park index: the Local one, and in cluster mode its journal on the
+        // JetStream beside the log, so that it moves with its partition.
+        let (log, bodies, log_backend, parks): LogParts = match config.nats_connection()? {
             None => {
                 let l = Arc::new(local.log.clone());
-                (l.clone(), l, Backend::RocksDb)
+                let parks = Arc::new(local.parks.clone());
+                (l.clone(), l, Backend::RocksDb, parks)
             }
             Some(nats) => {
                 let servers = nats.servers.join(",");
                 let l = Arc::new(meshd_log_nats::NatsLog::connect(nats).await.map_err(|e| {
                     anyhow::anyhow!("cannot open the JetStream log at {servers}: {e}")
                 })?);
-                (l.clone(), l, Backend::Nats)
+                let parks = Arc::new(meshd_stores_local::park::JournaledParks::new(
+                    local.parks.clone(),
+                    l.clone(),
+                ));
+                (l.clone(), l, Backend::Nats, parks)
             }
         };
         let deadletters: Arc<dyn DeadLetterStore> =
@@ -384,11 +388,20 @@ impl Stores {
             caches_loaded,
             log,
             log_backend,
+            parks,
             deadletters,
             tasks,
         })
     }
 }
+
+/// The log, where dead-letter bodies go, the log's backend, and the park index.
+type LogParts = (
+    Arc<dyn PartitionLog>,
+    Arc<dyn meshd_stores::log::DeadLetterBodies>,
+    Backend,
+    Arc<dyn meshd_stores::park::ParkIndex>,
+);
 
 /// What a started instance holds between phases.
 struct Started {
@@ -444,12 +457,7 @@ async fn start(config: &Config, preflight: &Preflight, stores: Stores) -> anyhow
         log_backend: stores.log_backend,
         offsets: Arc::new(stores.local.offsets.clone()),
         deliveries: Arc::new(stores.local.deliveries.clone()),
-        // Cluster mode has no park index that moves with a partition yet: `deliverat`
-        // is waited for in embedded mode only (README, "Delayed delivery").
-        parks: match &cluster_secret {
-            Some(_) => None,
-            None => Some(Arc::new(stores.local.parks.clone())),
-        },
+        parks: stores.parks.clone(),
         deadletters: stores.deadletters.clone(),
         sessions: stores.sessions.clone(),
         topics: stores.topics.clone(),

@@ -69,7 +69,7 @@ impl Node {
             log_backend: meshd_meta::Backend::RocksDb,
             offsets: Arc::new(local.offsets.clone()),
             deliveries: Arc::new(local.deliveries.clone()),
-            parks: Some(Arc::new(local.parks.clone())),
+            parks: Arc::new(local.parks.clone()),
             deadletters: deadletters.clone(),
             sessions,
             topics: topics.clone(),

@@ -20,7 +20,7 @@ use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::delivery::DeliveryError;
 use meshd_stores::offsets::OffsetKey;
-pub use meshd_stores::park::{ParkIndex, Parked};
+pub use meshd_stores::park::{ParkError, ParkIndex, ParkJournal, Parked};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -43,6 +43,14 @@ fn offset_key(key: &OffsetKey, offset: u64) -> Vec<u8> {
     let mut k = keys::parked_of_partition(key, true);
     k.extend_from_slice(&offset.to_be_bytes());
     k
+}
+
+/// The value of a `k` key: the attempts made before parking, then the body.
+fn entry_value(attempt: u32, body: &[u8]) -> Vec<u8> {
+    let mut value = Vec::with_capacity(4 + body.len());
+    value.extend_from_slice(&attempt.to_be_bytes());
+    value.extend_from_slice(body);
+    value
 }
 
 fn be8(b: &[u8]) -> Option<u64> {
@@ -78,6 +86,65 @@ impl RocksParkStore {
             .map_err(DeliveryError::Invalid)
     }
 
+    /// Replaces every entry of the partition with `entries`, durably (in batches: the
+    /// caller runs it before the partition is served, and a crash in between is
+    /// mended by running it again).
+    pub async fn replace_partition(
+        &self,
+        key: &OffsetKey,
+        entries: Vec<(Parked, Vec<u8>)>,
+    ) -> Result<(), DeliveryError> {
+        Self::check(key)?;
+        let group = self.group.clone();
+        let key = key.clone();
+        tokio::task::spawn_blocking(move || {
+            for by_offset in [false, true] {
+                let prefix = keys::parked_of_partition(&key, by_offset);
+                let end = keys::end_of(&prefix);
+                loop {
+                    let done = group
+                        .commit_with::<_, Closure>(|engine| {
+                            let rows = engine.scan(CF_DELIVERIES, &prefix, Some(&end), 1000)?;
+                            let mut batch = Batch::new();
+                            for (k, _) in &rows {
+                                batch.delete(CF_DELIVERIES, k.clone());
+                            }
+                            Ok((batch, rows.is_empty()))
+                        })
+                        .map_err(DeliveryError::from)?;
+                    if done {
+                        break;
+                    }
+                }
+            }
+            let mut entries = entries.into_iter().peekable();
+            while entries.peek().is_some() {
+                let chunk: Vec<_> = entries.by_ref().take(1000).collect();
+                group
+                    .commit_with::<_, Closure>(|_| {
+                        let mut batch = Batch::new();
+                        for (p, body) in &chunk {
+                            batch.put(
+                                CF_DELIVERIES,
+                                offset_key(&key, p.offset),
+                                p.due_ms.to_be_bytes(),
+                            );
+                            batch.put(
+                                CF_DELIVERIES,
+                                due_key(&key, p.due_ms, p.offset),
+                                entry_value(p.attempt, body),
+                            );
+                        }
+                        Ok((batch, ()))
+                    })
+                    .map_err(DeliveryError::from)?;
+            }
+            Ok::<_, DeliveryError>(())
+        })
+        .await
+        .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
+    }
+
     async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&dyn KvEngine) -> Result<T, LocalError> + Send + 'static,
@@ -92,6 +159,10 @@ impl RocksParkStore {
 
 #[async_trait]
 impl ParkIndex for RocksParkStore {
+    async fn adopt(&self, _key: &OffsetKey) -> Result<(), ParkError> {
+        Ok(())
+    }
+
     async fn park(
         &self,
         key: &OffsetKey,
@@ -99,7 +170,7 @@ impl ParkIndex for RocksParkStore {
         due_ms: u64,
         attempt: u32,
         body: Vec<u8>,
-    ) -> Result<bool, DeliveryError> {
+    ) -> Result<bool, ParkError> {
         Self::check(key)?;
         let key = key.clone();
         let (_, created) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
@@ -111,18 +182,20 @@ impl ParkIndex for RocksParkStore {
                     offset_key(&key, offset),
                     due_ms.to_be_bytes(),
                 );
-                let mut value = Vec::with_capacity(4 + body.len());
-                value.extend_from_slice(&attempt.to_be_bytes());
-                value.extend_from_slice(&body);
-                batch.put(CF_DELIVERIES, due_key(&key, due_ms, offset), value);
+                batch.put(
+                    CF_DELIVERIES,
+                    due_key(&key, due_ms, offset),
+                    entry_value(attempt, &body),
+                );
             }
             Ok::<_, Closure>((batch, new))
         })
-        .await?;
+        .await
+        .map_err(DeliveryError::from)?;
         Ok(created)
     }
 
-    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, DeliveryError> {
+    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {
         Self::check(key)?;
         let key = key.clone();
         let (_, removed) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
@@ -134,7 +207,8 @@ impl ParkIndex for RocksParkStore {
             }
             Ok::<_, Closure>((batch, due.is_some()))
         })
-        .await?;
+        .await
+        .map_err(DeliveryError::from)?;
         Ok(removed)
     }
 
@@ -260,7 +334,7 @@ impl ParkIndex for RocksParkStore {
         &self,
         subscription: &str,
         incarnation: i64,
-    ) -> Result<(), DeliveryError> {
+    ) -> Result<(), ParkError> {
         let group = self.group.clone();
         let prefixes = [false, true]
             .map(|by_offset| keys::parked_of_subscription(subscription, incarnation, by_offset));
@@ -286,6 +360,99 @@ impl ParkIndex for RocksParkStore {
             Ok::<_, DeliveryError>(())
         })
         .await
-        .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
+        .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))??;
+        Ok(())
+    }
+}
+
+/// Cluster mode: the Local index as the working copy of a [`ParkJournal`] on the
+/// shared log's server (see `meshd_stores::park`, "Cluster mode"): every entry is put
+/// in the journal before it is parked here and settled there before it goes here;
+/// [`adopt`](ParkIndex::adopt) rebuilds a partition's local copy from the journal.
+pub struct JournaledParks {
+    local: RocksParkStore,
+    journal: Arc<dyn ParkJournal>,
+}
+
+impl JournaledParks {
+    pub fn new(local: RocksParkStore, journal: Arc<dyn ParkJournal>) -> Self {
+        Self { local, journal }
+    }
+}
+
+#[async_trait]
+impl ParkIndex for JournaledParks {
+    async fn adopt(&self, key: &OffsetKey) -> Result<(), ParkError> {
+        let entries = self.journal.load(key).await?;
+        self.local.replace_partition(key, entries).await?;
+        Ok(())
+    }
+
+    async fn park(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        due_ms: u64,
+        attempt: u32,
+        body: Vec<u8>,
+    ) -> Result<bool, ParkError> {
+        if !self.local.parked_among(key, vec![offset]).await?.is_empty() {
+            // Parked here already, so in the journal too (it is written first).
+            return Ok(false);
+        }
+        let entry = Parked {
+            offset,
+            due_ms,
+            attempt,
+        };
+        self.journal.put(key, &entry, &body).await?;
+        self.local.park(key, offset, due_ms, attempt, body).await
+    }
+
+    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {
+        self.journal.settle(key, offset).await?;
+        self.local.remove(key, offset).await
+    }
+
+    async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError> {
+        self.local.earliest(key, limit).await
+    }
+
+    async fn body(&self, key: &OffsetKey, offset: u64) -> Result<Option<Vec<u8>>, DeliveryError> {
+        self.local.body(key, offset).await
+    }
+
+    async fn parked_among(
+        &self,
+        key: &OffsetKey,
+        offsets: Vec<u64>,
+    ) -> Result<Vec<u64>, DeliveryError> {
+        self.local.parked_among(key, offsets).await
+    }
+
+    async fn offsets_from(
+        &self,
+        key: &OffsetKey,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<u64>, DeliveryError> {
+        self.local.offsets_from(key, from, limit).await
+    }
+
+    async fn count(&self, key: &OffsetKey) -> Result<u64, DeliveryError> {
+        self.local.count(key).await
+    }
+
+    async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), ParkError> {
+        self.journal
+            .drop_subscription(subscription, incarnation)
+            .await?;
+        self.local
+            .drop_subscription(subscription, incarnation)
+            .await
     }
 }

@@ -6,7 +6,7 @@ mod common;
 
 use meshd_stores::delivery::DeliveryError;
 use meshd_stores::offsets::OffsetKey;
-use meshd_stores_local::park::{ParkIndex, Parked};
+use meshd_stores_local::park::{ParkError, ParkIndex, Parked};
 
 fn pkey(subscription: &str, p: u32) -> OffsetKey {
     OffsetKey {
@@ -189,12 +189,12 @@ async fn given_a_failed_write_then_parking_is_refused_like_every_local_write() {
     power.fail_writes(true);
     assert!(matches!(
         stores.parks.park(&key, 1, 1, 0, b"y".to_vec()).await,
-        Err(DeliveryError::Indeterminate(_))
+        Err(ParkError::Local(DeliveryError::Indeterminate(_)))
     ));
     power.fail_writes(false);
     assert!(matches!(
         stores.parks.remove(&key, 0).await,
-        Err(DeliveryError::Poisoned(_))
+        Err(ParkError::Local(DeliveryError::Poisoned(_)))
     ));
     let bad = OffsetKey {
         topic: String::new(),
@@ -202,7 +202,7 @@ async fn given_a_failed_write_then_parking_is_refused_like_every_local_write() {
     };
     assert!(matches!(
         stores.parks.park(&bad, 0, 1, 0, Vec::new()).await,
-        Err(DeliveryError::Invalid(_))
+        Err(ParkError::Local(DeliveryError::Invalid(_)))
     ));
 }
 

@@ -17,10 +17,35 @@
 //! * [`earliest`](ParkIndex::earliest) answers entries in due order without holding
 //!   anything per entry in memory: a million parked events cost storage only.
 //! * Entries of other partitions and subscription incarnations are never touched.
+//! * Errors: [`ParkError::Local`] means the Local store fail-stopped (the partition
+//!   stops until a restart); [`ParkError::Unavailable`] (cluster mode: the journal on
+//!   the shared log's server did not take the write) changed nothing that matters and
+//!   is retried.
+//!
+//! ## Cluster mode
+//!
+//! The index must move with its partition, and Meta holds no per-event key ("Meta's
+//! footprint"). So each entry is also written to a [`ParkJournal`] on the shared log's
+//! server (JetStream), durably before the local write, and settled there before it
+//! goes locally; a new owner rebuilds its local index from the journal when it takes
+//! the partition ([`ParkIndex::adopt`]) and reads only its local copy afterwards.
 
 use crate::delivery::DeliveryError;
 use crate::offsets::OffsetKey;
 use async_trait::async_trait;
+
+/// A park index call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ParkError {
+    /// The Local store failed (it fail-stops, like every Local write).
+    #[error(transparent)]
+    Local(#[from] DeliveryError),
+    /// Cluster mode: the journal did not answer or refused; the index is as before
+    /// this call where it matters (an entry parked is durable in both or not used; a
+    /// settled one is still there), so the caller retries.
+    #[error("park journal unavailable: {0}")]
+    Unavailable(String),
+}
 
 /// A parked event, as the index answers it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +59,11 @@ pub struct Parked {
 
 #[async_trait]
 pub trait ParkIndex: Send + Sync + 'static {
+    /// Cluster mode: this instance takes the partition over; its index of the
+    /// partition is rebuilt from the journal (whatever an earlier ownership left here
+    /// is replaced). Nothing to do for an index that is purely local.
+    async fn adopt(&self, key: &OffsetKey) -> Result<(), ParkError>;
+
     /// Parks the event at `offset` until `due_ms` with its `body`, durably. `true`: a
     /// new entry; `false`: the offset was parked already (its entry is unchanged).
     async fn park(
@@ -43,10 +73,10 @@ pub trait ParkIndex: Send + Sync + 'static {
         due_ms: u64,
         attempt: u32,
         body: Vec<u8>,
-    ) -> Result<bool, DeliveryError>;
+    ) -> Result<bool, ParkError>;
 
     /// Removes `offset`'s entry, durably. `true`: it was there.
-    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, DeliveryError>;
+    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError>;
 
     /// At most `limit` entries of the partition in due order, from the earliest.
     async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError>;
@@ -79,5 +109,29 @@ pub trait ParkIndex: Send + Sync + 'static {
         &self,
         subscription: &str,
         incarnation: i64,
-    ) -> Result<(), DeliveryError>;
+    ) -> Result<(), ParkError>;
+}
+
+/// Cluster mode: park entries kept on the shared log's server, so that the next owner
+/// of a partition can rebuild its index ([`ParkIndex::adopt`]).
+///
+/// * `put` and `settle` are durable (as the log's appends are: fsynced or replicated
+///   to a quorum) before they return; an error is [`ParkError::Unavailable`] (the
+///   write may have been stored: a repeated `put` or `settle` of the same offset is
+///   harmless).
+/// * `load` answers the entries put and not settled, with their bodies.
+/// * A stale owner's writes are not fenced here: a `put` after a takeover parks an
+///   event the new owner parks too (same offset, one entry), and a `settle` follows an
+///   ack or a fenced dead-letter write of the event, so it never drops an event that
+///   was not consumed.
+#[async_trait]
+pub trait ParkJournal: Send + Sync + 'static {
+    async fn put(&self, key: &OffsetKey, entry: &Parked, body: &[u8]) -> Result<(), ParkError>;
+    async fn settle(&self, key: &OffsetKey, offset: u64) -> Result<(), ParkError>;
+    async fn load(&self, key: &OffsetKey) -> Result<Vec<(Parked, Vec<u8>)>, ParkError>;
+    async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), ParkError>;
 }

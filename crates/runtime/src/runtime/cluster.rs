@@ -1047,7 +1047,18 @@ impl Runtime {
                 session: None,
             }))
             .collect();
-        tracing::info!(store = "owners", subscription = %sub.sub.name(), topic = %key.topic, partition, epoch = owner.epoch(), committed = committed.offset, in_flight = records.len(), "partition acquired: state taken from Meta");
+        // The park index of the partition as its journal on the shared log has it
+        // (whatever an earlier ownership of this instance left locally is replaced).
+        self.deps.parks.adopt(&key).await.map_err(|e| match e {
+            meshd_stores::park::ParkError::Local(e) => RuntimeError::StoreFailed(e.to_string()),
+            meshd_stores::park::ParkError::Unavailable(r) => {
+                unavailable("parks", self.deps.log_backend)(r)
+            }
+        })?;
+        let parked = self
+            .parked_at_start(&key, committed.offset, &records)
+            .await?;
+        tracing::info!(store = "owners", subscription = %sub.sub.name(), topic = %key.topic, partition, epoch = owner.epoch(), committed = committed.offset, in_flight = records.len(), parked = parked.count, "partition acquired: state taken from Meta");
         let lost = Arc::new(AtomicBool::new(false));
         let part = PartitionCluster {
             owner: owner.clone(),
@@ -1063,8 +1074,7 @@ impl Runtime {
             key,
             committed,
             records,
-            // No park index in cluster mode yet (`Deps::parks` is `None`).
-            Default::default(),
+            parked,
             counters,
             sub.notify.clone(),
             Some((owner, part)),

@@ -68,9 +68,9 @@ pub struct Deps {
     pub log_backend: Backend,
     pub offsets: Arc<dyn OffsetStore>,
     pub deliveries: Arc<dyn DeliveryStateStore>,
-    /// Where events wait for their time (`deliverat`). `None`: this mode has no park
-    /// index yet (cluster mode), and `deliverat` is not waited for.
-    pub parks: Option<Arc<dyn meshd_stores::park::ParkIndex>>,
+    /// Where events wait for their time (`deliverat`): the Local park index, with its
+    /// journal on the shared log in cluster mode.
+    pub parks: Arc<dyn meshd_stores::park::ParkIndex>,
     pub deadletters: Arc<dyn DeadLetterStore>,
     pub sessions: Arc<dyn SessionStore>,
     pub topics: Arc<MetaTopicStore>,
@@ -94,7 +94,7 @@ pub struct Deps {
 
 /// A partition's park index at its start (see `Runtime::parked_at_start`).
 #[derive(Default)]
-struct ParkedAtStart {
+pub(super) struct ParkedAtStart {
     offsets: BTreeSet<u64>,
     count: u64,
 }
@@ -567,10 +567,8 @@ impl Runtime {
         {
             tracing::warn!(store = "deliveries", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's deliveries failed");
         }
-        if let Some(parks) = &self.deps.parks {
-            if let Err(e) = parks.drop_subscription(name, incarnation).await {
-                tracing::warn!(store = "parks", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's park entries failed");
-            }
+        if let Err(e) = self.deps.parks.drop_subscription(name, incarnation).await {
+            tracing::warn!(store = "parks", backend = "rocksdb", subscription = %name, error = %e, "dropping a deleted subscription's park entries failed");
         }
     }
 
@@ -726,15 +724,13 @@ impl Runtime {
     /// What recovery needs of the park index: the parked offsets that have a record
     /// (unparked, not settled) or are at or above `committed` (parked above a gap),
     /// and how many entries the partition has.
-    async fn parked_at_start(
+    pub(super) async fn parked_at_start(
         &self,
         key: &OffsetKey,
         committed: u64,
         records: &[DeliveryRecord],
     ) -> Result<ParkedAtStart, RuntimeError> {
-        let Some(parks) = &self.deps.parks else {
-            return Ok(ParkedAtStart::default());
-        };
+        let parks = &self.deps.parks;
         let failed = |e: meshd_stores::delivery::DeliveryError| {
             RuntimeError::StoreFailed(format!("parks: {e}"))
         };

@@ -28,6 +28,7 @@ use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::failure::StoreFailure;
 use meshd_stores::log::{LogError, LogEvent};
 use meshd_stores::offsets::OffsetKey;
+use meshd_stores::park::ParkError;
 use meshd_stores::sessions::SessionError;
 use meshd_stores::time::Timestamp;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -1570,12 +1571,11 @@ impl PartitionTask {
     /// a later `deliverat` are kept for the `Park` that follows.
     fn metas(&mut self, key: &OffsetKey, events: Vec<LogEvent>) -> Vec<EventMeta> {
         let filtered = !self.core.config().selector.takes_all();
-        let parks = self.deps.parks.is_some();
         let now = now_ms();
         self.park.bodies.clear();
         let mut out = Vec::with_capacity(events.len());
         for e in events {
-            let delayed = parks && meshd_events::may_deliver_later(&e.payload);
+            let delayed = meshd_events::may_deliver_later(&e.payload);
             let attributes = (filtered || delayed).then(|| {
                 self.attributes
                     .get(&key.topic, key.partition, e.offset, &e.payload)
@@ -1610,10 +1610,7 @@ impl PartitionTask {
     /// before the core hears `Parked` (and may advance the committed offset past it).
     async fn park(&mut self, offset: u64, due_ms: u64) -> Vec<Input> {
         let key = self.key().clone();
-        let Some(parks) = self.deps.parks.clone() else {
-            parking_unwired(&key, offset);
-            return vec![];
-        };
+        let parks = self.deps.parks.clone();
         let body = match self.park.bodies.remove(&offset) {
             Some(b) => b,
             None => match self.read_event(offset).await {
@@ -1641,23 +1638,44 @@ impl PartitionTask {
                 vec![Input::Parked { offset }]
             }
             Err(e) => {
-                self.deps
-                    .metrics
-                    .store_error("parks", Backend::RocksDb, "write_failed");
-                self.fail("parks", e.reason());
+                if self.park_failed(&e, "park", offset) {
+                    // Not parked: tried again shortly (the offset is held until then).
+                    self.park.retry.push((offset, due_ms));
+                    self.park.look_by(now_ms().saturating_add(PARK_RETRY_MS));
+                }
                 vec![]
             }
         }
     }
 
+    /// A park index write failed: counted and logged; a Local failure fail-stops the
+    /// partition. `true`: the journal was unavailable (cluster mode), worth a retry.
+    fn park_failed(&self, e: &ParkError, op: &'static str, offset: u64) -> bool {
+        let key = self.key();
+        match e {
+            ParkError::Local(e) => {
+                self.deps
+                    .metrics
+                    .store_error("parks", Backend::RocksDb, "write_failed");
+                self.fail("parks", e.reason());
+                false
+            }
+            ParkError::Unavailable(reason) => {
+                self.deps
+                    .metrics
+                    .store_error("parks", self.deps.log_backend, "unavailable");
+                tracing::warn!(store = "parks", backend = %self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, op, error = %reason, "park journal write failed; retried");
+                true
+            }
+        }
+    }
+
     /// Removes a settled event's park entry, durably. `false`: the write failed (the
-    /// partition has fail-stopped).
+    /// partition has fail-stopped, or the journal was unavailable: the core tries the
+    /// settlement again).
     async fn unpark_done(&mut self, offset: u64, op: &'static str) -> bool {
         let key = self.key().clone();
-        let Some(parks) = self.deps.parks.clone() else {
-            parking_unwired(&key, offset);
-            return false;
-        };
+        let parks = self.deps.parks.clone();
         let started = Instant::now();
         let r = parks.remove(&key, offset).await;
         self.deps
@@ -1680,10 +1698,7 @@ impl PartitionTask {
                 true
             }
             Err(e) => {
-                self.deps
-                    .metrics
-                    .store_error("parks", Backend::RocksDb, "write_failed");
-                self.fail("parks", e.reason());
+                self.park_failed(&e, op, offset);
                 false
             }
         }
@@ -1697,7 +1712,7 @@ impl PartitionTask {
             return vec![];
         }
         if !self.unpark_done(offset, "remove").await {
-            return vec![];
+            return vec![Input::RedriveUnavailable { offset }];
         }
         vec![Input::RedriveSettled { offset }]
     }
@@ -1728,7 +1743,7 @@ impl PartitionTask {
                         .count(&self.part_counters, Counted::DeadLettered);
                 }
                 if !self.unpark_done(offset, "remove_dead_lettered").await {
-                    return vec![];
+                    return vec![Input::RedriveUnavailable { offset }];
                 }
                 fx.dead_lettered.insert(offset);
                 vec![Input::RedriveSettled { offset }]
@@ -1743,10 +1758,7 @@ impl PartitionTask {
     /// The body of a parked event, from the park index.
     async fn parked_body(&self, offset: u64) -> Result<Vec<u8>, String> {
         let key = self.key();
-        let Some(parks) = &self.deps.parks else {
-            return Err("this partition has no park index".into());
-        };
-        match parks.body(key, offset).await {
+        match self.deps.parks.body(key, offset).await {
             Ok(Some(b)) => Ok(b),
             Ok(None) => Err(format!("offset {offset} is not in the park index")),
             Err(e) => {
@@ -1765,9 +1777,7 @@ impl PartitionTask {
         self.park.look_at = None;
         self.park.stalled = false;
         let key = self.key().clone();
-        let Some(parks) = self.deps.parks.clone() else {
-            return;
-        };
+        let parks = self.deps.parks.clone();
         for (offset, due_ms) in std::mem::take(&mut self.park.retry) {
             let inputs = self.park(offset, due_ms).await;
             let cmds = self.results(inputs);
@@ -1838,12 +1848,6 @@ impl PartitionTask {
             body,
         }
     }
-}
-
-/// A parking command reached a shell without a park index: a bug (the shell reads
-/// no `deliverat` then, so the core never parks).
-fn parking_unwired(key: &OffsetKey, offset: u64) {
-    tracing::error!(store = "parks", subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, "a parking command reached a partition without a park index; the offset stays held");
 }
 
 pub fn kind_of(e: &LogError) -> &'static str {

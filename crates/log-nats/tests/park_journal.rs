@@ -1,0 +1,123 @@
+//! The park journal (`meshd_stores::park::ParkJournal`) on a real nats-server: the
+//! entries put and not settled are what `load` answers, per subscription incarnation
+//! and partition, with their bodies and attempts; a settled entry stays settled; every
+//! acknowledged put and settle survives nats-server's SIGKILL; a deleted subscription's
+//! entries go.
+
+mod common;
+
+use meshd_stores::offsets::OffsetKey;
+use meshd_stores::park::{ParkJournal, Parked};
+
+fn pkey(subscription: &str, incarnation: i64, partition: u32) -> OffsetKey {
+    OffsetKey {
+        subscription: subscription.into(),
+        incarnation,
+        topic: "orders.eu".into(),
+        partition,
+    }
+}
+
+fn entry(offset: u64, due_ms: u64, attempt: u32) -> Parked {
+    Parked {
+        offset,
+        due_ms,
+        attempt,
+    }
+}
+
+async fn loaded(j: &dyn ParkJournal, key: &OffsetKey) -> Vec<(u64, u64, u32, String)> {
+    let mut v: Vec<_> = j
+        .load(key)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(p, body)| {
+            (
+                p.offset,
+                p.due_ms,
+                p.attempt,
+                String::from_utf8(body).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_put_and_not_settled_are_loaded_per_partition_and_survive_a_sigkill() {
+    let mut nats = common::server().await;
+    let j = common::connect(&nats).await;
+    let a = pkey("billing.eu", 7, 0);
+    // Nothing parked yet (the journal's stream does not even exist): nothing loaded.
+    assert!(loaded(&j, &a).await.is_empty());
+    j.put(&a, &entry(3, 5000, 0), b"three").await.unwrap();
+    j.put(&a, &entry(1, 9000, 2), b"one").await.unwrap();
+    j.put(&a, &entry(8, 100, 0), b"").await.unwrap();
+    j.put(
+        &pkey("billing.eu", 7, 1),
+        &entry(3, 1, 0),
+        b"other partition",
+    )
+    .await
+    .unwrap();
+    j.put(
+        &pkey("billing.eu", 8, 0),
+        &entry(3, 1, 0),
+        b"other incarnation",
+    )
+    .await
+    .unwrap();
+    j.put(
+        &pkey("billing", 7, 0),
+        &entry(3, 1, 0),
+        b"other subscription",
+    )
+    .await
+    .unwrap();
+    // Settled, and settled twice (a retried settle): gone either way.
+    j.settle(&a, 3).await.unwrap();
+    j.settle(&a, 3).await.unwrap();
+    j.settle(&a, 99).await.unwrap(); // never parked: nothing changes
+    let want = vec![(1, 9000, 2, "one".to_string()), (8, 100, 0, String::new())];
+    assert_eq!(loaded(&j, &a).await, want);
+    assert_eq!(
+        loaded(&j, &pkey("billing.eu", 7, 1)).await,
+        [(3, 1, 0, "other partition".to_string())]
+    );
+
+    // Every acknowledged put and settle is there after nats-server's SIGKILL
+    // (`sync_interval: always`).
+    nats.kill();
+    nats.restart().await.unwrap();
+    let j = common::connect(&nats).await;
+    assert_eq!(loaded(&j, &a).await, want);
+
+    // A deleted subscription incarnation's entries go, and only its own.
+    j.drop_subscription("billing.eu", 7).await.unwrap();
+    assert!(loaded(&j, &a).await.is_empty());
+    assert!(loaded(&j, &pkey("billing.eu", 7, 1)).await.is_empty());
+    assert_eq!(loaded(&j, &pkey("billing.eu", 8, 0)).await.len(), 1);
+    assert_eq!(loaded(&j, &pkey("billing", 7, 0)).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_with_more_entries_than_one_read_loads_them_all() {
+    let nats = common::server().await;
+    let j = common::connect(&nats).await;
+    let a = pkey("s", 1, 0);
+    let n = 1500u64;
+    let puts = (0..n).map(|o| {
+        let j = &j;
+        let a = &a;
+        async move { j.put(a, &entry(o, o, 0), b"x").await }
+    });
+    for r in futures::future::join_all(puts).await {
+        r.unwrap();
+    }
+    let got = loaded(&j, &a).await;
+    assert_eq!(got.len(), n as usize);
+    assert_eq!(got.first().map(|e| e.0), Some(0));
+    assert_eq!(got.last().map(|e| e.0), Some(n - 1));
+}
