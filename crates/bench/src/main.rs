@@ -14,6 +14,7 @@
 //! cargo run --release -p meshd-bench -- engine --compare
 //! cargo run --release -p meshd-bench -- meta --concurrency 1,16,64   # needs etcd on PATH
 //! cargo run --release -p meshd-bench -- recovery   # 1000 subs x 1000 in flight, 10M events
+//! cargo run --release -p meshd-bench -- parked     # 1M events waiting for deliverat: memory, restart
 //! cargo run --release -p meshd-bench -- cluster --concurrency 4,16 --batch 1,100 --lease-ttl-ms 2000
 //! cargo run --release -p meshd-bench -- cluster --systems meshd,meshd-nodedup,jetstream   # what dedup costs
 //! cargo run --release -p meshd-bench -- all --json bench.json
@@ -25,6 +26,7 @@ mod e2e;
 mod http;
 mod load;
 mod meta;
+mod parked;
 mod plot;
 mod procs;
 mod recovery;
@@ -60,6 +62,10 @@ enum Scenario {
     /// and peak RSS on the way. Long set-up; not part of `all` (but `--tiny` runs it
     /// once).
     Recovery,
+    /// Parked events: memory per event waiting for its `deliverat` (default 1 000 000
+    /// of them), parking time, and start → ready after SIGKILL with them. Long set-up;
+    /// not part of `all` (but `--tiny` runs it once).
+    Parked,
 }
 
 #[derive(Parser, Debug)]
@@ -136,6 +142,10 @@ struct Args {
     /// 1 KiB would need 11 GB of disk).
     #[arg(long, default_value_t = 64)]
     recovery_data_bytes: usize,
+    /// parked: events waiting for their `deliverat`, comma-separated (one
+    /// configuration each).
+    #[arg(long, value_delimiter = ',', default_value = "1000000")]
+    parked_events: Vec<u64>,
     /// Every scenario once at tiny size (0.5 s, concurrency 1 and 4, batch 1 and 10,
     /// repeat 1), so CI can show the tool still works. Overrides the size flags.
     #[arg(long)]
@@ -165,6 +175,7 @@ fn main() -> Result<()> {
         args.recovery_subscriptions = 10;
         args.recovery_in_flight = vec![10];
         args.recovery_events = vec![1000];
+        args.parked_events = vec![1000];
     }
     let scenario = args.scenario.unwrap_or(Scenario::All);
     if args.plot.is_some() {
@@ -200,7 +211,11 @@ fn main() -> Result<()> {
             System::JsDefault,
             System::Rocksdb,
         ],
-        Scenario::Meta | Scenario::E2e | Scenario::Cluster | Scenario::Recovery => vec![],
+        Scenario::Meta
+        | Scenario::E2e
+        | Scenario::Cluster
+        | Scenario::Recovery
+        | Scenario::Parked => vec![],
     };
     let e2e = match scenario {
         Scenario::E2e | Scenario::All => {
@@ -361,6 +376,18 @@ fn main() -> Result<()> {
     } else {
         None
     };
+    // Scenario 7, on its own meshd and data dirs.
+    let parked_report = if scenario == Scenario::Parked || args.tiny {
+        let params = parked::Params {
+            events: args.parked_events.clone(),
+            data_bytes: args.recovery_data_bytes,
+            repeat: args.repeat,
+        };
+        let meshd = procs::locate_meshd(args.meshd.as_deref())?;
+        Some(rt.block_on(parked::run(&meshd, &params))?)
+    } else {
+        None
+    };
     let mut report = report::Report::build(
         report::Meta {
             scenario: format!("{scenario:?}").to_lowercase(),
@@ -383,6 +410,7 @@ fn main() -> Result<()> {
     );
     report.cluster = cluster_report;
     report.recovery = recovery_report;
+    report.parked = parked_report;
     print!("{}", report.table());
     if let Some(c) = &report.cluster {
         if !report.rows.is_empty() {
@@ -391,6 +419,10 @@ fn main() -> Result<()> {
         print!("{}", c.table());
     }
     if let Some(r) = &report.recovery {
+        println!();
+        print!("{}", r.table());
+    }
+    if let Some(r) = &report.parked {
         println!();
         print!("{}", r.table());
     }

@@ -39,20 +39,30 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
 
 /// Peak resident set size (`VmHWM`) of a process, in bytes.
 pub fn peak_rss_bytes(pid: u32) -> Result<u64> {
+    status_kb(pid, "VmHWM:")
+}
+
+/// Resident set size now (`VmRSS`) of a process, in bytes.
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    status_kb(pid, "VmRSS:")
+}
+
+/// A `kB` line of `/proc/{pid}/status`, in bytes.
+fn status_kb(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
     for line in status.lines() {
-        if let Some(v) = line.strip_prefix("VmHWM:") {
+        if let Some(v) = line.strip_prefix(field) {
             let kb: u64 = v
                 .trim()
                 .trim_end_matches("kB")
                 .trim()
                 .parse()
-                .with_context(|| format!("malformed VmHWM line {line:?}"))?;
+                .with_context(|| format!("malformed {field} line {line:?}"))?;
             return Ok(kb * 1024);
         }
     }
-    bail!("no VmHWM in /proc/{pid}/status")
+    bail!("no {field} in /proc/{pid}/status")
 }
 
 fn free_port() -> Result<u16> {

@@ -163,7 +163,7 @@ async fn one(binary: &Path, p: &Params, events: &Events, n: u64, f: u64) -> Resu
             async move { meshd_put(addr, &format!("/v1/subscriptions/r{s}"), &body).await }
         })
         .await?;
-        publish_all(addr, events, n).await?;
+        publish_all(addr, TOPIC, n, |out, id| events.write(out, id)).await?;
         parallel(&subs, |s| async move { pull_n(addr, s, f).await }).await?;
         anyhow::Ok(())
     };
@@ -222,7 +222,7 @@ async fn one(binary: &Path, p: &Params, events: &Events, n: u64, f: u64) -> Resu
 }
 
 /// Runs `f` for every item, on [`FILL_CONNECTIONS`] items at a time.
-async fn parallel<F, Fut>(items: &[u64], f: F) -> Result<()>
+pub(crate) async fn parallel<F, Fut>(items: &[u64], f: F) -> Result<()>
 where
     F: Fn(u64) -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
@@ -235,29 +235,35 @@ where
     Ok(())
 }
 
-/// Publishes `n` events in batches of [`FILL_BATCH`].
-async fn publish_all(addr: SocketAddr, events: &Events, n: u64) -> Result<()> {
+/// Publishes `n` events to `topic` in batches of [`FILL_BATCH`], each written by
+/// `write` (into the batch, with its id).
+pub(crate) async fn publish_all(
+    addr: SocketAddr,
+    topic: &str,
+    n: u64,
+    write: impl Fn(&mut Vec<u8>, &str) + Sync,
+) -> Result<()> {
     let requests: Vec<u64> = (0..n.div_ceil(FILL_BATCH)).collect();
     let last_report = std::sync::Mutex::new(Instant::now());
     parallel(&requests, |r| {
-        let events = events.clone();
         let last_report = &last_report;
+        let write = &write;
         async move {
             let count = FILL_BATCH.min(n - r * FILL_BATCH);
-            let mut body = Vec::with_capacity(count as usize * (events.doc_bytes() + 8));
+            let mut body = Vec::new();
             body.push(b'[');
             for i in 0..count {
                 if i > 0 {
                     body.push(b',');
                 }
-                events.write(&mut body, &format!("{r}-{i}"));
+                write(&mut body, &format!("{r}-{i}"));
             }
             body.push(b']');
             let mut c = Conn::connect(addr).await?;
             let resp = c
                 .request(
                     "POST",
-                    &format!("/v1/topics/{TOPIC}/events"),
+                    &format!("/v1/topics/{topic}/events"),
                     Some("application/cloudevents-batch+json"),
                     &body,
                 )
@@ -273,7 +279,7 @@ async fn publish_all(addr: SocketAddr, events: &Events, n: u64) -> Result<()> {
                 if t.elapsed() > Duration::from_secs(10) {
                     *t = Instant::now();
                     eprintln!(
-                        "meshd-bench: recovery setup: published batch {r} of {}",
+                        "meshd-bench: setup: published batch {r} of {}",
                         n.div_ceil(FILL_BATCH)
                     );
                 }
@@ -308,7 +314,7 @@ async fn pull_n(addr: SocketAddr, s: u64, f: u64) -> Result<()> {
 }
 
 /// Polls `/readyz` every 5 ms until 200; the instant it answered.
-async fn wait_ready(addr: SocketAddr) -> Result<Instant> {
+pub(crate) async fn wait_ready(addr: SocketAddr) -> Result<Instant> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         if let Ok(mut c) = Conn::connect(addr).await {
@@ -343,7 +349,7 @@ async fn recovery_metrics(addr: SocketAddr) -> Result<(f64, u64)> {
 }
 
 /// Bytes of every file under `dir`.
-fn dir_bytes(dir: &Path) -> Result<u64> {
+pub(crate) fn dir_bytes(dir: &Path) -> Result<u64> {
     let mut total = 0;
     for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let e = e?;

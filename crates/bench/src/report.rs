@@ -138,6 +138,9 @@ pub struct Report {
     /// Scenario 5 (recovery time and memory), when it ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery: Option<crate::recovery::RecoveryReport>,
+    /// Scenario 7 (parked events: memory and restart), when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parked: Option<crate::parked::ParkedReport>,
 }
 
 fn opt_median(v: Vec<Option<f64>>) -> Option<f64> {
@@ -253,6 +256,7 @@ impl Report {
             runs,
             cluster: None,
             recovery: None,
+            parked: None,
         }
     }
 

@@ -200,4 +200,22 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
             assert!(restart["ready_seconds"].as_f64().unwrap_or(0.0) > 0.0);
         }
     }
+    // Scenario 7: every event parked, and still parked after a SIGKILL.
+    let parked = report["parked"]["rows"]
+        .as_array()
+        .expect("a parked section in the JSON");
+    assert_eq!(parked.len(), 2, "a delayed row and its control");
+    for r in parked {
+        let n = r["events"].as_u64().unwrap_or(0);
+        assert!(n > 0, "{r:#}");
+        assert!(r["parked_rss_bytes"].as_u64().unwrap_or(0) > 0, "{r:#}");
+        let want = if r["delayed"] == true { n } else { 0 };
+        for restart in r["restarts"].as_array().expect("restarts") {
+            assert_eq!(restart["parked"].as_u64(), Some(want), "{restart:#}");
+        }
+    }
+    assert!(
+        stdout.contains("meshd-bench parked"),
+        "the parked table:\n{stdout}"
+    );
 }
