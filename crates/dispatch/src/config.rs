@@ -20,6 +20,8 @@ pub const DEFAULT_UNKNOWN_SIZE_BYTES: u64 = 1 << 20;
 pub const DEFAULT_READ_BATCH: usize = 256;
 /// How long after a failed read the core asks again, by default.
 pub const DEFAULT_READ_RETRY_MS: u64 = 1_000;
+/// Retries due a minute ahead or more are parked (see [`Config::park_retries_after_ms`]).
+pub const DEFAULT_PARK_RETRIES_AFTER_MS: u64 = 60_000;
 
 /// How one partition of one subscription is delivered. A plain struct with defaults
 /// and [`Config::validate`] (house style 14); [`Config::from_spec`] takes the
@@ -56,6 +58,10 @@ pub struct Config {
     /// The size a pull's byte budget counts for an event whose stored size is not
     /// known (see [`DEFAULT_UNKNOWN_SIZE_BYTES`]).
     pub unknown_size_bytes: u64,
+    /// A retry of the window due this far ahead or more (a nack's `delay_ms`, a long
+    /// backoff) is parked instead of waiting (`Command::Park` with its attempts), so
+    /// it does not hold the committed offset; `None`: retries always wait.
+    pub park_retries_after_ms: Option<u64>,
 }
 
 impl Default for Config {
@@ -84,6 +90,7 @@ impl Config {
             max_pending: DEFAULT_MAX_PENDING,
             read_batch: DEFAULT_READ_BATCH,
             read_retry_ms: DEFAULT_READ_RETRY_MS,
+            park_retries_after_ms: Some(DEFAULT_PARK_RETRIES_AFTER_MS),
             selector: Selector::of(spec),
             unknown_size_bytes: DEFAULT_UNKNOWN_SIZE_BYTES,
         }
@@ -123,6 +130,9 @@ impl Config {
             if v == 0 {
                 return bad(field, "must be at least 1".into());
             }
+        }
+        if self.park_retries_after_ms == Some(0) {
+            return bad("park_retries_after_ms", "must be at least 1".into());
         }
         if self.read_retry_ms == 0 {
             return bad("read_retry_ms", "must be at least 1".into());

@@ -130,10 +130,13 @@ enum Status {
     /// Window only: acked, dead-lettered, filtered or parked above a gap. `recorded`:
     /// its record says `AckedAwaitingCommit` (or it has no record).
     Resolved { recorded: bool },
-    /// Window only: not to be handed out before its `deliverat`; the `Park` write is
-    /// with the shell. Bounded by the window (`max_window`), not by `max_in_flight`:
-    /// nothing is handed out.
-    Parking,
+    /// Window only: not to be handed out before its `deliverat` (or, `retry`, a retry
+    /// due far ahead); the `Park` write is with the shell. An event read with a later
+    /// `deliverat` is bounded by the window (`max_window`), not by `max_in_flight`:
+    /// nothing was handed out. A parked retry keeps its `max_in_flight` slot until its
+    /// entry is durable: its record still says in flight, and a crash before then
+    /// brings it back as such.
+    Parking { retry: bool },
 }
 
 impl Status {
@@ -146,6 +149,7 @@ impl Status {
                 | Status::WaitingRetry { .. }
                 | Status::DeadLettering { .. }
                 | Status::Settling { .. }
+                | Status::Parking { retry: true }
         )
     }
 }
@@ -411,6 +415,10 @@ impl PartitionCore {
                 _ => None,
             };
             let status = match (r.state, loc) {
+                // Parked after this record was written (a retry due far ahead): the
+                // park entry is newer, so the event is resolved here and goes out
+                // from the index when due.
+                (_, Loc::Window(o)) if parked.contains(&o) => Status::Resolved { recorded: true },
                 (DeliveryState::InFlight, _) => Status::InFlight {
                     deadline: r.deadline_ms,
                     recovered: true,
@@ -604,7 +612,7 @@ impl PartitionCore {
                 Status::WaitingRetry { .. } => s.waiting += 1,
                 Status::DeadLettering { .. } => s.dead_lettering += 1,
                 Status::Settling { .. } => s.acked_awaiting += 1,
-                Status::Parking => s.parking += 1,
+                Status::Parking { .. } => s.parking += 1,
                 Status::Resolved { .. } if e.has_record => s.acked_awaiting += 1,
                 Status::Resolved { .. } => {}
             }
@@ -639,7 +647,7 @@ impl PartitionCore {
                         "redrive {loc:?} needs exactly one of an entry id and a park entry"
                     ))
                 }
-                Loc::Redrive(_) if e.status == Status::Parking => {
+                Loc::Redrive(_) if matches!(e.status, Status::Parking { .. }) => {
                     return Err(format!("redrive {loc:?} parking"))
                 }
                 _ => {}
@@ -859,8 +867,10 @@ impl PartitionCore {
                 }
             }
             Input::Parked { offset }
-                if self.entries.get(&Loc::Window(*offset)).map(|e| &e.status)
-                    != Some(&Status::Parking) =>
+                if !matches!(
+                    self.entries.get(&Loc::Window(*offset)).map(|e| &e.status),
+                    Some(Status::Parking { .. })
+                ) =>
             {
                 return Err(CoreError::NotParking { offset: *offset });
             }
@@ -1057,6 +1067,21 @@ impl PartitionCore {
             None => backoff_delay(self.config.backoff, attempt, self.sources.jitter.as_mut()),
         };
         let due = now.saturating_add(delay);
+        if let (Loc::Window(offset), Some(after)) = (loc, self.config.park_retries_after_ms) {
+            if delay >= after {
+                // Due far ahead: parked, so it does not hold the committed offset. Its
+                // id ends here (an ack of it is `unknown`); the park entry keeps the
+                // attempts, and the unparked delivery continues the count.
+                self.forget_id(loc);
+                self.set_status(loc, Status::Parking { retry: true });
+                out.cmds.push(Command::Park {
+                    offset,
+                    due_ms: due,
+                    attempt,
+                });
+                return NackOutcome::Retrying { due_ms: due };
+            }
+        }
         self.set_status(loc, Status::WaitingRetry { due });
         self.update(loc, DeliveryState::WaitingRetry, due, out);
         NackOutcome::Retrying { due_ms: due }
@@ -1169,8 +1194,19 @@ impl PartitionCore {
                 self.meta_write_unavailable(Loc::Redrive(offset), now)
             }
             Input::Parked { offset } => {
-                // Resolved without a record: the park entry holds it from now on.
-                self.set_status(Loc::Window(offset), Status::Resolved { recorded: true });
+                // The park entry holds it from now on. A parked retry's record is
+                // marked acked (or removed with the advance), as an ack's is.
+                let loc = Loc::Window(offset);
+                let has_record = self.entries.get(&loc).is_some_and(|e| e.has_record);
+                self.set_status(
+                    loc,
+                    Status::Resolved {
+                        recorded: !has_record,
+                    },
+                );
+                if has_record {
+                    out.dirty.insert(loc);
+                }
             }
             Input::Unpark { offset, attempt } => {
                 let loc = Loc::Redrive(offset);
@@ -1213,8 +1249,9 @@ impl PartitionCore {
                     out.cmds.push(Command::Park {
                         offset: ev.offset,
                         due_ms,
+                        attempt: 0,
                     });
-                    Status::Parking
+                    Status::Parking { retry: false }
                 }
                 _ => Status::Pending,
             };

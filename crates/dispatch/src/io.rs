@@ -287,9 +287,14 @@ pub enum Command {
         attempts: u32,
     },
     /// Park the event at `offset` (window) until `due_ms`: write its park entry, with
-    /// the body read from the log, durably, then [`Input::Parked`]. The shell feeds
-    /// [`Input::Unpark`] once it is due.
-    Park { offset: u64, due_ms: u64 },
+    /// the body read from the log and `attempt` (the attempts made so far: 0 for an
+    /// event read with a later `deliverat`, more for a retry due far ahead), durably,
+    /// then [`Input::Parked`]. The shell feeds [`Input::Unpark`] once it is due.
+    Park {
+        offset: u64,
+        due_ms: u64,
+        attempt: u32,
+    },
     /// An unparked event was acked: remove its park entry, then
     /// [`Input::RedriveSettled`] (or [`Input::RedriveUnavailable`]).
     ParkSettled { offset: u64 },

@@ -20,6 +20,8 @@
 //! * an event with a later `deliverat` is never handed out before it: it is parked
 //!   (its park entry durable before `committed` passes it), unparked only when due,
 //!   and settled in the park index (acked, or dead-lettered at `max_attempts`);
+//! * a retry due far ahead (`park_retries_after_ms`) is parked with its attempts and
+//!   unparked with the count continuing, never handed out before it is due;
 //! * in the end, a consumer that keeps acking drains everything: the committed offset
 //!   reaches the log end and no record is left behind.
 
@@ -124,9 +126,18 @@ fn config() -> impl Strategy<Value = Config> {
         1usize..5,
         1usize..6,
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(max_attempts, max_in_flight, max_window, read_batch, max_pending, filtered)| Config {
+            |(
+                max_attempts,
+                max_in_flight,
+                max_window,
+                read_batch,
+                max_pending,
+                filtered,
+                park_retries,
+            )| Config {
                 max_attempts,
                 ack_timeout_ms: 1000,
                 backoff: Backoff {
@@ -147,6 +158,8 @@ fn config() -> impl Strategy<Value = Config> {
                     Selector::default()
                 },
                 unknown_size_bytes: 1 << 20,
+                // Nack delays go up to 5 s: some retries are parked.
+                park_retries_after_ms: park_retries.then_some(2000),
             },
         )
 }
@@ -208,11 +221,11 @@ struct World {
     dead: BTreeMap<u64, (DlState, u32)>,
 
     // -- the park index model (writes are synced) --
-    /// Parked offsets and when they are due.
-    parked: BTreeMap<u64, u64>,
+    /// Parked offsets: when they are due, and the attempts made before parking.
+    parked: BTreeMap<u64, (u64, u32)>,
     /// Offsets the shell has fed `Unpark` for in this life (lost in a crash).
     unparked: BTreeSet<u64>,
-    park_writes: VecDeque<(u64, u64)>,
+    park_writes: VecDeque<(u64, u64, u32)>,
     park_settles: VecDeque<ParkSettle>,
     /// Highest attempt handed out per parked offset.
     max_park_handed: HashMap<u64, u32>,
@@ -371,7 +384,7 @@ impl World {
                 );
                 let redrive = d.redrive_of.is_some() || d.parked;
                 if d.parked {
-                    let due = self
+                    let (due, _) = self
                         .parked
                         .get(&d.offset)
                         .expect("unparked without an entry");
@@ -395,6 +408,10 @@ impl World {
                     *prev = d.attempt;
                 } else {
                     assert!(d.offset >= self.committed, "hand-out below committed");
+                    assert!(
+                        !self.parked.contains_key(&d.offset),
+                        "a parked event was handed out from the window: {d:?}"
+                    );
                     assert!(
                         self.log[d.offset as usize]
                             .deliver_at_ms
@@ -492,11 +509,30 @@ impl World {
                 );
                 self.redrive_writes.push_back(MetaWrite::Failed { offset });
             }
-            Command::Park { offset, due_ms } => {
+            Command::Park {
+                offset,
+                due_ms,
+                attempt,
+            } => {
                 assert!(offset >= self.committed, "park below committed");
-                assert_eq!(self.log[offset as usize].deliver_at_ms, Some(due_ms));
                 assert!(due_ms > self.now, "parked though due");
-                self.park_writes.push_back((offset, due_ms));
+                if attempt == 0 {
+                    assert_eq!(self.log[offset as usize].deliver_at_ms, Some(due_ms));
+                } else {
+                    // A retry due far ahead: parked with the attempts made so far.
+                    let after = self
+                        .config
+                        .park_retries_after_ms
+                        .expect("a retry parked though retries are never parked");
+                    assert!(due_ms - self.now >= after, "a near retry was parked");
+                    assert!(attempt < max, "parked at max_attempts");
+                    assert_eq!(
+                        self.records.get(&offset).map(|r| r.attempt),
+                        Some(attempt),
+                        "parked with another attempt count than its record"
+                    );
+                }
+                self.park_writes.push_back((offset, due_ms, attempt));
             }
             Command::ParkSettled { offset } => {
                 self.sync();
@@ -802,28 +838,31 @@ impl World {
                 };
             }
             Op::ParkWrite => {
-                let Some((offset, due)) = self.park_writes.pop_front() else {
+                let Some((offset, due, attempt)) = self.park_writes.pop_front() else {
                     return;
                 };
-                // Durable (synced) before the core hears of it; a repeat after a
-                // crash writes the same entry.
-                self.parked.insert(offset, due);
+                // Durable (synced) before the core hears of it; an offset parked
+                // already keeps its first entry (as the index does).
+                self.parked.entry(offset).or_insert((due, attempt));
+                // Unparked, its attempts continue those of the window.
+                let window = self.max_handed.get(&offset).copied().unwrap_or(0);
+                self.max_park_handed.entry(offset).or_insert(window);
                 self.feed(Input::Parked { offset });
             }
             Op::Unpark { idx } => {
-                let due: Vec<u64> = self
+                let due: Vec<(u64, u32)> = self
                     .parked
                     .iter()
-                    .filter(|(o, due)| **due <= self.now && !self.unparked.contains(o))
-                    .map(|(o, _)| *o)
+                    .filter(|(o, (due, _))| *due <= self.now && !self.unparked.contains(o))
+                    .map(|(o, (_, attempt))| (*o, *attempt))
                     .collect();
                 if due.is_empty() {
                     return;
                 }
-                let offset = due[idx % due.len()];
+                let (offset, attempt) = due[idx % due.len()];
                 match self
                     .core
-                    .handle(Input::Unpark { offset, attempt: 0 }, self.now)
+                    .handle(Input::Unpark { offset, attempt }, self.now)
                 {
                     Ok(cmds) => {
                         self.unparked.insert(offset);
@@ -886,11 +925,12 @@ impl World {
         )
         .expect("recover from what the store holds");
         self.core = core;
-        // Parked offsets recovered from their records are under way already.
+        // Parked offsets recovered from their records below the committed offset are
+        // under way already (a record at or above it is a parked retry's, resolved).
         self.unparked = self
             .parked
             .keys()
-            .filter(|o| self.records.contains_key(o))
+            .filter(|o| **o < self.committed && self.records.contains_key(o))
             .copied()
             .collect();
         self.run(cmds);

@@ -1575,7 +1575,7 @@ fn given_a_partition_moved_with_a_delivery_in_flight_then_the_new_owner_honours_
 fn parks(cmds: &[Command]) -> Vec<(u64, u64)> {
     cmds.iter()
         .filter_map(|c| match c {
-            Command::Park { offset, due_ms } => Some((*offset, *due_ms)),
+            Command::Park { offset, due_ms, .. } => Some((*offset, *due_ms)),
             _ => None,
         })
         .collect()
@@ -1650,6 +1650,121 @@ fn given_a_parked_event_when_due_then_it_is_delivered_below_committed_and_its_ac
     let stats = s.core.stats();
     assert_eq!((stats.redrives, stats.committed), (0, 1));
     s.core.check_consistency().unwrap();
+}
+
+#[test]
+fn given_a_retry_due_beyond_park_retries_after_ms_then_it_is_parked_with_its_attempts_and_committed_passes_it(
+) {
+    let mut cfg = config();
+    cfg.park_retries_after_ms = Some(30_000);
+    let mut s = Shell::new(cfg, 0);
+    s.publish(2);
+    let first = s.deliver(1).remove(0);
+    let nack = |s: &mut Shell, id: &str, delay_ms| {
+        s.input(Input::Nack {
+            deliveries: vec![DeliveryRef::unbound(id)],
+            reason: "tomorrow".into(),
+            delay_ms: Some(delay_ms),
+        })
+    };
+    // Below the threshold a retry waits (holding committed), as before.
+    let cmds = nack(&mut s, &first.delivery_id, 29_999);
+    assert!(parks(&cmds).is_empty(), "{cmds:?}");
+    s.at(s.now + 29_999);
+    let first = s.deliver(1).remove(0);
+    assert_eq!((first.offset, first.attempt), (0, 2));
+    // At the threshold it is parked with the attempts made so far, not a waiting retry.
+    let cmds = nack(&mut s, &first.delivery_id, 60_000);
+    let due = s.now + 60_000;
+    assert_eq!(
+        nack_outcomes(&cmds),
+        [NackOutcome::Retrying { due_ms: due }]
+    );
+    assert!(
+        cmds.contains(&Command::Park {
+            offset: 0,
+            due_ms: due,
+            attempt: 2
+        }),
+        "{cmds:?}"
+    );
+    assert!(
+        updates(&cmds).is_empty(),
+        "no waiting-retry record: {cmds:?}"
+    );
+    // It keeps its max_in_flight slot until the park entry is durable (its record
+    // still says in flight).
+    let stats = s.core.stats();
+    assert_eq!((stats.parking, stats.outstanding, stats.waiting), (1, 1, 0));
+    // Its last id is no longer current.
+    assert_eq!(
+        ack_outcomes(&s.ack(&[&first.delivery_id])),
+        [AckOutcome::Unknown]
+    );
+    let later = s.deliver(1).remove(0);
+    assert_eq!(later.offset, 1);
+    s.ack(&[&later.delivery_id]);
+    assert_eq!(
+        s.core.stats().committed,
+        0,
+        "held until the park entry is durable"
+    );
+    // Parked: committed passes it, and its record goes with the advance.
+    let cmds = s.input(Input::Parked { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![0, 1], Some(2))]);
+    assert_eq!(s.core.stats().outstanding, 0);
+    // Due: unparked with its attempts, the count continues.
+    s.at(due);
+    s.input(Input::Unpark {
+        offset: 0,
+        attempt: 2,
+    });
+    let d = s.deliver(1);
+    assert_eq!((d[0].offset, d[0].attempt, d[0].parked), (0, 3, true));
+    let cmds = s.nack(&[&d[0].delivery_id], "never");
+    assert_eq!(nack_outcomes(&cmds), [NackOutcome::DeadLettering]);
+    assert!(
+        cmds.iter()
+            .any(|c| matches!(c, Command::ParkDeadLetter(r) if r.offset == 0 && r.attempts == 3)),
+        "{cmds:?}"
+    );
+    s.core.check_consistency().unwrap();
+}
+
+#[test]
+fn given_a_record_of_a_parked_retry_when_recovered_then_the_park_entry_wins_and_committed_passes_it(
+) {
+    let mut cfg = config();
+    cfg.park_retries_after_ms = Some(30_000);
+    // The crash came after the park entry was durable and before the advance: the
+    // record still says in flight.
+    let record = DeliveryRecord {
+        key: key(),
+        offset: 0,
+        attempt: 2,
+        delivery_id: "old".into(),
+        deadline_ms: T0 + 1000,
+        last_reason: None,
+        first_delivered_at_ms: T0,
+        state: DeliveryState::InFlight,
+        owner_epoch: 11,
+        session: None,
+    };
+    let parked: std::collections::BTreeSet<u64> = [0].into();
+    let (core, cmds) = PartitionCore::recover(
+        partition(),
+        cfg,
+        0,
+        vec![record],
+        &parked,
+        T0,
+        Sources::deterministic(0, RngJitter::seeded(0)),
+    )
+    .unwrap();
+    assert_eq!(resolves(&cmds), [(vec![0], Some(1))], "{cmds:?}");
+    let stats = core.stats();
+    assert_eq!((stats.committed, stats.in_flight, stats.waiting), (1, 0, 0));
+    core.check_consistency().unwrap();
 }
 
 #[test]

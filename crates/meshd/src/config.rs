@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// In-flight deliveries per subscription and partition (1-100000).
     #[arg(long, env = "MESHD_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<u64>,
+    /// A retry due this many milliseconds ahead or more (a nack's delay_ms, a long
+    /// backoff) is parked instead of holding the committed offset (1-86400000).
+    #[arg(long, env = "MESHD_PARK_RETRIES_AFTER_MS")]
+    pub park_retries_after_ms: Option<u64>,
     /// Events older than this many hours are removed from the log (1-876000).
     #[arg(long, env = "MESHD_LOG_RETENTION_HOURS")]
     pub log_retention_hours: Option<u64>,
@@ -208,6 +212,7 @@ struct FileConfig {
     client_token_file: Option<PathBuf>,
     admin_token_file: Option<PathBuf>,
     max_in_flight: Option<u64>,
+    park_retries_after_ms: Option<u64>,
     log_retention_hours: Option<u64>,
     log_retention_bytes: Option<u64>,
     checkpoint_ms: Option<u64>,
@@ -289,6 +294,7 @@ pub struct Config {
     pub client_token_file: Option<PathBuf>,
     pub admin_token_file: Option<PathBuf>,
     pub max_in_flight: u64,
+    pub park_retries_after_ms: u64,
     pub log_retention_hours: u64,
     pub log_retention_bytes: Option<u64>,
     pub checkpoint_ms: u64,
@@ -600,6 +606,10 @@ impl Config {
                 .max_in_flight
                 .or(file.max_in_flight)
                 .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
+            park_retries_after_ms: args
+                .park_retries_after_ms
+                .or(file.park_retries_after_ms)
+                .unwrap_or(meshd_dispatch::config::DEFAULT_PARK_RETRIES_AFTER_MS),
             log_retention_hours: args
                 .log_retention_hours
                 .or(file.log_retention_hours)
@@ -760,6 +770,13 @@ impl Config {
                 "--delivery-flush-ms",
                 self.delivery_flush_ms,
                 "must be between 10 and 1000",
+            ));
+        }
+        if !(1..=86_400_000).contains(&self.park_retries_after_ms) {
+            return Err(invalid(
+                "--park-retries-after-ms",
+                self.park_retries_after_ms,
+                "must be between 1 and 86400000",
             ));
         }
         if !(1..=100_000).contains(&self.max_in_flight) {

@@ -463,6 +463,7 @@ async fn start(config: &Config, preflight: &Preflight, stores: Stores) -> anyhow
         topics: stores.topics.clone(),
         subscriptions: stores.subscriptions.clone(),
         max_in_flight: config.max_in_flight as usize,
+        park_retries_after_ms: config.park_retries_after_ms,
         id_key: match &cluster_secret {
             Some(secret) => meshd_dispatch::IdKey::from_secret(secret.as_bytes()),
             None => meshd_dispatch::IdKey::random(),

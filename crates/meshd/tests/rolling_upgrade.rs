@@ -250,6 +250,11 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     let r = nack_delayed(&n).await;
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(r.json().unwrap()["field"], "delay_ms", "{}", r.body);
+    // deliverat: an older member would hand the event out at once, and one taking a
+    // partition over would not know what was parked.
+    let r = publish_delayed(&n).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.json().unwrap()["field"], "deliverat", "{}", r.body);
     let r = meshd_test_support::http::send_json(
         &n,
         "PUT",
@@ -355,6 +360,27 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     assert_eq!(r.status, 200, "{}", r.body);
     let r = nack_delayed(&n).await;
     assert_eq!(r.status, 200, "{}", r.body);
+    let r = publish_delayed(&n).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+}
+
+/// Publishes one event with a `deliverat` an hour ahead to topic `t`.
+async fn publish_delayed(a: &str) -> meshd_test_support::http::Response {
+    let at = meshd_stores::time::Timestamp::from_millis(
+        meshd_stores::time::Timestamp::now().as_millis() + 3_600_000,
+    )
+    .unwrap()
+    .to_rfc3339();
+    let e = json!({"specversion":"1.0","id":"delayed","source":"/u","type":"t","deliverat":at});
+    meshd_test_support::http::request_with(
+        a,
+        "POST",
+        "/v1/topics/t/events",
+        &[("Content-Type", "application/cloudevents+json")],
+        e.to_string().as_bytes(),
+    )
+    .await
+    .unwrap()
 }
 
 /// A nack with `delay_ms` (of an id that is no delivery: only the gate matters here).

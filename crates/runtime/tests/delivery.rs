@@ -12,6 +12,8 @@ use meshd_runtime::runtime::{Deps, Handed, PullBudget, Reach, Runtime};
 use meshd_stores::deadletters::{DeadLetterStore, MetaDeadLetterStore};
 use meshd_stores::delivery::DeliveryStateStore;
 use meshd_stores::log::PartitionLog;
+use meshd_stores::offsets::OffsetKey;
+use meshd_stores::park::{ParkError, ParkIndex, Parked};
 use meshd_stores::sessions::{MetaSessionStore, SessionStoreConfig};
 use meshd_stores::subscriptions::{
     Backoff, MetaSubscriptionStore, SubscriptionSpec, SubscriptionStore, SubscriptionStoreConfig,
@@ -35,6 +37,14 @@ struct Node {
 
 impl Node {
     async fn open(dir: &Path) -> Node {
+        Self::open_with_parks(dir, |p| p).await
+    }
+
+    /// [`open`](Self::open) with the park index `wrap` makes of the Local one.
+    async fn open_with_parks(
+        dir: &Path,
+        wrap: impl FnOnce(Arc<dyn ParkIndex>) -> Arc<dyn ParkIndex>,
+    ) -> Node {
         let engine = Arc::new(
             RocksEngine::open(dir, meshd_stores_local::keys::COLUMN_FAMILIES)
                 .expect("open RocksDB"),
@@ -69,12 +79,13 @@ impl Node {
             log_backend: meshd_meta::Backend::RocksDb,
             offsets: Arc::new(local.offsets.clone()),
             deliveries: Arc::new(local.deliveries.clone()),
-            parks: Arc::new(local.parks.clone()),
+            parks: wrap(Arc::new(local.parks.clone())),
             deadletters: deadletters.clone(),
             sessions,
             topics: topics.clone(),
             subscriptions: subs.clone(),
             max_in_flight: 1000,
+            park_retries_after_ms: meshd_dispatch::config::DEFAULT_PARK_RETRIES_AFTER_MS,
             id_key: meshd_dispatch::IdKey::random(),
             metrics: Arc::new(Metrics::default()),
             cluster: None,
@@ -336,5 +347,183 @@ fn concurrent_pulls_and_acks_hand_every_event_out_once_and_commit_them_all() {
         let expected: Vec<(u64, u32)> = (0..total).map(|o| (o, 1)).collect();
         assert_eq!(all, expected, "each event once, at attempt 1");
         assert_eq!(n.committed().await, total);
+    });
+}
+
+/// A park index whose first `park_many` and `remove` calls fail as a journal on an
+/// unreachable nats-server would (a double for the retry logic; the journal itself is
+/// tested on a real nats-server in `meshd-log-nats`).
+struct Flaky {
+    inner: Arc<dyn ParkIndex>,
+    parks_to_fail: std::sync::atomic::AtomicUsize,
+    removes_to_fail: std::sync::atomic::AtomicUsize,
+}
+
+impl Flaky {
+    fn fails(counter: &std::sync::atomic::AtomicUsize) -> bool {
+        use std::sync::atomic::Ordering;
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+#[async_trait::async_trait]
+impl ParkIndex for Flaky {
+    async fn adopt(&self, key: &OffsetKey) -> Result<(), ParkError> {
+        self.inner.adopt(key).await
+    }
+    async fn park_many(
+        &self,
+        key: &OffsetKey,
+        entries: Vec<(Parked, Vec<u8>)>,
+    ) -> Result<Vec<bool>, ParkError> {
+        if Self::fails(&self.parks_to_fail) {
+            return Err(ParkError::Unavailable("journal unreachable (test)".into()));
+        }
+        self.inner.park_many(key, entries).await
+    }
+    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {
+        if Self::fails(&self.removes_to_fail) {
+            return Err(ParkError::Unavailable("journal unreachable (test)".into()));
+        }
+        self.inner.remove(key, offset).await
+    }
+    async fn earliest(
+        &self,
+        key: &OffsetKey,
+        limit: usize,
+    ) -> Result<Vec<Parked>, meshd_stores::delivery::DeliveryError> {
+        self.inner.earliest(key, limit).await
+    }
+    async fn body(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+    ) -> Result<Option<Vec<u8>>, meshd_stores::delivery::DeliveryError> {
+        self.inner.body(key, offset).await
+    }
+    async fn parked_among(
+        &self,
+        key: &OffsetKey,
+        offsets: Vec<u64>,
+    ) -> Result<Vec<u64>, meshd_stores::delivery::DeliveryError> {
+        self.inner.parked_among(key, offsets).await
+    }
+    async fn offsets_from(
+        &self,
+        key: &OffsetKey,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<u64>, meshd_stores::delivery::DeliveryError> {
+        self.inner.offsets_from(key, from, limit).await
+    }
+    async fn count(&self, key: &OffsetKey) -> Result<u64, meshd_stores::delivery::DeliveryError> {
+        self.inner.count(key).await
+    }
+    async fn drop_subscription(
+        &self,
+        subscription: &str,
+        incarnation: i64,
+    ) -> Result<(), ParkError> {
+        self.inner
+            .drop_subscription(subscription, incarnation)
+            .await
+    }
+}
+
+#[test]
+fn given_a_park_journal_that_fails_then_parking_and_settling_are_retried_and_the_event_waits_and_goes_out_once(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    block_on(async {
+        let flaky = Arc::new(std::sync::OnceLock::<Arc<Flaky>>::new());
+        let keep = flaky.clone();
+        let n = Node::open_with_parks(dir.path(), move |inner| {
+            let f = Arc::new(Flaky {
+                inner,
+                parks_to_fail: 2.into(),
+                removes_to_fail: 1.into(),
+            });
+            let _ = keep.set(f.clone());
+            f
+        })
+        .await;
+        n.topics.ensure("t", 1).await.expect("topic");
+        let mut s = spec();
+        s.start = meshd_stores::subscriptions::StartPosition::Earliest;
+        n.subs.create(s).await.expect("subscription");
+        let now = meshd_stores::time::Timestamp::now().as_millis();
+        // Later than the two failed parks take (a second apart).
+        let due = now + 4000;
+        let at = meshd_stores::time::Timestamp::from_millis(due)
+            .unwrap()
+            .to_rfc3339();
+        let delayed = format!(
+            r#"{{"specversion":"1.0","id":"d","source":"/t","type":"t","deliverat":"{at}"}}"#
+        );
+        let plain = r#"{"specversion":"1.0","id":"p","source":"/t","type":"t"}"#;
+        n.log
+            .append(
+                "t",
+                vec![(0, delayed.into_bytes()), (0, plain.as_bytes().to_vec())],
+            )
+            .await
+            .expect("append");
+        let first = n.pull(10, 1000).await;
+        assert_eq!(first.iter().map(|h| h.offset).collect::<Vec<_>>(), [1]);
+        n.ack(&[&first[0]]).await;
+        // Parked once the journal takes it (two failed tries, a second apart): then
+        // committed passes it, and it is not handed out before its time.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while n.committed().await < 2 {
+            assert!(std::time::Instant::now() < until, "never parked");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let f = flaky.get().expect("the park index");
+        assert_eq!(
+            f.parks_to_fail.load(std::sync::atomic::Ordering::Acquire),
+            0,
+            "both failures were met and retried"
+        );
+        let mut later = Vec::new();
+        while later.is_empty() {
+            assert!(std::time::Instant::now() < until, "never delivered");
+            later = n.pull(10, 500).await;
+        }
+        assert!(
+            meshd_stores::time::Timestamp::now().as_millis() >= due,
+            "handed out before its deliverat"
+        );
+        assert_eq!(
+            later
+                .iter()
+                .map(|h| (h.offset, h.attempt))
+                .collect::<Vec<_>>(),
+            [(0, 1)]
+        );
+        // The ack's settlement fails once in the journal and is retried: the entry goes.
+        assert_eq!(n.ack(&[&later[0]]).await[0].0, "acked");
+        let key = OffsetKey {
+            subscription: "s".into(),
+            incarnation: n.subs.get("s").await.unwrap().unwrap().incarnation,
+            topic: "t".into(),
+            partition: 0,
+        };
+        while n.local.parks.count(&key).await.unwrap() > 0 {
+            assert!(
+                std::time::Instant::now() < until,
+                "the settled entry stayed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            f.removes_to_fail.load(std::sync::atomic::Ordering::Acquire),
+            0
+        );
+        assert!(
+            n.pull(10, 300).await.is_empty(),
+            "a settled event came again"
+        );
     });
 }

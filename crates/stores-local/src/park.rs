@@ -24,6 +24,9 @@ pub use meshd_stores::park::{ParkError, ParkIndex, ParkJournal, Parked};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// Journal puts of one `park_many` in flight at once.
+const JOURNAL_PUTS_AT_ONCE: usize = 64;
+
 /// Keys counted per read when counting a partition's entries.
 const COUNT_PAGE: usize = 4096;
 
@@ -163,32 +166,34 @@ impl ParkIndex for RocksParkStore {
         Ok(())
     }
 
-    async fn park(
+    async fn park_many(
         &self,
         key: &OffsetKey,
-        offset: u64,
-        due_ms: u64,
-        attempt: u32,
-        body: Vec<u8>,
-    ) -> Result<bool, ParkError> {
+        entries: Vec<(Parked, Vec<u8>)>,
+    ) -> Result<Vec<bool>, ParkError> {
         Self::check(key)?;
         let key = key.clone();
         let (_, created) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
             let mut batch = Batch::new();
-            let new = due_of(engine, &key, offset)?.is_none();
-            if new {
-                batch.put(
-                    CF_DELIVERIES,
-                    offset_key(&key, offset),
-                    due_ms.to_be_bytes(),
-                );
-                batch.put(
-                    CF_DELIVERIES,
-                    due_key(&key, due_ms, offset),
-                    entry_value(attempt, &body),
-                );
+            let mut created = Vec::with_capacity(entries.len());
+            let mut seen = BTreeSet::new();
+            for (p, body) in &entries {
+                let new = seen.insert(p.offset) && due_of(engine, &key, p.offset)?.is_none();
+                if new {
+                    batch.put(
+                        CF_DELIVERIES,
+                        offset_key(&key, p.offset),
+                        p.due_ms.to_be_bytes(),
+                    );
+                    batch.put(
+                        CF_DELIVERIES,
+                        due_key(&key, p.due_ms, p.offset),
+                        entry_value(p.attempt, body),
+                    );
+                }
+                created.push(new);
             }
-            Ok::<_, Closure>((batch, new))
+            Ok::<_, Closure>((batch, created))
         })
         .await
         .map_err(DeliveryError::from)?;
@@ -388,25 +393,32 @@ impl ParkIndex for JournaledParks {
         Ok(())
     }
 
-    async fn park(
+    async fn park_many(
         &self,
         key: &OffsetKey,
-        offset: u64,
-        due_ms: u64,
-        attempt: u32,
-        body: Vec<u8>,
-    ) -> Result<bool, ParkError> {
-        if !self.local.parked_among(key, vec![offset]).await?.is_empty() {
-            // Parked here already, so in the journal too (it is written first).
-            return Ok(false);
+        entries: Vec<(Parked, Vec<u8>)>,
+    ) -> Result<Vec<bool>, ParkError> {
+        // Parked here already means in the journal too (it is written first).
+        let here: BTreeSet<u64> = self
+            .local
+            .parked_among(key, entries.iter().map(|(p, _)| p.offset).collect())
+            .await?
+            .into_iter()
+            .collect();
+        let new: Vec<usize> = (0..entries.len())
+            .filter(|&i| !here.contains(&entries[i].0.offset))
+            .collect();
+        // Every put acknowledged before any is used; the puts of a chunk overlap.
+        for chunk in new.chunks(JOURNAL_PUTS_AT_ONCE) {
+            let puts = chunk.iter().map(|&i| {
+                let (p, body) = &entries[i];
+                self.journal.put(key, p, body)
+            });
+            for r in futures::future::join_all(puts).await {
+                r?;
+            }
         }
-        let entry = Parked {
-            offset,
-            due_ms,
-            attempt,
-        };
-        self.journal.put(key, &entry, &body).await?;
-        self.local.park(key, offset, due_ms, attempt, body).await
+        self.local.park_many(key, entries).await
     }
 
     async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {

@@ -227,3 +227,39 @@ async fn counting_a_partition_goes_past_one_read_page() {
     assert_eq!(stores.parks.count(&b).await.unwrap(), 1);
     assert_eq!(stores.parks.count(&pkey("sub", 2)).await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn park_many_writes_a_batch_at_once_and_answers_which_entries_are_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let parks = &stores.parks;
+    let a = pkey("sub", 0);
+    assert!(parks.park(&a, 5, 50, 0, b"five".to_vec()).await.unwrap());
+    let e = |offset: u64, due_ms: u64| Parked {
+        offset,
+        due_ms,
+        attempt: 0,
+    };
+    let created = parks
+        .park_many(
+            &a,
+            vec![
+                (e(4, 40), b"four".to_vec()),
+                (e(5, 99), b"again".to_vec()), // parked before: unchanged
+                (e(6, 60), b"six".to_vec()),
+                (e(6, 61), b"twice".to_vec()), // twice in one batch: the first stands
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(created, [true, false, true, false]);
+    assert_eq!(
+        parks.earliest(&a, 10).await.unwrap(),
+        parked(&[(4, 40), (5, 50), (6, 60)])
+    );
+    assert_eq!(
+        parks.body(&a, 6).await.unwrap().as_deref(),
+        Some(&b"six"[..])
+    );
+    assert_eq!(parks.count(&a).await.unwrap(), 3);
+}

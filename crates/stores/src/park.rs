@@ -73,7 +73,24 @@ pub trait ParkIndex: Send + Sync + 'static {
         due_ms: u64,
         attempt: u32,
         body: Vec<u8>,
-    ) -> Result<bool, ParkError>;
+    ) -> Result<bool, ParkError> {
+        let entry = Parked {
+            offset,
+            due_ms,
+            attempt,
+        };
+        let created = self.park_many(key, vec![(entry, body)]).await?;
+        Ok(created.first().copied().unwrap_or(false))
+    }
+
+    /// [`park`](Self::park) for several events of the partition with one durable
+    /// write (an event read batch parks its delayed events together: one fsync, not
+    /// one per event). Answers per entry, in order.
+    async fn park_many(
+        &self,
+        key: &OffsetKey,
+        entries: Vec<(Parked, Vec<u8>)>,
+    ) -> Result<Vec<bool>, ParkError>;
 
     /// Removes `offset`'s entry, durably. `true`: it was there.
     async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError>;

@@ -45,6 +45,8 @@ pub fn config() -> Config {
         read_retry_ms: 500,
         selector: Selector::default(),
         unknown_size_bytes: 1 << 20,
+        // Retries wait (the stories of parked retries set it).
+        park_retries_after_ms: None,
     }
 }
 

@@ -261,6 +261,12 @@ pub async fn publish(
     };
     let events: Vec<Event> = parse_publish(content_type, &ce_headers, &body, &limits)
         .map_err(|e| event_problem(e, api.log_backend))?;
+    // A member of a release before parking would hand a delayed event out at once,
+    // and one taking a partition over would not know what was parked: `deliverat`
+    // waits for the rolling upgrade (409 naming it meanwhile).
+    if events.iter().any(|e| e.deliver_at_ms().is_some()) {
+        super::require_release(&api, meshd_events::DELIVER_AT, super::SETTINGS_RELEASE).await?;
+    }
     // One durable append for the whole request: 201 only once all are on disk (and,
     // with dedup, once every duplicate's original is).
     let started = std::time::Instant::now();

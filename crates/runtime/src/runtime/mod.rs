@@ -77,6 +77,8 @@ pub struct Deps {
     pub subscriptions: Arc<MetaSubscriptionStore>,
     /// In-flight deliveries per subscription and partition.
     pub max_in_flight: usize,
+    /// Retries due this far ahead or more are parked (`Config::park_retries_after_ms`).
+    pub park_retries_after_ms: u64,
     /// The key of delivery-id MACs (cluster mode: from the cluster secret, so every
     /// member rebuilds the ids of the partitions it takes over).
     pub id_key: meshd_dispatch::IdKey,
@@ -778,6 +780,7 @@ impl Runtime {
         let committed = committed.offset;
         let mut config = Config::from_spec(&sub.spec);
         config.max_in_flight = self.deps.max_in_flight;
+        config.park_retries_after_ms = Some(self.deps.park_retries_after_ms);
         let epoch = owned.as_ref().map(|(o, _)| o.epoch()).unwrap_or(0);
         let partition_no = key.partition;
         let partition = Partition {

@@ -261,8 +261,9 @@ pub struct ParkState {
     /// Bodies of the events just read that the core may park (`Command::Park` follows
     /// the read that found them; the next read drops what was not taken).
     bodies: HashMap<u64, Vec<u8>>,
-    /// Parks whose event body could not be read: (offset, due), tried again later.
-    retry: Vec<(u64, u64)>,
+    /// Parks whose event body could not be read, or that the journal did not take:
+    /// (offset, due, attempt), tried again later.
+    retry: Vec<(u64, u64, u32)>,
 }
 
 impl ParkState {
@@ -1069,6 +1070,25 @@ impl PartitionTask {
                     }
                     self.record_extends(records, fx).await
                 }
+                Command::Park {
+                    offset,
+                    due_ms,
+                    attempt,
+                } => {
+                    // The delayed events of one read: parked with one durable write.
+                    let mut parks = vec![(offset, due_ms, attempt)];
+                    while let Some(Command::Park { .. }) = queue.front() {
+                        if let Some(Command::Park {
+                            offset,
+                            due_ms,
+                            attempt,
+                        }) = queue.pop_front()
+                        {
+                            parks.push((offset, due_ms, attempt));
+                        }
+                    }
+                    self.park_batch(parks).await
+                }
                 other => self.run_one(other, fx).await,
             };
             queue.extend(self.results(inputs));
@@ -1263,7 +1283,11 @@ impl PartitionTask {
                 }
             }
             Command::PersistAttempt { record, .. } => self.persist(vec![record]).await,
-            Command::Park { offset, due_ms } => self.park(offset, due_ms).await,
+            Command::Park {
+                offset,
+                due_ms,
+                attempt,
+            } => self.park_batch(vec![(offset, due_ms, attempt)]).await,
             Command::ParkSettled { offset } => self.park_settled(offset).await,
             Command::ParkDeadLetter(req) => self.park_dead_letter(req, fx).await,
             Command::HandOut { pull_id, delivery } => {
@@ -1606,41 +1630,63 @@ impl PartitionTask {
         out
     }
 
-    /// `Command::Park`: the event's entry, with its body, durable in the park index
-    /// before the core hears `Parked` (and may advance the committed offset past it).
-    async fn park(&mut self, offset: u64, due_ms: u64) -> Vec<Input> {
+    /// `Command::Park` (a run of them: one durable write): each event's entry, with
+    /// its body, durable in the park index before the core hears `Parked` (and may
+    /// advance the committed offset past it). An event whose body cannot be read, or
+    /// a write the journal did not take, is tried again shortly (the offset is held
+    /// until then).
+    async fn park_batch(&mut self, parks: Vec<(u64, u64, u32)>) -> Vec<Input> {
         let key = self.key().clone();
-        let parks = self.deps.parks.clone();
-        let body = match self.park.bodies.remove(&offset) {
-            Some(b) => b,
-            None => match self.read_event(offset).await {
-                Ok(b) => b,
-                Err(e) => {
-                    SubCounters::add(&self.counters.read_failures, 1);
-                    tracing::warn!(store = "log", backend = %self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %e, "reading an event to park failed; tried again shortly (the offset is held until then)");
-                    self.park.retry.push((offset, due_ms));
-                    self.park.look_by(now_ms().saturating_add(PARK_RETRY_MS));
-                    return vec![];
-                }
-            },
-        };
+        let mut entries = Vec::with_capacity(parks.len());
+        for (offset, due_ms, attempt) in parks {
+            let body = match self.park.bodies.remove(&offset) {
+                Some(b) => b,
+                None => match self.read_event(offset).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        SubCounters::add(&self.counters.read_failures, 1);
+                        tracing::warn!(store = "log", backend = %self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %e, "reading an event to park failed; tried again shortly (the offset is held until then)");
+                        self.park.retry.push((offset, due_ms, attempt));
+                        self.park.look_by(now_ms().saturating_add(PARK_RETRY_MS));
+                        continue;
+                    }
+                },
+            };
+            let entry = meshd_stores::park::Parked {
+                offset,
+                due_ms,
+                attempt,
+            };
+            entries.push((entry, body));
+        }
+        if entries.is_empty() {
+            return vec![];
+        }
+        let wanted: Vec<(u64, u64, u32)> = entries
+            .iter()
+            .map(|(p, _)| (p.offset, p.due_ms, p.attempt))
+            .collect();
         let started = Instant::now();
-        let r = parks.park(&key, offset, due_ms, 0, body).await;
+        let r = self.deps.parks.park_many(&key, entries).await;
         self.deps
             .metrics
             .write_latency("parks", Backend::RocksDb, "park", started.elapsed());
         match r {
             Ok(created) => {
-                if created {
-                    self.shared.parked.fetch_add(1, Ordering::AcqRel);
-                }
-                self.park.look_by(due_ms);
-                vec![Input::Parked { offset }]
+                let new = created.iter().filter(|c| **c).count() as u64;
+                self.shared.parked.fetch_add(new, Ordering::AcqRel);
+                wanted
+                    .into_iter()
+                    .map(|(offset, due_ms, _)| {
+                        self.park.look_by(due_ms);
+                        Input::Parked { offset }
+                    })
+                    .collect()
             }
             Err(e) => {
-                if self.park_failed(&e, "park", offset) {
-                    // Not parked: tried again shortly (the offset is held until then).
-                    self.park.retry.push((offset, due_ms));
+                let first = wanted.first().map_or(0, |w| w.0);
+                if self.park_failed(&e, "park", first) {
+                    self.park.retry.extend(wanted);
                     self.park.look_by(now_ms().saturating_add(PARK_RETRY_MS));
                 }
                 vec![]
@@ -1778,8 +1824,9 @@ impl PartitionTask {
         self.park.stalled = false;
         let key = self.key().clone();
         let parks = self.deps.parks.clone();
-        for (offset, due_ms) in std::mem::take(&mut self.park.retry) {
-            let inputs = self.park(offset, due_ms).await;
+        let retry = std::mem::take(&mut self.park.retry);
+        if !retry.is_empty() {
+            let inputs = self.park_batch(retry).await;
             let cmds = self.results(inputs);
             self.execute(cmds, fx).await;
         }
