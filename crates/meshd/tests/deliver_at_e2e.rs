@@ -304,3 +304,51 @@ async fn send_nack(a: &str, ids: &[Value], delay_ms: u64) -> Value {
     assert_eq!(r.status, 200, "{}", r.body);
     r.json().unwrap()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_cluster_when_the_owner_of_a_parked_retry_is_sigkilled_then_the_new_owner_delivers_it_with_the_next_attempt(
+) {
+    let mut cluster = SmallCluster::start_with(
+        2,
+        Duration::from_millis(2000),
+        &["--park-retries-after-ms", "1000"],
+    )
+    .await;
+    let a0 = cluster.addr(0);
+    create_topic(&a0, "t", 1).await;
+    create_subscription(
+        &a0,
+        "s",
+        json!({"topic": "t", "ack_timeout_ms": 60000, "max_attempts": 5}),
+    )
+    .await;
+    cluster.wait_settled("t", 1).await;
+    let members = ["inst-0", "inst-1"];
+    let owner = match meshd_runtime::cluster::assign::owner(&members, "t", 0) {
+        Some("inst-0") => 0,
+        _ => 1,
+    };
+    let survivor = cluster.addr(1 - owner);
+    publish(&survivor, "t", &event("retried")).await.unwrap();
+    let first = pull_until(&survivor, "s", 1, DRAIN).await;
+    assert_eq!(summary(&first), [(0, 0, 1)]);
+    // Parked in the owner's journal on nats-server, with its attempt.
+    let r = send_nack(&survivor, &ids(&first), 8000).await;
+    assert_eq!(set(&r["retrying"]), set_of(&ids(&first)), "{r}");
+    let nacked_at = now_ms();
+    wait_committed(&survivor, "s", 0, 1).await;
+
+    cluster.nodes[owner].kill();
+    let again = pull_until(&survivor, "s", 1, DRAIN).await;
+    assert!(
+        now_ms() >= nacked_at + 8000,
+        "the retry came before its delay"
+    );
+    assert_eq!(
+        summary(&again),
+        [(0, 0, 2)],
+        "the attempt count moved with it"
+    );
+    ack(&survivor, "s", &ids(&again)).await.unwrap();
+    assert_eq!(parked(&survivor, "s").await, 0);
+}

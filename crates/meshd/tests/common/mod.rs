@@ -428,6 +428,11 @@ pub struct SmallCluster {
 
 impl SmallCluster {
     pub async fn start(n: usize, lease_ttl: Duration) -> Self {
+        Self::start_with(n, lease_ttl, &[]).await
+    }
+
+    /// [`start`](Self::start) with `extra` arguments for every instance.
+    pub async fn start_with(n: usize, lease_ttl: Duration, extra: &[&str]) -> Self {
         let etcd = meshd_test_support::etcd::EtcdProcess::start()
             .await
             .expect("start etcd");
@@ -449,6 +454,7 @@ impl SmallCluster {
             let id = format!("inst-{i}");
             let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
             a.extend(["--instance-id", &id]);
+            a.extend(extra);
             nodes.push(
                 MeshdProcess::start(bin(), dir.path(), &a)
                     .await
