@@ -25,7 +25,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const TOPIC: &str = "parked";
 const SUBSCRIPTION: &str = "p";
@@ -126,28 +126,6 @@ pub async fn run(binary: &Path, p: &Params) -> Result<ParkedReport> {
     })
 }
 
-/// RFC 3339 (UTC, seconds) of a Unix time.
-fn rfc3339(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
-    let secs = unix % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
-}
-
 /// (parked, committed, end offset) of the subscription's only partition.
 async fn parked_and_committed(addr: SocketAddr) -> Result<(u64, u64, u64)> {
     let mut c = Conn::connect(addr).await?;
@@ -188,12 +166,13 @@ async fn one(binary: &Path, p: &Params, n: u64, delayed: bool) -> Result<ParkedR
     };
     with_stderr(&server, setup.await)?;
     let baseline_rss_bytes = procs::rss_bytes(server.pid())?;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
     let at = if delayed {
-        format!(r#""deliverat":"{}","#, rfc3339(now + AHEAD_SECONDS))
+        let now = meshd_stores::time::Timestamp::now();
+        let due = meshd_stores::time::Timestamp::from_millis(
+            now.as_millis() + AHEAD_SECONDS as i64 * 1000,
+        )
+        .unwrap_or(now);
+        format!(r#""deliverat":"{}","#, due.to_rfc3339())
     } else {
         String::new()
     };
@@ -280,15 +259,5 @@ impl std::fmt::Write for StrOut<'_> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
         self.0.extend_from_slice(s.as_bytes());
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn rfc3339_of_known_instants() {
-        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(super::rfc3339(1_796_083_199), "2026-11-30T23:59:59Z");
     }
 }

@@ -573,10 +573,19 @@ impl Inner {
         }
     }
 
-    async fn ensure_dlq(&self) -> Result<(), LogError> {
-        let config = json!({
-            "name": self.names.dlq_stream(),
-            "subjects": [self.names.dlq_subject()],
+    /// The settings of a stream shared by every instance, kept without limits: file
+    /// storage, the log's replicas, direct gets; `per_subject` messages kept per
+    /// subject (-1: all); `what` describes it.
+    fn shared_stream(
+        &self,
+        name: String,
+        subject: String,
+        per_subject: i64,
+        (kind, what): (&str, &str),
+    ) -> Value {
+        json!({
+            "name": name,
+            "subjects": [subject],
             "retention": "limits",
             "storage": "file",
             "discard": "old",
@@ -585,12 +594,21 @@ impl Inner {
             "max_msgs": -1,
             "max_bytes": -1,
             "max_age": 0,
-            "max_msgs_per_subject": -1,
+            "max_msgs_per_subject": per_subject,
             "max_msg_size": -1,
             "allow_direct": true,
-            "description": "meshd dead-letter bodies",
-            "metadata": { "meshd.kind": "deadletter-bodies" },
-        });
+            "description": what,
+            "metadata": { "meshd.kind": kind },
+        })
+    }
+
+    async fn ensure_dlq(&self) -> Result<(), LogError> {
+        let config = self.shared_stream(
+            self.names.dlq_stream(),
+            self.names.dlq_subject(),
+            -1,
+            ("deadletter-bodies", "meshd dead-letter bodies"),
+        );
         self.create_stream(config)
             .await
             .map_err(|f| write_err("creating the dead-letter stream", f))
@@ -1406,25 +1424,15 @@ fn park_err(what: &str, f: Fail) -> ParkError {
 
 impl Inner {
     async fn ensure_parks(&self) -> Result<(), Fail> {
-        let config = json!({
-            "name": self.names.park_stream(),
-            "subjects": [self.names.park_filter()],
-            "retention": "limits",
-            "storage": "file",
-            "discard": "old",
-            "num_replicas": self.config.replicas,
-            "max_consumers": -1,
-            "max_msgs": -1,
-            "max_bytes": -1,
-            "max_age": 0,
-            // The last message of an entry's subject is the entry (or its tombstone).
-            "max_msgs_per_subject": 1,
-            "max_msg_size": -1,
-            "allow_direct": true,
-            "allow_msg_ttl": true,
-            "description": "meshd park journal",
-            "metadata": { "meshd.kind": "park-journal" },
-        });
+        // The last message of an entry's subject is the entry (or its tombstone, which
+        // expires: per-message TTLs).
+        let mut config = self.shared_stream(
+            self.names.park_stream(),
+            self.names.park_filter(),
+            1,
+            ("park-journal", "meshd park journal"),
+        );
+        config["allow_msg_ttl"] = json!(true);
         self.create_stream(config).await
     }
 

@@ -269,7 +269,7 @@ async fn given_a_nack_delay_beyond_park_retries_after_ms_then_the_retry_is_parke
     assert_eq!(summary(&first), [(0, 0, 1), (0, 1, 1)]);
     // A delay at or beyond --park-retries-after-ms parks the retry: committed passes
     // it once the later offset is acked, instead of waiting for the retry.
-    let r = send_nack(&a, &ids(&first[..1]), 4000).await;
+    let r = nack_delayed(&a, "s", &ids(&first[..1]), 4000).await;
     assert_eq!(set(&r["retrying"]), set_of(&ids(&first[..1])), "{r}");
     let nacked_at = now_ms();
     ack(&a, "s", &ids(&first[1..])).await.unwrap();
@@ -290,19 +290,6 @@ async fn given_a_nack_delay_beyond_park_retries_after_ms_then_the_retry_is_parke
     ack(&a, "s", &ids(&again)).await.unwrap();
     assert_eq!(parked(&a, "s").await, 0);
     assert_no_delivery(&a, "s", 1500, "an acked parked retry came again").await;
-}
-
-async fn send_nack(a: &str, ids: &[Value], delay_ms: u64) -> Value {
-    let r = meshd_test_support::http::send_json(
-        a,
-        "POST",
-        "/v1/subscriptions/s/nack",
-        &json!({"delivery_ids": ids, "reason": "later", "delay_ms": delay_ms}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,7 +320,7 @@ async fn given_a_cluster_when_the_owner_of_a_parked_retry_is_sigkilled_then_the_
     let first = pull_until(&survivor, "s", 1, DRAIN).await;
     assert_eq!(summary(&first), [(0, 0, 1)]);
     // Parked in the owner's journal on nats-server, with its attempt.
-    let r = send_nack(&survivor, &ids(&first), 8000).await;
+    let r = nack_delayed(&survivor, "s", &ids(&first), 8000).await;
     assert_eq!(set(&r["retrying"]), set_of(&ids(&first)), "{r}");
     let nacked_at = now_ms();
     wait_committed(&survivor, "s", 0, 1).await;

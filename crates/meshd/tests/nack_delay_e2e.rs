@@ -26,19 +26,6 @@ fn hour_backoff(topic: &str, max_attempts: u32) -> Value {
     })
 }
 
-async fn nack_delayed(a: &str, sub: &str, ids: &[Value], delay_ms: u64) -> Value {
-    let r = send_json(
-        a,
-        "POST",
-        &format!("/v1/subscriptions/{sub}/nack"),
-        &json!({"delivery_ids": ids, "reason": "later", "delay_ms": delay_ms}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_a_nack_with_delay_ms_then_the_retry_waits_that_instead_of_the_backoff_and_still_counts(
 ) {

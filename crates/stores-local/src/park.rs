@@ -48,6 +48,27 @@ fn offset_key(key: &OffsetKey, offset: u64) -> Vec<u8> {
     k
 }
 
+/// Deletes every key under `prefix` in the `deliveries` column family, durably, in
+/// batches of 1000 (blocking: call it from a blocking task).
+fn delete_prefix(group: &GroupCommit, prefix: &[u8]) -> Result<(), DeliveryError> {
+    let end = keys::end_of(prefix);
+    loop {
+        let done = group
+            .commit_with::<_, Closure>(|engine| {
+                let rows = engine.scan(CF_DELIVERIES, prefix, Some(&end), 1000)?;
+                let mut batch = Batch::new();
+                for (k, _) in &rows {
+                    batch.delete(CF_DELIVERIES, k.clone());
+                }
+                Ok((batch, rows.is_empty()))
+            })
+            .map_err(DeliveryError::from)?;
+        if done {
+            return Ok(());
+        }
+    }
+}
+
 /// The value of a `k` key: the attempts made before parking, then the body.
 fn entry_value(attempt: u32, body: &[u8]) -> Vec<u8> {
     let mut value = Vec::with_capacity(4 + body.len());
@@ -102,23 +123,7 @@ impl RocksParkStore {
         let key = key.clone();
         tokio::task::spawn_blocking(move || {
             for by_offset in [false, true] {
-                let prefix = keys::parked_of_partition(&key, by_offset);
-                let end = keys::end_of(&prefix);
-                loop {
-                    let done = group
-                        .commit_with::<_, Closure>(|engine| {
-                            let rows = engine.scan(CF_DELIVERIES, &prefix, Some(&end), 1000)?;
-                            let mut batch = Batch::new();
-                            for (k, _) in &rows {
-                                batch.delete(CF_DELIVERIES, k.clone());
-                            }
-                            Ok((batch, rows.is_empty()))
-                        })
-                        .map_err(DeliveryError::from)?;
-                    if done {
-                        break;
-                    }
-                }
+                delete_prefix(&group, &keys::parked_of_partition(&key, by_offset))?;
             }
             let mut entries = entries.into_iter().peekable();
             while entries.peek().is_some() {
@@ -345,22 +350,7 @@ impl ParkIndex for RocksParkStore {
             .map(|by_offset| keys::parked_of_subscription(subscription, incarnation, by_offset));
         tokio::task::spawn_blocking(move || {
             for prefix in prefixes {
-                let end = keys::end_of(&prefix);
-                loop {
-                    let done = group
-                        .commit_with::<_, Closure>(|engine| {
-                            let rows = engine.scan(CF_DELIVERIES, &prefix, Some(&end), 1000)?;
-                            let mut batch = Batch::new();
-                            for (k, _) in &rows {
-                                batch.delete(CF_DELIVERIES, k.clone());
-                            }
-                            Ok((batch, rows.is_empty()))
-                        })
-                        .map_err(DeliveryError::from)?;
-                    if done {
-                        break;
-                    }
-                }
+                delete_prefix(&group, &prefix)?;
             }
             Ok::<_, DeliveryError>(())
         })

@@ -513,3 +513,17 @@ impl SmallCluster {
         .unwrap_or_else(|e| panic!("{e:#}"));
     }
 }
+
+/// A nack of `ids` on `sub` with `delay_ms` (asserts 200); the answer.
+pub async fn nack_delayed(a: &str, sub: &str, ids: &[Value], delay_ms: u64) -> Value {
+    let r = send_json(
+        a,
+        "POST",
+        &format!("/v1/subscriptions/{sub}/nack"),
+        &json!({"delivery_ids": ids, "reason": "later", "delay_ms": delay_ms}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json().unwrap()
+}
