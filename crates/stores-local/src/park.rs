@@ -69,12 +69,18 @@ fn delete_prefix(group: &GroupCommit, prefix: &[u8]) -> Result<(), DeliveryError
     }
 }
 
-/// The value of a `k` key: the attempts made before parking, then the body.
-fn entry_value(attempt: u32, body: &[u8]) -> Vec<u8> {
+/// Both keys of an entry: the due time by offset, and the attempts made before
+/// parking (u32 BE) then the body by due time and offset.
+fn put_entry(batch: &mut Batch, key: &OffsetKey, p: &Parked, body: &[u8]) {
+    batch.put(
+        CF_DELIVERIES,
+        offset_key(key, p.offset),
+        p.due_ms.to_be_bytes(),
+    );
     let mut value = Vec::with_capacity(4 + body.len());
-    value.extend_from_slice(&attempt.to_be_bytes());
+    value.extend_from_slice(&p.attempt.to_be_bytes());
     value.extend_from_slice(body);
-    value
+    batch.put(CF_DELIVERIES, due_key(key, p.due_ms, p.offset), value);
 }
 
 fn be8(b: &[u8]) -> Option<u64> {
@@ -132,16 +138,7 @@ impl RocksParkStore {
                     .commit_with::<_, Closure>(|_| {
                         let mut batch = Batch::new();
                         for (p, body) in &chunk {
-                            batch.put(
-                                CF_DELIVERIES,
-                                offset_key(&key, p.offset),
-                                p.due_ms.to_be_bytes(),
-                            );
-                            batch.put(
-                                CF_DELIVERIES,
-                                due_key(&key, p.due_ms, p.offset),
-                                entry_value(p.attempt, body),
-                            );
+                            put_entry(&mut batch, &key, p, body);
                         }
                         Ok((batch, ()))
                     })
@@ -185,16 +182,7 @@ impl ParkIndex for RocksParkStore {
             for (p, body) in &entries {
                 let new = seen.insert(p.offset) && due_of(engine, &key, p.offset)?.is_none();
                 if new {
-                    batch.put(
-                        CF_DELIVERIES,
-                        offset_key(&key, p.offset),
-                        p.due_ms.to_be_bytes(),
-                    );
-                    batch.put(
-                        CF_DELIVERIES,
-                        due_key(&key, p.due_ms, p.offset),
-                        entry_value(p.attempt, body),
-                    );
+                    put_entry(&mut batch, &key, p, body);
                 }
                 created.push(new);
             }
