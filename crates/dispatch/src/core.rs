@@ -874,16 +874,7 @@ impl PartitionCore {
             {
                 return Err(CoreError::NotParking { offset: *offset });
             }
-            Input::Unpark { offset, attempt } => {
-                if *attempt >= self.config.max_attempts {
-                    return Err(CoreError::InvalidRecord {
-                        offset: *offset,
-                        reason: format!(
-                            "unparked after {attempt} attempts, max_attempts is {}",
-                            self.config.max_attempts
-                        ),
-                    });
-                }
+            Input::Unpark { offset, .. } => {
                 if *offset >= self.committed {
                     return Err(CoreError::RedriveOfUnresolvedOffset {
                         offset: *offset,
@@ -1218,6 +1209,17 @@ impl PartitionCore {
                     // entry; the next hand-out writes one here.
                     e.has_record = attempt > 0;
                     self.insert_entry(loc, e);
+                    if attempt >= self.config.max_attempts {
+                        // Parked before `max_attempts` was lowered below its count: it
+                        // has had its attempts, so it is dead-lettered, not delivered.
+                        if let Some(e) = self.entries.get_mut(&loc) {
+                            e.last_reason = Some(format!(
+                                "max_attempts lowered to {} below the {attempt} attempts made",
+                                self.config.max_attempts
+                            ));
+                        }
+                        self.start_dead_letter(loc, now, out);
+                    }
                 }
             }
         }

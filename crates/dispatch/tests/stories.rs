@@ -1768,6 +1768,41 @@ fn given_a_record_of_a_parked_retry_when_recovered_then_the_park_entry_wins_and_
 }
 
 #[test]
+fn given_a_parked_retry_with_more_attempts_than_a_lowered_max_attempts_when_due_then_it_is_dead_lettered(
+) {
+    let mut cfg = config();
+    cfg.max_attempts = 2;
+    let mut s = Shell::new(cfg, 0);
+    s.publish(1);
+    let d = s.deliver(1);
+    s.ack(&[&d[0].delivery_id]);
+    assert_eq!(s.core.stats().committed, 1);
+    // Parked after 3 attempts while max_attempts was higher; now it is 2.
+    let cmds = s.input(Input::Unpark {
+        offset: 0,
+        attempt: 3,
+    });
+    let requests: Vec<_> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            Command::ParkDeadLetter(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(requests.len(), 1, "{cmds:?}");
+    assert_eq!((requests[0].offset, requests[0].attempts), (0, 3));
+    assert!(
+        requests[0].reason.contains("max_attempts lowered"),
+        "{:?}",
+        requests[0].reason
+    );
+    assert!(s.pull(1).is_empty(), "never delivered");
+    s.input(Input::RedriveSettled { offset: 0 });
+    assert_eq!(s.core.stats().redrives, 0);
+    s.core.check_consistency().unwrap();
+}
+
+#[test]
 fn given_an_unparked_event_that_fails_max_attempts_then_it_is_dead_lettered_from_its_park_entry() {
     let mut cfg = config();
     cfg.max_attempts = 2;

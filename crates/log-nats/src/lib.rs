@@ -1501,7 +1501,12 @@ impl ParkJournal for NatsLog {
             .await
     }
 
-    async fn load(&self, key: &OffsetKey) -> Result<Vec<(Parked, Vec<u8>)>, ParkError> {
+    async fn load_page(
+        &self,
+        key: &OffsetKey,
+        from: u64,
+        max: usize,
+    ) -> Result<(Vec<(Parked, Vec<u8>)>, Option<u64>), ParkError> {
         let i = &self.inner;
         let filter = i.names.park_partition_filter(
             &key.subscription,
@@ -1509,44 +1514,51 @@ impl ParkJournal for NatsLog {
             &key.topic,
             key.partition,
         );
-        let mut out = Vec::new();
-        let mut next = 1u64;
-        loop {
-            let got = match i
-                .js
-                .direct_batch_of(
-                    &i.names.park_stream(),
-                    next,
-                    MAX_READ,
-                    None,
-                    Some(&filter),
-                    i.deadline(),
-                )
-                .await
-            {
-                Ok(got) => got,
-                // No journal yet: nothing was ever parked.
-                Err(Fail::NoResponders) => Vec::new(),
+        let stream = i.names.park_stream();
+        let got = match i
+            .js
+            .direct_batch_of(
+                &stream,
+                from.max(1),
+                max.clamp(1, MAX_READ),
+                None,
+                Some(&filter),
+                i.deadline(),
+            )
+            .await
+        {
+            Ok(got) => got,
+            // Nobody answers direct gets: the journal does not exist (nothing was
+            // ever parked), or no server answers for it right now. Only the stream's
+            // leader can tell which; an answer cut short would lose parked events.
+            Err(Fail::NoResponders) => match i.stream_info(&stream).await {
+                Ok(None) => return Ok((Vec::new(), None)),
+                Ok(Some(_)) => {
+                    return Err(ParkError::Unavailable(format!(
+                        "nats: no server answers direct gets of {stream}"
+                    )))
+                }
                 Err(f) => return Err(park_err("reading the park journal", f)),
-            };
-            let Some(last) = got.last().map(|m| m.seq) else {
-                break;
-            };
-            for m in got {
-                match parse_park_payload(&m.payload) {
-                    Ok(Some(entry)) => out.push(entry),
-                    Ok(None) => {}
-                    Err(e) => {
-                        return Err(ParkError::Unavailable(format!(
-                            "nats: park journal message {} of {filter}: {e}",
-                            m.seq
-                        )))
-                    }
+            },
+            Err(f) => return Err(park_err("reading the park journal", f)),
+        };
+        let Some(last) = got.last().map(|m| m.seq) else {
+            return Ok((Vec::new(), None));
+        };
+        let mut out = Vec::with_capacity(got.len());
+        for m in got {
+            match parse_park_payload(&m.payload) {
+                Ok(Some(entry)) => out.push(entry),
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(ParkError::Unavailable(format!(
+                        "nats: park journal message {} of {filter}: {e}",
+                        m.seq
+                    )))
                 }
             }
-            next = last + 1;
         }
-        Ok(out)
+        Ok((out, Some(last + 1)))
     }
 
     async fn drop_subscription(

@@ -121,3 +121,41 @@ async fn a_partition_with_more_entries_than_one_read_loads_them_all() {
     assert_eq!(got.first().map(|e| e.0), Some(0));
     assert_eq!(got.last().map(|e| e.0), Some(n - 1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_that_exists_but_answers_no_direct_gets_is_unavailable_never_read_as_empty() {
+    let nats = common::server().await;
+    let j = common::connect(&nats).await;
+    // The journal's stream exists, but nothing answers direct gets on it (as while no
+    // server serves it): what it holds cannot be read, which must not read as nothing
+    // parked (a new owner would take the partition with its parked events lost).
+    let create = serde_json::json!({
+        "name": "meshd_park",
+        "subjects": ["meshd.park.>"],
+        "storage": "file",
+        "max_msgs_per_subject": 1,
+        "allow_direct": false,
+        "allow_msg_ttl": true,
+    });
+    let answer = j
+        .client()
+        .request(
+            "$JS.API.STREAM.CREATE.meshd_park".to_string(),
+            create.to_string().into(),
+        )
+        .await
+        .expect("create stream");
+    assert!(
+        !String::from_utf8_lossy(&answer.payload).contains("\"error\""),
+        "{:?}",
+        answer.payload
+    );
+    let a = pkey("s", 1, 0);
+    j.put(&a, &entry(3, 5000, 0), b"three").await.unwrap();
+    match j.load(&a).await {
+        Err(meshd_stores::park::ParkError::Unavailable(reason)) => {
+            assert!(reason.contains("direct gets"), "{reason}")
+        }
+        other => panic!("a journal that cannot be read answered {other:?}"),
+    }
+}

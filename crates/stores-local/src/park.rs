@@ -24,6 +24,9 @@ pub use meshd_stores::park::{ParkError, ParkIndex, ParkJournal, ParkReceipt, Par
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// Journal entries read (and written here) at once when a partition is adopted.
+const ADOPT_PAGE: usize = 500;
+
 /// Journal puts of one `park_many` in flight at once.
 const JOURNAL_PUTS_AT_ONCE: usize = 64;
 
@@ -121,14 +124,8 @@ impl RocksParkStore {
             .map_err(DeliveryError::Invalid)
     }
 
-    /// Replaces every entry of the partition with `entries`, durably (in batches: the
-    /// caller runs it before the partition is served, and a crash in between is
-    /// mended by running it again).
-    pub async fn replace_partition(
-        &self,
-        key: &OffsetKey,
-        entries: Vec<(Parked, Vec<u8>)>,
-    ) -> Result<(), DeliveryError> {
+    /// Removes every entry of the partition, durably (in batches).
+    pub async fn clear_partition(&self, key: &OffsetKey) -> Result<(), DeliveryError> {
         Self::check(key)?;
         let group = self.group.clone();
         let key = key.clone();
@@ -136,23 +133,31 @@ impl RocksParkStore {
             for by_offset in [false, true] {
                 delete_prefix(&group, &keys::parked_of_partition(&key, by_offset))?;
             }
-            let mut entries = entries.into_iter().peekable();
-            while entries.peek().is_some() {
-                let chunk: Vec<_> = entries.by_ref().take(1000).collect();
-                group
-                    .commit_with::<_, Closure>(|_| {
-                        let mut batch = Batch::new();
-                        for (p, body) in &chunk {
-                            put_entry(&mut batch, &key, p, body);
-                        }
-                        Ok((batch, ()))
-                    })
-                    .map_err(DeliveryError::from)?;
-            }
             Ok::<_, DeliveryError>(())
         })
         .await
         .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
+    }
+
+    /// Writes `entries` as they are (no check for entries present), durably: a
+    /// partition's index rebuilt page by page after [`clear_partition`](Self::clear_partition).
+    pub async fn insert_entries(
+        &self,
+        key: &OffsetKey,
+        entries: Vec<(Parked, Vec<u8>)>,
+    ) -> Result<(), DeliveryError> {
+        Self::check(key)?;
+        let key = key.clone();
+        crate::on_store_thread(&self.group, Wait::Durable, move |_| {
+            let mut batch = Batch::new();
+            for (p, body) in &entries {
+                put_entry(&mut batch, &key, p, body);
+            }
+            Ok::<_, Closure>((batch, ()))
+        })
+        .await
+        .map_err(DeliveryError::from)?;
+        Ok(())
     }
 
     async fn read<T: Send + 'static>(
@@ -418,8 +423,18 @@ impl JournaledParks {
 #[async_trait]
 impl ParkIndex for JournaledParks {
     async fn adopt(&self, key: &OffsetKey) -> Result<(), ParkError> {
-        let entries = self.journal.load(key).await?;
-        self.local.replace_partition(key, entries).await?;
+        // Page by page: a partition with a million parked events is never in memory
+        // at once. A failure part-way leaves a partial copy that the next `adopt`
+        // (the acquisition is retried) clears again.
+        self.local.clear_partition(key).await?;
+        let mut from = Some(1);
+        while let Some(at) = from {
+            let (page, next) = self.journal.load_page(key, at, ADOPT_PAGE).await?;
+            if !page.is_empty() {
+                self.local.insert_entries(key, page).await?;
+            }
+            from = next;
+        }
         Ok(())
     }
 

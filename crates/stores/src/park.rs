@@ -155,7 +155,29 @@ pub trait ParkIndex: Send + Sync + 'static {
 pub trait ParkJournal: Send + Sync + 'static {
     async fn put(&self, key: &OffsetKey, entry: &Parked, body: &[u8]) -> Result<(), ParkError>;
     async fn settle(&self, key: &OffsetKey, offset: u64) -> Result<(), ParkError>;
-    async fn load(&self, key: &OffsetKey) -> Result<Vec<(Parked, Vec<u8>)>, ParkError>;
+    /// One page of the partition's entries put and not settled, with their bodies: at
+    /// most `max` read from journal position `from` on (1 at first), and the position
+    /// to go on from (`None`: the end). Unavailable when the journal cannot be read
+    /// whole: never a short answer taken for the end.
+    async fn load_page(
+        &self,
+        key: &OffsetKey,
+        from: u64,
+        max: usize,
+    ) -> Result<(Vec<(Parked, Vec<u8>)>, Option<u64>), ParkError>;
+
+    /// Every entry of the partition (pages of [`load_page`](Self::load_page), all in
+    /// memory: for tests and small partitions; `adopt` goes page by page).
+    async fn load(&self, key: &OffsetKey) -> Result<Vec<(Parked, Vec<u8>)>, ParkError> {
+        let mut out = Vec::new();
+        let mut from = Some(1);
+        while let Some(at) = from {
+            let (page, next) = self.load_page(key, at, 1000).await?;
+            out.extend(page);
+            from = next;
+        }
+        Ok(out)
+    }
     async fn drop_subscription(
         &self,
         subscription: &str,

@@ -1923,6 +1923,8 @@ impl PartitionTask {
                     self.park.stalled = true;
                 }
                 Err(e) => {
+                    // Looked at again after a pause, never in a tight loop.
+                    self.park.stalled = true;
                     tracing::error!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset = p.offset, error = %e, "dispatch core refused a due park entry; it stays parked");
                 }
             }
