@@ -383,20 +383,6 @@ impl ParkIndex for Flaky {
         }
         self.inner.park_many(key, entries).await
     }
-    fn submit_park_many(
-        &self,
-        key: &OffsetKey,
-        entries: Vec<(Parked, Vec<u8>)>,
-    ) -> meshd_stores::park::ParkReceipt {
-        if Self::fails(&self.parks_to_fail) {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let _ = tx.send(Err(ParkError::Unavailable(
-                "journal unreachable (test)".into(),
-            )));
-            return rx;
-        }
-        self.inner.submit_park_many(key, entries)
-    }
     async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {
         if Self::fails(&self.removes_to_fail) {
             return Err(ParkError::Unavailable("journal unreachable (test)".into()));

@@ -20,7 +20,7 @@ use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::delivery::DeliveryError;
 use meshd_stores::offsets::OffsetKey;
-pub use meshd_stores::park::{ParkError, ParkIndex, ParkJournal, ParkReceipt, Parked};
+pub use meshd_stores::park::{ParkError, ParkIndex, ParkJournal, Parked};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -70,11 +70,6 @@ fn delete_prefix(group: &GroupCommit, prefix: &[u8]) -> Result<(), DeliveryError
             return Ok(());
         }
     }
-}
-
-/// A submitted write whose answer never came (the store thread went away with it).
-fn lost_write() -> DeliveryError {
-    DeliveryError::Indeterminate("the Local store thread went away with this write queued".into())
 }
 
 /// Both keys of an entry: the due time by offset, and the attempts made before
@@ -183,41 +178,24 @@ impl ParkIndex for RocksParkStore {
         key: &OffsetKey,
         entries: Vec<(Parked, Vec<u8>)>,
     ) -> Result<Vec<bool>, ParkError> {
-        self.submit_park_many(key, entries)
-            .await
-            .unwrap_or_else(|_| Err(ParkError::Local(lost_write())))
-    }
-
-    fn submit_park_many(&self, key: &OffsetKey, entries: Vec<(Parked, Vec<u8>)>) -> ParkReceipt {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if let Err(e) = Self::check(key) {
-            let _ = tx.send(Err(e.into()));
-            return rx;
-        }
+        Self::check(key)?;
         let key = key.clone();
-        self.group.submit(
-            Wait::Durable,
-            move |engine| {
-                let mut batch = Batch::new();
-                let mut created = Vec::with_capacity(entries.len());
-                let mut seen = BTreeSet::new();
-                for (p, body) in &entries {
-                    let new = seen.insert(p.offset) && due_of(engine, &key, p.offset)?.is_none();
-                    if new {
-                        put_entry(&mut batch, &key, p, body);
-                    }
-                    created.push(new);
+        let (_, created) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+            let mut batch = Batch::new();
+            let mut created = Vec::with_capacity(entries.len());
+            let mut seen = BTreeSet::new();
+            for (p, body) in &entries {
+                let new = seen.insert(p.offset) && due_of(engine, &key, p.offset)?.is_none();
+                if new {
+                    put_entry(&mut batch, &key, p, body);
                 }
-                Ok::<_, Closure>((batch, created))
-            },
-            move |r| {
-                let _ = tx.send(
-                    r.map(|(_, created)| created)
-                        .map_err(|e| ParkError::Local(DeliveryError::from(e))),
-                );
-            },
-        );
-        rx
+                created.push(new);
+            }
+            Ok::<_, Closure>((batch, created))
+        })
+        .await
+        .map_err(DeliveryError::from)?;
+        Ok(created)
     }
 
     async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {
@@ -375,36 +353,6 @@ impl ParkIndex for RocksParkStore {
     }
 }
 
-/// Puts the entries not parked here yet in the journal (overlapping), then parks them
-/// here: the journal is written first.
-async fn journaled_park_many(
-    local: &RocksParkStore,
-    journal: &dyn ParkJournal,
-    key: &OffsetKey,
-    entries: Vec<(Parked, Vec<u8>)>,
-) -> Result<Vec<bool>, ParkError> {
-    // Parked here already means in the journal too (it is written first).
-    let here: BTreeSet<u64> = local
-        .parked_among(key, entries.iter().map(|(p, _)| p.offset).collect())
-        .await?
-        .into_iter()
-        .collect();
-    let new: Vec<usize> = (0..entries.len())
-        .filter(|&i| !here.contains(&entries[i].0.offset))
-        .collect();
-    // Every put acknowledged before any is used; the puts of a chunk overlap.
-    for chunk in new.chunks(JOURNAL_PUTS_AT_ONCE) {
-        let puts = chunk.iter().map(|&i| {
-            let (p, body) = &entries[i];
-            journal.put(key, p, body)
-        });
-        for r in futures::future::join_all(puts).await {
-            r?;
-        }
-    }
-    local.park_many(key, entries).await
-}
-
 /// Cluster mode: the Local index as the working copy of a [`ParkJournal`] on the
 /// shared log's server (see `meshd_stores::park`, "Cluster mode"): every entry is put
 /// in the journal before it is parked here and settled there before it goes here;
@@ -443,19 +391,27 @@ impl ParkIndex for JournaledParks {
         key: &OffsetKey,
         entries: Vec<(Parked, Vec<u8>)>,
     ) -> Result<Vec<bool>, ParkError> {
-        journaled_park_many(&self.local, self.journal.as_ref(), key, entries).await
-    }
-
-    fn submit_park_many(&self, key: &OffsetKey, entries: Vec<(Parked, Vec<u8>)>) -> ParkReceipt {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (local, journal, key) = (self.local.clone(), self.journal.clone(), key.clone());
-        // The journal's puts go out concurrently with the caller's next work; a later
-        // write of this index for these offsets only follows their `Parked`.
-        tokio::spawn(async move {
-            let r = journaled_park_many(&local, journal.as_ref(), &key, entries).await;
-            let _ = tx.send(r);
-        });
-        rx
+        // Parked here already means in the journal too (it is written first).
+        let here: BTreeSet<u64> = self
+            .local
+            .parked_among(key, entries.iter().map(|(p, _)| p.offset).collect())
+            .await?
+            .into_iter()
+            .collect();
+        let new: Vec<usize> = (0..entries.len())
+            .filter(|&i| !here.contains(&entries[i].0.offset))
+            .collect();
+        // Every put acknowledged before any is used; the puts of a chunk overlap.
+        for chunk in new.chunks(JOURNAL_PUTS_AT_ONCE) {
+            let puts = chunk.iter().map(|&i| {
+                let (p, body) = &entries[i];
+                self.journal.put(key, p, body)
+            });
+            for r in futures::future::join_all(puts).await {
+                r?;
+            }
+        }
+        self.local.park_many(key, entries).await
     }
 
     async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {

@@ -47,9 +47,6 @@ pub enum ParkError {
     Unavailable(String),
 }
 
-/// The answer to [`ParkIndex::submit_park_many`].
-pub type ParkReceipt = tokio::sync::oneshot::Receiver<Result<Vec<bool>, ParkError>>;
-
 /// A parked event, as the index answers it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Parked {
@@ -94,13 +91,6 @@ pub trait ParkIndex: Send + Sync + 'static {
         key: &OffsetKey,
         entries: Vec<(Parked, Vec<u8>)>,
     ) -> Result<Vec<bool>, ParkError>;
-
-    /// [`park_many`](Self::park_many) submitted before this returns and answered on
-    /// the receiver once durable (or failed): the write is ordered before every write
-    /// this index is given afterwards, so the caller may go on while it is made durable
-    /// (and must not count the events as parked before the answer). Several submitted
-    /// batches share fsyncs. A dropped sender means the outcome is unknown.
-    fn submit_park_many(&self, key: &OffsetKey, entries: Vec<(Parked, Vec<u8>)>) -> ParkReceipt;
 
     /// Removes `offset`'s entry, durably. `true`: it was there.
     async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError>;

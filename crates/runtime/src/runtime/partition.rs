@@ -264,28 +264,6 @@ pub struct ParkState {
     /// Parks whose event body could not be read, or that the journal did not take:
     /// (offset, due, attempt), tried again later.
     retry: Vec<(u64, u64, u32)>,
-    /// Park writes submitted and not answered yet, in submission order: the task reads
-    /// on meanwhile, so the parks of several reads share fsyncs. A task that ends with
-    /// some pending loses nothing: the committed offset never passed them.
-    pending: VecDeque<PendingParks>,
-}
-
-/// A submitted park write: the core hears `Parked` for its events once it is durable.
-pub struct PendingParks {
-    receipt: meshd_stores::park::ParkReceipt,
-    /// (offset, due, attempt) of every entry in the write.
-    wanted: Vec<(u64, u64, u32)>,
-    started: Instant,
-}
-
-/// Waits for the oldest pending park write (forever when there is none).
-async fn oldest_park(
-    pending: &mut VecDeque<PendingParks>,
-) -> Result<Result<Vec<bool>, ParkError>, tokio::sync::oneshot::error::RecvError> {
-    match pending.front_mut() {
-        Some(p) => (&mut p.receipt).await,
-        None => std::future::pending().await,
-    }
 }
 
 impl ParkState {
@@ -451,13 +429,6 @@ impl PartitionTask {
                 done = oldest_durable(&mut self.pending) => {
                     if let Some(p) = self.pending.pop_front() {
                         self.persisted(p, done).await;
-                    }
-                }
-                done = oldest_park(&mut self.park.pending) => {
-                    if let Some(p) = self.park.pending.pop_front() {
-                        let inputs = self.parks_done(p, done);
-                        let cmds = self.results(inputs);
-                        self.execute(cmds, &mut fx).await;
                     }
                 }
                 msg = self.rx.recv() => match msg {
@@ -1116,8 +1087,7 @@ impl PartitionTask {
                             parks.push((offset, due_ms, attempt));
                         }
                     }
-                    self.submit_parks(parks).await;
-                    vec![]
+                    self.park_batch(parks).await
                 }
                 other => self.run_one(other, fx).await,
             };
@@ -1317,10 +1287,7 @@ impl PartitionTask {
                 offset,
                 due_ms,
                 attempt,
-            } => {
-                self.submit_parks(vec![(offset, due_ms, attempt)]).await;
-                vec![]
-            }
+            } => self.park_batch(vec![(offset, due_ms, attempt)]).await,
             Command::ParkSettled { offset } => self.park_settled(offset).await,
             Command::ParkDeadLetter(req) => self.park_dead_letter(req, fx).await,
             Command::HandOut { pull_id, delivery } => {
@@ -1663,12 +1630,12 @@ impl PartitionTask {
         out
     }
 
-    /// `Command::Park` (a run of them: one write): each event's entry, with its body,
-    /// submitted to the park index; the core hears `Parked` once the write is durable
-    /// ([`parks_done`](Self::parks_done)), so the committed offset never passes an
-    /// event a crash could lose. An event whose body cannot be read is tried again
-    /// shortly (the offset is held until then).
-    async fn submit_parks(&mut self, parks: Vec<(u64, u64, u32)>) {
+    /// `Command::Park` (a run of them: one durable write): each event's entry, with
+    /// its body, durable in the park index before the core hears `Parked` (and may
+    /// advance the committed offset past it). An event whose body cannot be read, or
+    /// a write the journal did not take, is tried again shortly (the offset is held
+    /// until then).
+    async fn park_batch(&mut self, parks: Vec<(u64, u64, u32)>) -> Vec<Input> {
         let key = self.key().clone();
         let mut entries = Vec::with_capacity(parks.len());
         for (offset, due_ms, attempt) in parks {
@@ -1693,43 +1660,22 @@ impl PartitionTask {
             entries.push((entry, body));
         }
         if entries.is_empty() {
-            return;
+            return vec![];
         }
-        let wanted = entries
+        let wanted: Vec<(u64, u64, u32)> = entries
             .iter()
             .map(|(p, _)| (p.offset, p.due_ms, p.attempt))
             .collect();
-        let receipt = self.deps.parks.submit_park_many(&key, entries);
-        self.park.pending.push_back(PendingParks {
-            receipt,
-            wanted,
-            started: Instant::now(),
-        });
-    }
-
-    /// A submitted park write finished: its events are `Parked` (and the next look at
-    /// the index is set by their due times), or, when the journal did not take them,
-    /// tried again shortly; a Local failure fail-stops the partition.
-    fn parks_done(
-        &mut self,
-        p: PendingParks,
-        result: Result<Result<Vec<bool>, ParkError>, tokio::sync::oneshot::error::RecvError>,
-    ) -> Vec<Input> {
+        let started = Instant::now();
+        let r = self.deps.parks.park_many(&key, entries).await;
         self.deps
             .metrics
-            .write_latency("parks", Backend::RocksDb, "park", p.started.elapsed());
-        let result = result.unwrap_or_else(|_| {
-            Err(ParkError::Local(
-                meshd_stores::delivery::DeliveryError::Indeterminate(
-                    "the park index went away with this write".into(),
-                ),
-            ))
-        });
-        match result {
+            .write_latency("parks", Backend::RocksDb, "park", started.elapsed());
+        match r {
             Ok(created) => {
                 let new = created.iter().filter(|c| **c).count() as u64;
                 self.shared.parked.fetch_add(new, Ordering::AcqRel);
-                p.wanted
+                wanted
                     .into_iter()
                     .map(|(offset, due_ms, _)| {
                         self.park.look_by(due_ms);
@@ -1738,9 +1684,9 @@ impl PartitionTask {
                     .collect()
             }
             Err(e) => {
-                let first = p.wanted.first().map_or(0, |w| w.0);
+                let first = wanted.first().map_or(0, |w| w.0);
                 if self.park_failed(&e, "park", first) {
-                    self.park.retry.extend(p.wanted);
+                    self.park.retry.extend(wanted);
                     self.park.look_by(now_ms().saturating_add(PARK_RETRY_MS));
                 }
                 vec![]
@@ -1880,7 +1826,9 @@ impl PartitionTask {
         let parks = self.deps.parks.clone();
         let retry = std::mem::take(&mut self.park.retry);
         if !retry.is_empty() {
-            self.submit_parks(retry).await;
+            let inputs = self.park_batch(retry).await;
+            let cmds = self.results(inputs);
+            self.execute(cmds, fx).await;
         }
         // Entries unparked already come first in due order: take past them.
         let limit = self.core.redrives_under_way() + UNPARK_BATCH;
