@@ -122,16 +122,10 @@ impl RocksParkStore {
     /// Removes every entry of the partition, durably (in batches).
     pub async fn clear_partition(&self, key: &OffsetKey) -> Result<(), DeliveryError> {
         Self::check(key)?;
-        let group = self.group.clone();
-        let key = key.clone();
-        tokio::task::spawn_blocking(move || {
-            for by_offset in [false, true] {
-                delete_prefix(&group, &keys::parked_of_partition(&key, by_offset))?;
-            }
-            Ok::<_, DeliveryError>(())
-        })
+        self.delete_prefixes(
+            [false, true].map(|by_offset| keys::parked_of_partition(key, by_offset)),
+        )
         .await
-        .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
     }
 
     /// Writes `entries` as they are (no check for entries present), durably: a
@@ -155,15 +149,33 @@ impl RocksParkStore {
         Ok(())
     }
 
+    /// Runs `f` with the store's group on a blocking thread.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&GroupCommit) -> Result<T, DeliveryError> + Send + 'static,
+    ) -> Result<T, DeliveryError> {
+        let group = self.group.clone();
+        tokio::task::spawn_blocking(move || f(&group))
+            .await
+            .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
+    }
+
     async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&dyn KvEngine) -> Result<T, LocalError> + Send + 'static,
     ) -> Result<T, DeliveryError> {
-        let engine = self.group.engine().clone();
-        tokio::task::spawn_blocking(move || f(engine.as_ref()))
+        self.blocking(move |group| f(group.engine().as_ref()).map_err(local))
             .await
-            .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))?
-            .map_err(local)
+    }
+
+    /// Deletes every key under each of `prefixes`, durably.
+    async fn delete_prefixes(&self, prefixes: [Vec<u8>; 2]) -> Result<(), DeliveryError> {
+        self.blocking(move |group| {
+            prefixes
+                .iter()
+                .try_for_each(|prefix| delete_prefix(group, prefix))
+        })
+        .await
     }
 }
 
@@ -338,17 +350,9 @@ impl ParkIndex for RocksParkStore {
         subscription: &str,
         incarnation: i64,
     ) -> Result<(), ParkError> {
-        let group = self.group.clone();
         let prefixes = [false, true]
             .map(|by_offset| keys::parked_of_subscription(subscription, incarnation, by_offset));
-        tokio::task::spawn_blocking(move || {
-            for prefix in prefixes {
-                delete_prefix(&group, &prefix)?;
-            }
-            Ok::<_, DeliveryError>(())
-        })
-        .await
-        .map_err(|e| DeliveryError::Poisoned(format!("park index task failed: {e}")))??;
+        self.delete_prefixes(prefixes).await?;
         Ok(())
     }
 }
