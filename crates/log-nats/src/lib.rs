@@ -1475,26 +1475,14 @@ impl Inner {
 impl ParkJournal for NatsLog {
     async fn put(&self, key: &OffsetKey, entry: &Parked, body: &[u8]) -> Result<(), ParkError> {
         let i = &self.inner;
-        let subject = i.names.park_subject(
-            &key.subscription,
-            key.incarnation,
-            &key.topic,
-            key.partition,
-            entry.offset,
-        );
+        let subject = i.names.park_subject(key, entry.offset);
         i.park_publish(subject, None, park_payload(entry, body), "parking an event")
             .await
     }
 
     async fn settle(&self, key: &OffsetKey, offset: u64) -> Result<(), ParkError> {
         let i = &self.inner;
-        let subject = i.names.park_subject(
-            &key.subscription,
-            key.incarnation,
-            &key.topic,
-            key.partition,
-            offset,
-        );
+        let subject = i.names.park_subject(key, offset);
         let mut h = async_nats::HeaderMap::new();
         h.insert("Nats-TTL", PARK_TOMBSTONE_TTL);
         i.park_publish(subject, Some(h), Bytes::new(), "settling a parked event")
@@ -1508,12 +1496,7 @@ impl ParkJournal for NatsLog {
         max: usize,
     ) -> Result<(Vec<(Parked, Vec<u8>)>, Option<u64>), ParkError> {
         let i = &self.inner;
-        let filter = i.names.park_partition_filter(
-            &key.subscription,
-            key.incarnation,
-            &key.topic,
-            key.partition,
-        );
+        let filter = i.names.park_partition_filter(key);
         let stream = i.names.park_stream();
         let got = match i
             .js

@@ -20,6 +20,7 @@
 //!
 //! These names reach the server and stay there: changing them orphans existing data.
 
+use meshd_stores::offsets::OffsetKey;
 use sha2::{Digest, Sha256};
 
 /// JetStream's limit on stream names.
@@ -156,35 +157,24 @@ impl Names {
     }
 
     /// The park journal subjects of one subscription incarnation's partition.
-    pub fn park_partition_filter(
-        &self,
-        subscription: &str,
-        incarnation: i64,
-        topic: &str,
-        partition: u32,
-    ) -> String {
-        format!(
-            "{}.park.{}.{incarnation}.{}.{partition}.*",
-            self.ns,
-            escape(subscription),
-            escape(topic)
-        )
+    pub fn park_partition_filter(&self, key: &OffsetKey) -> String {
+        format!("{}.*", self.park_partition(key))
     }
 
     /// The park journal subject of one entry.
-    pub fn park_subject(
-        &self,
-        subscription: &str,
-        incarnation: i64,
-        topic: &str,
-        partition: u32,
-        offset: u64,
-    ) -> String {
+    pub fn park_subject(&self, key: &OffsetKey, offset: u64) -> String {
+        format!("{}.{offset}", self.park_partition(key))
+    }
+
+    /// The subject tokens of a partition's park journal, without the offset.
+    fn park_partition(&self, key: &OffsetKey) -> String {
         format!(
-            "{}.park.{}.{incarnation}.{}.{partition}.{offset}",
+            "{}.park.{}.{}.{}.{}",
             self.ns,
-            escape(subscription),
-            escape(topic)
+            escape(&key.subscription),
+            key.incarnation,
+            escape(&key.topic),
+            key.partition
         )
     }
 
@@ -243,12 +233,18 @@ mod tests {
         assert_eq!(n.parse_appended_subject("meshd.appended.o.x"), None);
         assert_eq!(n.dlq_stream(), "meshd_dlq");
         assert_eq!(n.park_stream(), "meshd_park");
+        let key = OffsetKey {
+            subscription: "billing.eu".into(),
+            incarnation: 7,
+            topic: "orders".into(),
+            partition: 2,
+        };
         assert_eq!(
-            n.park_subject("billing.eu", 7, "orders", 2, 42),
+            n.park_subject(&key, 42),
             "meshd.park.billing_2Eeu.7.orders.2.42"
         );
         assert_eq!(
-            n.park_partition_filter("billing.eu", 7, "orders", 2),
+            n.park_partition_filter(&key),
             "meshd.park.billing_2Eeu.7.orders.2.*"
         );
         assert_eq!(
