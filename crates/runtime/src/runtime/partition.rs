@@ -1720,10 +1720,8 @@ impl PartitionTask {
     /// partition has fail-stopped, or the journal was unavailable: the core tries the
     /// settlement again).
     async fn unpark_done(&mut self, offset: u64, op: &'static str) -> bool {
-        let key = self.key().clone();
-        let parks = self.deps.parks.clone();
         let started = Instant::now();
-        let r = parks.remove(&key, offset).await;
+        let r = self.deps.parks.remove(self.key(), offset).await;
         self.deps
             .metrics
             .write_latency("parks", Backend::RocksDb, op, started.elapsed());
@@ -1823,7 +1821,6 @@ impl PartitionTask {
         self.park.look_at = None;
         self.park.stalled = false;
         let key = self.key().clone();
-        let parks = self.deps.parks.clone();
         let retry = std::mem::take(&mut self.park.retry);
         if !retry.is_empty() {
             let inputs = self.park_batch(retry).await;
@@ -1832,7 +1829,7 @@ impl PartitionTask {
         }
         // Entries unparked already come first in due order: take past them.
         let limit = self.core.redrives_under_way() + UNPARK_BATCH;
-        let entries = match parks.earliest(&key, limit).await {
+        let entries = match self.deps.parks.earliest(&key, limit).await {
             Ok(e) => e,
             Err(e) => {
                 self.deps
