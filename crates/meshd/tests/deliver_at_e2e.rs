@@ -269,9 +269,10 @@ async fn given_a_nack_delay_beyond_park_retries_after_ms_then_the_retry_is_parke
     assert_eq!(summary(&first), [(0, 0, 1), (0, 1, 1)]);
     // A delay at or beyond --park-retries-after-ms parks the retry: committed passes
     // it once the later offset is acked, instead of waiting for the retry.
+    // Taken before the nack: the owner counts the delay from when it handles it.
+    let nacked_at = now_ms();
     let r = nack_delayed(&a, "s", &ids(&first[..1]), 4000).await;
     assert_eq!(set(&r["retrying"]), set_of(&ids(&first[..1])), "{r}");
-    let nacked_at = now_ms();
     ack(&a, "s", &ids(&first[1..])).await.unwrap();
     wait_committed(&a, "s", 0, 2).await;
     assert_eq!(parked(&a, "s").await, 1);
@@ -320,9 +321,11 @@ async fn given_a_cluster_when_the_owner_of_a_parked_retry_is_sigkilled_then_the_
     let first = pull_until(&survivor, "s", 1, DRAIN).await;
     assert_eq!(summary(&first), [(0, 0, 1)]);
     // Parked in the owner's journal on nats-server, with its attempt.
+    // Taken before the nack: the owner counts the delay from when it handles it (CI
+    // failed once with the time taken after the answer, a few ms late).
+    let nacked_at = now_ms();
     let r = nack_delayed(&survivor, "s", &ids(&first), 8000).await;
     assert_eq!(set(&r["retrying"]), set_of(&ids(&first)), "{r}");
-    let nacked_at = now_ms();
     wait_committed(&survivor, "s", 0, 1).await;
 
     cluster.nodes[owner].kill();
