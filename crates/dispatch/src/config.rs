@@ -2,7 +2,8 @@
 
 use crate::io::EventMeta;
 use meshd_stores::subscriptions::{
-    Backoff, Selector, SubscriptionSpec, ACK_TIMEOUT_MS_RANGE, BACKOFF_MAX_MS, MAX_ATTEMPTS_RANGE,
+    Backoff, Ordering, Selector, SubscriptionSpec, ACK_TIMEOUT_MS_RANGE, BACKOFF_MAX_MS,
+    MAX_ATTEMPTS_RANGE,
 };
 
 /// Deliveries in flight or waiting per partition when nothing else is said.
@@ -62,6 +63,10 @@ pub struct Config {
     /// backoff) is parked instead of waiting (`Command::Park` with its attempts), so
     /// it does not hold the committed offset; `None`: retries always wait.
     pub park_retries_after_ms: Option<u64>,
+    /// `"ordering": "key"`: among the events of one `partitionkey`, at most one is
+    /// in flight, waiting, parked for its time or being dead-lettered; the others are
+    /// parked behind it (held) and released in offset order.
+    pub ordered: bool,
 }
 
 impl Default for Config {
@@ -92,6 +97,7 @@ impl Config {
             read_retry_ms: DEFAULT_READ_RETRY_MS,
             park_retries_after_ms: Some(DEFAULT_PARK_RETRIES_AFTER_MS),
             selector: Selector::of(spec),
+            ordered: spec.ordering == Ordering::Key,
             unknown_size_bytes: DEFAULT_UNKNOWN_SIZE_BYTES,
         }
     }

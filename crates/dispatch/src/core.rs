@@ -11,6 +11,7 @@ use crate::sources::{IdFields, Sources};
 use meshd_stores::deadletters::entry_id;
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState, OffsetAdvance, SessionBinding};
 use meshd_stores::offsets::OffsetKey;
+use meshd_stores::park::HELD;
 use meshd_stores::subscriptions::ACK_TIMEOUT_MS_RANGE;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -179,6 +180,8 @@ struct Entry {
     parked: bool,
     /// The event's stored size, once the log was read there.
     size: Option<u64>,
+    /// Ordered delivery: its key hash, once the log was read there (window only).
+    key: Option<u64>,
     status: Status,
 }
 
@@ -194,6 +197,7 @@ impl Entry {
             redrive_of,
             parked: false,
             size,
+            key: None,
             status,
         }
     }
@@ -212,9 +216,33 @@ struct Index {
     retries: BTreeSet<(u64, Loc)>,
     /// Entries whose status counts against `max_in_flight`.
     outstanding: usize,
+    /// Ordered delivery: per key hash, the window entries of it not resolved (at
+    /// most one outside `Parking`: the others were parked behind it).
+    keys: HashMap<u64, u32>,
+    /// Keys whose count fell to 0 in this call: released after the call's writes.
+    freed: Vec<u64>,
 }
 
 impl Index {
+    /// Counts `key` for a window entry that is not resolved.
+    fn add_key(&mut self, key: Option<u64>, s: &Status) {
+        if let (Some(k), false) = (key, matches!(s, Status::Resolved { .. })) {
+            *self.keys.entry(k).or_default() += 1;
+        }
+    }
+
+    fn remove_key(&mut self, key: Option<u64>, s: &Status) {
+        if let (Some(k), false) = (key, matches!(s, Status::Resolved { .. })) {
+            if let Some(n) = self.keys.get_mut(&k) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.keys.remove(&k);
+                    self.freed.push(k);
+                }
+            }
+        }
+    }
+
     fn add(&mut self, loc: Loc, s: &Status) {
         match s {
             Status::Pending => {
@@ -324,6 +352,12 @@ pub struct PartitionCore {
     ids: HashMap<String, Loc>,
     /// The latest time seen; time never runs backwards inside the core.
     now: u64,
+    /// Ordered delivery after recovery: held keys to release once the keys of the
+    /// recovered window records are known ([`Input::KeysHeld`]).
+    held_after_recovery: BTreeSet<u64>,
+    /// Offsets below this have their keys known (past the highest recovered window
+    /// record).
+    keys_known_from: u64,
 }
 
 impl PartitionCore {
@@ -349,6 +383,8 @@ impl PartitionCore {
             index: Index::default(),
             ids: HashMap::new(),
             now: 0,
+            held_after_recovery: BTreeSet::new(),
+            keys_known_from: committed,
         })
     }
 
@@ -463,6 +499,7 @@ impl PartitionCore {
                 redrive_of,
                 parked: was_parked,
                 size: None,
+                key: None,
                 status,
             };
             let rewrite = matches!(
@@ -486,8 +523,19 @@ impl PartitionCore {
                 );
             }
         }
+        core.keys_known_from = core
+            .entries
+            .keys()
+            .filter_map(|l| match l {
+                Loc::Window(o) => o.checked_add(1),
+                Loc::Redrive(_) => None,
+            })
+            .max()
+            .unwrap_or(committed)
+            .max(committed);
         core.fire_timers(now, &mut out);
         core.settle(&mut out);
+        core.release_keys(&mut out);
         core.maybe_read(now, &mut out);
         Ok((core, out.finish()))
     }
@@ -502,6 +550,7 @@ impl PartitionCore {
         self.fire_timers(now, &mut out);
         self.apply(input, now, &mut out);
         self.settle(&mut out);
+        self.release_keys(&mut out);
         self.maybe_read(now, &mut out);
         Ok(out.finish())
     }
@@ -628,6 +677,7 @@ impl PartitionCore {
         let mut expected = Index::default();
         for (loc, e) in &self.entries {
             expected.add(*loc, &e.status);
+            expected.add_key(e.key, &e.status);
             match loc {
                 Loc::Window(o) if *o < self.committed => {
                     return Err(format!(
@@ -662,7 +712,8 @@ impl PartitionCore {
         let same = expected.pending == self.index.pending
             && expected.deadlines == self.index.deadlines
             && expected.retries == self.index.retries
-            && expected.outstanding == self.index.outstanding;
+            && expected.outstanding == self.index.outstanding
+            && expected.keys == self.index.keys;
         if !same {
             return Err("indexes do not mirror the statuses".into());
         }
@@ -681,6 +732,19 @@ impl PartitionCore {
         }
         if self.next_to_read < self.committed {
             return Err("next_to_read below committed".into());
+        }
+        // Ordered: one event per key out of the park's hands (the rest wait parked).
+        let mut taken = BTreeSet::new();
+        for (loc, e) in &self.entries {
+            let active = !matches!(
+                e.status,
+                Status::Resolved { .. } | Status::Parking { retry: false }
+            );
+            if let (Some(k), true) = (e.key, active) {
+                if !taken.insert(k) {
+                    return Err(format!("{loc:?}: a second event of key {k:#x} is active"));
+                }
+            }
         }
         Ok(())
     }
@@ -715,14 +779,17 @@ impl PartitionCore {
 
     fn insert_entry(&mut self, loc: Loc, entry: Entry) {
         self.index.add(loc, &entry.status);
+        self.index.add_key(entry.key, &entry.status);
         if let Some(old) = self.entries.insert(loc, entry) {
             self.index.remove(loc, &old.status);
+            self.index.remove_key(old.key, &old.status);
         }
     }
 
     fn remove_entry(&mut self, loc: Loc) {
         if let Some(e) = self.entries.remove(&loc) {
             self.index.remove(loc, &e.status);
+            self.index.remove_key(e.key, &e.status);
             if let Some(id) = e.delivery_id {
                 if self.ids.get(&id) == Some(&loc) {
                     self.ids.remove(&id);
@@ -735,7 +802,41 @@ impl PartitionCore {
         if let Some(e) = self.entries.get_mut(&loc) {
             self.index.remove(loc, &e.status);
             self.index.add(loc, &status);
+            // Added first: a key whose entry stays unresolved is not freed.
+            self.index.add_key(e.key, &status);
+            self.index.remove_key(e.key, &e.status);
             e.status = status;
+        }
+    }
+
+    /// A recovered entry's key, learned when the log is read there.
+    fn learn_key(&mut self, loc: Loc, key: Option<u64>) {
+        if let Some(e) = self.entries.get_mut(&loc) {
+            if e.key.is_none() && key.is_some() {
+                e.key = key;
+                self.index.add_key(key, &e.status);
+            }
+        }
+    }
+
+    /// Ordered delivery: `ReleaseKey` for each key freed in this call, and, once the
+    /// keys of every recovered record are known, for each held key from recovery
+    /// that no window entry holds.
+    fn release_keys(&mut self, out: &mut Out) {
+        let mut freed = std::mem::take(&mut self.index.freed);
+        if !self.held_after_recovery.is_empty() && self.next_to_read >= self.keys_known_from {
+            for k in std::mem::take(&mut self.held_after_recovery) {
+                if !self.index.keys.contains_key(&k) {
+                    freed.push(k);
+                }
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for key in freed {
+            // Freed and taken again in one call (parked behind itself) is not free.
+            if !self.index.keys.contains_key(&key) && seen.insert(key) {
+                out.cmds.push(Command::ReleaseKey { key });
+            }
         }
     }
 
@@ -874,7 +975,7 @@ impl PartitionCore {
             {
                 return Err(CoreError::NotParking { offset: *offset });
             }
-            Input::Unpark { offset, .. } => {
+            Input::Unpark { offset, attempt } => {
                 if *offset >= self.committed {
                     return Err(CoreError::RedriveOfUnresolvedOffset {
                         offset: *offset,
@@ -886,7 +987,18 @@ impl PartitionCore {
                         return Err(CoreError::UnparkOfRedrive { offset: *offset })
                     }
                     Some(_) => {}
-                    None => self.redrive_room()?,
+                    None => {
+                        self.redrive_room()?;
+                        // Dead-lettered at once (it had its attempts): that counts
+                        // against `max_in_flight` like any dead-lettering.
+                        if *attempt >= self.config.max_attempts
+                            && self.index.outstanding >= self.config.max_in_flight
+                        {
+                            return Err(CoreError::RedriveBacklogFull {
+                                limit: self.config.max_in_flight,
+                            });
+                        }
+                    }
                 }
             }
             Input::Redrive { entry_id, offset } => {
@@ -1058,17 +1170,24 @@ impl PartitionCore {
             None => backoff_delay(self.config.backoff, attempt, self.sources.jitter.as_mut()),
         };
         let due = now.saturating_add(delay);
+        // Ordered: a recovered record not read from the log again has no known key,
+        // and a park entry without its key would let the key's next event go first:
+        // it waits in the window instead.
+        let key_unknown = self.config.ordered && e.size.is_none();
         if let (Loc::Window(offset), Some(after)) = (loc, self.config.park_retries_after_ms) {
-            if delay >= after {
+            if delay >= after && !key_unknown {
                 // Due far ahead: parked, so it does not hold the committed offset. Its
                 // id ends here (an ack of it is `unknown`); the park entry keeps the
                 // attempts, and the unparked delivery continues the count.
+                let key = self.entries.get(&loc).and_then(|e| e.key);
                 self.forget_id(loc);
                 self.set_status(loc, Status::Parking { retry: true });
                 out.cmds.push(Command::Park {
                     offset,
                     due_ms: due,
                     attempt,
+                    key,
+                    not_before_ms: 0,
                 });
                 return NackOutcome::Retrying { due_ms: due };
             }
@@ -1100,6 +1219,7 @@ impl PartitionCore {
                 self.reading = None;
                 self.read_retry_at = Some(now.saturating_add(self.config.read_retry_ms));
             }
+            Input::KeysHeld(keys) => self.held_after_recovery.extend(keys),
             Input::Pull {
                 pull_id,
                 max_events,
@@ -1239,25 +1359,40 @@ impl PartitionCore {
             if ev.offset < self.committed {
                 continue; // resolved already
             }
+            let matches = self.config.matches(&ev);
+            let key = ev.key.filter(|_| matches && self.config.ordered);
             if let Some(e) = self.entries.get_mut(&loc) {
-                // Known from a recovered record: now its size is known too.
+                // Known from a recovered record: now its size (and key) is known too.
                 e.size.get_or_insert(ev.size);
+                self.learn_key(loc, key);
                 continue;
             }
+            // Ordered: a key taken by an earlier event (here, or in the park index)
+            // parks this one behind it, with its own `deliverat` kept for later.
+            let held = key.is_some_and(|k| ev.key_parked || self.index.keys.contains_key(&k));
+            let park = |due_ms: u64, not_before_ms: u64| Command::Park {
+                offset: ev.offset,
+                due_ms,
+                attempt: 0,
+                key,
+                not_before_ms,
+            };
             let status = match ev.deliver_at_ms {
                 // Filtered: resolved without delivery, no attempt, no record.
-                _ if !self.config.matches(&ev) => Status::Resolved { recorded: true },
+                _ if !matches => Status::Resolved { recorded: true },
+                at if held => {
+                    out.cmds.push(park(HELD, at.unwrap_or(0)));
+                    Status::Parking { retry: false }
+                }
                 Some(due_ms) if due_ms > now => {
-                    out.cmds.push(Command::Park {
-                        offset: ev.offset,
-                        due_ms,
-                        attempt: 0,
-                    });
+                    out.cmds.push(park(due_ms, 0));
                     Status::Parking { retry: false }
                 }
                 _ => Status::Pending,
             };
-            self.insert_entry(loc, Entry::fresh(None, Some(ev.size), status));
+            let mut entry = Entry::fresh(None, Some(ev.size), status);
+            entry.key = key;
+            self.insert_entry(loc, entry);
         }
         self.next_to_read = self.next_to_read.max(last.saturating_add(1));
         self.log_end = self.log_end.max(self.next_to_read);

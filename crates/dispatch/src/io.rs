@@ -22,6 +22,13 @@ pub struct EventMeta {
     /// Not to be handed out before this (unix ms; the event's `deliverat`): a later
     /// time parks the event ([`Command::Park`]).
     pub deliver_at_ms: Option<u64>,
+    /// Ordered delivery (`Config::ordered`): the hash of the event's `partitionkey`
+    /// (`None`: it has none, and is not held). The shell fills it only for an
+    /// ordered subscription.
+    pub key: Option<u64>,
+    /// The park index held an entry of `key` when the event was read (the shell looks
+    /// it up with the read): the event parks behind it.
+    pub key_parked: bool,
 }
 
 impl EventMeta {
@@ -86,6 +93,12 @@ pub enum Input {
     EventsRead(Vec<EventMeta>),
     /// The outstanding read failed; the core asks again after `read_retry_ms`.
     ReadFailed,
+    /// Ordered delivery, once after recovery: the keys whose first park entry is held
+    /// ([`meshd_stores::park::ParkIndex::held_keys`]). Each waits for an event of the
+    /// delivery window or for a release a crash cut off: once the core has read past
+    /// every recovered record (and so knows their keys), it releases those no window
+    /// event holds ([`Command::ReleaseKey`]).
+    KeysHeld(Vec<u64>),
     /// A consumer asks for up to `max_events` deliveries. The answer comes as
     /// [`Command::PersistAttempt`]s tagged with `pull_id` (count them), then one
     /// [`Command::HandOut`] per [`Input::AttemptPersisted`]. When `session` is given,
@@ -290,11 +303,22 @@ pub enum Command {
     /// the body read from the log and `attempt` (the attempts made so far: 0 for an
     /// event read with a later `deliverat`, more for a retry due far ahead), durably,
     /// then [`Input::Parked`]. The shell feeds [`Input::Unpark`] once it is due.
+    ///
+    /// Ordered delivery: `key` is the event's key hash (its entry holds the key);
+    /// `due_ms` is [`meshd_stores::park::HELD`] for an event parked behind its key,
+    /// with its own `deliverat` in `not_before_ms` (0: none).
     Park {
         offset: u64,
         due_ms: u64,
         attempt: u32,
+        key: Option<u64>,
+        not_before_ms: u64,
     },
+    /// Ordered delivery: the window holds no event of `key` any more (acked,
+    /// dead-lettered or parked). Once every delivery record written so far is durable,
+    /// `ParkIndex::release_key`: the next event of the key, when it is held in the
+    /// park index, becomes due.
+    ReleaseKey { key: u64 },
     /// An unparked event was acked: remove its park entry, then
     /// [`Input::RedriveSettled`] (or [`Input::RedriveUnavailable`]).
     ParkSettled { offset: u64 },

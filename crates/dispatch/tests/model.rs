@@ -22,6 +22,11 @@
 //!   and settled in the park index (acked, or dead-lettered at `max_attempts`);
 //! * a retry due far ahead (`park_retries_after_ms`) is parked with its attempts and
 //!   unparked with the count continuing, never handed out before it is due;
+//! * ordered delivery (`Config::ordered`): an event with a key is handed out only when
+//!   every earlier event of its key is acked or dead-lettered (durably), across crashes
+//!   and power cuts; the events parked behind a key are released (by a settlement in
+//!   the park index, a `ReleaseKey`, or `KeysHeld` after a crash), so a key is never
+//!   held by nobody (the drain proves it);
 //! * in the end, a consumer that keeps acking drains everything: the committed offset
 //!   reaches the log end and no record is left behind.
 
@@ -30,14 +35,15 @@ use meshd_dispatch::{
     ExtendOutcome, Input, NackOutcome, OffsetKey, Partition, PartitionCore, PullId, Reply,
     RngJitter, SessionBinding, SessionCheck, Sources,
 };
+use meshd_stores::park::{Parked, HELD};
 use meshd_stores::subscriptions::{Backoff, FilterExpr, Selector};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// (kept by the filter, delayed by this many ms)
-    Publish(Vec<(bool, Option<u64>)>),
+    /// (kept by the filter, delayed by this many ms, ordering key)
+    Publish(Vec<(bool, Option<u64>, Option<u64>)>),
     ParkWrite,
     Unpark {
         idx: usize,
@@ -91,7 +97,11 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => proptest::collection::vec(
-            (any::<bool>(), prop_oneof![3 => Just(None), 1 => (0u64..3000).prop_map(Some)]),
+            (
+                any::<bool>(),
+                prop_oneof![3 => Just(None), 1 => (0u64..3000).prop_map(Some)],
+                prop_oneof![1 => Just(None), 3 => (1u64..4).prop_map(Some)],
+            ),
             1..4
         )
         .prop_map(Op::Publish),
@@ -127,6 +137,7 @@ fn config() -> impl Strategy<Value = Config> {
         1usize..6,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -137,6 +148,7 @@ fn config() -> impl Strategy<Value = Config> {
                 max_pending,
                 filtered,
                 park_retries,
+                ordered,
             )| Config {
                 max_attempts,
                 ack_timeout_ms: 1000,
@@ -160,6 +172,7 @@ fn config() -> impl Strategy<Value = Config> {
                 unknown_size_bytes: 1 << 20,
                 // Nack delays go up to 5 s: some retries are parked.
                 park_retries_after_ms: park_retries.then_some(2000),
+                ordered,
             },
         )
 }
@@ -221,11 +234,17 @@ struct World {
     dead: BTreeMap<u64, (DlState, u32)>,
 
     // -- the park index model (writes are synced) --
-    /// Parked offsets: when they are due, and the attempts made before parking.
-    parked: BTreeMap<u64, (u64, u32)>,
+    /// Parked offsets: when they are due (`HELD`: behind their key), the attempts
+    /// made before parking, the key.
+    parked: BTreeMap<u64, Parked>,
+    /// Unparked events whose ack was accepted (durable: the shell flushes before it
+    /// settles them in the index).
+    parked_acked: BTreeSet<u64>,
+    /// Offsets ever dead-lettered (durably): done for their key, redriven or not.
+    ever_dead: BTreeSet<u64>,
     /// Offsets the shell has fed `Unpark` for in this life (lost in a crash).
     unparked: BTreeSet<u64>,
-    park_writes: VecDeque<(u64, u64, u32)>,
+    park_writes: VecDeque<Parked>,
     park_settles: VecDeque<ParkSettle>,
     /// Highest attempt handed out per parked offset.
     max_park_handed: HashMap<u64, u32>,
@@ -274,6 +293,8 @@ impl World {
             synced_committed: 0,
             dead: BTreeMap::new(),
             parked: BTreeMap::new(),
+            parked_acked: BTreeSet::new(),
+            ever_dead: BTreeSet::new(),
             unparked: BTreeSet::new(),
             park_writes: VecDeque::new(),
             park_settles: VecDeque::new(),
@@ -383,12 +404,16 @@ impl World {
                     "write-ahead: the hand-out's record is not durable"
                 );
                 let redrive = d.redrive_of.is_some() || d.parked;
+                if d.redrive_of.is_none() {
+                    self.check_key_order(d.offset);
+                }
                 if d.parked {
-                    let (due, _) = self
+                    let due = self
                         .parked
                         .get(&d.offset)
-                        .expect("unparked without an entry");
-                    assert!(*due <= self.now, "handed out before its deliverat: {d:?}");
+                        .expect("unparked without an entry")
+                        .due_ms;
+                    assert!(due <= self.now, "handed out before its deliverat: {d:?}");
                     assert!(d.redrive_of.is_none());
                     let prev = self.max_park_handed.entry(d.offset).or_insert(0);
                     if self.released.remove(&(true, d.offset)) {
@@ -513,10 +538,20 @@ impl World {
                 offset,
                 due_ms,
                 attempt,
+                key,
+                not_before_ms,
             } => {
                 assert!(offset >= self.committed, "park below committed");
                 assert!(due_ms > self.now, "parked though due");
-                if attempt == 0 {
+                assert_eq!(key, self.key_of(offset), "parked with another key");
+                if due_ms == HELD {
+                    assert!(self.config.ordered && key.is_some(), "held without a key");
+                    assert_eq!(attempt, 0, "a retry is never held behind its own key");
+                    assert_eq!(
+                        not_before_ms,
+                        self.log[offset as usize].deliver_at_ms.unwrap_or(0)
+                    );
+                } else if attempt == 0 {
                     assert_eq!(self.log[offset as usize].deliver_at_ms, Some(due_ms));
                 } else {
                     // A retry due far ahead: parked with the attempts made so far.
@@ -532,7 +567,13 @@ impl World {
                         "parked with another attempt count than its record"
                     );
                 }
-                self.park_writes.push_back((offset, due_ms, attempt));
+                self.park_writes.push_back(Parked {
+                    offset,
+                    due_ms,
+                    attempt,
+                    key,
+                    not_before_ms,
+                });
             }
             Command::ParkSettled { offset } => {
                 self.sync();
@@ -546,7 +587,67 @@ impl World {
                 self.park_settles
                     .push_back(ParkSettle::DeadLetter { offset: req.offset });
             }
+            Command::ReleaseKey { key } => {
+                assert!(self.config.ordered, "a key released though unordered");
+                // The shell flushes buffered records before a release that finds
+                // something (a lost ack must not let the next event go first).
+                if self.parked.values().any(|p| p.key == Some(key)) {
+                    self.sync();
+                }
+                self.release_first_of(key, None);
+            }
             Command::Reply(reply) => self.check_reply(reply),
+        }
+    }
+
+    /// The ordering key of a logged event (as the shell fills it: ordered only).
+    fn key_of(&self, offset: u64) -> Option<u64> {
+        self.log[offset as usize]
+            .key
+            .filter(|_| self.config.ordered)
+    }
+
+    /// The park index's release: the first entry of `key` (other than `removed`, the
+    /// entry just removed, which must have been the first) becomes due when held.
+    fn release_first_of(&mut self, key: u64, removed: Option<u64>) {
+        let of_key: Vec<u64> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| p.key == Some(key))
+            .map(|(o, _)| *o)
+            .collect();
+        let first = match removed {
+            Some(r) if of_key.first() == Some(&r) => of_key.get(1),
+            Some(_) => None,
+            None => of_key.first(),
+        };
+        if let Some(&o) = first {
+            let now = self.now;
+            if let Some(p) = self.parked.get_mut(&o) {
+                if p.is_held() {
+                    *p = p.released(now);
+                }
+            }
+        }
+    }
+
+    /// Ordered: every earlier event of `offset`'s key is acked or dead-lettered.
+    fn check_key_order(&self, offset: u64) {
+        let Some(k) = self.key_of(offset) else {
+            return;
+        };
+        for o in 0..offset {
+            if self.key_of(o) != Some(k) || self.filtered(o) {
+                continue;
+            }
+            let done = self.acked_synced.contains(&o)
+                || self.acked_unsynced.contains(&o)
+                || self.parked_acked.contains(&o)
+                || self.ever_dead.contains(&o);
+            assert!(
+                done,
+                "offset {offset} of key {k} handed out before offset {o} of that key was acked or dead-lettered"
+            );
         }
     }
 
@@ -612,6 +713,9 @@ impl World {
         if resolved && !redrive {
             self.acked_unsynced.insert(d.offset);
         }
+        if resolved && d.parked {
+            self.parked_acked.insert(d.offset);
+        }
     }
 
     fn check_bounds(&self) {
@@ -650,10 +754,11 @@ impl World {
     fn step(&mut self, op: Op) {
         match op {
             Op::Publish(events) => {
-                for (keep, delay) in events {
+                for (keep, delay, key) in events {
                     let offset = self.log.len() as u64;
                     self.log.push(EventMeta {
                         deliver_at_ms: delay.map(|d| self.now + d),
+                        key,
                         ..kept_or_dropped(offset, keep)
                     });
                 }
@@ -666,12 +771,23 @@ impl World {
                 if fail {
                     self.feed(Input::ReadFailed);
                 } else {
+                    // The shell fills keys for an ordered subscription only, and marks
+                    // those the park index holds.
                     let events = self
                         .log
                         .iter()
                         .skip(from as usize)
                         .take(max)
-                        .cloned()
+                        .map(|e| {
+                            let key = e.key.filter(|_| self.config.ordered);
+                            EventMeta {
+                                key,
+                                key_parked: key.is_some_and(|k| {
+                                    self.parked.values().any(|p| p.key == Some(k))
+                                }),
+                                ..e.clone()
+                            }
+                        })
                         .collect();
                     self.feed(Input::EventsRead(events));
                 }
@@ -772,6 +888,7 @@ impl World {
                 if ok {
                     // Created once per offset; a retry finds the entry.
                     self.dead.entry(offset).or_insert((DlState::Dead, 0));
+                    self.ever_dead.insert(offset);
                     self.feed(Input::DeadLettered { offset });
                 } else {
                     self.feed(Input::DeadLetterUnavailable { offset });
@@ -838,12 +955,13 @@ impl World {
                 };
             }
             Op::ParkWrite => {
-                let Some((offset, due, attempt)) = self.park_writes.pop_front() else {
+                let Some(entry) = self.park_writes.pop_front() else {
                     return;
                 };
+                let offset = entry.offset;
                 // Durable (synced) before the core hears of it; an offset parked
                 // already keeps its first entry (as the index does).
-                self.parked.entry(offset).or_insert((due, attempt));
+                self.parked.entry(offset).or_insert(entry);
                 // Unparked, its attempts continue those of the window.
                 let window = self.max_handed.get(&offset).copied().unwrap_or(0);
                 self.max_park_handed.entry(offset).or_insert(window);
@@ -853,8 +971,8 @@ impl World {
                 let due: Vec<(u64, u32)> = self
                     .parked
                     .iter()
-                    .filter(|(o, (due, _))| *due <= self.now && !self.unparked.contains(o))
-                    .map(|(o, (_, attempt))| (*o, *attempt))
+                    .filter(|(o, p)| p.due_ms <= self.now && !self.unparked.contains(o))
+                    .map(|(o, p)| (*o, p.attempt))
                     .collect();
                 if due.is_empty() {
                     return;
@@ -885,6 +1003,11 @@ impl World {
                 if ok {
                     if let ParkSettle::DeadLetter { .. } = w {
                         self.dead.entry(offset).or_insert((DlState::Dead, 0));
+                        self.ever_dead.insert(offset);
+                    }
+                    // A keyed entry's removal releases the next of its key (one write).
+                    if let Some(k) = self.parked.get(&offset).and_then(|p| p.key) {
+                        self.release_first_of(k, Some(offset));
                     }
                     self.parked.remove(&offset);
                     self.unparked.remove(&offset);
@@ -934,6 +1057,21 @@ impl World {
             .copied()
             .collect();
         self.run(cmds);
+        // Keys whose first park entry is held: released once nothing holds them.
+        let mut firsts: BTreeMap<u64, bool> = BTreeMap::new();
+        for p in self.parked.values() {
+            if let Some(k) = p.key {
+                firsts.entry(k).or_insert(p.is_held());
+            }
+        }
+        let held: Vec<u64> = firsts
+            .into_iter()
+            .filter(|(_, h)| *h)
+            .map(|(k, _)| k)
+            .collect();
+        if !held.is_empty() {
+            self.feed(Input::KeysHeld(held));
+        }
         // Boot: the log end, and every entry still `redriving` is injected again.
         self.feed(Input::LogEnd(self.log.len() as u64));
         let redriving: Vec<u64> = self
@@ -1077,12 +1215,16 @@ fn arb_input() -> impl Strategy<Value = Input> {
         0usize..5,
         any::<bool>(),
         proptest::option::of(prop_oneof![0u64..2_000_000, Just(u64::MAX)]),
+        proptest::option::of(0u64..3),
+        any::<bool>(),
     )
-        .prop_map(|(from, n, keep, deliver_at_ms)| {
+        .prop_map(|(from, n, keep, deliver_at_ms, key, key_parked)| {
             Input::EventsRead(
                 (0..n as u64)
                     .map(|i| EventMeta {
                         deliver_at_ms,
+                        key,
+                        key_parked,
                         ..kept_or_dropped(from.saturating_add(i), keep)
                     })
                     .collect(),
@@ -1092,6 +1234,7 @@ fn arb_input() -> impl Strategy<Value = Input> {
         prop_oneof![0u64..15, Just(u64::MAX)].prop_map(Input::LogEnd),
         events,
         Just(Input::ReadFailed),
+        proptest::collection::vec(0u64..3, 0..3).prop_map(Input::KeysHeld),
         (0usize..5, any::<bool>()).prop_map(|(max_events, bind)| Input::Pull {
             pull_id: PullId(1),
             max_events,
@@ -1198,5 +1341,7 @@ fn kept_or_dropped(offset: u64, keep: bool) -> EventMeta {
         .into(),
         size: 100,
         deliver_at_ms: None,
+        key: None,
+        key_parked: false,
     }
 }

@@ -5,11 +5,12 @@ mod common;
 use common::*;
 use meshd_dispatch::config::{backoff_cap, backoff_delay};
 use meshd_dispatch::{
-    AckOutcome, Command, CoreError, DeliveryId, DeliveryRecord, DeliveryRef, DeliveryState,
-    ExtendOutcome, FixedJitter, Input, NackOutcome, Partition, PartitionCore, Reply, RngJitter,
-    SessionBinding, SessionCheck, Sources, ACK_TIMEOUT_REASON,
+    AckOutcome, Command, Config, CoreError, DeliveryId, DeliveryRecord, DeliveryRef, DeliveryState,
+    EventMeta, ExtendOutcome, FixedJitter, Input, NackOutcome, Partition, PartitionCore, Reply,
+    RngJitter, SessionBinding, SessionCheck, Sources, ACK_TIMEOUT_REASON,
 };
 use meshd_stores::deadletters::entry_id;
+use meshd_stores::park::HELD;
 use meshd_stores::subscriptions::{Backoff, Filter, FilterExpr, Selector};
 
 fn session(epoch: i64) -> SessionBinding {
@@ -1684,7 +1685,9 @@ fn given_a_retry_due_beyond_park_retries_after_ms_then_it_is_parked_with_its_att
         cmds.contains(&Command::Park {
             offset: 0,
             due_ms: due,
-            attempt: 2
+            attempt: 2,
+            key: None,
+            not_before_ms: 0,
         }),
         "{cmds:?}"
     );
@@ -1952,4 +1955,190 @@ fn parking_inputs_that_do_not_fit_the_state_are_refused() {
         matches!(err, CoreError::UnparkOfRedrive { offset: 0 }),
         "{err}"
     );
+}
+
+// ---- ordered delivery per key -------------------------------------------------------
+
+fn ordered() -> Config {
+    Config {
+        ordered: true,
+        ..config()
+    }
+}
+
+/// Appends events with these ordering keys (`None`: no `partitionkey`), the park index
+/// holding none of them, and tells the core the new end.
+fn publish_keyed(s: &mut Shell, keys: &[Option<u64>]) -> Vec<Command> {
+    for key in keys {
+        let offset = s.log.len() as u64;
+        s.log.push(EventMeta {
+            key: *key,
+            ..event(offset)
+        });
+    }
+    s.input(Input::LogEnd(s.log.len() as u64))
+}
+
+/// (offset, key, held) of each `Park`.
+fn keyed_parks(cmds: &[Command]) -> Vec<(u64, Option<u64>, bool)> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Park {
+                offset,
+                due_ms,
+                key,
+                ..
+            } => Some((*offset, *key, *due_ms == HELD)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn releases(cmds: &[Command]) -> Vec<u64> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::ReleaseKey { key } => Some(*key),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn given_an_ordered_subscription_then_a_key_s_later_events_park_behind_it_and_other_keys_flow() {
+    let mut s = Shell::new(ordered(), 0);
+    // Key 7 twice, key 8, no key, key 7 again.
+    let cmds = publish_keyed(&mut s, &[Some(7), Some(7), Some(8), None, Some(7)]);
+    assert_eq!(
+        keyed_parks(&cmds),
+        [(1, Some(7), true), (4, Some(7), true)],
+        "the later events of key 7 are held behind offset 0"
+    );
+    for o in [1, 4] {
+        s.input(Input::Parked { offset: o });
+    }
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [0, 2, 3], "other keys (and no key) flow");
+    // Acking key 8 and the keyless event frees nothing of key 7.
+    let cmds = s.ack(&[&d[1].delivery_id, &d[2].delivery_id]);
+    assert_eq!(releases(&cmds), [8]);
+    // Committed stays at 0 (key 7's first event is out), not at a held event.
+    assert_eq!(s.core.stats().committed, 0);
+    // Its ack releases the key: after the resolving write, never before.
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert_eq!(releases(&cmds), [7]);
+    let at_resolve = cmds
+        .iter()
+        .position(|c| matches!(c, Command::Resolve { .. }))
+        .unwrap();
+    let at_release = cmds
+        .iter()
+        .position(|c| matches!(c, Command::ReleaseKey { .. }))
+        .unwrap();
+    assert!(at_resolve < at_release, "{cmds:?}");
+    assert_eq!(s.core.stats().committed, 5, "held events count as resolved");
+    s.core.check_consistency().unwrap();
+}
+
+#[test]
+fn given_an_ordered_key_when_its_event_is_nacked_retried_or_dead_lettering_then_the_key_stays_held()
+{
+    let mut s = Shell::new(
+        Config {
+            max_attempts: 2,
+            ..ordered()
+        },
+        0,
+    );
+    publish_keyed(&mut s, &[Some(7)]);
+    let d = s.deliver(1);
+    // A nack: waiting for its retry, the key is held; a new event of it parks.
+    let cmds = s.nack(&[&d[0].delivery_id], "boom");
+    assert!(releases(&cmds).is_empty(), "{cmds:?}");
+    let cmds = publish_keyed(&mut s, &[Some(7)]);
+    assert_eq!(keyed_parks(&cmds), [(1, Some(7), true)]);
+    s.input(Input::Parked { offset: 1 });
+    // The retry fails too: dead-lettering still holds the key ...
+    s.advance(1000);
+    let d = s.deliver(1);
+    assert_eq!((d[0].offset, d[0].attempt), (0, 2));
+    let cmds = s.nack(&[&d[0].delivery_id], "boom");
+    assert!(releases(&cmds).is_empty(), "{cmds:?}");
+    assert!(cmds.iter().any(|c| matches!(c, Command::DeadLetter(_))));
+    let cmds = s.input(Input::DeadLetterUnavailable { offset: 0 });
+    assert!(releases(&cmds).is_empty(), "{cmds:?}");
+    s.advance(1000);
+    let cmds = s.tick();
+    assert!(cmds.iter().any(|c| matches!(c, Command::DeadLetter(_))));
+    assert!(releases(&cmds).is_empty(), "{cmds:?}");
+    // ... until the dead-letter entry is durable.
+    let cmds = s.input(Input::DeadLettered { offset: 0 });
+    assert_eq!(releases(&cmds), [7]);
+    s.core.check_consistency().unwrap();
+}
+
+#[test]
+fn given_an_ordered_key_parked_in_the_index_when_read_then_the_event_parks_behind_it_with_its_deliverat(
+) {
+    let mut s = Shell::new(ordered(), 0);
+    let later = T0 + 60_000;
+    s.log.push(EventMeta {
+        key: Some(7),
+        key_parked: true,
+        deliver_at_ms: Some(later),
+        ..event(0)
+    });
+    let cmds = s.input(Input::LogEnd(1));
+    let park = cmds
+        .iter()
+        .find(|c| matches!(c, Command::Park { .. }))
+        .expect("parked");
+    assert_eq!(
+        park,
+        &Command::Park {
+            offset: 0,
+            due_ms: HELD,
+            attempt: 0,
+            key: Some(7),
+            not_before_ms: later,
+        }
+    );
+    // Parking frees nothing: the index's first entry of the key holds it.
+    let cmds = s.input(Input::Parked { offset: 0 });
+    assert_eq!(releases(&cmds), [7], "{cmds:?}");
+}
+
+#[test]
+fn given_held_keys_after_recovery_then_each_is_released_once_the_recovered_records_are_read_and_none_holds_it(
+) {
+    // Offset 2 (key 7) is in flight from before the crash; keys 7 and 9 each have a
+    // held entry in the park index.
+    let record = DeliveryRecord {
+        key: key(),
+        offset: 2,
+        attempt: 1,
+        delivery_id: "old".into(),
+        deadline_ms: T0 + 5000,
+        last_reason: None,
+        first_delivered_at_ms: T0,
+        state: DeliveryState::InFlight,
+        session: None,
+        owner_epoch: 11,
+    };
+    let none = std::collections::BTreeSet::new();
+    let (mut s, _) = Shell::recovered_parked(ordered(), 0, vec![record], &none, T0, 0);
+    for (o, k) in [(0, Some(1)), (1, None), (2, Some(7))] {
+        s.log.push(EventMeta { key: k, ..event(o) });
+    }
+    let cmds = s.raw(Input::KeysHeld(vec![7, 9]));
+    assert!(
+        releases(&cmds).is_empty(),
+        "keys of the records are not known yet"
+    );
+    let cmds = s.input(Input::LogEnd(3));
+    assert_eq!(
+        releases(&cmds),
+        [9],
+        "key 7 is held by offset 2, read now; key 9 by nobody"
+    );
+    s.core.check_consistency().unwrap();
 }

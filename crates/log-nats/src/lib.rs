@@ -1375,21 +1375,22 @@ impl DeadLetterBodies for NatsLog {
     }
 }
 
-/// A park journal entry's payload: a version byte, then offset, due (u64 BE),
-/// attempt (u32 BE) and the body. An empty payload is a settled entry's tombstone.
+/// A park journal entry's payload: a version byte (2), then offset and due (u64 BE),
+/// `Parked::encode_tail` (attempt, ordering key, `deliverat`) and the body. Version 1
+/// (no key) is still read. An empty payload is a settled entry's tombstone.
 const PARK_ENTRY_V1: u8 = 1;
-const PARK_HEAD: usize = 1 + 8 + 8 + 4;
+const PARK_ENTRY_V2: u8 = 2;
 /// How long a tombstone stays (it replaces the entry at once; it only has to outlive
 /// a stale owner's late write of the same entry, which would then be a duplicate
 /// delivery at worst).
 const PARK_TOMBSTONE_TTL: &str = "1h";
 
 fn park_payload(entry: &Parked, body: &[u8]) -> Bytes {
-    let mut v = Vec::with_capacity(PARK_HEAD + body.len());
-    v.push(PARK_ENTRY_V1);
+    let mut v = Vec::with_capacity(1 + 16 + 21 + body.len());
+    v.push(PARK_ENTRY_V2);
     v.extend_from_slice(&entry.offset.to_be_bytes());
     v.extend_from_slice(&entry.due_ms.to_be_bytes());
-    v.extend_from_slice(&entry.attempt.to_be_bytes());
+    entry.encode_tail(&mut v);
     v.extend_from_slice(body);
     Bytes::from(v)
 }
@@ -1399,23 +1400,30 @@ fn parse_park_payload(p: &[u8]) -> Result<Option<(Parked, Vec<u8>)>, String> {
     if p.is_empty() {
         return Ok(None);
     }
-    if p.len() < PARK_HEAD || p[0] != PARK_ENTRY_V1 {
-        return Err(format!(
+    let unreadable = || {
+        format!(
             "park journal entry of {} bytes, version {}: not one this meshd reads",
             p.len(),
             p[0]
-        ));
-    }
-    let u64_at = |at: usize| u64::from_be_bytes(p[at..at + 8].try_into().unwrap_or([0; 8]));
-    let attempt = u32::from_be_bytes(p[17..21].try_into().unwrap_or([0; 4]));
-    Ok(Some((
-        Parked {
-            offset: u64_at(1),
-            due_ms: u64_at(9),
-            attempt,
-        },
-        p[PARK_HEAD..].to_vec(),
-    )))
+        )
+    };
+    let u64_at = |at: usize| -> Option<u64> {
+        Some(u64::from_be_bytes(p.get(at..at + 8)?.try_into().ok()?))
+    };
+    let (Some(offset), Some(due)) = (u64_at(1), u64_at(9)) else {
+        return Err(unreadable());
+    };
+    let mut entry = Parked::new(offset, due, 0);
+    let body_at = match p[0] {
+        PARK_ENTRY_V1 => {
+            let attempt = p.get(17..21).and_then(|b| b.try_into().ok());
+            entry.attempt = u32::from_be_bytes(attempt.ok_or_else(unreadable)?);
+            21
+        }
+        PARK_ENTRY_V2 => 17 + entry.decode_tail(&p[17..]).ok_or_else(unreadable)?,
+        _ => return Err(unreadable()),
+    };
+    Ok(Some((entry, p[body_at..].to_vec())))
 }
 
 fn park_err(what: &str, f: Fail) -> ParkError {
@@ -1571,6 +1579,34 @@ impl ParkJournal for NatsLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn park_payloads_of_both_versions_are_read_and_others_refused() {
+        // Version 1 (before ordering keys): offset, due, attempt, body.
+        let mut v1 = vec![PARK_ENTRY_V1];
+        v1.extend_from_slice(&5u64.to_be_bytes());
+        v1.extend_from_slice(&900u64.to_be_bytes());
+        v1.extend_from_slice(&2u32.to_be_bytes());
+        v1.extend_from_slice(b"body");
+        assert_eq!(
+            parse_park_payload(&v1).unwrap(),
+            Some((Parked::new(5, 900, 2), b"body".to_vec()))
+        );
+        let keyed = Parked {
+            key: Some(42),
+            not_before_ms: 7,
+            ..Parked::new(5, meshd_stores::park::HELD, 0)
+        };
+        let v2 = park_payload(&keyed, b"body");
+        assert_eq!(
+            parse_park_payload(&v2).unwrap(),
+            Some((keyed, b"body".to_vec()))
+        );
+        assert_eq!(parse_park_payload(b"").unwrap(), None);
+        for bad in [&v2[..20], &[9u8; 40][..], &v1[..10]] {
+            assert!(parse_park_payload(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn stream_state_maps_to_bounds() {

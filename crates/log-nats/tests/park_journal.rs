@@ -19,11 +19,7 @@ fn pkey(subscription: &str, incarnation: i64, partition: u32) -> OffsetKey {
 }
 
 fn entry(offset: u64, due_ms: u64, attempt: u32) -> Parked {
-    Parked {
-        offset,
-        due_ms,
-        attempt,
-    }
+    Parked::new(offset, due_ms, attempt)
 }
 
 async fn loaded(j: &dyn ParkJournal, key: &OffsetKey) -> Vec<(u64, u64, u32, String)> {
@@ -158,4 +154,38 @@ async fn a_journal_that_exists_but_answers_no_direct_gets_is_unavailable_never_r
         }
         other => panic!("a journal that cannot be read answered {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_entry_keeps_its_key_and_deliverat_and_a_release_put_replaces_its_due_time() {
+    let nats = common::server().await;
+    let j = common::connect(&nats).await;
+    let a = pkey("ordered", 1, 0);
+    let held = Parked {
+        key: Some(0xfeed_beef),
+        not_before_ms: 77_000,
+        ..entry(4, meshd_stores::park::HELD, 0)
+    };
+    j.put(&a, &held, b"four").await.unwrap();
+    j.put(&a, &entry(2, 1000, 1), b"two").await.unwrap();
+    let all = j.load(&a).await.unwrap();
+    assert_eq!(
+        all,
+        [
+            (held.clone(), b"four".to_vec()),
+            (entry(2, 1000, 1), b"two".to_vec())
+        ]
+    );
+    // Released: the same subject put again with its due time replaces the entry.
+    let released = held.released(90_000);
+    j.put(&a, &released, b"four").await.unwrap();
+    let mut all = j.load(&a).await.unwrap();
+    all.sort_by_key(|(p, _)| p.offset);
+    assert_eq!(
+        all,
+        [
+            (entry(2, 1000, 1), b"two".to_vec()),
+            (released, b"four".to_vec())
+        ]
+    );
 }

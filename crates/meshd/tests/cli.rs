@@ -193,6 +193,8 @@ async fn given_a_running_meshd_when_topics_and_subscriptions_are_created_then_th
             "orders",
             "--filters",
             r#"[{"prefix":{"type":"order."}}]"#,
+            "--ordering",
+            "key",
             "--push-url",
             "http://127.0.0.1:9/hook",
             "--push-secret",
@@ -210,6 +212,7 @@ async fn given_a_running_meshd_when_topics_and_subscriptions_are_created_then_th
     .ok()
     .json();
     assert_eq!(hooked["filters"], json!([{"prefix": {"type": "order."}}]));
+    assert_eq!(hooked["ordering"], "key");
     assert_eq!(
         hooked["push"],
         json!({"url": "http://127.0.0.1:9/hook", "secrets": ["***"],

@@ -236,6 +236,13 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
         .unwrap();
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(r.json().unwrap()["field"], "filters", "{}", r.body);
+    // Ordering per key: an older owner would hand a key's events out together.
+    let ordered = json!({"topic": "t", "ordering": "key"});
+    let r = meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/o", &ordered)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.json().unwrap()["field"], "ordering", "{}", r.body);
     let r = meshd_test_support::http::send_json(
         &n,
         "PUT",

@@ -383,11 +383,37 @@ impl ParkIndex for Flaky {
         }
         self.inner.park_many(key, entries).await
     }
-    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {
+    async fn remove(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        now_ms: u64,
+    ) -> Result<meshd_stores::park::Removed, ParkError> {
         if Self::fails(&self.removes_to_fail) {
             return Err(ParkError::Unavailable("journal unreachable (test)".into()));
         }
-        self.inner.remove(key, offset).await
+        self.inner.remove(key, offset, now_ms).await
+    }
+    async fn release_key(
+        &self,
+        key: &OffsetKey,
+        hash: u64,
+        now_ms: u64,
+    ) -> Result<Option<Parked>, ParkError> {
+        self.inner.release_key(key, hash, now_ms).await
+    }
+    async fn keys_parked(
+        &self,
+        key: &OffsetKey,
+        hashes: Vec<u64>,
+    ) -> Result<std::collections::BTreeSet<u64>, meshd_stores::delivery::DeliveryError> {
+        self.inner.keys_parked(key, hashes).await
+    }
+    async fn held_keys(
+        &self,
+        key: &OffsetKey,
+    ) -> Result<Vec<u64>, meshd_stores::delivery::DeliveryError> {
+        self.inner.held_keys(key).await
     }
     async fn earliest(
         &self,

@@ -40,6 +40,9 @@ pub const DEADLINE: u8 = b'x';
 pub const DEDUP: u8 = b'u';
 pub const PARKED: u8 = b'k';
 pub const PARKED_OFFSET: u8 = b'q';
+pub const PARKED_KEY: u8 = b'h';
+/// The three key spaces of the park index (see `park.rs`).
+pub const PARK_SPACES: [u8; 3] = [PARKED, PARKED_OFFSET, PARKED_KEY];
 
 /// The longest name a key can hold.
 pub const MAX_NAME: usize = 255;
@@ -157,17 +160,18 @@ pub fn delivery_key(key: &OffsetKey, offset: u64) -> Vec<u8> {
     k
 }
 
-/// The prefix of one partition's park entries (by due time), or (`by_offset`) of their
-/// lookup keys.
-pub fn parked_of_partition(key: &OffsetKey, by_offset: bool) -> Vec<u8> {
-    let mut k = vec![if by_offset { PARKED_OFFSET } else { PARKED }];
+/// The prefix of one partition's keys in one park key space (`space`: [`PARKED`],
+/// entries by due time; [`PARKED_OFFSET`], by offset; [`PARKED_KEY`], by ordering
+/// key).
+pub fn parked_of_partition(key: &OffsetKey, space: u8) -> Vec<u8> {
+    let mut k = vec![space];
     partition_part(&mut k, key);
     k
 }
 
-/// The prefix of every park entry (or lookup key) of a subscription incarnation.
-pub fn parked_of_subscription(subscription: &str, incarnation: i64, by_offset: bool) -> Vec<u8> {
-    let mut k = vec![if by_offset { PARKED_OFFSET } else { PARKED }];
+/// The prefix of a subscription incarnation's keys in one park key space.
+pub fn parked_of_subscription(subscription: &str, incarnation: i64, space: u8) -> Vec<u8> {
+    let mut k = vec![space];
     subscription_part(&mut k, subscription, incarnation);
     k
 }

@@ -20,7 +20,7 @@ use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::delivery::DeliveryError;
 use meshd_stores::offsets::OffsetKey;
-pub use meshd_stores::park::{ParkError, ParkIndex, ParkJournal, Parked};
+pub use meshd_stores::park::{ParkError, ParkIndex, ParkJournal, Parked, Removed, HELD};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -39,16 +39,31 @@ pub struct RocksParkStore {
 }
 
 fn due_key(key: &OffsetKey, due_ms: u64, offset: u64) -> Vec<u8> {
-    let mut k = keys::parked_of_partition(key, false);
+    let mut k = keys::parked_of_partition(key, keys::PARKED);
     k.extend_from_slice(&due_ms.to_be_bytes());
     k.extend_from_slice(&offset.to_be_bytes());
     k
 }
 
 fn offset_key(key: &OffsetKey, offset: u64) -> Vec<u8> {
-    let mut k = keys::parked_of_partition(key, true);
+    let mut k = keys::parked_of_partition(key, keys::PARKED_OFFSET);
     k.extend_from_slice(&offset.to_be_bytes());
     k
+}
+
+fn key_prefix(key: &OffsetKey, hash: u64) -> Vec<u8> {
+    let mut k = keys::parked_of_partition(key, keys::PARKED_KEY);
+    k.extend_from_slice(&hash.to_be_bytes());
+    k
+}
+
+/// The lookup key's value: the due time, then the key hash of a keyed entry.
+fn lookup_value(p: &Parked) -> Vec<u8> {
+    let mut v = p.due_ms.to_be_bytes().to_vec();
+    if let Some(h) = p.key {
+        v.extend_from_slice(&h.to_be_bytes());
+    }
+    v
 }
 
 /// Deletes every key under `prefix` in the `deliveries` column family, durably, in
@@ -72,18 +87,31 @@ fn delete_prefix(group: &GroupCommit, prefix: &[u8]) -> Result<(), DeliveryError
     }
 }
 
-/// Both keys of an entry: the due time by offset, and the attempts made before
-/// parking (u32 BE) then the body by due time and offset.
+/// The keys of an entry: its due time (and key hash) by offset; its attempts, key
+/// and `deliverat` (`Parked::encode_tail`) then the body by due time and offset; and,
+/// for a keyed entry, an empty marker by key hash and offset.
 fn put_entry(batch: &mut Batch, key: &OffsetKey, p: &Parked, body: &[u8]) {
-    batch.put(
-        CF_DELIVERIES,
-        offset_key(key, p.offset),
-        p.due_ms.to_be_bytes(),
-    );
-    let mut value = Vec::with_capacity(4 + body.len());
-    value.extend_from_slice(&p.attempt.to_be_bytes());
+    batch.put(CF_DELIVERIES, offset_key(key, p.offset), lookup_value(p));
+    let mut value = Vec::with_capacity(21 + body.len());
+    p.encode_tail(&mut value);
     value.extend_from_slice(body);
     batch.put(CF_DELIVERIES, due_key(key, p.due_ms, p.offset), value);
+    if let Some(h) = p.key {
+        let mut k = key_prefix(key, h);
+        k.extend_from_slice(&p.offset.to_be_bytes());
+        batch.put(CF_DELIVERIES, k, Vec::new());
+    }
+}
+
+/// Deletes the keys of `p`'s entry.
+fn delete_entry(batch: &mut Batch, key: &OffsetKey, p: &Parked) {
+    batch.delete(CF_DELIVERIES, offset_key(key, p.offset));
+    batch.delete(CF_DELIVERIES, due_key(key, p.due_ms, p.offset));
+    if let Some(h) = p.key {
+        let mut k = key_prefix(key, h);
+        k.extend_from_slice(&p.offset.to_be_bytes());
+        batch.delete(CF_DELIVERIES, k);
+    }
 }
 
 fn be8(b: &[u8]) -> Option<u64> {
@@ -102,10 +130,135 @@ fn due_of(engine: &dyn KvEngine, key: &OffsetKey, offset: u64) -> Result<Option<
     let k = offset_key(key, offset);
     match engine.get(CF_DELIVERIES, &k)? {
         None => Ok(None),
-        Some(v) => be8(&v)
+        Some(v) => v
+            .get(..8)
+            .and_then(be8)
             .map(Some)
             .ok_or_else(|| Closure::Delivery(corrupt(&k, "due time is not 8 bytes"))),
     }
+}
+
+/// Decodes an entry's value (by due key `k`, whose last 16 bytes are due and
+/// offset): the entry and where its body starts.
+fn decode_entry(k: &[u8], v: &[u8]) -> Result<(Parked, usize), DeliveryError> {
+    let tail = k
+        .len()
+        .checked_sub(16)
+        .and_then(|at| k.get(at..))
+        .ok_or_else(|| corrupt(k, "park key too short"))?;
+    let mut p = Parked::new(
+        be8(&tail[8..]).ok_or_else(|| corrupt(k, "offset"))?,
+        be8(&tail[..8]).ok_or_else(|| corrupt(k, "due"))?,
+        0,
+    );
+    let at = p
+        .decode_tail(v)
+        .ok_or_else(|| corrupt(k, "park entry without its attempt count and key"))?;
+    Ok((p, at))
+}
+
+/// `offset`'s entry, its stored value and where the body starts in it (`None`: not
+/// parked).
+fn entry_at(
+    engine: &dyn KvEngine,
+    key: &OffsetKey,
+    offset: u64,
+) -> Result<Option<(Parked, Vec<u8>, usize)>, Closure> {
+    let Some(due) = due_of(engine, key, offset)? else {
+        return Ok(None);
+    };
+    let k = due_key(key, due, offset);
+    let Some(v) = engine.get(CF_DELIVERIES, &k)? else {
+        return Err(Closure::Delivery(corrupt(
+            &k,
+            "lookup key without its entry",
+        )));
+    };
+    let (p, at) = decode_entry(&k, &v).map_err(Closure::Delivery)?;
+    Ok(Some((p, v, at)))
+}
+
+/// The offsets of key `hash`'s first `n` entries.
+fn first_of_key(
+    engine: &dyn KvEngine,
+    key: &OffsetKey,
+    hash: u64,
+    n: usize,
+) -> Result<Vec<u64>, Closure> {
+    let prefix = key_prefix(key, hash);
+    let rows = engine.scan(CF_DELIVERIES, &prefix, Some(&keys::end_of(&prefix)), n)?;
+    rows.iter()
+        .map(|(k, _)| {
+            k.len()
+                .checked_sub(8)
+                .and_then(|at| be8(&k[at..]))
+                .ok_or_else(|| Closure::Delivery(corrupt(k, "park key marker too short")))
+        })
+        .collect()
+}
+
+/// Releases `offset`'s entry when it is held: moved to its due time in `batch`.
+fn release_in(
+    engine: &dyn KvEngine,
+    batch: &mut Batch,
+    key: &OffsetKey,
+    offset: u64,
+    now_ms: u64,
+) -> Result<Option<Parked>, Closure> {
+    let Some((p, value, _)) = entry_at(engine, key, offset)? else {
+        return Ok(None);
+    };
+    if !p.is_held() {
+        return Ok(None);
+    }
+    let r = p.released(now_ms);
+    batch.delete(CF_DELIVERIES, due_key(key, p.due_ms, offset));
+    batch.put(CF_DELIVERIES, due_key(key, r.due_ms, offset), value);
+    batch.put(CF_DELIVERIES, offset_key(key, offset), lookup_value(&r));
+    Ok(Some(r))
+}
+
+/// A released entry with its body (read from its old place: the batch that moves it
+/// is not written).
+fn released_with_body(
+    engine: &dyn KvEngine,
+    key: &OffsetKey,
+    released: Option<Parked>,
+) -> Result<Option<(Parked, Vec<u8>)>, DeliveryError> {
+    let Some(r) = released else {
+        return Ok(None);
+    };
+    let Some((_, mut value, at)) = entry_at(engine, key, r.offset)? else {
+        return Ok(None);
+    };
+    Ok(Some((r, value.split_off(at))))
+}
+
+/// What removing `offset`'s entry writes into `batch`: its keys go, and when it is
+/// the first of its key, the next one of that key is released if held.
+fn remove_in(
+    engine: &dyn KvEngine,
+    batch: &mut Batch,
+    key: &OffsetKey,
+    offset: u64,
+    now_ms: u64,
+) -> Result<Removed, Closure> {
+    let Some((p, _, _)) = entry_at(engine, key, offset)? else {
+        return Ok(Removed::default());
+    };
+    delete_entry(batch, key, &p);
+    let mut released = None;
+    if let Some(h) = p.key {
+        if let [first, next] = first_of_key(engine, key, h, 2)?[..] {
+            if first == offset {
+                released = release_in(engine, batch, key, next, now_ms)?;
+            }
+        }
+    }
+    Ok(Removed {
+        removed: true,
+        released,
+    })
 }
 
 impl RocksParkStore {
@@ -122,10 +275,8 @@ impl RocksParkStore {
     /// Removes every entry of the partition, durably (in batches).
     pub async fn clear_partition(&self, key: &OffsetKey) -> Result<(), DeliveryError> {
         Self::check(key)?;
-        self.delete_prefixes(
-            [false, true].map(|by_offset| keys::parked_of_partition(key, by_offset)),
-        )
-        .await
+        self.delete_prefixes(keys::PARK_SPACES.map(|space| keys::parked_of_partition(key, space)))
+            .await
     }
 
     /// Writes `entries` as they are (no check for entries present), durably: a
@@ -149,6 +300,44 @@ impl RocksParkStore {
         Ok(())
     }
 
+    /// What removing `offset`'s entry would release (with its body), without
+    /// writing: the journal takes the release before the local index does.
+    async fn release_after_removal(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        now_ms: u64,
+    ) -> Result<Option<(Parked, Vec<u8>)>, DeliveryError> {
+        let key = key.clone();
+        self.blocking(move |group| {
+            let engine = group.engine().as_ref();
+            let mut batch = Batch::new();
+            let removed = remove_in(engine, &mut batch, &key, offset, now_ms)?;
+            released_with_body(engine, &key, removed.released)
+        })
+        .await
+    }
+
+    /// What [`ParkIndex::release_key`] would release (with its body), without writing.
+    async fn release_of_key(
+        &self,
+        key: &OffsetKey,
+        hash: u64,
+        now_ms: u64,
+    ) -> Result<Option<(Parked, Vec<u8>)>, DeliveryError> {
+        let key = key.clone();
+        self.blocking(move |group| {
+            let engine = group.engine().as_ref();
+            let mut batch = Batch::new();
+            let released = match first_of_key(engine, &key, hash, 1)?.first() {
+                Some(&first) => release_in(engine, &mut batch, &key, first, now_ms)?,
+                None => None,
+            };
+            released_with_body(engine, &key, released)
+        })
+        .await
+    }
+
     /// Runs `f` with the store's group on a blocking thread.
     async fn blocking<T: Send + 'static>(
         &self,
@@ -169,7 +358,7 @@ impl RocksParkStore {
     }
 
     /// Deletes every key under each of `prefixes`, durably.
-    async fn delete_prefixes(&self, prefixes: [Vec<u8>; 2]) -> Result<(), DeliveryError> {
+    async fn delete_prefixes(&self, prefixes: [Vec<u8>; 3]) -> Result<(), DeliveryError> {
         self.blocking(move |group| {
             prefixes
                 .iter()
@@ -210,25 +399,106 @@ impl ParkIndex for RocksParkStore {
         Ok(created)
     }
 
-    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {
+    async fn remove(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        now_ms: u64,
+    ) -> Result<Removed, ParkError> {
         Self::check(key)?;
         let key = key.clone();
         let (_, removed) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
             let mut batch = Batch::new();
-            let due = due_of(engine, &key, offset)?;
-            if let Some(due) = due {
-                batch.delete(CF_DELIVERIES, offset_key(&key, offset));
-                batch.delete(CF_DELIVERIES, due_key(&key, due, offset));
-            }
-            Ok::<_, Closure>((batch, due.is_some()))
+            let removed = remove_in(engine, &mut batch, &key, offset, now_ms)?;
+            Ok::<_, Closure>((batch, removed))
         })
         .await
         .map_err(DeliveryError::from)?;
         Ok(removed)
     }
 
+    async fn release_key(
+        &self,
+        key: &OffsetKey,
+        hash: u64,
+        now_ms: u64,
+    ) -> Result<Option<Parked>, ParkError> {
+        Self::check(key)?;
+        let key = key.clone();
+        let (_, released) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+            let mut batch = Batch::new();
+            let released = match first_of_key(engine, &key, hash, 1)?.first() {
+                Some(&first) => release_in(engine, &mut batch, &key, first, now_ms)?,
+                None => None,
+            };
+            Ok::<_, Closure>((batch, released))
+        })
+        .await
+        .map_err(DeliveryError::from)?;
+        Ok(released)
+    }
+
+    async fn keys_parked(
+        &self,
+        key: &OffsetKey,
+        hashes: Vec<u64>,
+    ) -> Result<BTreeSet<u64>, DeliveryError> {
+        let key = key.clone();
+        self.blocking(move |group| {
+            let engine = group.engine();
+            let mut out = BTreeSet::new();
+            for h in hashes {
+                if !out.contains(&h) && !first_of_key(engine.as_ref(), &key, h, 1)?.is_empty() {
+                    out.insert(h);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn held_keys(&self, key: &OffsetKey) -> Result<Vec<u64>, DeliveryError> {
+        let key = key.clone();
+        self.blocking(move |group| {
+            let engine = group.engine();
+            let prefix = keys::parked_of_partition(&key, keys::PARKED_KEY);
+            let end = keys::end_of(&prefix);
+            let mut start = prefix.clone();
+            let mut out = Vec::new();
+            // One seek per key: from each key's first marker to the next key's.
+            loop {
+                let rows = engine
+                    .scan(CF_DELIVERIES, &start, Some(&end), 1)
+                    .map_err(local)?;
+                let Some((k, _)) = rows.first() else {
+                    return Ok(out);
+                };
+                let tail = k
+                    .len()
+                    .checked_sub(16)
+                    .and_then(|at| k.get(at..))
+                    .ok_or_else(|| corrupt(k, "park key marker too short"))?;
+                let (hash, offset) = (be8(&tail[..8]), be8(&tail[8..]));
+                let (Some(hash), Some(offset)) = (hash, offset) else {
+                    return Err(corrupt(k, "park key marker"));
+                };
+                if let Some((p, _, _)) = entry_at(engine.as_ref(), &key, offset)? {
+                    if p.is_held() {
+                        out.push(hash);
+                    }
+                }
+                let Some(next) = hash.checked_add(1) else {
+                    return Ok(out);
+                };
+                start = prefix.clone();
+                start.extend_from_slice(&next.to_be_bytes());
+            }
+        })
+        .await
+    }
+
     async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError> {
-        let prefix = keys::parked_of_partition(key, false);
+        let prefix = keys::parked_of_partition(key, keys::PARKED);
         let rows = self
             .read(move |engine| {
                 let end = keys::end_of(&prefix);
@@ -236,48 +506,19 @@ impl ParkIndex for RocksParkStore {
             })
             .await?;
         rows.into_iter()
-            .map(|(k, v)| {
-                let tail = k
-                    .len()
-                    .checked_sub(16)
-                    .and_then(|at| k.get(at..))
-                    .ok_or_else(|| corrupt(&k, "park key too short"))?;
-                let attempt = v
-                    .get(..4)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u32::from_be_bytes)
-                    .ok_or_else(|| corrupt(&k, "park entry without its attempt count"))?;
-                Ok(Parked {
-                    due_ms: be8(&tail[..8]).ok_or_else(|| corrupt(&k, "due"))?,
-                    offset: be8(&tail[8..]).ok_or_else(|| corrupt(&k, "offset"))?,
-                    attempt,
-                })
-            })
+            .map(|(k, v)| decode_entry(&k, &v).map(|(p, _)| p))
             .collect()
     }
 
     async fn body(&self, key: &OffsetKey, offset: u64) -> Result<Option<Vec<u8>>, DeliveryError> {
         let key = key.clone();
-        let value = self
-            .read(move |engine| {
-                let k = offset_key(&key, offset);
-                let Some(v) = engine.get(CF_DELIVERIES, &k)? else {
-                    return Ok(None);
-                };
-                let Some(due) = be8(&v) else {
-                    return Ok(None);
-                };
-                engine.get(CF_DELIVERIES, &due_key(&key, due, offset))
-            })
-            .await?;
-        match value {
-            None => Ok(None),
-            Some(mut v) if v.len() >= 4 => Ok(Some(v.split_off(4))),
-            Some(_) => Err(corrupt(
-                &offset.to_be_bytes(),
-                "park entry without its attempt count",
-            )),
-        }
+        self.blocking(move |group| {
+            let Some((_, mut value, at)) = entry_at(group.engine().as_ref(), &key, offset)? else {
+                return Ok(None);
+            };
+            Ok(Some(value.split_off(at)))
+        })
+        .await
     }
 
     async fn parked_among(
@@ -305,7 +546,7 @@ impl ParkIndex for RocksParkStore {
         from: u64,
         limit: usize,
     ) -> Result<Vec<u64>, DeliveryError> {
-        let prefix = keys::parked_of_partition(key, true);
+        let prefix = keys::parked_of_partition(key, keys::PARKED_OFFSET);
         let rows = self
             .read(move |engine| {
                 let mut start = prefix.clone();
@@ -325,7 +566,7 @@ impl ParkIndex for RocksParkStore {
     }
 
     async fn count(&self, key: &OffsetKey) -> Result<u64, DeliveryError> {
-        let prefix = keys::parked_of_partition(key, true);
+        let prefix = keys::parked_of_partition(key, keys::PARKED_OFFSET);
         self.read(move |engine| {
             let end = keys::end_of(&prefix);
             let mut start = prefix.clone();
@@ -350,8 +591,8 @@ impl ParkIndex for RocksParkStore {
         subscription: &str,
         incarnation: i64,
     ) -> Result<(), ParkError> {
-        let prefixes = [false, true]
-            .map(|by_offset| keys::parked_of_subscription(subscription, incarnation, by_offset));
+        let prefixes = keys::PARK_SPACES
+            .map(|space| keys::parked_of_subscription(subscription, incarnation, space));
         self.delete_prefixes(prefixes).await?;
         Ok(())
     }
@@ -418,9 +659,46 @@ impl ParkIndex for JournaledParks {
         self.local.park_many(key, entries).await
     }
 
-    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError> {
+    async fn remove(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        now_ms: u64,
+    ) -> Result<Removed, ParkError> {
+        // The journal first, the release too: a new owner rebuilds from it.
         self.journal.settle(key, offset).await?;
-        self.local.remove(key, offset).await
+        if let Some((next, body)) = self
+            .local
+            .release_after_removal(key, offset, now_ms)
+            .await?
+        {
+            self.journal.put(key, &next, &body).await?;
+        }
+        self.local.remove(key, offset, now_ms).await
+    }
+
+    async fn release_key(
+        &self,
+        key: &OffsetKey,
+        hash: u64,
+        now_ms: u64,
+    ) -> Result<Option<Parked>, ParkError> {
+        if let Some((next, body)) = self.local.release_of_key(key, hash, now_ms).await? {
+            self.journal.put(key, &next, &body).await?;
+        }
+        self.local.release_key(key, hash, now_ms).await
+    }
+
+    async fn keys_parked(
+        &self,
+        key: &OffsetKey,
+        hashes: Vec<u64>,
+    ) -> Result<BTreeSet<u64>, DeliveryError> {
+        self.local.keys_parked(key, hashes).await
+    }
+
+    async fn held_keys(&self, key: &OffsetKey) -> Result<Vec<u64>, DeliveryError> {
+        self.local.held_keys(key).await
     }
 
     async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError> {

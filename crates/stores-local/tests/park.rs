@@ -6,7 +6,7 @@ mod common;
 
 use meshd_stores::delivery::DeliveryError;
 use meshd_stores::offsets::OffsetKey;
-use meshd_stores_local::park::{ParkError, ParkIndex, Parked};
+use meshd_stores_local::park::{ParkError, ParkIndex, Parked, Removed, HELD};
 
 fn pkey(subscription: &str, p: u32) -> OffsetKey {
     OffsetKey {
@@ -19,11 +19,7 @@ fn pkey(subscription: &str, p: u32) -> OffsetKey {
 
 fn parked(list: &[(u64, u64)]) -> Vec<Parked> {
     list.iter()
-        .map(|&(offset, due_ms)| Parked {
-            offset,
-            due_ms,
-            attempt: 0,
-        })
+        .map(|&(offset, due_ms)| Parked::new(offset, due_ms, 0))
         .collect()
 }
 
@@ -57,11 +53,7 @@ async fn parked_events_are_read_in_due_order_per_partition_with_their_bodies_and
         parks.earliest(&a, 10).await.unwrap(),
         [
             parked(&[(9, 1000), (7, 3000)]),
-            vec![Parked {
-                offset: 2,
-                due_ms: 5000,
-                attempt: 2
-            }]
+            vec![Parked::new(2, 5000, 2)]
         ]
         .concat()
     );
@@ -86,8 +78,8 @@ async fn parked_events_are_read_in_due_order_per_partition_with_their_bodies_and
     assert_eq!(parks.offsets_from(&a, 3, 10).await.unwrap(), [7, 9]);
     assert_eq!(parks.offsets_from(&a, 0, 10).await.unwrap(), [2, 7, 9]);
 
-    assert!(parks.remove(&a, 7).await.unwrap());
-    assert!(!parks.remove(&a, 7).await.unwrap()); // gone already: nothing changes
+    assert!(parks.remove(&a, 7, 0).await.unwrap().removed);
+    assert!(!parks.remove(&a, 7, 0).await.unwrap().removed); // gone already: nothing changes
     assert_eq!(
         parks
             .earliest(&a, 10)
@@ -118,11 +110,7 @@ async fn given_parked_events_when_power_is_cut_then_every_park_that_returned_sur
     let key = pkey("sub", 0);
     let want = |offsets: std::ops::Range<u64>| -> Vec<Parked> {
         offsets
-            .map(|offset| Parked {
-                offset,
-                due_ms: 1000 + offset,
-                attempt: 0,
-            })
+            .map(|offset| Parked::new(offset, 1000 + offset, 0))
             .collect()
     };
     // Parks, then the cut: nothing after them made them durable but themselves.
@@ -163,7 +151,7 @@ async fn given_parked_events_when_power_is_cut_then_every_park_that_returned_sur
     }
     // Removals, then the cut: they are gone after it too.
     for offset in 0..5u64 {
-        stores.parks.remove(&key, offset).await.unwrap();
+        stores.parks.remove(&key, offset, 0).await.unwrap();
     }
     let image = power.cut();
     drop(stores);
@@ -193,7 +181,7 @@ async fn given_a_failed_write_then_parking_is_refused_like_every_local_write() {
     ));
     power.fail_writes(false);
     assert!(matches!(
-        stores.parks.remove(&key, 0).await,
+        stores.parks.remove(&key, 0, 0).await,
         Err(ParkError::Local(DeliveryError::Poisoned(_)))
     ));
     let bad = OffsetKey {
@@ -235,11 +223,7 @@ async fn park_many_writes_a_batch_at_once_and_answers_which_entries_are_new() {
     let parks = &stores.parks;
     let a = pkey("sub", 0);
     assert!(parks.park(&a, 5, 50, 0, b"five".to_vec()).await.unwrap());
-    let e = |offset: u64, due_ms: u64| Parked {
-        offset,
-        due_ms,
-        attempt: 0,
-    };
+    let e = |offset: u64, due_ms: u64| Parked::new(offset, due_ms, 0);
     let created = parks
         .park_many(
             &a,
@@ -262,4 +246,91 @@ async fn park_many_writes_a_batch_at_once_and_answers_which_entries_are_new() {
         Some(&b"six"[..])
     );
     assert_eq!(parks.count(&a).await.unwrap(), 3);
+}
+
+/// An entry of ordering key `key`: held behind it (`HELD`), or due at `due_ms`.
+fn keyed(offset: u64, due_ms: u64, key: u64, not_before_ms: u64) -> Parked {
+    Parked {
+        key: Some(key),
+        not_before_ms,
+        ..Parked::new(offset, due_ms, 0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_events_held_behind_their_key_then_the_first_one_s_removal_releases_the_next_in_the_same_durable_write(
+) {
+    let key = pkey("sub", 0);
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let parks = &stores.parks;
+    // Key 7: offset 3 parked for its time (it holds the key), 5 and 9 held behind it
+    // (9 with its own deliverat); key 8: offset 4 held behind an event of the window.
+    parks
+        .park_many(
+            &key,
+            vec![
+                (keyed(3, 2000, 7, 0), b"three".to_vec()),
+                (keyed(5, HELD, 7, 0), b"five".to_vec()),
+                (keyed(9, HELD, 7, 50_000), b"nine".to_vec()),
+                (keyed(4, HELD, 8, 0), b"four".to_vec()),
+                (Parked::new(6, 3000, 0), b"six".to_vec()),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        parks.keys_parked(&key, vec![7, 8, 10]).await.unwrap(),
+        [7, 8].into()
+    );
+    assert_eq!(parks.held_keys(&key).await.unwrap(), [8]);
+    // Held entries are never due: they sort after every time.
+    assert_eq!(
+        parks.earliest(&key, 2).await.unwrap(),
+        [keyed(3, 2000, 7, 0), Parked::new(6, 3000, 0)]
+    );
+    // The key's head is not held: a release changes nothing.
+    assert_eq!(parks.release_key(&key, 7, 10_000).await.unwrap(), None);
+    // Key 8's first entry is held (its event ahead is in the window): released.
+    assert_eq!(
+        parks.release_key(&key, 8, 10_000).await.unwrap(),
+        Some(keyed(4, 10_000, 8, 0))
+    );
+    // Settling the head releases the next of its key, durably, in the same write.
+    let removed = parks.remove(&key, 3, 20_000).await.unwrap();
+    assert_eq!(
+        removed,
+        Removed {
+            removed: true,
+            released: Some(keyed(5, 20_000, 7, 0)),
+        }
+    );
+    let image = power.cut();
+    drop(stores);
+    let again = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, again.path());
+    let parks = &stores.parks;
+    assert_eq!(
+        parks.earliest(&key, 10).await.unwrap(),
+        [
+            Parked::new(6, 3000, 0),
+            keyed(4, 10_000, 8, 0),
+            keyed(5, 20_000, 7, 0),
+            keyed(9, HELD, 7, 50_000),
+        ]
+    );
+    assert_eq!(parks.body(&key, 5).await.unwrap(), Some(b"five".to_vec()));
+    assert!(parks.held_keys(&key).await.unwrap().is_empty());
+    // A released entry keeps its own deliverat: due at the later of it and the release.
+    let removed = parks.remove(&key, 5, 30_000).await.unwrap();
+    assert_eq!(removed.released, Some(keyed(9, 50_000, 7, 50_000)));
+    assert_eq!(parks.body(&key, 9).await.unwrap(), Some(b"nine".to_vec()));
+    // The subscription's deletion takes the key markers too.
+    parks.drop_subscription("sub", 1).await.unwrap();
+    assert!(parks
+        .keys_parked(&key, vec![7, 8])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(parks.count(&key).await.unwrap(), 0);
 }

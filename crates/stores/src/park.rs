@@ -33,6 +33,7 @@
 use crate::delivery::DeliveryError;
 use crate::offsets::OffsetKey;
 use async_trait::async_trait;
+use std::collections::BTreeSet;
 
 /// A park index call that failed.
 #[derive(Debug, thiserror::Error)]
@@ -47,14 +48,101 @@ pub enum ParkError {
     Unavailable(String),
 }
 
+/// The due time of an entry held behind its key (ordered delivery): it is not due
+/// until the event ahead of it on its key is settled ([`ParkIndex::release_key`], or
+/// the [`ParkIndex::remove`] of a keyed entry, sets its real due time).
+pub const HELD: u64 = u64::MAX;
+
 /// A parked event, as the index answers it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Parked {
     pub offset: u64,
-    /// Not to be handed out before this (unix ms).
+    /// Not to be handed out before this (unix ms); [`HELD`]: behind its key.
     pub due_ms: u64,
     /// Attempts made before it was parked (0 for an event parked as it was read).
     pub attempt: u32,
+    /// Ordered delivery: the hash of the event's `partitionkey` (FNV-1a 64 of its
+    /// bytes, `meshd_events::fnv1a64`: stable, it is stored; two keys of one hash
+    /// wait for each other, an extra wait that never breaks an order). Among the keyed entries of one hash, the lowest offset is the one
+    /// ahead; the others wait [`HELD`] behind it.
+    pub key: Option<u64>,
+    /// A held entry's own `deliverat` (unix ms, 0: none): released, it is due at the
+    /// later of this and the release.
+    pub not_before_ms: u64,
+}
+
+impl Parked {
+    /// An entry without an ordering key.
+    pub fn new(offset: u64, due_ms: u64, attempt: u32) -> Self {
+        Self {
+            offset,
+            due_ms,
+            attempt,
+            key: None,
+            not_before_ms: 0,
+        }
+    }
+
+    /// Behind its key: not due until released.
+    pub fn is_held(&self) -> bool {
+        self.due_ms == HELD
+    }
+
+    /// This held entry, released at `now_ms`: due at the later of `now_ms` and its
+    /// own `deliverat`.
+    pub fn released(&self, now_ms: u64) -> Parked {
+        Parked {
+            due_ms: now_ms.max(self.not_before_ms).min(HELD - 1),
+            ..self.clone()
+        }
+    }
+
+    /// The stored form of everything but the offset and due time (which the stores
+    /// keep in their keys): attempt (u32 BE), then `0`, or `1` with the key hash and
+    /// `not_before_ms` (u64 BE each). The body follows it.
+    pub fn encode_tail(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.attempt.to_be_bytes());
+        match self.key {
+            None => out.push(0),
+            Some(k) => {
+                out.push(1);
+                out.extend_from_slice(&k.to_be_bytes());
+                out.extend_from_slice(&self.not_before_ms.to_be_bytes());
+            }
+        }
+    }
+
+    /// Reads [`encode_tail`](Self::encode_tail)'s bytes at the start of `b` into
+    /// `self`; answers where the body starts, `None` when `b` is too short or unknown.
+    pub fn decode_tail(&mut self, b: &[u8]) -> Option<usize> {
+        let u64_at = |at: usize| -> Option<u64> {
+            Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+        };
+        self.attempt = u32::from_be_bytes(b.get(..4)?.try_into().ok()?);
+        match b.get(4)? {
+            0 => {
+                self.key = None;
+                self.not_before_ms = 0;
+                Some(5)
+            }
+            1 => {
+                self.key = Some(u64_at(5)?);
+                self.not_before_ms = u64_at(13)?;
+                Some(21)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// What [`ParkIndex::remove`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// The offset was parked (and is not any more).
+    pub removed: bool,
+    /// The entry was keyed and the next entry of its key was held: released with it,
+    /// in the same durable write (its new due time).
+    pub released: Option<Parked>,
 }
 
 #[async_trait]
@@ -74,11 +162,7 @@ pub trait ParkIndex: Send + Sync + 'static {
         attempt: u32,
         body: Vec<u8>,
     ) -> Result<bool, ParkError> {
-        let entry = Parked {
-            offset,
-            due_ms,
-            attempt,
-        };
+        let entry = Parked::new(offset, due_ms, attempt);
         let created = self.park_many(key, vec![(entry, body)]).await?;
         Ok(created.first().copied().unwrap_or(false))
     }
@@ -92,8 +176,37 @@ pub trait ParkIndex: Send + Sync + 'static {
         entries: Vec<(Parked, Vec<u8>)>,
     ) -> Result<Vec<bool>, ParkError>;
 
-    /// Removes `offset`'s entry, durably. `true`: it was there.
-    async fn remove(&self, key: &OffsetKey, offset: u64) -> Result<bool, ParkError>;
+    /// Removes `offset`'s entry, durably. A keyed entry's removal releases the next
+    /// entry of its key when that one is [`HELD`] (due at the later of `now_ms` and
+    /// its own `deliverat`), in the same durable write: a crash never leaves a key
+    /// held by nobody.
+    async fn remove(&self, key: &OffsetKey, offset: u64, now_ms: u64)
+        -> Result<Removed, ParkError>;
+
+    /// Ordered delivery: the event ahead on key `hash` was settled outside the index
+    /// (acked or dead-lettered from the log). When the key's first entry is
+    /// [`HELD`], it is released (due at the later of `now_ms` and its `deliverat`),
+    /// durably, and answered; otherwise (no entry, or the first one is the one ahead
+    /// and has its own due time) nothing changes.
+    async fn release_key(
+        &self,
+        key: &OffsetKey,
+        hash: u64,
+        now_ms: u64,
+    ) -> Result<Option<Parked>, ParkError>;
+
+    /// Which of the key `hashes` have an entry in the partition's index (such a key
+    /// is taken: a later event of it parks behind).
+    async fn keys_parked(
+        &self,
+        key: &OffsetKey,
+        hashes: Vec<u64>,
+    ) -> Result<BTreeSet<u64>, DeliveryError>;
+
+    /// The keys whose first entry is [`HELD`]: each waits for an event outside the
+    /// index (in the delivery window) or for a release a crash cut off. Read once
+    /// when a partition starts (one seek per key).
+    async fn held_keys(&self, key: &OffsetKey) -> Result<Vec<u64>, DeliveryError>;
 
     /// At most `limit` entries of the partition in due order, from the earliest.
     async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError>;

@@ -97,6 +97,36 @@ pub enum StartPosition {
     Earliest,
 }
 
+/// Delivery order among the events of one `partitionkey` (http-api.md, Additions,
+/// "Parking").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ordering {
+    /// No order is kept beyond the partition's (the default).
+    #[default]
+    None,
+    /// At most one event of a key in flight, waiting or being dead-lettered; the next
+    /// one goes only after it is acked or dead-lettered.
+    Key,
+}
+
+impl Ordering {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ordering::None => "none",
+            Ordering::Key => "key",
+        }
+    }
+
+    /// `"none"` or `"key"`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "none" => Some(Ordering::None),
+            "key" => Some(Ordering::Key),
+            _ => None,
+        }
+    }
+}
+
 /// What a client asks for: the settings of one subscription.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubscriptionSpec {
@@ -115,6 +145,7 @@ pub struct SubscriptionSpec {
     pub push: Option<Push>,
     /// Applies when an incarnation's offsets are first created; stored as given.
     pub start: StartPosition,
+    pub ordering: Ordering,
 }
 
 impl SubscriptionSpec {
@@ -130,6 +161,7 @@ impl SubscriptionSpec {
             filters: Vec::new(),
             push: None,
             start: StartPosition::Latest,
+            ordering: Ordering::None,
         }
     }
 

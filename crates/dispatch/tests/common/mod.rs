@@ -47,6 +47,7 @@ pub fn config() -> Config {
         unknown_size_bytes: 1 << 20,
         // Retries wait (the stories of parked retries set it).
         park_retries_after_ms: None,
+        ordered: false,
     }
 }
 
@@ -75,6 +76,8 @@ pub fn typed(offset: u64, event_type: &str, source: &str) -> EventMeta {
         .into(),
         size: 100,
         deliver_at_ms: None,
+        key: None,
+        key_parked: false,
     }
 }
 

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_meta::Backend;
 use meshd_stores::subscriptions::{
-    Backoff, Filter, FilterExpr, Precondition, Push, Rate, StartPosition, Subscription,
+    Backoff, Filter, FilterExpr, Ordering, Precondition, Push, Rate, StartPosition, Subscription,
     SubscriptionError, SubscriptionSpec, SubscriptionStore, REDACTED,
 };
 use serde::Deserialize;
@@ -119,6 +119,7 @@ struct PutSubscription {
     filters: Option<Value>,
     push: Option<PushBody>,
     start: Option<String>,
+    ordering: Option<String>,
 }
 
 fn spec_of(name: &str, body: PutSubscription) -> Result<SubscriptionSpec, Problem> {
@@ -159,6 +160,14 @@ fn spec_of(name: &str, body: PutSubscription) -> Result<SubscriptionSpec, Proble
             ))
         }
     };
+    if let Some(o) = body.ordering.as_deref() {
+        spec.ordering = Ordering::parse(o).ok_or_else(|| {
+            Problem::invalid_field(
+                "ordering",
+                format!("ordering must be \"none\" or \"key\", got {o:?}"),
+            )
+        })?;
+    }
     Ok(spec)
 }
 
@@ -171,6 +180,7 @@ fn to_json(s: &Subscription) -> Value {
         "ack_timeout_ms": spec.ack_timeout_ms,
         "backoff": {"initial_ms": spec.backoff.initial_ms, "max_ms": spec.backoff.max_ms},
         "start": match spec.start { StartPosition::Latest => "latest", StartPosition::Earliest => "earliest" },
+        "ordering": spec.ordering.as_str(),
         "revision": s.revision,
     });
     if let Some(f) = &spec.filter {
@@ -263,6 +273,8 @@ pub async fn put_subscription(
     // Settings an older release would ignore wait for the end of a rolling upgrade.
     let second_wave = if !spec.filters.is_empty() {
         Some("filters")
+    } else if spec.ordering != Ordering::None {
+        Some("ordering")
     } else {
         spec.push.as_ref().and_then(|p| {
             // Omitted lists keep what is stored (written when the check held).

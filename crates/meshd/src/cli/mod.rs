@@ -125,6 +125,12 @@ enum Start {
     Latest,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OrderingArg {
+    None,
+    Key,
+}
+
 #[derive(Args, Debug)]
 struct SubCreate {
     name: String,
@@ -140,6 +146,9 @@ struct SubCreate {
     /// Where a new subscription starts in each partition (server default latest).
     #[arg(long, value_enum)]
     start: Option<Start>,
+    /// "key": one event per partitionkey at a time, in order (server default none).
+    #[arg(long, value_enum)]
+    ordering: Option<OrderingArg>,
     /// Deliver only events of this CloudEvents type.
     #[arg(long)]
     filter_type: Option<String>,

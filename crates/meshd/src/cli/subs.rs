@@ -3,7 +3,7 @@
 use super::error::CliError;
 use super::http::{shorten, Method, Request, REQUEST_TIMEOUT};
 use super::output::{cell, list, note, Table};
-use super::{Ctx, PullArgs, Start, SubCmd, SubCreate, TailArgs};
+use super::{Ctx, OrderingArg, PullArgs, Start, SubCmd, SubCreate, TailArgs};
 use meshd_client::paths;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -136,6 +136,13 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
             Start::Latest => "latest",
         };
         body.insert("start".into(), json!(s));
+    }
+    if let Some(o) = c.ordering {
+        let o = match o {
+            OrderingArg::None => "none",
+            OrderingArg::Key => "key",
+        };
+        body.insert("ordering".into(), json!(o));
     }
     if c.filter_type.is_some() || c.filter_source.is_some() {
         let mut f = Map::new();

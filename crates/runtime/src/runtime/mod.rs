@@ -29,7 +29,9 @@ pub mod stream;
 
 use crate::metrics::{Metrics, SubCounters};
 use futures::StreamExt;
-use meshd_dispatch::{Config, DeliveryId, Partition, PartitionCore, SessionBinding, Sources};
+use meshd_dispatch::{
+    Config, DeliveryId, Input, Partition, PartitionCore, SessionBinding, Sources,
+};
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{key, KeyKind};
 use meshd_meta::{Backend, Meta};
@@ -99,6 +101,8 @@ pub struct Deps {
 pub(super) struct ParkedAtStart {
     offsets: BTreeSet<u64>,
     count: u64,
+    /// The keys whose first entry is held (ordered delivery; see `Input::KeysHeld`).
+    held_keys: Vec<u64>,
 }
 
 /// What one pull may take: events, bytes of stored events (the contract's
@@ -758,7 +762,12 @@ impl Runtime {
                 .await
                 .map_err(failed)?,
         );
-        Ok(ParkedAtStart { offsets, count })
+        let held_keys = parks.held_keys(key).await.map_err(failed)?;
+        Ok(ParkedAtStart {
+            offsets,
+            count,
+            held_keys,
+        })
     }
 
     /// Spawns a partition task. `owned`: in cluster mode, the ownership it runs under
@@ -789,7 +798,7 @@ impl Runtime {
             owner_epoch: epoch,
             reset_epoch,
         };
-        let (core, initial) = PartitionCore::recover(
+        let (mut core, mut initial) = PartitionCore::recover(
             partition,
             config,
             committed,
@@ -799,6 +808,13 @@ impl Runtime {
             Sources::production(self.deps.id_key.clone()),
         )
         .map_err(|e| RuntimeError::Core(e.to_string()))?;
+        if !parked.held_keys.is_empty() {
+            // Keys held by nobody after a crash (their release was cut off) go again.
+            let more = core
+                .handle(Input::KeysHeld(parked.held_keys), now_ms())
+                .map_err(|e| RuntimeError::Core(e.to_string()))?;
+            initial.extend(more);
+        }
         let (tx, rx) = mpsc::channel(QUEUE);
         let shared = Arc::new(Shared::default());
         shared.committed.store(committed, Ordering::Release);

@@ -28,10 +28,10 @@ use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::failure::StoreFailure;
 use meshd_stores::log::{LogError, LogEvent};
 use meshd_stores::offsets::OffsetKey;
-use meshd_stores::park::ParkError;
+use meshd_stores::park::{ParkError, Parked, Removed, HELD};
 use meshd_stores::sessions::SessionError;
 use meshd_stores::time::Timestamp;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -262,8 +262,11 @@ pub struct ParkState {
     /// the read that found them; the next read drops what was not taken).
     bodies: HashMap<u64, Vec<u8>>,
     /// Parks whose event body could not be read, or that the journal did not take:
-    /// (offset, due, attempt), tried again later.
-    retry: Vec<(u64, u64, u32)>,
+    /// tried again later.
+    retry: Vec<Parked>,
+    /// Ordered delivery: key releases the journal did not take, tried again later (a
+    /// release lost here would hold its key until the next start).
+    release_retry: BTreeSet<u64>,
 }
 
 impl ParkState {
@@ -276,8 +279,11 @@ impl ParkState {
         }
     }
 
-    /// Look no later than `at`.
+    /// Look no later than `at` (an entry held behind its key is not a time).
     fn look_by(&mut self, at: u64) {
+        if at == HELD {
+            return;
+        }
         self.look_at = Some(self.look_at.map_or(at, |t| t.min(at)));
     }
 }
@@ -1070,22 +1076,11 @@ impl PartitionTask {
                     }
                     self.record_extends(records, fx).await
                 }
-                Command::Park {
-                    offset,
-                    due_ms,
-                    attempt,
-                } => {
-                    // The delayed events of one read: parked with one durable write.
-                    let mut parks = vec![(offset, due_ms, attempt)];
+                Command::Park { .. } => {
+                    // The delayed (or held) events of one read: one durable write.
+                    let mut parks = parked_of(cmd).into_iter().collect::<Vec<_>>();
                     while let Some(Command::Park { .. }) = queue.front() {
-                        if let Some(Command::Park {
-                            offset,
-                            due_ms,
-                            attempt,
-                        }) = queue.pop_front()
-                        {
-                            parks.push((offset, due_ms, attempt));
-                        }
+                        parks.extend(queue.pop_front().and_then(parked_of));
                     }
                     self.park_batch(parks).await
                 }
@@ -1272,7 +1267,21 @@ impl PartitionTask {
                     .read(&key.topic, key.partition, from, max, READ_BYTES)
                     .await
                 {
-                    Ok(events) => vec![Input::EventsRead(self.metas(&key, events))],
+                    Ok(events) => {
+                        let mut metas = self.metas(&key, events);
+                        match self.mark_parked_keys(&mut metas).await {
+                            Ok(()) => vec![Input::EventsRead(metas)],
+                            Err(e) => {
+                                self.deps.metrics.store_error(
+                                    "parks",
+                                    Backend::RocksDb,
+                                    "read_failed",
+                                );
+                                tracing::warn!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the park index for the keys of events read failed; read again");
+                                vec![Input::ReadFailed]
+                            }
+                        }
+                    }
                     Err(e) => {
                         self.deps
                             .metrics
@@ -1283,11 +1292,11 @@ impl PartitionTask {
                 }
             }
             Command::PersistAttempt { record, .. } => self.persist(vec![record]).await,
-            Command::Park {
-                offset,
-                due_ms,
-                attempt,
-            } => self.park_batch(vec![(offset, due_ms, attempt)]).await,
+            Command::Park { .. } => self.park_batch(parked_of(cmd).into_iter().collect()).await,
+            Command::ReleaseKey { key: hash } => {
+                self.release_key(hash).await;
+                vec![]
+            }
             Command::ParkSettled { offset } => self.park_settled(offset).await,
             Command::ParkDeadLetter(req) => self.park_dead_letter(req, fx).await,
             Command::HandOut { pull_id, delivery } => {
@@ -1595,12 +1604,15 @@ impl PartitionTask {
     /// a later `deliverat` are kept for the `Park` that follows.
     fn metas(&mut self, key: &OffsetKey, events: Vec<LogEvent>) -> Vec<EventMeta> {
         let filtered = !self.core.config().selector.takes_all();
+        // Ordered delivery needs every event's `partitionkey` (parsed once per event
+        // for all subscriptions of the topic, through the cache).
+        let ordered = self.core.config().ordered;
         let now = now_ms();
         self.park.bodies.clear();
         let mut out = Vec::with_capacity(events.len());
         for e in events {
             let delayed = meshd_events::may_deliver_later(&e.payload);
-            let attributes = (filtered || delayed).then(|| {
+            let attributes = (filtered || delayed || ordered).then(|| {
                 self.attributes
                     .get(&key.topic, key.partition, e.offset, &e.payload)
             });
@@ -1613,7 +1625,15 @@ impl PartitionTask {
                 _ => None,
             };
             let size = e.payload.len() as u64;
-            if deliver_at_ms.is_some_and(|at| at > now) {
+            let ordering_key = match (&attributes, ordered) {
+                (Some(a), true) => a
+                    .iter()
+                    .find(|(k, _)| k == "partitionkey")
+                    .map(|(_, v)| meshd_events::fnv1a64(v.as_bytes())),
+                _ => None,
+            };
+            if deliver_at_ms.is_some_and(|at| at > now) || ordering_key.is_some() {
+                // Kept for a `Park` that may follow (a delay, or a key taken).
                 self.park.bodies.insert(e.offset, e.payload);
             }
             out.push(EventMeta {
@@ -1625,9 +1645,31 @@ impl PartitionTask {
                 },
                 size,
                 deliver_at_ms,
+                key: ordering_key,
+                key_parked: false,
             });
         }
         out
+    }
+
+    /// Ordered delivery: marks the events whose key the park index holds (they park
+    /// behind it). Looked up with the read, on the partition task, so every park and
+    /// release commanded before is in the index.
+    async fn mark_parked_keys(&mut self, metas: &mut [EventMeta]) -> Result<(), String> {
+        let hashes: Vec<u64> = metas.iter().filter_map(|m| m.key).collect();
+        if hashes.is_empty() {
+            return Ok(());
+        }
+        let parked = self
+            .deps
+            .parks
+            .keys_parked(self.key(), hashes)
+            .await
+            .map_err(|e| e.to_string())?;
+        for m in metas {
+            m.key_parked = m.key.is_some_and(|k| parked.contains(&k));
+        }
+        Ok(())
     }
 
     /// `Command::Park` (a run of them: one durable write): each event's entry, with
@@ -1635,10 +1677,11 @@ impl PartitionTask {
     /// advance the committed offset past it). An event whose body cannot be read, or
     /// a write the journal did not take, is tried again shortly (the offset is held
     /// until then).
-    async fn park_batch(&mut self, parks: Vec<(u64, u64, u32)>) -> Vec<Input> {
+    async fn park_batch(&mut self, parks: Vec<Parked>) -> Vec<Input> {
         let key = self.key().clone();
         let mut entries = Vec::with_capacity(parks.len());
-        for (offset, due_ms, attempt) in parks {
+        for entry in parks {
+            let offset = entry.offset;
             let body = match self.park.bodies.remove(&offset) {
                 Some(b) => b,
                 None => match self.read_event(offset).await {
@@ -1646,26 +1689,18 @@ impl PartitionTask {
                     Err(e) => {
                         SubCounters::add(&self.counters.read_failures, 1);
                         tracing::warn!(store = "log", backend = %self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %e, "reading an event to park failed; tried again shortly (the offset is held until then)");
-                        self.park.retry.push((offset, due_ms, attempt));
+                        self.park.retry.push(entry);
                         self.park.look_by(now_ms().saturating_add(PARK_RETRY_MS));
                         continue;
                     }
                 },
-            };
-            let entry = meshd_stores::park::Parked {
-                offset,
-                due_ms,
-                attempt,
             };
             entries.push((entry, body));
         }
         if entries.is_empty() {
             return vec![];
         }
-        let wanted: Vec<(u64, u64, u32)> = entries
-            .iter()
-            .map(|(p, _)| (p.offset, p.due_ms, p.attempt))
-            .collect();
+        let wanted: Vec<Parked> = entries.iter().map(|(p, _)| p.clone()).collect();
         let started = Instant::now();
         let r = self.deps.parks.park_many(&key, entries).await;
         self.deps
@@ -1677,14 +1712,14 @@ impl PartitionTask {
                 self.shared.parked.fetch_add(new, Ordering::AcqRel);
                 wanted
                     .into_iter()
-                    .map(|(offset, due_ms, _)| {
-                        self.park.look_by(due_ms);
-                        Input::Parked { offset }
+                    .map(|p| {
+                        self.park.look_by(p.due_ms);
+                        Input::Parked { offset: p.offset }
                     })
                     .collect()
             }
             Err(e) => {
-                let first = wanted.first().map_or(0, |w| w.0);
+                let first = wanted.first().map_or(0, |w| w.offset);
                 if self.park_failed(&e, "park", first) {
                     self.park.retry.extend(wanted);
                     self.park.look_by(now_ms().saturating_add(PARK_RETRY_MS));
@@ -1721,12 +1756,16 @@ impl PartitionTask {
     /// settlement again).
     async fn unpark_done(&mut self, offset: u64, op: &'static str) -> bool {
         let started = Instant::now();
-        let r = self.deps.parks.remove(self.key(), offset).await;
+        let r = self.deps.parks.remove(self.key(), offset, now_ms()).await;
         self.deps
             .metrics
             .write_latency("parks", Backend::RocksDb, op, started.elapsed());
         match r {
-            Ok(removed) => {
+            Ok(Removed { removed, released }) => {
+                if let Some(next) = released {
+                    // The next event of its key (ordered delivery) is due now.
+                    self.park.look_by(next.due_ms);
+                }
                 if removed {
                     let _ =
                         self.shared
@@ -1827,6 +1866,9 @@ impl PartitionTask {
             let cmds = self.results(inputs);
             self.execute(cmds, fx).await;
         }
+        for hash in std::mem::take(&mut self.park.release_retry) {
+            self.release_key(hash).await;
+        }
         // Entries unparked already come first in due order: take past them.
         let limit = self.core.redrives_under_way() + UNPARK_BATCH;
         let entries = match self.deps.parks.earliest(&key, limit).await {
@@ -1846,6 +1888,8 @@ impl PartitionTask {
         let mut blocked = false;
         for p in entries {
             if p.due_ms > now {
+                // Held behind their keys from here on (`HELD` sorts last): released
+                // by a settlement, never by the clock.
                 self.park.look_by(p.due_ms);
                 break;
             }
@@ -1883,6 +1927,52 @@ impl PartitionTask {
         self.execute(cmds, fx).await;
     }
 
+    /// `Command::ReleaseKey`: the window holds no event of the key any more. When the
+    /// park index holds the key, the delivery records written so far are made durable
+    /// first (an ack lost to a crash after the next event went out would deliver the
+    /// key out of order), then the first held entry becomes due.
+    async fn release_key(&mut self, hash: u64) {
+        let key = self.key().clone();
+        match self.deps.parks.keys_parked(&key, vec![hash]).await {
+            Ok(parked) if parked.is_empty() => return,
+            Ok(_) => {}
+            Err(e) => {
+                self.deps
+                    .metrics
+                    .store_error("parks", Backend::RocksDb, "read_failed");
+                tracing::warn!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "reading the park index to release a key failed; tried again shortly");
+                self.retry_release(hash);
+                return;
+            }
+        }
+        if !self.flush_deliveries("flush_before_release").await {
+            self.retry_release(hash);
+            return;
+        }
+        let started = Instant::now();
+        let r = self.deps.parks.release_key(&key, hash, now_ms()).await;
+        self.deps.metrics.write_latency(
+            "parks",
+            Backend::RocksDb,
+            "release_key",
+            started.elapsed(),
+        );
+        match r {
+            Ok(Some(next)) => self.park.look_by(next.due_ms),
+            Ok(None) => {}
+            Err(e) => {
+                if self.park_failed(&e, "release_key", 0) {
+                    self.retry_release(hash);
+                }
+            }
+        }
+    }
+
+    fn retry_release(&mut self, hash: u64) {
+        self.park.release_retry.insert(hash);
+        self.park.look_by(now_ms().saturating_add(PARK_RETRY_MS));
+    }
+
     fn handed(&self, d: &meshd_dispatch::Delivery, body: Vec<u8>) -> Handed {
         self.counters
             .count(&self.part_counters, Counted::Delivered(d.attempt > 1));
@@ -1893,6 +1983,26 @@ impl PartitionTask {
             attempt: d.attempt,
             body,
         }
+    }
+}
+
+/// The park entry a `Command::Park` asks for.
+fn parked_of(cmd: Command) -> Option<Parked> {
+    match cmd {
+        Command::Park {
+            offset,
+            due_ms,
+            attempt,
+            key,
+            not_before_ms,
+        } => Some(Parked {
+            offset,
+            due_ms,
+            attempt,
+            key,
+            not_before_ms,
+        }),
+        _ => None,
     }
 }
 

@@ -24,7 +24,8 @@
 
 use super::cache::CorruptRecord;
 use super::{
-    Backoff, Filter, FilterExpr, Push, Rate, StartPosition, Subscription, SubscriptionSpec,
+    Backoff, Filter, FilterExpr, Ordering, Push, Rate, StartPosition, Subscription,
+    SubscriptionSpec,
 };
 use crate::codec::decode_probed;
 use meshd_meta::keys::{self, KeyKind};
@@ -72,6 +73,10 @@ struct RecordV1 {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     push: Option<PushV1>,
     start: StartV1,
+    /// Added after version 1 shipped, omitted at its default (`"none"`); an older
+    /// release ignores it, so `"key"` waits for the end of a rolling upgrade.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ordering: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
@@ -153,6 +158,7 @@ pub fn encode(spec: &SubscriptionSpec) -> Result<Vec<u8>, String> {
             StartPosition::Latest => StartV1::Latest,
             StartPosition::Earliest => StartV1::Earliest,
         },
+        ordering: (spec.ordering != Ordering::None).then(|| spec.ordering.as_str().to_string()),
     };
     serde_json::to_vec(&record).map_err(|e| format!("encoding subscription record: {e}"))
 }
@@ -188,6 +194,12 @@ pub fn decode_value(name: &str, value: &[u8]) -> Result<SubscriptionSpec, String
         start: match r.start {
             StartV1::Latest => StartPosition::Latest,
             StartV1::Earliest => StartPosition::Earliest,
+        },
+        ordering: match r.ordering.as_deref() {
+            None => Ordering::None,
+            Some(o) => Ordering::parse(o).ok_or_else(|| {
+                format!("the record's ordering {o:?} is not one this meshd knows")
+            })?,
         },
     };
     if spec.name != name {
@@ -266,6 +278,7 @@ mod tests {
                 proptest::option::of(1u32..=1_000_000),
             )),
             earliest in any::<bool>(),
+            ordered in any::<bool>(),
             filters in proptest::collection::vec(filter_strategy(), 0..3),
         ) -> SubscriptionSpec {
             SubscriptionSpec {
@@ -284,6 +297,7 @@ mod tests {
                     ..Push::new(url)
                 }),
                 start: if earliest { StartPosition::Earliest } else { StartPosition::Latest },
+                ordering: if ordered { Ordering::Key } else { Ordering::None },
             }
         }
     }
@@ -364,6 +378,7 @@ mod tests {
                 filters: Vec::new(),
                 push: Some(Push::new("http://hook/x")),
                 start: StartPosition::Earliest,
+                ordering: Ordering::None,
             }
         );
         // And a spec with the defaults encodes to the documented shape.
