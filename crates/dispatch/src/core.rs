@@ -563,6 +563,19 @@ impl PartitionCore {
             .count()
     }
 
+    /// Ordered delivery: whether an event of the window holds `key` (in flight,
+    /// waiting, being dead-lettered or parked, or not handed out yet).
+    pub fn key_taken(&self, key: u64) -> bool {
+        self.index.keys.contains_key(&key)
+    }
+
+    /// Whether a redrive of `offset` is under way here (not one of a parked event).
+    pub fn redrive_under_way(&self, offset: u64) -> bool {
+        self.entries
+            .get(&Loc::Redrive(offset))
+            .is_some_and(|e| !e.parked)
+    }
+
     /// Whether the parked event at `offset` was unparked and is not settled yet (the
     /// shell feeds [`Input::Unpark`] once per due entry).
     pub fn is_unparked(&self, offset: u64) -> bool {

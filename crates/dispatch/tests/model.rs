@@ -568,11 +568,9 @@ impl World {
                     );
                 }
                 self.park_writes.push_back(Parked {
-                    offset,
-                    due_ms,
-                    attempt,
                     key,
                     not_before_ms,
+                    ..Parked::new(offset, due_ms, attempt)
                 });
             }
             Command::ParkSettled { offset } => {

@@ -172,6 +172,53 @@ async fn given_an_ordered_key_then_a_delay_holds_it_and_dead_lettering_releases_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_ordered_key_when_a_dead_letter_is_redriven_then_it_goes_to_the_back_of_its_key_across_sigkill(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start(dir.path()).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(&a, "s", ordered_sub("t", 2)).await;
+    publish(&a, "t", &keyed("a1", Some("a"))).await.unwrap();
+    publish(&a, "t", &keyed("a2", Some("a"))).await.unwrap();
+    let got = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(event_ids(&got), ["a1"]);
+    nack(&a, "s", &ids(&got), "poison").await.unwrap();
+    let got = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(summary(&got), [(0, 0, 2)], "a1's retry, a2 still behind it");
+    let r = nack(&a, "s", &ids(&got), "poison").await.unwrap();
+    assert_eq!(set(&r["dead_lettered"]), set_of(&ids(&got)), "{r}");
+    // a2 is out now (not acked) when a1 is redriven: a1 goes behind it.
+    let a2 = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(event_ids(&a2), ["a2"]);
+    let entry = dead_letters(&a, "s").await.remove(0);
+    let id = entry["id"].as_str().unwrap().to_string();
+    let r = bare(&a, "POST", &format!("/v1/deadletters/{id}/redrive")).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    // Published after the redrive: behind a1.
+    publish(&a, "t", &keyed("a3", Some("a"))).await.unwrap();
+    assert_no_delivery(&a, "s", 1000, "the redrive jumped the key's line").await;
+    // a2 went out from the park index (it was held behind a1): it counts until
+    // settled, with a1 (redriven) and a3 waiting behind it.
+    assert_eq!(parked(&a, "s").await, 3);
+
+    // SIGKILL: a2 comes again after its lease, then a1 (afresh), then a3, one at a
+    // time.
+    m.restart().await.unwrap();
+    let a = m.addr().to_string();
+    for (want, offset, attempt) in [("a2", 1, 2), ("a1", 0, 1), ("a3", 2, 1)] {
+        let next = pull_until(&a, "s", 1, DRAIN).await;
+        assert_eq!(event_ids(&next), [want], "{:?}", summary(&next));
+        assert_eq!(summary(&next), [(0, offset, attempt)]);
+        ack(&a, "s", &ids(&next)).await.unwrap();
+    }
+    // The redrive is settled in the dead-letter store, and nothing is left parked.
+    assert!(dead_letters(&a, "s").await.is_empty());
+    assert_eq!(parked(&a, "s").await, 0);
+    assert_no_delivery(&a, "s", 1000, "a settled event of the key came again").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_bad_ordering_then_the_put_is_a_400_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let m = start(dir.path()).await;

@@ -422,6 +422,13 @@ impl ParkIndex for Flaky {
     ) -> Result<Vec<Parked>, meshd_stores::delivery::DeliveryError> {
         self.inner.earliest(key, limit).await
     }
+    async fn entry(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+    ) -> Result<Option<Parked>, meshd_stores::delivery::DeliveryError> {
+        self.inner.entry(key, offset).await
+    }
     async fn body(
         &self,
         key: &OffsetKey,

@@ -57,13 +57,17 @@ fn key_prefix(key: &OffsetKey, hash: u64) -> Vec<u8> {
     k
 }
 
-/// The lookup key's value: the due time, then the key hash of a keyed entry.
+/// A keyed entry's marker: by key hash, its place in the key's line, and offset.
+fn marker_key(key: &OffsetKey, hash: u64, p: &Parked) -> Vec<u8> {
+    let mut k = key_prefix(key, hash);
+    k.extend_from_slice(&p.seq.to_be_bytes());
+    k.extend_from_slice(&p.offset.to_be_bytes());
+    k
+}
+
+/// The lookup key's value: the due time (the rest is in the entry).
 fn lookup_value(p: &Parked) -> Vec<u8> {
-    let mut v = p.due_ms.to_be_bytes().to_vec();
-    if let Some(h) = p.key {
-        v.extend_from_slice(&h.to_be_bytes());
-    }
-    v
+    p.due_ms.to_be_bytes().to_vec()
 }
 
 /// Deletes every key under `prefix` in the `deliveries` column family, durably, in
@@ -97,9 +101,7 @@ fn put_entry(batch: &mut Batch, key: &OffsetKey, p: &Parked, body: &[u8]) {
     value.extend_from_slice(body);
     batch.put(CF_DELIVERIES, due_key(key, p.due_ms, p.offset), value);
     if let Some(h) = p.key {
-        let mut k = key_prefix(key, h);
-        k.extend_from_slice(&p.offset.to_be_bytes());
-        batch.put(CF_DELIVERIES, k, Vec::new());
+        batch.put(CF_DELIVERIES, marker_key(key, h, p), Vec::new());
     }
 }
 
@@ -108,9 +110,7 @@ fn delete_entry(batch: &mut Batch, key: &OffsetKey, p: &Parked) {
     batch.delete(CF_DELIVERIES, offset_key(key, p.offset));
     batch.delete(CF_DELIVERIES, due_key(key, p.due_ms, p.offset));
     if let Some(h) = p.key {
-        let mut k = key_prefix(key, h);
-        k.extend_from_slice(&p.offset.to_be_bytes());
-        batch.delete(CF_DELIVERIES, k);
+        batch.delete(CF_DELIVERIES, marker_key(key, h, p));
     }
 }
 
@@ -178,7 +178,7 @@ fn entry_at(
     Ok(Some((p, v, at)))
 }
 
-/// The offsets of key `hash`'s first `n` entries.
+/// The offsets of key `hash`'s first `n` entries (in the key's line).
 fn first_of_key(
     engine: &dyn KvEngine,
     key: &OffsetKey,
@@ -475,10 +475,10 @@ impl ParkIndex for RocksParkStore {
                 };
                 let tail = k
                     .len()
-                    .checked_sub(16)
+                    .checked_sub(24)
                     .and_then(|at| k.get(at..))
                     .ok_or_else(|| corrupt(k, "park key marker too short"))?;
-                let (hash, offset) = (be8(&tail[..8]), be8(&tail[8..]));
+                let (hash, offset) = (be8(&tail[..8]), be8(&tail[16..]));
                 let (Some(hash), Some(offset)) = (hash, offset) else {
                     return Err(corrupt(k, "park key marker"));
                 };
@@ -508,6 +508,14 @@ impl ParkIndex for RocksParkStore {
         rows.into_iter()
             .map(|(k, v)| decode_entry(&k, &v).map(|(p, _)| p))
             .collect()
+    }
+
+    async fn entry(&self, key: &OffsetKey, offset: u64) -> Result<Option<Parked>, DeliveryError> {
+        let key = key.clone();
+        self.blocking(move |group| {
+            Ok(entry_at(group.engine().as_ref(), &key, offset)?.map(|(p, _, _)| p))
+        })
+        .await
     }
 
     async fn body(&self, key: &OffsetKey, offset: u64) -> Result<Option<Vec<u8>>, DeliveryError> {
@@ -703,6 +711,10 @@ impl ParkIndex for JournaledParks {
 
     async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError> {
         self.local.earliest(key, limit).await
+    }
+
+    async fn entry(&self, key: &OffsetKey, offset: u64) -> Result<Option<Parked>, DeliveryError> {
+        self.local.entry(key, offset).await
     }
 
     async fn body(&self, key: &OffsetKey, offset: u64) -> Result<Option<Vec<u8>>, DeliveryError> {

@@ -264,6 +264,11 @@ async fn given_events_held_behind_their_key_then_the_first_one_s_removal_release
     let dir = tempfile::tempdir().unwrap();
     let (stores, power) = common::open_with_power_cut(dir.path());
     let parks = &stores.parks;
+    let redriven = Parked {
+        seq: 20,
+        redrive: true,
+        ..keyed(1, HELD, 7, 0)
+    };
     // Key 7: offset 3 parked for its time (it holds the key), 5 and 9 held behind it
     // (9 with its own deliverat); key 8: offset 4 held behind an event of the window.
     parks
@@ -275,6 +280,8 @@ async fn given_events_held_behind_their_key_then_the_first_one_s_removal_release
                 (keyed(9, HELD, 7, 50_000), b"nine".to_vec()),
                 (keyed(4, HELD, 8, 0), b"four".to_vec()),
                 (Parked::new(6, 3000, 0), b"six".to_vec()),
+                // A redriven dead letter of offset 1 at the back of key 7's line.
+                (redriven.clone(), b"one".to_vec()),
             ],
         )
         .await
@@ -316,15 +323,22 @@ async fn given_events_held_behind_their_key_then_the_first_one_s_removal_release
             Parked::new(6, 3000, 0),
             keyed(4, 10_000, 8, 0),
             keyed(5, 20_000, 7, 0),
+            // Held ones last, by offset (their key's line is kept apart).
+            redriven.clone(),
             keyed(9, HELD, 7, 50_000),
         ]
     );
+    assert_eq!(parks.entry(&key, 1).await.unwrap(), Some(redriven.clone()));
     assert_eq!(parks.body(&key, 5).await.unwrap(), Some(b"five".to_vec()));
     assert!(parks.held_keys(&key).await.unwrap().is_empty());
     // A released entry keeps its own deliverat: due at the later of it and the release.
     let removed = parks.remove(&key, 5, 30_000).await.unwrap();
     assert_eq!(removed.released, Some(keyed(9, 50_000, 7, 50_000)));
     assert_eq!(parks.body(&key, 9).await.unwrap(), Some(b"nine".to_vec()));
+    // The redriven one waits behind 9 though its offset is lower: its place decides.
+    let removed = parks.remove(&key, 9, 60_000).await.unwrap();
+    assert_eq!(removed.released, Some(redriven.released(60_000)));
+    assert_eq!(parks.body(&key, 1).await.unwrap(), Some(b"one".to_vec()));
     // The subscription's deletion takes the key markers too.
     parks.drop_subscription("sub", 1).await.unwrap();
     assert!(parks

@@ -69,6 +69,15 @@ pub struct Parked {
     /// A held entry's own `deliverat` (unix ms, 0: none): released, it is due at the
     /// later of this and the release.
     pub not_before_ms: u64,
+    /// Its place in its key's line: the offset for an event parked as it was read; for
+    /// a redriven dead letter (`redrive`), the delivery core's read position when it
+    /// was redriven, so it goes behind every event of its key read before and ahead of
+    /// every one read after (ties go by offset).
+    pub seq: u64,
+    /// A redriven dead letter of an ordered subscription, parked at the back of its
+    /// key: settled in the dead-letter store too (its entry id is the partition's
+    /// for this offset).
+    pub redrive: bool,
 }
 
 impl Parked {
@@ -80,6 +89,8 @@ impl Parked {
             attempt,
             key: None,
             not_before_ms: 0,
+            seq: offset,
+            redrive: false,
         }
     }
 
@@ -98,8 +109,9 @@ impl Parked {
     }
 
     /// The stored form of everything but the offset and due time (which the stores
-    /// keep in their keys): attempt (u32 BE), then `0`, or `1` with the key hash and
-    /// `not_before_ms` (u64 BE each). The body follows it.
+    /// keep in their keys): attempt (u32 BE), then `0`, or `1` with the key hash,
+    /// `not_before_ms` and `seq` (u64 BE each) and `redrive` (one byte). The body
+    /// follows it.
     pub fn encode_tail(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.attempt.to_be_bytes());
         match self.key {
@@ -108,12 +120,15 @@ impl Parked {
                 out.push(1);
                 out.extend_from_slice(&k.to_be_bytes());
                 out.extend_from_slice(&self.not_before_ms.to_be_bytes());
+                out.extend_from_slice(&self.seq.to_be_bytes());
+                out.push(u8::from(self.redrive));
             }
         }
     }
 
     /// Reads [`encode_tail`](Self::encode_tail)'s bytes at the start of `b` into
-    /// `self`; answers where the body starts, `None` when `b` is too short or unknown.
+    /// `self` (whose `offset` is set); answers where the body starts, `None` when `b`
+    /// is too short or unknown.
     pub fn decode_tail(&mut self, b: &[u8]) -> Option<usize> {
         let u64_at = |at: usize| -> Option<u64> {
             Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
@@ -123,12 +138,20 @@ impl Parked {
             0 => {
                 self.key = None;
                 self.not_before_ms = 0;
+                self.seq = self.offset;
+                self.redrive = false;
                 Some(5)
             }
             1 => {
                 self.key = Some(u64_at(5)?);
                 self.not_before_ms = u64_at(13)?;
-                Some(21)
+                self.seq = u64_at(21)?;
+                self.redrive = match b.get(29)? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                Some(30)
             }
             _ => None,
         }
@@ -210,6 +233,9 @@ pub trait ParkIndex: Send + Sync + 'static {
 
     /// At most `limit` entries of the partition in due order, from the earliest.
     async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError>;
+
+    /// `offset`'s entry, `None` when it is not parked.
+    async fn entry(&self, key: &OffsetKey, offset: u64) -> Result<Option<Parked>, DeliveryError>;
 
     /// The body of `offset`'s entry, `None` when it is not parked.
     async fn body(&self, key: &OffsetKey, offset: u64) -> Result<Option<Vec<u8>>, DeliveryError>;

@@ -499,12 +499,20 @@ impl PartitionTask {
     /// Cluster mode: writes the committed offset to Meta, fenced by the owner epoch,
     /// when it moved since the last checkpoint.
     async fn checkpoint(&mut self) {
+        self.write_checkpoint(false).await;
+    }
+
+    /// Cluster mode: writes the committed offset and the acked offsets above it to
+    /// Meta (fenced). `force`: also when the committed offset has not moved (an ack
+    /// above a gap must be durable there before the next event of its key goes out).
+    /// `true`: the checkpoint in Meta is current (always, standalone).
+    async fn write_checkpoint(&mut self, force: bool) -> bool {
         let committed = self.core.committed();
         let key = self.key().clone();
         let Some(c) = self.cluster.as_mut() else {
-            return;
+            return true;
         };
-        if committed <= c.checkpointed {
+        if committed <= c.checkpointed && !force {
             // Nothing new: the checkpoint in Meta is current.
             self.shared
                 .checkpointed_at_ms
@@ -512,7 +520,7 @@ impl PartitionTask {
             if c.ledger_state.garbage() > 0 {
                 self.write_ledger(Vec::new(), "prune").await;
             }
-            return;
+            return true;
         }
         // The acked offsets above a gap go with it (a new owner skips them).
         let resolved = self.core.resolved_above();
@@ -533,6 +541,7 @@ impl PartitionTask {
                 if c.ledger_state.garbage() > 0 {
                     self.write_ledger(Vec::new(), "prune").await;
                 }
+                true
             }
             Err(e) => {
                 let kind = match &e {
@@ -547,6 +556,7 @@ impl PartitionTask {
                 } else {
                     tracing::warn!(store = "checkpoints", backend = %self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "offset checkpoint failed; retried at the next interval");
                 }
+                false
             }
         }
     }
@@ -653,6 +663,19 @@ impl PartitionTask {
                 if let Some(e) = self.failed_error() {
                     let _ = reply.send(Err(e));
                     return;
+                }
+                if self.core.config().ordered {
+                    match self.redrive_behind_key(&entry_id, offset).await {
+                        Ok(true) => {
+                            let _ = reply.send(Ok(()));
+                            return;
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                            return;
+                        }
+                    }
                 }
                 let input = Input::Redrive { entry_id, offset };
                 let result = match self.core.handle(input, now_ms()) {
@@ -1787,12 +1810,125 @@ impl PartitionTask {
         }
     }
 
+    /// Ordered delivery: a redriven dead letter goes to the back of its key (http-api.md,
+    /// "Parking"): parked held, with its body, in the key's line after every event of
+    /// the key read so far, then released at once when no event of the window holds
+    /// the key. `false`: it has no `partitionkey` (redriven like any other). A redrive
+    /// injected again after a restart finds its entry parked already.
+    async fn redrive_behind_key(
+        &mut self,
+        entry_id: &str,
+        offset: u64,
+    ) -> Result<bool, RuntimeError> {
+        let key = self.key().clone();
+        let unavailable =
+            |store: &'static str, backend: Backend, detail: String| RuntimeError::Unavailable {
+                store,
+                backend,
+                detail,
+            };
+        if self.core.redrive_under_way(offset) {
+            return Ok(false);
+        }
+        let parked = self
+            .deps
+            .parks
+            .parked_among(&key, vec![offset])
+            .await
+            .map_err(|e| unavailable("parks", Backend::RocksDb, e.to_string()))?;
+        if !parked.is_empty() {
+            return Ok(true);
+        }
+        let meta = self.deps.meta_backend;
+        let body = match self.deps.deadletters.get(entry_id).await {
+            Ok(entry) => self.deps.deadletters.read_body(&entry).await,
+            Err(e) => Err(e),
+        }
+        .map_err(|e| unavailable("deadletters", meta, e.to_string()))?;
+        let attributes = self
+            .attributes
+            .get(&key.topic, key.partition, offset, &body);
+        let Some(hash) = attributes
+            .iter()
+            .find(|(k, _)| k == "partitionkey")
+            .map(|(_, v)| meshd_events::fnv1a64(v.as_bytes()))
+        else {
+            return Ok(false);
+        };
+        let entry = Parked {
+            key: Some(hash),
+            seq: self.core.stats().next_to_read,
+            redrive: true,
+            ..Parked::new(offset, HELD, 0)
+        };
+        let started = Instant::now();
+        let r = self.deps.parks.park_many(&key, vec![(entry, body)]).await;
+        self.deps.metrics.write_latency(
+            "parks",
+            Backend::RocksDb,
+            "park_redrive",
+            started.elapsed(),
+        );
+        match r {
+            Ok(created) => {
+                if created.first().copied().unwrap_or(false) {
+                    self.shared.parked.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+            Err(e) => {
+                self.park_failed(&e, "park_redrive", offset);
+                return Err(match e {
+                    ParkError::Local(e) => RuntimeError::StoreFailed(format!("parks: {e}")),
+                    ParkError::Unavailable(detail) => {
+                        unavailable("parks", self.deps.log_backend, detail)
+                    }
+                });
+            }
+        }
+        if !self.core.key_taken(hash) {
+            self.release_key(hash).await;
+        }
+        Ok(true)
+    }
+
+    /// The dead-letter entry of a redriven dead letter that was parked behind its key
+    /// (`None`: an event parked for its time or its key). Read before the park entry
+    /// goes, so a failed dead-letter write is retried with the entry still there.
+    async fn parked_redrive(&self, offset: u64) -> Result<Option<String>, String> {
+        match self.deps.parks.entry(self.key(), offset).await {
+            Ok(Some(p)) if p.redrive => Ok(Some(self.core.partition().dead_letter_id(offset))),
+            Ok(_) => Ok(None),
+            Err(e) => {
+                self.deps
+                    .metrics
+                    .store_error("parks", Backend::RocksDb, "read_failed");
+                Err(e.to_string())
+            }
+        }
+    }
+
     /// `Command::ParkSettled`: an unparked event was acked. Its record (acked) is made
     /// durable before the park entry goes, so a crash in between finds an acked record
-    /// and never hands the event out again.
+    /// and never hands the event out again. A redriven dead letter's entry is settled
+    /// in the dead-letter store first.
     async fn park_settled(&mut self, offset: u64) -> Vec<Input> {
         if !self.flush_deliveries("flush_before_unpark").await {
             return vec![];
+        }
+        match self.parked_redrive(offset).await {
+            Ok(None) => {}
+            Ok(Some(entry_id)) => match self.deps.deadletters.redrive_succeeded(&entry_id).await {
+                Ok(()) | Err(DeadLetterError::NotFound { .. }) => {}
+                Err(e) => {
+                    self.meta_failure("redrive_succeeded", &entry_id, &e);
+                    return vec![Input::RedriveUnavailable { offset }];
+                }
+            },
+            Err(e) => {
+                let key = self.key();
+                tracing::warn!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %e, "reading a parked entry to settle it failed; retried");
+                return vec![Input::RedriveUnavailable { offset }];
+            }
         }
         if !self.unpark_done(offset, "remove").await {
             return vec![Input::RedriveUnavailable { offset }];
@@ -1811,6 +1947,38 @@ impl PartitionTask {
         let key = self.key().clone();
         if !self.flush_deliveries("flush_before_unpark").await {
             return vec![];
+        }
+        match self.parked_redrive(offset).await {
+            Ok(None) => {}
+            Ok(Some(entry_id)) => {
+                // A redriven dead letter failed again: its entry goes back to `dead`.
+                let r = self
+                    .deps
+                    .deadletters
+                    .redrive_failed(&entry_id, &req.reason, req.attempts)
+                    .await;
+                return match r {
+                    Ok(_) | Err(DeadLetterError::NotFound { .. }) => {
+                        if r.is_ok() {
+                            self.counters
+                                .count(&self.part_counters, Counted::DeadLettered);
+                        }
+                        if !self.unpark_done(offset, "remove_redrive_failed").await {
+                            return vec![Input::RedriveUnavailable { offset }];
+                        }
+                        fx.dead_lettered.insert(offset);
+                        vec![Input::RedriveSettled { offset }]
+                    }
+                    Err(e) => {
+                        self.meta_failure("redrive_failed", &entry_id, &e);
+                        vec![Input::RedriveUnavailable { offset }]
+                    }
+                };
+            }
+            Err(e) => {
+                tracing::warn!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %e, "reading a parked entry to dead-letter it failed; retried");
+                return vec![Input::RedriveUnavailable { offset }];
+            }
         }
         let body = match self.parked_body(offset).await {
             Ok(b) => b,
@@ -1949,6 +2117,12 @@ impl PartitionTask {
             self.retry_release(hash);
             return;
         }
+        // Cluster mode: the ack must also be in the checkpoint, or a new owner would
+        // hand the event out again after the next one of its key.
+        if !self.write_checkpoint(true).await {
+            self.retry_release(hash);
+            return;
+        }
         let started = Instant::now();
         let r = self.deps.parks.release_key(&key, hash, now_ms()).await;
         self.deps.metrics.write_latency(
@@ -1996,11 +2170,9 @@ fn parked_of(cmd: Command) -> Option<Parked> {
             key,
             not_before_ms,
         } => Some(Parked {
-            offset,
-            due_ms,
-            attempt,
             key,
             not_before_ms,
+            ..Parked::new(offset, due_ms, attempt)
         }),
         _ => None,
     }

@@ -393,7 +393,7 @@ mod tests {
     fn fields_a_newer_release_wrote_are_ignored_at_every_level() {
         let good = String::from_utf8(encode(&SubscriptionSpec::new("a", "t")).unwrap()).unwrap();
         let newer = good
-            .replace(r#""start""#, r#""ordering":"key","start""#)
+            .replace(r#""start""#, r#""priority":"high","start""#)
             .replace(r#""max_ms":60000"#, r#""max_ms":60000,"jitter":0.1"#);
         assert_ne!(newer, good);
         assert_eq!(
