@@ -563,6 +563,13 @@ impl PartitionCore {
             .count()
     }
 
+    /// Changes [`Config::park_retries_after_ms`] from now on (the shell turns parking
+    /// of retries off while a cluster member could not take parked events over). A
+    /// value of `Some(0)` is taken as `Some(1)`.
+    pub fn set_park_retries_after_ms(&mut self, ms: Option<u64>) {
+        self.config.park_retries_after_ms = ms.map(|m| m.max(1));
+    }
+
     /// Ordered delivery: whether an event of the window holds `key` (in flight,
     /// waiting, being dead-lettered or parked, or not handed out yet).
     pub fn key_taken(&self, key: u64) -> bool {

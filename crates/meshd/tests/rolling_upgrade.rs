@@ -169,7 +169,10 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     // Instance ids whose rendezvous weights split the topic's partitions between them.
     let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let old_args = args("prev");
-    let new_args = args("next");
+    let mut new_args = args("next");
+    // Retries due a second ahead would be parked: not while the previous release is
+    // a member (it does not know the park journal).
+    new_args.extend(["--park-retries-after-ms".to_string(), "1000".to_string()]);
     let as_strs = |a: &[String]| a.iter().map(String::clone).collect::<Vec<_>>();
     let start = |bin: PathBuf, dir: PathBuf, a: Vec<String>| async move {
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
@@ -262,6 +265,68 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     let r = publish_delayed(&n).await;
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(r.json().unwrap()["field"], "deliverat", "{}", r.body);
+    // Nor are long retries parked: a nacked event's retry (backoff 2 s) waits as a
+    // delivery record on this release's partitions too (topic u, apart from t).
+    create_topic(&n, "u", 8).await;
+    create_subscription(
+        &n,
+        "r",
+        json!({"topic": "u", "ack_timeout_ms": 60000, "start": "earliest",
+               "backoff": {"initial_ms": 2000, "max_ms": 2000}}),
+    )
+    .await;
+    wait_until(
+        DEADLINE,
+        "every partition of u owned, some by next",
+        || async {
+            let v = get(&n, "/v1/cluster").await?.json()?;
+            let of_u: Vec<&serde_json::Value> = v["partitions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["topic"] == "u")
+                .collect();
+            anyhow::ensure!(
+                of_u.len() == 8 && of_u.iter().all(|p| p["owner"].is_string()),
+                "{v}"
+            );
+            anyhow::ensure!(of_u.iter().any(|p| p["owner"] == "next"), "{v}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    let cluster = get(&n, "/v1/cluster").await.unwrap().json().unwrap();
+    let on_next: BTreeSet<u64> = cluster["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["topic"] == "u" && p["owner"] == "next")
+        .filter_map(|p| p["partition"].as_u64())
+        .collect();
+    for i in 0..16 {
+        publish(&n, "u", &event(&format!("u{i}"))).await.unwrap();
+    }
+    // This release's partitions are what the check is about (the previous release
+    // cannot park at all).
+    let got = pull_until(&n, "r", 1, DEADLINE).await;
+    assert!(
+        got.iter().any(|d| on_next.contains(&d.partition)),
+        "nothing from next's partitions {on_next:?}: {:?}",
+        summary(&got)
+    );
+    let r = nack(&n, "r", &ids(&got), "later").await.unwrap();
+    assert_eq!(set(&r["retrying"]).len(), got.len(), "{r}");
+    let stats = get(&n, "/v1/subscriptions/r/stats").await.unwrap();
+    assert_eq!(stats.status, 200, "{}", stats.body);
+    let stats = stats.json().unwrap();
+    let parked: u64 = stats["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["parked"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(parked, 0, "a retry was parked in a mixed cluster: {stats}");
     let r = meshd_test_support::http::send_json(
         &n,
         "PUT",

@@ -64,6 +64,10 @@ impl std::fmt::Display for Release {
     }
 }
 
+/// The release that first knows the park journal (parked events move with their
+/// partition): while an older one is a member, retries are not parked.
+pub const PARKING_RELEASE: Release = Release(0, 2, 0);
+
 /// The oldest release among `members` (this binary's when there are none yet). A
 /// record shape that release R first reads is written only while
 /// `oldest_release(members) >= R`: during a rolling upgrade the old shape stays in use

@@ -453,6 +453,12 @@ impl SmallCluster {
             let dir = tempfile::tempdir().expect("temp dir");
             let id = format!("inst-{i}");
             let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+            if let Some(at) = a.iter().position(|x| *x == "--checkpoint-ms") {
+                if extra.contains(&"--checkpoint-ms") {
+                    // The test's own interval replaces the default one.
+                    a.drain(at..at + 2);
+                }
+            }
             a.extend(["--instance-id", &id]);
             a.extend(extra);
             nodes.push(

@@ -236,9 +236,19 @@ pub struct PartitionCluster {
     pub checkpointed: u64,
     /// Set when a write under this epoch was fenced: the task ends.
     pub lost: Arc<AtomicBool>,
+    /// The members as the controller last saw them: retries are parked only while
+    /// every member runs a release that knows the park journal
+    /// ([`crate::membership::PARKING_RELEASE`]).
+    pub directory: watch::Receiver<Arc<Directory>>,
 }
 
 impl PartitionCluster {
+    /// Whether every member reads the park journal (an older member taking the
+    /// partition over would not know what was parked: a parked retry would be lost).
+    pub fn parking_allowed(&self) -> bool {
+        self.directory.borrow().oldest_release >= crate::membership::PARKING_RELEASE
+    }
+
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
@@ -1067,6 +1077,7 @@ impl Runtime {
             checkpoint_every: cluster.checkpoint_every,
             checkpointed: committed.offset,
             lost: lost.clone(),
+            directory: cluster.directory.clone(),
         };
         let counters = self.deps.metrics.subscription(sub.sub.name());
         let handle = self.spawn_partition(

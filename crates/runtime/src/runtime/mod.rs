@@ -789,7 +789,9 @@ impl Runtime {
         let committed = committed.offset;
         let mut config = Config::from_spec(&sub.spec);
         config.max_in_flight = self.deps.max_in_flight;
-        config.park_retries_after_ms = Some(self.deps.park_retries_after_ms);
+        // Retries are parked unless a cluster member could not take them over.
+        let parking = owned.as_ref().is_none_or(|(_, c)| c.parking_allowed());
+        config.park_retries_after_ms = parking.then_some(self.deps.park_retries_after_ms);
         let epoch = owned.as_ref().map(|(o, _)| o.epoch()).unwrap_or(0);
         let partition_no = key.partition;
         let partition = Partition {

@@ -411,6 +411,7 @@ impl PartitionTask {
                 // done under this epoch; the runtime re-acquires before acting again.
                 return;
             }
+            self.refresh_parking();
             let wake = self.core.next_wakeup();
             let sleep = async {
                 match wake {
@@ -2093,6 +2094,18 @@ impl PartitionTask {
             self.park.look_by(now);
         }
         self.execute(cmds, fx).await;
+    }
+
+    /// Cluster mode: retries are parked only while every member knows the park
+    /// journal (looked at once per turn of the task's loop).
+    fn refresh_parking(&mut self) {
+        let allowed = self.cluster.as_ref().is_none_or(|c| c.parking_allowed());
+        let want = allowed.then_some(self.deps.park_retries_after_ms);
+        if self.core.config().park_retries_after_ms != want {
+            let key = self.key();
+            tracing::info!(store = "parks", subscription = %key.subscription, topic = %key.topic, partition = key.partition, parking = allowed, "parking of long retries {} (a member running an older release does not know the park journal)", if allowed { "on" } else { "off" });
+            self.core.set_park_retries_after_ms(want);
+        }
     }
 
     /// `Command::ReleaseKey`: the window holds no event of the key any more. When the
