@@ -342,3 +342,48 @@ async fn given_a_cluster_when_the_owner_of_a_parked_retry_is_sigkilled_then_the_
     ack(&survivor, "s", &ids(&again)).await.unwrap();
     assert_eq!(parked(&survivor, "s").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_cluster_when_the_owner_of_an_unparked_event_handed_out_twice_is_sigkilled_then_the_new_owner_continues_its_attempt_count(
+) {
+    let mut cluster = SmallCluster::start(2, Duration::from_millis(2000)).await;
+    let a0 = cluster.addr(0);
+    create_topic(&a0, "t", 1).await;
+    create_subscription(&a0, "s", sub_attempts("t", 5)).await;
+    cluster.wait_settled("t", 1).await;
+    let members = ["inst-0", "inst-1"];
+    let owner = match meshd_runtime::cluster::assign::owner(&members, "t", 0) {
+        Some("inst-0") => 0,
+        _ => 1,
+    };
+    let survivor = cluster.addr(1 - owner);
+    let at = now_ms() + 500;
+    publish(&survivor, "t", &delayed("later", at))
+        .await
+        .unwrap();
+    // Unparked at its time and handed out twice (a nack between).
+    let first = pull_until(&survivor, "s", 1, DRAIN).await;
+    assert_eq!(summary(&first), [(0, 0, 1)]);
+    nack(&survivor, "s", &ids(&first), "again").await.unwrap();
+    let second = pull_until(&survivor, "s", 1, DRAIN).await;
+    assert_eq!(summary(&second), [(0, 0, 2)]);
+
+    // The journal entry carries the count: the new owner hands it out as attempt 3,
+    // never again as 1 or 2 (at once: the journal keeps no lease, so the consumer of
+    // attempt 2 may still hold it; at least once).
+    cluster.nodes[owner].kill();
+    let again = pull_until(&survivor, "s", 1, DRAIN).await;
+    assert_eq!(
+        summary(&again),
+        [(0, 0, 3)],
+        "the attempt count moved with it"
+    );
+    assert_eq!(again[0].event["id"], "later");
+    ack(&survivor, "s", &ids(&again)).await.unwrap();
+    assert_eq!(parked(&survivor, "s").await, 0);
+}
+
+fn sub_attempts(topic: &str, max_attempts: u32) -> Value {
+    json!({"topic": topic, "ack_timeout_ms": 2000, "max_attempts": max_attempts,
+           "backoff": {"initial_ms": 100, "max_ms": 100}})
+}

@@ -422,6 +422,13 @@ impl ParkIndex for Flaky {
     ) -> Result<Vec<Parked>, meshd_stores::delivery::DeliveryError> {
         self.inner.earliest(key, limit).await
     }
+    async fn record_attempts(
+        &self,
+        key: &OffsetKey,
+        attempts: Vec<(u64, u32)>,
+    ) -> Result<(), ParkError> {
+        self.inner.record_attempts(key, attempts).await
+    }
     async fn entry(
         &self,
         key: &OffsetKey,

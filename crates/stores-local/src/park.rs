@@ -705,6 +705,34 @@ impl ParkIndex for JournaledParks {
         self.local.keys_parked(key, hashes).await
     }
 
+    async fn record_attempts(
+        &self,
+        key: &OffsetKey,
+        attempts: Vec<(u64, u32)>,
+    ) -> Result<(), ParkError> {
+        // The journal entry again, with the count (the local copy is rebuilt from
+        // the journal by whoever adopts the partition next).
+        for chunk in attempts.chunks(JOURNAL_PUTS_AT_ONCE) {
+            let mut entries = Vec::with_capacity(chunk.len());
+            for &(offset, attempt) in chunk {
+                let (Some(p), Some(body)) = (
+                    self.local.entry(key, offset).await?,
+                    self.local.body(key, offset).await?,
+                ) else {
+                    continue; // settled meanwhile
+                };
+                entries.push((Parked { attempt, ..p }, body));
+            }
+            let puts = entries
+                .iter()
+                .map(|(p, body)| self.journal.put(key, p, body));
+            for r in futures::future::join_all(puts).await {
+                r?;
+            }
+        }
+        Ok(())
+    }
+
     async fn held_keys(&self, key: &OffsetKey) -> Result<Vec<u64>, DeliveryError> {
         self.local.held_keys(key).await
     }

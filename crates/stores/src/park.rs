@@ -234,6 +234,18 @@ pub trait ParkIndex: Send + Sync + 'static {
     /// At most `limit` entries of the partition in due order, from the earliest.
     async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError>;
 
+    /// Unparked events were handed out with these attempts (`(offset, attempt)`):
+    /// cluster mode keeps the count in the journal, durably before it returns, so a
+    /// new owner continues it (what the attempt ledger does for the window). A purely
+    /// local index has nothing to do: the delivery records hold the count.
+    async fn record_attempts(
+        &self,
+        _key: &OffsetKey,
+        _attempts: Vec<(u64, u32)>,
+    ) -> Result<(), ParkError> {
+        Ok(())
+    }
+
     /// `offset`'s entry, `None` when it is not parked.
     async fn entry(&self, key: &OffsetKey, offset: u64) -> Result<Option<Parked>, DeliveryError>;
 

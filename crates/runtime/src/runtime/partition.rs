@@ -1187,7 +1187,7 @@ impl PartitionTask {
     /// Write-ahead: the attempt records of one pull, durable (they share fsyncs)
     /// before any of them is handed out.
     async fn persist(&mut self, records: Vec<DeliveryRecord>) -> Vec<Input> {
-        if !self.record_in_ledger(&records).await {
+        if !self.record_in_ledger(&records).await || !self.record_unparked(&records).await {
             return records
                 .iter()
                 .map(|r| Input::PersistFailed {
@@ -1218,6 +1218,38 @@ impl PartitionTask {
             .map(ledger_entry)
             .collect();
         self.write_ledger(entries, "record").await
+    }
+
+    /// Cluster mode: the attempts of unparked events go to their park journal entries
+    /// (the ledger holds the window's), so a new owner continues their count. `false`
+    /// when the journal did not take them (nothing is handed out; retried).
+    async fn record_unparked(&mut self, records: &[DeliveryRecord]) -> bool {
+        if self.cluster.is_none() {
+            return true;
+        }
+        let attempts: Vec<(u64, u32)> = records
+            .iter()
+            .filter(|r| self.core.is_unparked(r.offset))
+            .map(|r| (r.offset, r.attempt))
+            .collect();
+        let Some(&(first, _)) = attempts.first() else {
+            return true;
+        };
+        let started = Instant::now();
+        let r = self.deps.parks.record_attempts(self.key(), attempts).await;
+        self.deps.metrics.write_latency(
+            "parks",
+            self.deps.log_backend,
+            "record_attempts",
+            started.elapsed(),
+        );
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                self.park_failed(&e, "record_attempts", first);
+                false
+            }
+        }
     }
 
     /// Cluster mode: writes `entries` to the attempt ledger (one fenced record per
