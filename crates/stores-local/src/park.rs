@@ -619,6 +619,22 @@ impl JournaledParks {
     pub fn new(local: RocksParkStore, journal: Arc<dyn ParkJournal>) -> Self {
         Self { local, journal }
     }
+
+    /// Puts `entries` in the journal, durably, [`JOURNAL_PUTS_AT_ONCE`] overlapping.
+    async fn put_all<'a>(
+        &self,
+        key: &OffsetKey,
+        entries: impl Iterator<Item = &'a (Parked, Vec<u8>)>,
+    ) -> Result<(), ParkError> {
+        let entries: Vec<&(Parked, Vec<u8>)> = entries.collect();
+        for chunk in entries.chunks(JOURNAL_PUTS_AT_ONCE) {
+            let puts = chunk.iter().map(|(p, body)| self.journal.put(key, p, body));
+            for r in futures::future::join_all(puts).await {
+                r?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -654,16 +670,8 @@ impl ParkIndex for JournaledParks {
         let new: Vec<usize> = (0..entries.len())
             .filter(|&i| !here.contains(&entries[i].0.offset))
             .collect();
-        // Every put acknowledged before any is used; the puts of a chunk overlap.
-        for chunk in new.chunks(JOURNAL_PUTS_AT_ONCE) {
-            let puts = chunk.iter().map(|&i| {
-                let (p, body) = &entries[i];
-                self.journal.put(key, p, body)
-            });
-            for r in futures::future::join_all(puts).await {
-                r?;
-            }
-        }
+        // Every put acknowledged before any is used.
+        self.put_all(key, new.iter().map(|&i| &entries[i])).await?;
         self.local.park_many(key, entries).await
     }
 
@@ -712,25 +720,17 @@ impl ParkIndex for JournaledParks {
     ) -> Result<(), ParkError> {
         // The journal entry again, with the count (the local copy is rebuilt from
         // the journal by whoever adopts the partition next).
-        for chunk in attempts.chunks(JOURNAL_PUTS_AT_ONCE) {
-            let mut entries = Vec::with_capacity(chunk.len());
-            for &(offset, attempt) in chunk {
-                let (Some(p), Some(body)) = (
-                    self.local.entry(key, offset).await?,
-                    self.local.body(key, offset).await?,
-                ) else {
-                    continue; // settled meanwhile
-                };
-                entries.push((Parked { attempt, ..p }, body));
-            }
-            let puts = entries
-                .iter()
-                .map(|(p, body)| self.journal.put(key, p, body));
-            for r in futures::future::join_all(puts).await {
-                r?;
-            }
+        let mut entries = Vec::with_capacity(attempts.len());
+        for (offset, attempt) in attempts {
+            let (Some(p), Some(body)) = (
+                self.local.entry(key, offset).await?,
+                self.local.body(key, offset).await?,
+            ) else {
+                continue; // settled meanwhile
+            };
+            entries.push((Parked { attempt, ..p }, body));
         }
-        Ok(())
+        self.put_all(key, entries.iter()).await
     }
 
     async fn held_keys(&self, key: &OffsetKey) -> Result<Vec<u64>, DeliveryError> {
