@@ -182,6 +182,9 @@ struct Entry {
     size: Option<u64>,
     /// Ordered delivery: its key hash, once the log was read there (window only).
     key: Option<u64>,
+    /// An unparked event retried far ahead: parked again until this time (its
+    /// `Settling` write is [`Command::Repark`]).
+    repark_due: Option<u64>,
     status: Status,
 }
 
@@ -198,6 +201,7 @@ impl Entry {
             parked: false,
             size,
             key: None,
+            repark_due: None,
             status,
         }
     }
@@ -500,6 +504,7 @@ impl PartitionCore {
                 parked: was_parked,
                 size: None,
                 key: None,
+                repark_due: None,
                 status,
             };
             let rewrite = matches!(
@@ -680,6 +685,7 @@ impl PartitionCore {
                 Status::InFlight { .. } => s.in_flight += 1,
                 Status::WaitingRetry { .. } => s.waiting += 1,
                 Status::DeadLettering { .. } => s.dead_lettering += 1,
+                Status::Settling { .. } if e.repark_due.is_some() => s.waiting += 1,
                 Status::Settling { .. } => s.acked_awaiting += 1,
                 Status::Parking { .. } => s.parking += 1,
                 Status::Resolved { .. } if e.has_record => s.acked_awaiting += 1,
@@ -1143,9 +1149,14 @@ impl PartitionCore {
             (Status::DeadLettering { .. }, Loc::Redrive(offset), _) if e.parked => {
                 Command::ParkDeadLetter(request(offset))
             }
-            (Status::Settling { .. }, Loc::Redrive(offset), _) if e.parked => {
-                Command::ParkSettled { offset }
-            }
+            (Status::Settling { .. }, Loc::Redrive(offset), _) if e.parked => match e.repark_due {
+                Some(due_ms) => Command::Repark {
+                    offset,
+                    due_ms,
+                    attempt: e.attempt,
+                },
+                None => Command::ParkSettled { offset },
+            },
             (Status::DeadLettering { .. }, Loc::Redrive(offset), Some(id)) => {
                 Command::RedriveFailed {
                     entry_id: id.clone(),
@@ -1190,6 +1201,29 @@ impl PartitionCore {
             None => backoff_delay(self.config.backoff, attempt, self.sources.jitter.as_mut()),
         };
         let due = now.saturating_add(delay);
+        if let (Loc::Redrive(_), Some(after), true) =
+            (loc, self.config.park_retries_after_ms, e.parked)
+        {
+            if delay >= after {
+                // An unparked event retried far ahead goes back to the park index
+                // (its entry there takes the due time and the attempts), so it does
+                // not hold a redrive slot and memory until then. Its record says
+                // waiting first: a crash before the entry is rewritten keeps the delay.
+                e.repark_due = Some(due);
+                self.forget_id(loc);
+                self.set_status(
+                    loc,
+                    Status::Settling {
+                        outstanding: true,
+                        retry_at: now,
+                        failures: 0,
+                    },
+                );
+                self.update(loc, DeliveryState::WaitingRetry, due, out);
+                self.emit_meta_write(loc, out);
+                return NackOutcome::Retrying { due_ms: due };
+            }
+        }
         // Ordered: a recovered record not read from the log again has no known key,
         // and a park entry without its key would let the key's next event go first:
         // it waits in the window instead.

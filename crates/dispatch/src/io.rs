@@ -319,6 +319,16 @@ pub enum Command {
     /// `ParkIndex::release_key`: the next event of the key, when it is held in the
     /// park index, becomes due.
     ReleaseKey { key: u64 },
+    /// An unparked event failed and is retried at `due_ms`, far ahead
+    /// (`park_retries_after_ms`): once the delivery records written so far are
+    /// durable, its park entry takes `due_ms` and `attempt` (the attempts made), then
+    /// [`Input::RedriveSettled`] (the core lets it go until the shell unparks it
+    /// again), or [`Input::RedriveUnavailable`] (tried again after a backoff).
+    Repark {
+        offset: u64,
+        due_ms: u64,
+        attempt: u32,
+    },
     /// An unparked event was acked: remove its park entry, then
     /// [`Input::RedriveSettled`] (or [`Input::RedriveUnavailable`]).
     ParkSettled { offset: u64 },

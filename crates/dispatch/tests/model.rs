@@ -210,8 +210,18 @@ enum MetaWrite {
 /// A settlement of an unparked event the shell is writing.
 #[derive(Clone, Debug)]
 enum ParkSettle {
-    Acked { offset: u64 },
-    DeadLetter { offset: u64 },
+    Acked {
+        offset: u64,
+    },
+    DeadLetter {
+        offset: u64,
+    },
+    /// Retried far ahead: the entry takes this due time and attempt count.
+    Repark {
+        offset: u64,
+        due: u64,
+        attempt: u32,
+    },
 }
 
 struct World {
@@ -593,6 +603,35 @@ impl World {
                     self.sync();
                 }
                 self.release_first_of(key, None);
+            }
+            Command::Repark {
+                offset,
+                due_ms,
+                attempt,
+            } => {
+                // The shell makes the waiting record durable first.
+                self.sync();
+                assert!(
+                    self.parked.contains_key(&offset),
+                    "repark of nothing parked"
+                );
+                assert!(offset < self.committed);
+                let after = self
+                    .config
+                    .park_retries_after_ms
+                    .expect("reparked though retries are never parked");
+                assert!(due_ms - self.now >= after, "a near retry was reparked");
+                assert!(attempt < max, "reparked at max_attempts");
+                assert_eq!(
+                    self.records.get(&offset).map(|r| (r.attempt, r.state)),
+                    Some((attempt, DeliveryState::WaitingRetry)),
+                    "reparked without its waiting record"
+                );
+                self.park_settles.push_back(ParkSettle::Repark {
+                    offset,
+                    due: due_ms,
+                    attempt,
+                });
             }
             Command::Reply(reply) => self.check_reply(reply),
         }
@@ -996,8 +1035,20 @@ impl World {
                     return;
                 };
                 let offset = match w {
-                    ParkSettle::Acked { offset } | ParkSettle::DeadLetter { offset } => offset,
+                    ParkSettle::Acked { offset }
+                    | ParkSettle::DeadLetter { offset }
+                    | ParkSettle::Repark { offset, .. } => offset,
                 };
+                if let (true, ParkSettle::Repark { due, attempt, .. }) = (ok, &w) {
+                    // Parked again: waits for its new time; the count continues.
+                    if let Some(p) = self.parked.get_mut(&offset) {
+                        p.due_ms = *due;
+                        p.attempt = *attempt;
+                    }
+                    self.unparked.remove(&offset);
+                    self.feed(Input::RedriveSettled { offset });
+                    return;
+                }
                 if ok {
                     if let ParkSettle::DeadLetter { .. } = w {
                         self.dead.entry(offset).or_insert((DlState::Dead, 0));

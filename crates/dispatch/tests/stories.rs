@@ -2142,3 +2142,59 @@ fn given_held_keys_after_recovery_then_each_is_released_once_the_recovered_recor
     );
     s.core.check_consistency().unwrap();
 }
+
+#[test]
+fn given_an_unparked_event_retried_far_ahead_then_it_is_parked_again_after_its_waiting_record_and_leaves_memory(
+) {
+    let mut cfg = config();
+    cfg.park_retries_after_ms = Some(30_000);
+    let mut s = Shell::new(cfg, 0);
+    let due = T0 + 1000;
+    s.publish_delayed(&[Some(due)]);
+    s.input(Input::Parked { offset: 0 });
+    s.at(due);
+    s.input(Input::Unpark {
+        offset: 0,
+        attempt: 0,
+    });
+    let d = s.deliver(1);
+    assert_eq!((d[0].offset, d[0].attempt, d[0].parked), (0, 1, true));
+    let cmds = s.input(Input::Nack {
+        deliveries: vec![DeliveryRef::unbound(d[0].delivery_id.clone())],
+        reason: "later".into(),
+        delay_ms: Some(60_000),
+    });
+    let again = s.now + 60_000;
+    assert_eq!(
+        nack_outcomes(&cmds),
+        [NackOutcome::Retrying { due_ms: again }]
+    );
+    // The waiting record first, then the park entry's new time and count.
+    let waiting = updates(&cmds);
+    assert_eq!(waiting.len(), 1, "{cmds:?}");
+    assert_eq!(
+        (waiting[0].state, waiting[0].deadline_ms),
+        (DeliveryState::WaitingRetry, again)
+    );
+    let at_update = cmds
+        .iter()
+        .position(|c| matches!(c, Command::Update(_)))
+        .unwrap();
+    let at_repark = cmds
+        .iter()
+        .position(|c| {
+            *c == Command::Repark {
+                offset: 0,
+                due_ms: again,
+                attempt: 1,
+            }
+        })
+        .expect("reparked");
+    assert!(at_update < at_repark, "{cmds:?}");
+    // Once the entry is rewritten, the core lets it go: no slot, no memory.
+    let cmds = s.input(Input::RedriveSettled { offset: 0 });
+    assert_eq!(resolves(&cmds), [(vec![0], None)]);
+    assert_eq!(s.core.stats().redrives, 0);
+    assert!(!s.core.is_unparked(0));
+    s.core.check_consistency().unwrap();
+}

@@ -387,3 +387,54 @@ fn sub_attempts(topic: &str, max_attempts: u32) -> Value {
     json!({"topic": topic, "ack_timeout_ms": 2000, "max_attempts": max_attempts,
            "backoff": {"initial_ms": 100, "max_ms": 100}})
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_unparked_event_nacked_far_ahead_then_it_is_parked_again_and_frees_its_slot_for_other_due_events(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    // One delivery at a time per partition: a retry waiting in memory would hold it.
+    let m = meshd_test_support::meshd::MeshdProcess::start(
+        bin(),
+        dir.path(),
+        &["--park-retries-after-ms", "1000", "--max-in-flight", "1"],
+    )
+    .await
+    .expect("start meshd");
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(&a, "s", sub_attempts("t", 5)).await;
+    publish(&a, "t", &delayed("first", now_ms() + 300))
+        .await
+        .unwrap();
+    publish(&a, "t", &delayed("second", now_ms() + 600))
+        .await
+        .unwrap();
+    let first = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(event_ids(&first), ["first"]);
+    // Far ahead: parked again (its attempt kept), so "second" is not held behind it.
+    let nacked_at = now_ms();
+    let r = nack_delayed(&a, "s", &ids(&first), 6000).await;
+    assert_eq!(set(&r["retrying"]), set_of(&ids(&first)), "{r}");
+    let second = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(event_ids(&second), ["second"]);
+    assert!(
+        now_ms() < nacked_at + 6000,
+        "the second waited for the first's retry"
+    );
+    ack(&a, "s", &ids(&second)).await.unwrap();
+    assert_eq!(parked(&a, "s").await, 1, "the first is parked again");
+    let again = pull_until(&a, "s", 1, DRAIN).await;
+    assert!(
+        now_ms() >= nacked_at + 6000,
+        "the retry came before its delay"
+    );
+    assert_eq!(summary(&again), [(0, 0, 2)], "the count continues");
+    ack(&a, "s", &ids(&again)).await.unwrap();
+    assert_eq!(parked(&a, "s").await, 0);
+}
+
+fn event_ids(ds: &[Delivery]) -> Vec<String> {
+    ds.iter()
+        .map(|d| d.event["id"].as_str().unwrap_or("").to_string())
+        .collect()
+}

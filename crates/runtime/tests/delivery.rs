@@ -422,6 +422,15 @@ impl ParkIndex for Flaky {
     ) -> Result<Vec<Parked>, meshd_stores::delivery::DeliveryError> {
         self.inner.earliest(key, limit).await
     }
+    async fn repark(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        due_ms: u64,
+        attempt: u32,
+    ) -> Result<bool, ParkError> {
+        self.inner.repark(key, offset, due_ms, attempt).await
+    }
     async fn record_attempts(
         &self,
         key: &OffsetKey,

@@ -417,6 +417,34 @@ impl ParkIndex for RocksParkStore {
         Ok(removed)
     }
 
+    async fn repark(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        due_ms: u64,
+        attempt: u32,
+    ) -> Result<bool, ParkError> {
+        Self::check(key)?;
+        let key = key.clone();
+        let (_, found) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+            let mut batch = Batch::new();
+            let Some((p, value, at)) = entry_at(engine, &key, offset)? else {
+                return Ok::<_, Closure>((batch, false));
+            };
+            let again = Parked {
+                due_ms,
+                attempt,
+                ..p.clone()
+            };
+            batch.delete(CF_DELIVERIES, due_key(&key, p.due_ms, offset));
+            put_entry(&mut batch, &key, &again, &value[at..]);
+            Ok((batch, true))
+        })
+        .await
+        .map_err(DeliveryError::from)?;
+        Ok(found)
+    }
+
     async fn release_key(
         &self,
         key: &OffsetKey,
@@ -711,6 +739,28 @@ impl ParkIndex for JournaledParks {
         hashes: Vec<u64>,
     ) -> Result<BTreeSet<u64>, DeliveryError> {
         self.local.keys_parked(key, hashes).await
+    }
+
+    async fn repark(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        due_ms: u64,
+        attempt: u32,
+    ) -> Result<bool, ParkError> {
+        let (Some(p), Some(body)) = (
+            self.local.entry(key, offset).await?,
+            self.local.body(key, offset).await?,
+        ) else {
+            return Ok(false);
+        };
+        let again = Parked {
+            due_ms,
+            attempt,
+            ..p
+        };
+        self.journal.put(key, &again, &body).await?;
+        self.local.repark(key, offset, due_ms, attempt).await
     }
 
     async fn record_attempts(

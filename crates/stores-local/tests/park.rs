@@ -348,3 +348,41 @@ async fn given_events_held_behind_their_key_then_the_first_one_s_removal_release
         .is_empty());
     assert_eq!(parks.count(&key).await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn a_reparked_entry_takes_its_new_time_and_count_and_keeps_its_body_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let parks = &stores.parks;
+    let key = pkey("sub", 0);
+    parks
+        .park_many(
+            &key,
+            vec![
+                (Parked::new(3, 1000, 0), b"three".to_vec()),
+                (keyed(4, 1500, 7, 0), b"four".to_vec()),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(parks.repark(&key, 3, 9000, 2).await.unwrap());
+    assert!(parks.repark(&key, 4, 8000, 1).await.unwrap());
+    assert!(
+        !parks.repark(&key, 5, 8000, 1).await.unwrap(),
+        "never parked"
+    );
+    assert_eq!(
+        parks.earliest(&key, 10).await.unwrap(),
+        [
+            Parked {
+                attempt: 1,
+                ..keyed(4, 8000, 7, 0)
+            },
+            Parked::new(3, 9000, 2)
+        ]
+    );
+    assert_eq!(parks.body(&key, 3).await.unwrap(), Some(b"three".to_vec()));
+    assert_eq!(parks.count(&key).await.unwrap(), 2);
+    // Still the first of its key: its removal is what releases the key.
+    assert_eq!(parks.keys_parked(&key, vec![7]).await.unwrap(), [7].into());
+}

@@ -234,6 +234,17 @@ pub trait ParkIndex: Send + Sync + 'static {
     /// At most `limit` entries of the partition in due order, from the earliest.
     async fn earliest(&self, key: &OffsetKey, limit: usize) -> Result<Vec<Parked>, DeliveryError>;
 
+    /// An unparked event failed and waits again: its entry takes `due_ms` and
+    /// `attempt` (the attempts made so far), durably. `false`: it is not parked (it
+    /// was settled).
+    async fn repark(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+        due_ms: u64,
+        attempt: u32,
+    ) -> Result<bool, ParkError>;
+
     /// Unparked events were handed out with these attempts (`(offset, attempt)`):
     /// cluster mode keeps the count in the journal, durably before it returns, so a
     /// new owner continues it (what the attempt ledger does for the window). A purely

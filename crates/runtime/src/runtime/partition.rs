@@ -1354,6 +1354,11 @@ impl PartitionTask {
                 vec![]
             }
             Command::ParkSettled { offset } => self.park_settled(offset).await,
+            Command::Repark {
+                offset,
+                due_ms,
+                attempt,
+            } => self.repark(offset, due_ms, attempt).await,
             Command::ParkDeadLetter(req) => self.park_dead_letter(req, fx).await,
             Command::HandOut { pull_id, delivery } => {
                 fx.handouts.push((pull_id, delivery));
@@ -1936,6 +1941,36 @@ impl PartitionTask {
                     .metrics
                     .store_error("parks", Backend::RocksDb, "read_failed");
                 Err(e.to_string())
+            }
+        }
+    }
+
+    /// `Command::Repark`: an unparked event retried far ahead goes back to the park
+    /// index with its due time and attempts, once its waiting record is durable (a
+    /// crash in between keeps the retry's time).
+    async fn repark(&mut self, offset: u64, due_ms: u64, attempt: u32) -> Vec<Input> {
+        if !self.flush_deliveries("flush_before_repark").await {
+            return vec![];
+        }
+        let started = Instant::now();
+        let r = self
+            .deps
+            .parks
+            .repark(self.key(), offset, due_ms, attempt)
+            .await;
+        self.deps
+            .metrics
+            .write_latency("parks", Backend::RocksDb, "repark", started.elapsed());
+        match r {
+            Ok(_) => {
+                self.park.look_by(due_ms);
+                vec![Input::RedriveSettled { offset }]
+            }
+            Err(e) => {
+                if self.park_failed(&e, "repark", offset) {
+                    return vec![Input::RedriveUnavailable { offset }];
+                }
+                vec![]
             }
         }
     }
