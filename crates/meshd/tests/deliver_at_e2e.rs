@@ -29,21 +29,6 @@ fn delayed(id: &str, at_ms: i64) -> Value {
     })
 }
 
-/// The `parked` figure of every partition of `sub`'s stats, summed.
-async fn parked(a: &str, sub: &str) -> u64 {
-    let r = get(a, &format!("/v1/subscriptions/{sub}/stats"))
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v = r.json().unwrap();
-    v["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["parked"].as_u64().expect("parked in stats"))
-        .sum()
-}
-
 fn sub(topic: &str) -> Value {
     json!({"topic": topic, "ack_timeout_ms": 2000, "max_attempts": 2,
            "backoff": {"initial_ms": 100, "max_ms": 100}})
@@ -431,10 +416,4 @@ async fn given_an_unparked_event_nacked_far_ahead_then_it_is_parked_again_and_fr
     assert_eq!(summary(&again), [(0, 0, 2)], "the count continues");
     ack(&a, "s", &ids(&again)).await.unwrap();
     assert_eq!(parked(&a, "s").await, 0);
-}
-
-fn event_ids(ds: &[Delivery]) -> Vec<String> {
-    ds.iter()
-        .map(|d| d.event["id"].as_str().unwrap_or("").to_string())
-        .collect()
 }

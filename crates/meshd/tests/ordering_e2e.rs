@@ -11,7 +11,6 @@ mod common;
 
 use common::*;
 use meshd_stores::time::Timestamp;
-use meshd_test_support::http::get;
 use meshd_test_support::meshd::MeshdProcess;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -34,28 +33,6 @@ fn keyed(id: &str, key: Option<&str>) -> Value {
 fn ordered_sub(topic: &str, max_attempts: u32) -> Value {
     json!({"topic": topic, "ordering": "key", "ack_timeout_ms": 2000,
            "max_attempts": max_attempts, "backoff": {"initial_ms": 100, "max_ms": 100}})
-}
-
-/// The `parked` figure of every partition of `sub`'s stats, summed.
-async fn parked(a: &str, sub: &str) -> u64 {
-    let r = get(a, &format!("/v1/subscriptions/{sub}/stats"))
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v = r.json().unwrap();
-    v["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["parked"].as_u64().expect("parked in stats"))
-        .sum()
-}
-
-/// The event ids of deliveries.
-fn event_ids(ds: &[Delivery]) -> Vec<String> {
-    ds.iter()
-        .map(|d| d.event["id"].as_str().unwrap_or("").to_string())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -533,3 +533,25 @@ pub async fn nack_delayed(a: &str, sub: &str, ids: &[Value], delay_ms: u64) -> V
     assert_eq!(r.status, 200, "{}", r.body);
     r.json().unwrap()
 }
+
+/// The `parked` figure of every partition of `sub`'s stats, summed.
+pub async fn parked(a: &str, sub: &str) -> u64 {
+    let r = meshd_test_support::http::get(a, &format!("/v1/subscriptions/{sub}/stats"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json().unwrap();
+    v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["parked"].as_u64().expect("parked in stats"))
+        .sum()
+}
+
+/// The event ids of deliveries, in order.
+pub fn event_ids(ds: &[Delivery]) -> Vec<String> {
+    ds.iter()
+        .map(|d| d.event["id"].as_str().unwrap_or("").to_string())
+        .collect()
+}
