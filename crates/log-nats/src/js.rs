@@ -283,6 +283,30 @@ impl Js {
         }
     }
 
+    /// Direct get of the last message of `subject`: its sequence and headers, or
+    /// `Ok(None)` when the subject has none.
+    pub async fn direct_last_of(
+        &self,
+        stream: &str,
+        subject: &str,
+        deadline: Instant,
+    ) -> Result<Option<(u64, Option<HeaderMap>)>, Fail> {
+        let body = serde_json::json!({ "last_by_subj": subject });
+        let m = self
+            .request(
+                format!("$JS.API.DIRECT.GET.{stream}"),
+                None,
+                Bytes::from(body.to_string()),
+                deadline,
+            )
+            .await?;
+        match m.status.map(u16::from) {
+            None => Ok(Some((stored(&m)?.seq, m.headers))),
+            Some(404) => Ok(None),
+            Some(_) => Err(status_fail(&m)),
+        }
+    }
+
     /// Batch direct get (nats-server 2.11+): up to `batch` messages from `seq` on,
     /// stopping at the stream's end (what it has stored, which is what it has
     /// acknowledged). `max_bytes` is passed on as a hint; the caller enforces it.

@@ -148,7 +148,7 @@ use meshd_stores::log::{
     PartitionBounds, PartitionLog, Retention, RetentionReport,
 };
 use meshd_stores::offsets::OffsetKey;
-use meshd_stores::park::{ParkError, ParkJournal, Parked};
+use meshd_stores::park::{JournalWrite, ParkError, ParkJournal, Parked};
 use names::Names;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -1384,6 +1384,15 @@ const PARK_ENTRY_V2: u8 = 2;
 /// a stale owner's late write of the same entry, which would then be a duplicate
 /// delivery at worst).
 const PARK_TOMBSTONE_TTL: &str = "1h";
+/// The header a park journal message carries its writer's owner epoch in
+/// (`meshd_stores::park::ParkJournal`, "Fencing").
+const PARK_EPOCH_HEADER: &str = "Meshd-Epoch";
+/// JetStream's refusal of a publish whose expected last subject sequence is not the
+/// subject's.
+const WRONG_LAST_SEQUENCE: u64 = 10071;
+/// Puts of one entry that lose to another writer in a row before the put gives up
+/// (unavailable: retried later).
+const PARK_PUT_TRIES: usize = 4;
 
 fn park_payload(entry: &Parked, body: &[u8]) -> Bytes {
     let mut v = Vec::with_capacity(1 + 16 + 21 + body.len());
@@ -1448,18 +1457,17 @@ impl Inner {
     /// message was stored then) and tries once more.
     async fn park_publish(
         &self,
-        subject: String,
-        headers: Option<async_nats::HeaderMap>,
+        subject: &str,
+        headers: async_nats::HeaderMap,
         payload: Bytes,
-        what: &str,
-    ) -> Result<(), ParkError> {
+    ) -> Result<(), Fail> {
         let mut retried = false;
         loop {
             let sent = self
                 .js
                 .request(
-                    subject.clone(),
-                    headers.clone(),
+                    subject.to_string(),
+                    Some(headers.clone()),
                     payload.clone(),
                     self.deadline(),
                 )
@@ -1469,32 +1477,104 @@ impl Inner {
                 Ok(_) => return Ok(()),
                 Err(Fail::NoResponders) if !retried => {
                     retried = true;
-                    self.ensure_parks()
-                        .await
-                        .map_err(|f| park_err("creating the park journal", f))?;
+                    self.ensure_parks().await?;
                 }
-                Err(f) => return Err(park_err(what, f)),
+                Err(f) => return Err(f),
             }
         }
     }
+
+    /// The sequence of `subject`'s last journal message (0: none), for a put by an
+    /// owner of `epoch` to expect; [`ParkError::Fenced`] when that message was
+    /// written under a higher epoch.
+    async fn park_last(&self, subject: &str, epoch: i64) -> Result<u64, ParkError> {
+        let stream = self.names.park_stream();
+        let last = match self
+            .js
+            .direct_last_of(&stream, subject, self.deadline())
+            .await
+        {
+            Ok(last) => last,
+            // No journal yet (or nobody answers reads): the put expects nothing, and
+            // the server refuses it if that is wrong.
+            Err(Fail::NoResponders) => None,
+            Err(f) => return Err(park_err("reading a park journal entry", f)),
+        };
+        let Some((seq, headers)) = last else {
+            return Ok(0);
+        };
+        let theirs = park_epoch(headers.as_ref());
+        if theirs > epoch {
+            return Err(ParkError::Fenced(format!(
+                "{subject} was written under epoch {theirs} (this owner's is {epoch}): \
+                 the partition has a later owner"
+            )));
+        }
+        Ok(seq)
+    }
+}
+
+/// The owner epoch a park journal message was written under (0: none, as an older
+/// release writes them).
+fn park_epoch(headers: Option<&async_nats::HeaderMap>) -> i64 {
+    headers
+        .and_then(|h| h.get(PARK_EPOCH_HEADER))
+        .and_then(|v| v.as_str().parse::<i64>().ok())
+        .unwrap_or(0)
+}
+
+fn park_headers(epoch: i64) -> async_nats::HeaderMap {
+    let mut h = async_nats::HeaderMap::new();
+    h.insert(PARK_EPOCH_HEADER, epoch.to_string().as_str());
+    h
 }
 
 #[async_trait]
 impl ParkJournal for NatsLog {
-    async fn put(&self, key: &OffsetKey, entry: &Parked, body: &[u8]) -> Result<(), ParkError> {
+    async fn put(
+        &self,
+        key: &OffsetKey,
+        entry: &Parked,
+        body: &[u8],
+        write: JournalWrite,
+    ) -> Result<(), ParkError> {
         let i = &self.inner;
         let subject = i.names.park_subject(key, entry.offset);
-        i.park_publish(subject, None, park_payload(entry, body), "parking an event")
-            .await
+        let payload = park_payload(entry, body);
+        // Conditional on the subject's last message, checked by the server: a later
+        // owner's write in between makes it fail, and the re-read names the epoch.
+        let mut expected = if write.fresh {
+            0
+        } else {
+            i.park_last(&subject, write.epoch).await?
+        };
+        for _ in 0..PARK_PUT_TRIES {
+            let mut h = park_headers(write.epoch);
+            h.insert(
+                "Nats-Expected-Last-Subject-Sequence",
+                expected.to_string().as_str(),
+            );
+            match i.park_publish(&subject, h, payload.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(f) if f.api_code() == Some(WRONG_LAST_SEQUENCE) => {
+                    expected = i.park_last(&subject, write.epoch).await?;
+                }
+                Err(f) => return Err(park_err("parking an event", f)),
+            }
+        }
+        Err(ParkError::Unavailable(format!(
+            "nats: {subject} changed under {PARK_PUT_TRIES} puts in a row"
+        )))
     }
 
-    async fn settle(&self, key: &OffsetKey, offset: u64) -> Result<(), ParkError> {
+    async fn settle(&self, key: &OffsetKey, offset: u64, epoch: i64) -> Result<(), ParkError> {
         let i = &self.inner;
         let subject = i.names.park_subject(key, offset);
-        let mut h = async_nats::HeaderMap::new();
+        let mut h = park_headers(epoch);
         h.insert("Nats-TTL", PARK_TOMBSTONE_TTL);
-        i.park_publish(subject, Some(h), Bytes::new(), "settling a parked event")
+        i.park_publish(&subject, h, Bytes::new())
             .await
+            .map_err(|f| park_err("settling a parked event", f))
     }
 
     async fn load_page(

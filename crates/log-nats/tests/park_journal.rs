@@ -2,12 +2,23 @@
 //! entries put and not settled are what `load` answers, per subscription incarnation
 //! and partition, with their bodies and attempts; a settled entry stays settled; every
 //! acknowledged put and settle survives nats-server's SIGKILL; a deleted subscription's
-//! entries go.
+//! entries go; a put under an older owner epoch than the entry's last write is fenced.
 
 mod common;
 
 use meshd_stores::offsets::OffsetKey;
-use meshd_stores::park::{ParkJournal, Parked};
+use meshd_stores::park::{JournalWrite, ParkError, ParkJournal, Parked};
+
+/// A new park by the owner of epoch 1.
+const NEW: JournalWrite = JournalWrite {
+    epoch: 1,
+    fresh: true,
+};
+/// A put over an entry by the owner of epoch 1.
+const AGAIN: JournalWrite = JournalWrite {
+    epoch: 1,
+    fresh: false,
+};
 
 fn pkey(subscription: &str, incarnation: i64, partition: u32) -> OffsetKey {
     OffsetKey {
@@ -48,13 +59,14 @@ async fn entries_put_and_not_settled_are_loaded_per_partition_and_survive_a_sigk
     let a = pkey("billing.eu", 7, 0);
     // Nothing parked yet (the journal's stream does not even exist): nothing loaded.
     assert!(loaded(&j, &a).await.is_empty());
-    j.put(&a, &entry(3, 5000, 0), b"three").await.unwrap();
-    j.put(&a, &entry(1, 9000, 2), b"one").await.unwrap();
-    j.put(&a, &entry(8, 100, 0), b"").await.unwrap();
+    j.put(&a, &entry(3, 5000, 0), b"three", NEW).await.unwrap();
+    j.put(&a, &entry(1, 9000, 2), b"one", NEW).await.unwrap();
+    j.put(&a, &entry(8, 100, 0), b"", NEW).await.unwrap();
     j.put(
         &pkey("billing.eu", 7, 1),
         &entry(3, 1, 0),
         b"other partition",
+        NEW,
     )
     .await
     .unwrap();
@@ -62,6 +74,7 @@ async fn entries_put_and_not_settled_are_loaded_per_partition_and_survive_a_sigk
         &pkey("billing.eu", 8, 0),
         &entry(3, 1, 0),
         b"other incarnation",
+        NEW,
     )
     .await
     .unwrap();
@@ -69,13 +82,14 @@ async fn entries_put_and_not_settled_are_loaded_per_partition_and_survive_a_sigk
         &pkey("billing", 7, 0),
         &entry(3, 1, 0),
         b"other subscription",
+        NEW,
     )
     .await
     .unwrap();
     // Settled, and settled twice (a retried settle): gone either way.
-    j.settle(&a, 3).await.unwrap();
-    j.settle(&a, 3).await.unwrap();
-    j.settle(&a, 99).await.unwrap(); // never parked: nothing changes
+    j.settle(&a, 3, 1).await.unwrap();
+    j.settle(&a, 3, 1).await.unwrap();
+    j.settle(&a, 99, 1).await.unwrap(); // never parked: nothing changes
     let want = vec![(1, 9000, 2, "one".to_string()), (8, 100, 0, String::new())];
     assert_eq!(loaded(&j, &a).await, want);
     assert_eq!(
@@ -107,7 +121,7 @@ async fn a_partition_with_more_entries_than_one_read_loads_them_all() {
     let puts = (0..n).map(|o| {
         let j = &j;
         let a = &a;
-        async move { j.put(a, &entry(o, o, 0), b"x").await }
+        async move { j.put(a, &entry(o, o, 0), b"x", NEW).await }
     });
     for r in futures::future::join_all(puts).await {
         r.unwrap();
@@ -147,7 +161,7 @@ async fn a_journal_that_exists_but_answers_no_direct_gets_is_unavailable_never_r
         answer.payload
     );
     let a = pkey("s", 1, 0);
-    j.put(&a, &entry(3, 5000, 0), b"three").await.unwrap();
+    j.put(&a, &entry(3, 5000, 0), b"three", NEW).await.unwrap();
     match j.load(&a).await {
         Err(meshd_stores::park::ParkError::Unavailable(reason)) => {
             assert!(reason.contains("direct gets"), "{reason}")
@@ -166,8 +180,8 @@ async fn a_keyed_entry_keeps_its_key_and_deliverat_and_a_release_put_replaces_it
         not_before_ms: 77_000,
         ..entry(4, meshd_stores::park::HELD, 0)
     };
-    j.put(&a, &held, b"four").await.unwrap();
-    j.put(&a, &entry(2, 1000, 1), b"two").await.unwrap();
+    j.put(&a, &held, b"four", NEW).await.unwrap();
+    j.put(&a, &entry(2, 1000, 1), b"two", NEW).await.unwrap();
     let all = j.load(&a).await.unwrap();
     assert_eq!(
         all,
@@ -178,7 +192,7 @@ async fn a_keyed_entry_keeps_its_key_and_deliverat_and_a_release_put_replaces_it
     );
     // Released: the same subject put again with its due time replaces the entry.
     let released = held.released(90_000);
-    j.put(&a, &released, b"four").await.unwrap();
+    j.put(&a, &released, b"four", AGAIN).await.unwrap();
     let mut all = j.load(&a).await.unwrap();
     all.sort_by_key(|(p, _)| p.offset);
     assert_eq!(
@@ -188,4 +202,98 @@ async fn a_keyed_entry_keeps_its_key_and_deliverat_and_a_release_put_replaces_it
             (released, b"four".to_vec())
         ]
     );
+}
+
+fn owner(epoch: i64, fresh: bool) -> JournalWrite {
+    JournalWrite { epoch, fresh }
+}
+
+fn fenced(r: Result<(), ParkError>, by: i64) {
+    match r {
+        Err(ParkError::Fenced(reason)) => {
+            assert!(reason.contains(&format!("epoch {by}")), "{reason}")
+        }
+        other => panic!("a stale owner's put answered {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owner_cannot_bring_back_an_entry_its_successor_settled_nor_overwrite_its_puts() {
+    let nats = common::server().await;
+    // Two instances, as after a takeover: the old owner (epoch 5) was paused past its
+    // lease, the new one (epoch 9) adopted the partition.
+    let old = common::connect(&nats).await;
+    let new = common::connect(&nats).await;
+    let a = pkey("s", 1, 0);
+    old.put(&a, &entry(3, 1000, 0), b"three", owner(5, true))
+        .await
+        .unwrap();
+    // The new owner writes over the old owner's entry (its attempt count after a
+    // hand-out): a later epoch may.
+    new.put(&a, &entry(3, 1000, 1), b"three", owner(9, false))
+        .await
+        .unwrap();
+    // The old owner wakes and writes its own count: refused, whether it expects the
+    // entry or a new one, and the new owner's entry stands.
+    fenced(
+        old.put(&a, &entry(3, 1000, 7), b"three", owner(5, false))
+            .await,
+        9,
+    );
+    fenced(
+        old.put(&a, &entry(3, 1000, 7), b"three", owner(5, true))
+            .await,
+        9,
+    );
+    assert_eq!(loaded(&new, &a).await, [(3, 1000, 1, "three".to_string())]);
+
+    // The new owner settles it (its consumer acked). The old owner's put after that
+    // must not bring it back: the next owner would deliver the acked event again.
+    new.settle(&a, 3, 9).await.unwrap();
+    fenced(
+        old.put(&a, &entry(3, 1000, 7), b"three", owner(5, false))
+            .await,
+        9,
+    );
+    fenced(
+        old.put(&a, &entry(3, 1000, 7), b"three", owner(5, true))
+            .await,
+        9,
+    );
+    assert!(loaded(&new, &a).await.is_empty());
+
+    // The owner itself parks the offset again over its own settle mark (a redriven
+    // dead letter at the back of its key), as a new park.
+    new.put(&a, &entry(3, 2000, 0), b"three", owner(9, true))
+        .await
+        .unwrap();
+    assert_eq!(loaded(&new, &a).await, [(3, 2000, 0, "three".to_string())]);
+
+    // An entry written without an epoch (by an older release) is any owner's to
+    // write over.
+    let subject = meshd_log_nats::names::Names::new("meshd").park_subject(&a, 4);
+    let mut payload = vec![1u8];
+    payload.extend_from_slice(&4u64.to_be_bytes());
+    payload.extend_from_slice(&500u64.to_be_bytes());
+    payload.extend_from_slice(&0u32.to_be_bytes());
+    payload.extend_from_slice(b"four");
+    let ack = new
+        .client()
+        .request(subject, payload.into())
+        .await
+        .expect("publish as an older release");
+    assert!(
+        !String::from_utf8_lossy(&ack.payload).contains("\"error\""),
+        "{:?}",
+        ack.payload
+    );
+    assert!(loaded(&new, &a)
+        .await
+        .contains(&(4, 500, 0, "four".to_string())));
+    old.put(&a, &entry(4, 500, 1), b"four", owner(5, false))
+        .await
+        .unwrap();
+    assert!(loaded(&new, &a)
+        .await
+        .contains(&(4, 500, 1, "four".to_string())));
 }

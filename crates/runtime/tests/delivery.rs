@@ -370,8 +370,8 @@ impl Flaky {
 
 #[async_trait::async_trait]
 impl ParkIndex for Flaky {
-    async fn adopt(&self, key: &OffsetKey) -> Result<(), ParkError> {
-        self.inner.adopt(key).await
+    async fn adopt(&self, key: &OffsetKey, epoch: i64) -> Result<(), ParkError> {
+        self.inner.adopt(key, epoch).await
     }
     async fn park_many(
         &self,

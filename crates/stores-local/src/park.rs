@@ -20,9 +20,11 @@ use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::delivery::DeliveryError;
 use meshd_stores::offsets::OffsetKey;
-pub use meshd_stores::park::{ParkError, ParkIndex, ParkJournal, Parked, Removed, HELD};
-use std::collections::BTreeSet;
-use std::sync::Arc;
+pub use meshd_stores::park::{
+    JournalWrite, ParkError, ParkIndex, ParkJournal, Parked, Removed, HELD,
+};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// Journal entries read (and written here) at once when a partition is adopted.
 const ADOPT_PAGE: usize = 500;
@@ -370,7 +372,7 @@ impl RocksParkStore {
 
 #[async_trait]
 impl ParkIndex for RocksParkStore {
-    async fn adopt(&self, _key: &OffsetKey) -> Result<(), ParkError> {
+    async fn adopt(&self, _key: &OffsetKey, _epoch: i64) -> Result<(), ParkError> {
         Ok(())
     }
 
@@ -641,11 +643,35 @@ impl ParkIndex for RocksParkStore {
 pub struct JournaledParks {
     local: RocksParkStore,
     journal: Arc<dyn ParkJournal>,
+    /// The owner epoch of each partition's last [`adopt`](ParkIndex::adopt): its
+    /// journal writes carry it (one entry per partition and subscription, not per
+    /// event).
+    epochs: Mutex<HashMap<OffsetKey, i64>>,
 }
 
 impl JournaledParks {
     pub fn new(local: RocksParkStore, journal: Arc<dyn ParkJournal>) -> Self {
-        Self { local, journal }
+        Self {
+            local,
+            journal,
+            epochs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The epoch this instance writes `key`'s journal entries under: that of its
+    /// acquisition; 0 before any (every entry of an owner is then newer: fenced).
+    fn epoch(&self, key: &OffsetKey) -> i64 {
+        self.epochs
+            .lock()
+            .map(|e| e.get(key).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    fn write(&self, key: &OffsetKey, fresh: bool) -> JournalWrite {
+        JournalWrite {
+            epoch: self.epoch(key),
+            fresh,
+        }
     }
 
     /// Puts `entries` in the journal, durably, [`JOURNAL_PUTS_AT_ONCE`] overlapping.
@@ -653,10 +679,14 @@ impl JournaledParks {
         &self,
         key: &OffsetKey,
         entries: impl Iterator<Item = &'a (Parked, Vec<u8>)>,
+        fresh: bool,
     ) -> Result<(), ParkError> {
         let entries: Vec<&(Parked, Vec<u8>)> = entries.collect();
+        let write = self.write(key, fresh);
         for chunk in entries.chunks(JOURNAL_PUTS_AT_ONCE) {
-            let puts = chunk.iter().map(|(p, body)| self.journal.put(key, p, body));
+            let puts = chunk
+                .iter()
+                .map(|(p, body)| self.journal.put(key, p, body, write));
             for r in futures::future::join_all(puts).await {
                 r?;
             }
@@ -667,7 +697,10 @@ impl JournaledParks {
 
 #[async_trait]
 impl ParkIndex for JournaledParks {
-    async fn adopt(&self, key: &OffsetKey) -> Result<(), ParkError> {
+    async fn adopt(&self, key: &OffsetKey, epoch: i64) -> Result<(), ParkError> {
+        if let Ok(mut epochs) = self.epochs.lock() {
+            epochs.insert(key.clone(), epoch);
+        }
         // Page by page: a partition with a million parked events is never in memory
         // at once. A failure part-way leaves a partial copy that the next `adopt`
         // (the acquisition is retried) clears again.
@@ -699,7 +732,8 @@ impl ParkIndex for JournaledParks {
             .filter(|&i| !here.contains(&entries[i].0.offset))
             .collect();
         // Every put acknowledged before any is used.
-        self.put_all(key, new.iter().map(|&i| &entries[i])).await?;
+        self.put_all(key, new.iter().map(|&i| &entries[i]), true)
+            .await?;
         self.local.park_many(key, entries).await
     }
 
@@ -710,13 +744,15 @@ impl ParkIndex for JournaledParks {
         now_ms: u64,
     ) -> Result<Removed, ParkError> {
         // The journal first, the release too: a new owner rebuilds from it.
-        self.journal.settle(key, offset).await?;
+        self.journal.settle(key, offset, self.epoch(key)).await?;
         if let Some((next, body)) = self
             .local
             .release_after_removal(key, offset, now_ms)
             .await?
         {
-            self.journal.put(key, &next, &body).await?;
+            self.journal
+                .put(key, &next, &body, self.write(key, false))
+                .await?;
         }
         self.local.remove(key, offset, now_ms).await
     }
@@ -728,7 +764,9 @@ impl ParkIndex for JournaledParks {
         now_ms: u64,
     ) -> Result<Option<Parked>, ParkError> {
         if let Some((next, body)) = self.local.release_of_key(key, hash, now_ms).await? {
-            self.journal.put(key, &next, &body).await?;
+            self.journal
+                .put(key, &next, &body, self.write(key, false))
+                .await?;
         }
         self.local.release_key(key, hash, now_ms).await
     }
@@ -759,7 +797,9 @@ impl ParkIndex for JournaledParks {
             attempt,
             ..p
         };
-        self.journal.put(key, &again, &body).await?;
+        self.journal
+            .put(key, &again, &body, self.write(key, false))
+            .await?;
         self.local.repark(key, offset, due_ms, attempt).await
     }
 
@@ -780,7 +820,7 @@ impl ParkIndex for JournaledParks {
             };
             entries.push((Parked { attempt, ..p }, body));
         }
-        self.put_all(key, entries.iter()).await
+        self.put_all(key, entries.iter(), false).await
     }
 
     async fn held_keys(&self, key: &OffsetKey) -> Result<Vec<u64>, DeliveryError> {

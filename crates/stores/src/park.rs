@@ -20,7 +20,9 @@
 //! * Errors: [`ParkError::Local`] means the Local store fail-stopped (the partition
 //!   stops until a restart); [`ParkError::Unavailable`] (cluster mode: the journal on
 //!   the shared log's server did not take the write) changed nothing that matters and
-//!   is retried.
+//!   is retried; [`ParkError::Fenced`] (cluster mode) means a later owner of the
+//!   partition wrote the entry: this instance has lost the partition and writes
+//!   nothing more under its epoch.
 //!
 //! ## Cluster mode
 //!
@@ -46,6 +48,11 @@ pub enum ParkError {
     /// settled one is still there), so the caller retries.
     #[error("park journal unavailable: {0}")]
     Unavailable(String),
+    /// Cluster mode: the journal entry was written by a later owner of the partition
+    /// (a higher epoch) since this owner last saw it; nothing was written. The
+    /// partition has moved: the caller stops acting under its epoch.
+    #[error("park journal write fenced: {0}")]
+    Fenced(String),
 }
 
 /// The due time of an entry held behind its key (ordered delivery): it is not due
@@ -172,8 +179,10 @@ pub struct Removed {
 pub trait ParkIndex: Send + Sync + 'static {
     /// Cluster mode: this instance takes the partition over; its index of the
     /// partition is rebuilt from the journal (whatever an earlier ownership left here
-    /// is replaced). Nothing to do for an index that is purely local.
-    async fn adopt(&self, key: &OffsetKey) -> Result<(), ParkError>;
+    /// is replaced), and its journal writes from now on carry `epoch`, the owner
+    /// epoch of this acquisition (see [`ParkJournal`], "Fencing"). Nothing to do for
+    /// an index that is purely local.
+    async fn adopt(&self, key: &OffsetKey, epoch: i64) -> Result<(), ParkError>;
 
     /// Parks the event at `offset` until `due_ms` with its `body`, durably. `true`: a
     /// new entry; `false`: the offset was parked already (its entry is unchanged).
@@ -299,14 +308,41 @@ pub trait ParkIndex: Send + Sync + 'static {
 ///   write may have been stored: a repeated `put` or `settle` of the same offset is
 ///   harmless).
 /// * `load` answers the entries put and not settled, with their bodies.
-/// * A stale owner's writes are not fenced here: a `put` after a takeover parks an
-///   event the new owner parks too (same offset, one entry), and a `settle` follows an
-///   ack or a fenced dead-letter write of the event, so it never drops an event that
-///   was not consumed.
+///
+/// ## Fencing
+///
+/// Every write carries the writer's owner `epoch` (Meta's, monotonic across owners).
+/// A `put` is conditional on the entry's last write: it is refused with
+/// [`ParkError::Fenced`] when that write carries a higher epoch, so an owner that was
+/// paused past its lease cannot bring back an entry its successor settled (the
+/// successor's next takeover would deliver the acked event again) nor overwrite what
+/// the successor put. The check and the write are one step on the server (an expected
+/// last sequence of the entry's subject), not a read followed by a blind write.
+/// `fresh`: the writer expects no entry (a new park), which costs no read when it is
+/// right. A `settle` is unconditional: it follows an ack of the event or a fenced
+/// dead-letter write, so even a stale one never drops an event that was not consumed.
+/// Entries written without an epoch (an older release) count as epoch 0. A settled
+/// entry's mark expires (an hour on JetStream): an owner paused longer than that
+/// could put the entry again, which costs one more delivery at the next takeover.
+/// Who puts a journal entry and what it expects to find ([`ParkJournal`], "Fencing").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalWrite {
+    /// The writer's owner epoch.
+    pub epoch: i64,
+    /// No entry is expected (a new park; a settled entry's mark is fine too).
+    pub fresh: bool,
+}
+
 #[async_trait]
 pub trait ParkJournal: Send + Sync + 'static {
-    async fn put(&self, key: &OffsetKey, entry: &Parked, body: &[u8]) -> Result<(), ParkError>;
-    async fn settle(&self, key: &OffsetKey, offset: u64) -> Result<(), ParkError>;
+    async fn put(
+        &self,
+        key: &OffsetKey,
+        entry: &Parked,
+        body: &[u8],
+        write: JournalWrite,
+    ) -> Result<(), ParkError>;
+    async fn settle(&self, key: &OffsetKey, offset: u64, epoch: i64) -> Result<(), ParkError>;
     /// One page of the partition's entries put and not settled, with their bodies: at
     /// most `max` read from journal position `from` on (1 at first), and the position
     /// to go on from (`None`: the end). Unavailable when the journal cannot be read

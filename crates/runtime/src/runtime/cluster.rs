@@ -1059,12 +1059,17 @@ impl Runtime {
             .collect();
         // The park index of the partition as its journal on the shared log has it
         // (whatever an earlier ownership of this instance left locally is replaced).
-        self.deps.parks.adopt(&key).await.map_err(|e| match e {
-            meshd_stores::park::ParkError::Local(e) => RuntimeError::StoreFailed(e.to_string()),
-            meshd_stores::park::ParkError::Unavailable(r) => {
-                unavailable("parks", self.deps.log_backend)(r)
-            }
-        })?;
+        self.deps
+            .parks
+            .adopt(&key, owner.epoch())
+            .await
+            .map_err(|e| match e {
+                meshd_stores::park::ParkError::Local(e) => RuntimeError::StoreFailed(e.to_string()),
+                meshd_stores::park::ParkError::Unavailable(r)
+                | meshd_stores::park::ParkError::Fenced(r) => {
+                    unavailable("parks", self.deps.log_backend)(r)
+                }
+            })?;
         let parked = self
             .parked_at_start(&key, committed.offset, &records)
             .await?;

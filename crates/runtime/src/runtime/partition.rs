@@ -1809,6 +1809,19 @@ impl PartitionTask {
                 tracing::warn!(store = "parks", backend = %self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, op, error = %reason, "park journal write failed; retried");
                 true
             }
+            ParkError::Fenced(reason) => {
+                // A later owner wrote the entry: the partition has moved. Nothing
+                // more under this epoch (as for a fenced ledger write).
+                self.deps
+                    .metrics
+                    .store_error("parks", self.deps.log_backend, "fenced");
+                if let Some(c) = &self.cluster {
+                    c.lose(&format!(
+                        "park journal write ({op} at offset {offset}): {reason}"
+                    ));
+                }
+                false
+            }
         }
     }
 
@@ -1917,7 +1930,7 @@ impl PartitionTask {
                 self.park_failed(&e, "park_redrive", offset);
                 return Err(match e {
                     ParkError::Local(e) => RuntimeError::StoreFailed(format!("parks: {e}")),
-                    ParkError::Unavailable(detail) => {
+                    ParkError::Unavailable(detail) | ParkError::Fenced(detail) => {
                         unavailable("parks", self.deps.log_backend, detail)
                     }
                 });
