@@ -410,15 +410,20 @@ impl PartitionCore {
     ///   their entry id is derived from the partition and offset. Those whose offset is
     ///   in `parked` (the park index holds an entry for it) are unparked events.
     /// * Offsets in `parked` at or above `committed` (parked, but the advance past them
-    ///   was not durable yet) are resolved, never read and handed out again. The shell
-    ///   passes the parked offsets that have a record, and those at or above
-    ///   `committed`.
+    ///   was not durable yet) are resolved, never read and handed out again; their
+    ///   records' attempt counts are kept for when they are unparked (in the window).
+    ///   Except a record with more attempts than the park entry holds: it was written
+    ///   by a hand-out of the event unparked in the window, so it is that delivery
+    ///   (in flight with its lease, waiting, being dead-lettered, or acked and settled
+    ///   again in the park index, never handed out).
+    ///   The shell passes the parked offsets (with the attempts their park entries
+    ///   hold) that have a record, and those at or above `committed`.
     pub fn recover(
         partition: Partition,
         config: Config,
         committed: u64,
         records: Vec<DeliveryRecord>,
-        parked: &BTreeSet<u64>,
+        parked: &BTreeMap<u64, u32>,
         now_ms: u64,
         sources: Sources,
     ) -> Result<(Self, Vec<Command>), CoreError> {
@@ -449,7 +454,15 @@ impl PartitionCore {
             } else {
                 Loc::Window(r.offset)
             };
-            let was_parked = matches!(loc, Loc::Redrive(o) if parked.contains(&o));
+            // Written by a hand-out of an event unparked in the window: more attempts
+            // than its park entry holds (a purely local index does not count
+            // hand-outs). A parked retry's record has exactly the entry's count.
+            let unparked_in_window = matches!(
+                loc,
+                Loc::Window(o) if parked.get(&o).is_some_and(|&a| r.attempt > a)
+            );
+            let was_parked =
+                unparked_in_window || matches!(loc, Loc::Redrive(o) if parked.contains_key(&o));
             let redrive_of = match loc {
                 Loc::Redrive(o) if !was_parked => Some(core.partition.dead_letter_id(o)),
                 _ => None,
@@ -458,7 +471,16 @@ impl PartitionCore {
                 // Parked after this record was written (a retry due far ahead): the
                 // park entry is newer, so the event is resolved here and goes out
                 // from the index when due.
-                (_, Loc::Window(o)) if parked.contains(&o) => Status::Resolved { recorded: true },
+                (_, Loc::Window(o)) if parked.contains_key(&o) && !unparked_in_window => {
+                    Status::Resolved { recorded: true }
+                }
+                // Acked after it was unparked in the window, its park entry not
+                // settled yet: settled again, never handed out.
+                (DeliveryState::AckedAwaitingCommit, _) if unparked_in_window => Status::Settling {
+                    outstanding: true,
+                    retry_at: now,
+                    failures: 0,
+                },
                 (DeliveryState::InFlight, _) => Status::InFlight {
                     deadline: r.deadline_ms,
                     recovered: true,
@@ -519,7 +541,7 @@ impl PartitionCore {
         // Parked at or above `committed`: the park entry was durable before the crash
         // but the offset's advance was not. It stays resolved (it must not be handed
         // out from the log as well: the park entry delivers it when due).
-        for &o in parked.range(committed..) {
+        for &o in parked.range(committed..).map(|(o, _)| o) {
             let loc = Loc::Window(o);
             if !core.entries.contains_key(&loc) {
                 core.insert_entry(
@@ -592,8 +614,14 @@ impl PartitionCore {
     /// shell feeds [`Input::Unpark`] once per due entry).
     pub fn is_unparked(&self, offset: u64) -> bool {
         self.entries
-            .get(&Loc::Redrive(offset))
+            .get(&self.loc_of(offset))
             .is_some_and(|e| e.parked)
+    }
+
+    /// Parked events unparked and not settled yet, below `committed` and in the
+    /// window (the shell reads past them in the park index).
+    pub fn unparked(&self) -> usize {
+        self.entries.values().filter(|e| e.parked).count()
     }
 
     /// The earliest time at which time alone changes something (a lease ends, a retry
@@ -977,8 +1005,13 @@ impl PartitionCore {
                 }
             }
             Input::RedriveSettled { offset } | Input::RedriveUnavailable { offset } => {
+                let loc = self.loc_of(*offset);
+                let entry = self
+                    .entries
+                    .get(&loc)
+                    .filter(|e| matches!(loc, Loc::Redrive(_)) || e.parked);
                 let ok = matches!(
-                    self.entries.get(&Loc::Redrive(*offset)).map(|e| &e.status),
+                    entry.map(|e| &e.status),
                     Some(
                         Status::DeadLettering {
                             outstanding: true,
@@ -1001,13 +1034,32 @@ impl PartitionCore {
             {
                 return Err(CoreError::NotParking { offset: *offset });
             }
-            Input::Unpark { offset, attempt } => {
-                if *offset >= self.committed {
+            Input::Unpark { offset, attempt } if *offset >= self.committed => {
+                // Parked above a gap: unparked in place, in the window (its entry
+                // there is resolved by the parking).
+                let Some(e) = self.entries.get(&Loc::Window(*offset)) else {
                     return Err(CoreError::RedriveOfUnresolvedOffset {
                         offset: *offset,
                         committed: self.committed,
                     });
+                };
+                if !e.parked {
+                    if !matches!(e.status, Status::Resolved { .. }) {
+                        return Err(CoreError::RedriveOfUnresolvedOffset {
+                            offset: *offset,
+                            committed: self.committed,
+                        });
+                    }
+                    if e.attempt.max(*attempt) >= self.config.max_attempts
+                        && self.index.outstanding >= self.config.max_in_flight
+                    {
+                        return Err(CoreError::RedriveBacklogFull {
+                            limit: self.config.max_in_flight,
+                        });
+                    }
                 }
+            }
+            Input::Unpark { offset, attempt } => {
                 match self.entries.get(&Loc::Redrive(*offset)) {
                     Some(e) if !e.parked => {
                         return Err(CoreError::UnparkOfRedrive { offset: *offset })
@@ -1142,21 +1194,24 @@ impl PartitionCore {
             first_attempt_at_ms: e.first_at.unwrap_or(0),
         };
         let cmd = match (&e.status, loc, &e.redrive_of) {
-            (Status::DeadLettering { .. }, Loc::Window(offset), _) => {
-                Command::DeadLetter(request(offset))
+            // An unparked event (below `committed` or in the window) is settled in
+            // the park index.
+            (Status::DeadLettering { .. }, loc, _) if e.parked => {
+                Command::ParkDeadLetter(request(loc.offset()))
             }
-            // An unparked event is settled in the park index.
-            (Status::DeadLettering { .. }, Loc::Redrive(offset), _) if e.parked => {
-                Command::ParkDeadLetter(request(offset))
-            }
-            (Status::Settling { .. }, Loc::Redrive(offset), _) if e.parked => match e.repark_due {
+            (Status::Settling { .. }, loc, _) if e.parked => match e.repark_due {
                 Some(due_ms) => Command::Repark {
-                    offset,
+                    offset: loc.offset(),
                     due_ms,
                     attempt: e.attempt,
                 },
-                None => Command::ParkSettled { offset },
+                None => Command::ParkSettled {
+                    offset: loc.offset(),
+                },
             },
+            (Status::DeadLettering { .. }, Loc::Window(offset), _) => {
+                Command::DeadLetter(request(offset))
+            }
             (Status::DeadLettering { .. }, Loc::Redrive(offset), Some(id)) => {
                 Command::RedriveFailed {
                     entry_id: id.clone(),
@@ -1201,9 +1256,7 @@ impl PartitionCore {
             None => backoff_delay(self.config.backoff, attempt, self.sources.jitter.as_mut()),
         };
         let due = now.saturating_add(delay);
-        if let (Loc::Redrive(_), Some(after), true) =
-            (loc, self.config.park_retries_after_ms, e.parked)
-        {
+        if let (Some(after), true) = (self.config.park_retries_after_ms, e.parked) {
             if delay >= after {
                 // An unparked event retried far ahead goes back to the park index
                 // (its entry there takes the due time and the attempts), so it does
@@ -1348,15 +1401,28 @@ impl PartitionCore {
                     self.insert_entry(loc, Entry::fresh(Some(entry_id), None, Status::Pending));
                 }
             }
-            Input::RedriveSettled { offset } => {
-                self.remove_entry(Loc::Redrive(offset));
-                out.cmds.push(Command::Resolve {
-                    remove: vec![offset],
-                    advance: None,
-                });
-            }
+            Input::RedriveSettled { offset } => match self.loc_of(offset) {
+                Loc::Redrive(_) => {
+                    self.remove_entry(Loc::Redrive(offset));
+                    out.cmds.push(Command::Resolve {
+                        remove: vec![offset],
+                        advance: None,
+                    });
+                }
+                loc @ Loc::Window(_) => {
+                    // Unparked in the window and settled in the park index (acked,
+                    // dead-lettered, or parked again): resolved here like an ack;
+                    // its record goes when `committed` passes it.
+                    if let Some(e) = self.entries.get_mut(&loc) {
+                        e.parked = false;
+                        e.repark_due = None;
+                    }
+                    self.set_status(loc, Status::Resolved { recorded: false });
+                    out.dirty.insert(loc);
+                }
+            },
             Input::RedriveUnavailable { offset } => {
-                self.meta_write_unavailable(Loc::Redrive(offset), now)
+                self.meta_write_unavailable(self.loc_of(offset), now)
             }
             Input::Parked { offset } => {
                 // The park entry holds it from now on. A parked retry's record is
@@ -1372,6 +1438,9 @@ impl PartitionCore {
                 if has_record {
                     out.dirty.insert(loc);
                 }
+            }
+            Input::Unpark { offset, attempt } if offset >= self.committed => {
+                self.unpark_in_window(offset, attempt, now, out)
             }
             Input::Unpark { offset, attempt } => {
                 let loc = Loc::Redrive(offset);
@@ -1399,6 +1468,47 @@ impl PartitionCore {
         }
     }
 
+    /// [`Input::Unpark`] of an event parked above a gap (`committed` has not passed
+    /// it): its window entry, resolved by the parking, is ready again and handed out
+    /// from the park index like an unparked redrive (attempts continuing the larger
+    /// of its park entry's and its record's), so a due event never waits for the
+    /// offsets before it. Until it is settled in the park index it holds `committed`
+    /// like any event of the window.
+    fn unpark_in_window(&mut self, offset: u64, attempt: u32, now: u64, out: &mut Out) {
+        let loc = Loc::Window(offset);
+        let Some(mut e) = self.entries.get(&loc).cloned() else {
+            return;
+        };
+        if e.parked {
+            return; // under way already
+        }
+        self.remove_entry(loc);
+        e.parked = true;
+        // Its key is held by its park entry until that is settled (as for an
+        // unparked redrive), not by the window.
+        e.key = None;
+        e.attempt = e.attempt.max(attempt);
+        e.has_record = e.has_record || e.attempt > 0;
+        e.delivery_id = None;
+        e.session = None;
+        e.repark_due = None;
+        e.status = Status::Pending;
+        let attempts = e.attempt;
+        self.insert_entry(loc, e);
+        if attempts >= self.config.max_attempts {
+            // Its last attempt failed before a crash (the record says so), or
+            // `max_attempts` was lowered below its count: dead-lettered, not handed
+            // out again.
+            let max = self.config.max_attempts;
+            if let Some(e) = self.entries.get_mut(&loc) {
+                e.last_reason.get_or_insert_with(|| {
+                    format!("max_attempts lowered to {max} below the {attempts} attempts made")
+                });
+            }
+            self.start_dead_letter(loc, now, out);
+        }
+    }
+
     fn events_read(&mut self, events: Vec<EventMeta>, now: u64, out: &mut Out) {
         let Some((from, _)) = self.reading.take() else {
             return;
@@ -1418,7 +1528,10 @@ impl PartitionCore {
             if let Some(e) = self.entries.get_mut(&loc) {
                 // Known from a recovered record: now its size (and key) is known too.
                 e.size.get_or_insert(ev.size);
-                self.learn_key(loc, key);
+                // An event unparked in the window holds its key in the park index.
+                if !e.parked {
+                    self.learn_key(loc, key);
+                }
                 continue;
             }
             // Ordered: a key taken by an earlier event (here, or in the park index)
@@ -1649,12 +1762,15 @@ impl PartitionCore {
             return AckOutcome::Fenced;
         }
         self.forget_id(loc);
+        let parked = self.entries.get(&loc).is_some_and(|e| e.parked);
         match loc {
-            Loc::Window(_) => {
+            Loc::Window(_) if !parked => {
                 self.set_status(loc, Status::Resolved { recorded: false });
                 out.dirty.insert(loc);
             }
-            Loc::Redrive(_) => {
+            // A redrive, or an event unparked in the window: its settlement is
+            // written first.
+            _ => {
                 self.set_status(
                     loc,
                     Status::Settling {

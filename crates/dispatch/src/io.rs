@@ -175,8 +175,11 @@ pub enum Input {
     /// the committed offset like a redrive, its attempt count continuing from
     /// `attempt`. Settled with [`Command::ParkSettled`] (acked) or
     /// [`Command::ParkDeadLetter`] (failed `max_attempts` times), each answered by
-    /// [`Input::RedriveSettled`] or [`Input::RedriveUnavailable`]. The offset must be
-    /// below the committed offset; repeating it while it is under way changes nothing.
+    /// [`Input::RedriveSettled`] or [`Input::RedriveUnavailable`]. At or above the
+    /// committed offset (parked above a gap) it is handed out from its window entry,
+    /// which must be resolved (by the parking); its attempts continue the larger of
+    /// `attempt` and its record's. Repeating it while it is under way changes
+    /// nothing.
     Unpark { offset: u64, attempt: u32 },
 }
 

@@ -54,11 +54,15 @@
 //!   ([`Input::Parked`]), counts the offset as resolved, so `committed` moves past a
 //!   delayed event instead of waiting for it. When it is due the shell feeds
 //!   [`Input::Unpark`]; the event is then delivered below `committed` the way a
-//!   redrive is (write-ahead attempts, leases, retries), and settled in the park
-//!   index: [`Command::ParkSettled`] when acked, [`Command::ParkDeadLetter`] at
+//!   redrive is (write-ahead attempts, leases, retries), or, when `committed` has
+//!   not passed it yet (an earlier offset is unresolved), from its window entry,
+//!   which holds `committed` again until it is settled: a due event never waits for
+//!   the offsets before it. Either way it is settled in the park index:
+//!   [`Command::ParkSettled`] when acked, [`Command::ParkDeadLetter`] at
 //!   `max_attempts`. Recovery tells unparked deliveries from redrives by the park
-//!   index (`recover`'s `parked`). A parking event is bounded by the window, not by
-//!   `max_in_flight`.
+//!   index (`recover`'s `parked`), and the ack of one unparked in the window from a
+//!   parked retry's mark by the attempts its park entry holds. A parking event is
+//!   bounded by the window, not by `max_in_flight`.
 //!
 //! The tests under `tests/` pin each rule as a story, and `tests/model.rs` drives
 //! random input sequences (with crashes, lost unflushed updates and recoveries)

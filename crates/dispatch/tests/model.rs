@@ -18,8 +18,9 @@
 //! * a dead-letter is written with exactly `max_attempts` attempts, once per offset;
 //! * `outstanding <= max_in_flight`;
 //! * an event with a later `deliverat` is never handed out before it: it is parked
-//!   (its park entry durable before `committed` passes it), unparked only when due,
-//!   and settled in the park index (acked, or dead-lettered at `max_attempts`);
+//!   (its park entry durable before `committed` passes it), unparked only when due
+//!   (and then, above a gap too: it never waits for earlier offsets), and settled in
+//!   the park index (acked, or dead-lettered at `max_attempts`);
 //! * a retry due far ahead (`park_retries_after_ms`) is parked with its attempts and
 //!   unparked with the count continuing, never handed out before it is due;
 //! * ordered delivery (`Config::ordered`): an event with a key is handed out only when
@@ -258,6 +259,9 @@ struct World {
     park_settles: VecDeque<ParkSettle>,
     /// Highest attempt handed out per parked offset.
     max_park_handed: HashMap<u64, u32>,
+    /// Offsets whose `Repark` failed: tried again with the same due time, nearer by
+    /// then.
+    repark_retried: BTreeSet<u64>,
 
     // -- the shell's outstanding work (lost in a crash) --
     read: Option<(u64, usize)>,
@@ -309,6 +313,7 @@ impl World {
             park_writes: VecDeque::new(),
             park_settles: VecDeque::new(),
             max_park_handed: HashMap::new(),
+            repark_retried: BTreeSet::new(),
             read: None,
             persists: Vec::new(),
             dl_writes: VecDeque::new(),
@@ -425,6 +430,10 @@ impl World {
                         .due_ms;
                     assert!(due <= self.now, "handed out before its deliverat: {d:?}");
                     assert!(d.redrive_of.is_none());
+                    assert!(
+                        !self.parked_acked.contains(&d.offset),
+                        "an acked unparked event was handed out again: {d:?}"
+                    );
                     let prev = self.max_park_handed.entry(d.offset).or_insert(0);
                     if self.released.remove(&(true, d.offset)) {
                         assert!(d.attempt >= *prev, "parked attempt went back: {d:?}");
@@ -491,7 +500,8 @@ impl World {
                                 || self.acked_unsynced.contains(&o)
                                 || self.dead.contains_key(&o)
                                 || self.filtered(o)
-                                || self.parked.contains_key(&o),
+                                || self.parked.contains_key(&o)
+                                || self.parked_acked.contains(&o),
                             "offset {o} committed but neither acked, dead-lettered, filtered nor parked"
                         );
                         assert!(
@@ -615,12 +625,13 @@ impl World {
                     self.parked.contains_key(&offset),
                     "repark of nothing parked"
                 );
-                assert!(offset < self.committed);
                 let after = self
                     .config
                     .park_retries_after_ms
                     .expect("reparked though retries are never parked");
-                assert!(due_ms - self.now >= after, "a near retry was reparked");
+                if !self.repark_retried.remove(&offset) {
+                    assert!(due_ms - self.now >= after, "a near retry was reparked");
+                }
                 assert!(attempt < max, "reparked at max_attempts");
                 assert_eq!(
                     self.records.get(&offset).map(|r| (r.attempt, r.state)),
@@ -772,9 +783,12 @@ impl World {
         );
         assert!(s.next_to_read <= self.committed + self.config.max_window as u64);
         // Read-ahead stops at max_pending; one read may overshoot it by a batch.
-        // (Redriven entries wait as pending too; they have their own bound.)
+        // (Redriven entries wait as pending too; they have their own bound. So do
+        // events unparked in the window: entries the window held already.)
+        let in_window = self.unparked.range(self.committed..).count();
         assert!(
-            s.pending.saturating_sub(s.redrives) < self.config.max_pending + self.config.read_batch,
+            s.pending.saturating_sub(s.redrives + in_window)
+                < self.config.max_pending + self.config.read_batch,
             "pending {} beyond max_pending {} + read_batch {}",
             s.pending,
             self.config.max_pending,
@@ -1023,10 +1037,10 @@ impl World {
                         self.unparked.insert(offset);
                         self.run(cmds);
                     }
-                    // Parked above a gap (committed has not passed it yet), or too
-                    // many redrives under way: the shell tries again later.
-                    Err(meshd_dispatch::CoreError::RedriveOfUnresolvedOffset { .. })
-                    | Err(meshd_dispatch::CoreError::RedriveBacklogFull { .. }) => {}
+                    // Too many redrives under way: the shell tries again later. A
+                    // due event parked above a gap is never refused: it does not
+                    // wait for the offsets before it.
+                    Err(meshd_dispatch::CoreError::RedriveBacklogFull { .. }) => {}
                     Err(e) => panic!("unpark refused: {e}"),
                 }
             }
@@ -1063,6 +1077,9 @@ impl World {
                     self.max_park_handed.remove(&offset);
                     self.feed(Input::RedriveSettled { offset });
                 } else {
+                    if let ParkSettle::Repark { .. } = w {
+                        self.repark_retried.insert(offset);
+                    }
                     self.feed(Input::RedriveUnavailable { offset });
                 }
             }
@@ -1084,6 +1101,7 @@ impl World {
         self.redrive_writes.clear();
         self.park_writes.clear();
         self.park_settles.clear();
+        self.repark_retried.clear();
         self.unparked.clear();
         self.generation += 1;
         let (core, cmds) = PartitionCore::recover(
@@ -1091,18 +1109,19 @@ impl World {
             self.config.clone(),
             self.committed,
             self.records.values().cloned().collect(),
-            &self.parked.keys().copied().collect(),
+            &self.parked.iter().map(|(o, p)| (*o, p.attempt)).collect(),
             self.now,
             Sources::deterministic(self.generation << 40, RngJitter::seeded(self.generation)),
         )
         .expect("recover from what the store holds");
         self.core = core;
-        // Parked offsets recovered from their records below the committed offset are
-        // under way already (a record at or above it is a parked retry's, resolved).
+        // Parked offsets recovered from their records as unparked are under way
+        // already: below the committed offset, and at or above it those whose ack
+        // is being settled (any other record there is a parked retry's, resolved).
         self.unparked = self
             .parked
             .keys()
-            .filter(|o| **o < self.committed && self.records.contains_key(o))
+            .filter(|o| self.core.is_unparked(**o))
             .copied()
             .collect();
         self.run(cmds);

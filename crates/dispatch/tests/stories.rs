@@ -1654,6 +1654,113 @@ fn given_a_parked_event_when_due_then_it_is_delivered_below_committed_and_its_ac
 }
 
 #[test]
+fn given_a_parked_event_due_while_an_earlier_offset_holds_committed_then_it_is_delivered_from_the_window_at_its_time(
+) {
+    let mut cfg = config();
+    cfg.ack_timeout_ms = 120_000;
+    let mut s = Shell::new(cfg, 0);
+    let due = T0 + 60_000;
+    s.publish_delayed(&[None, Some(due), None]);
+    s.input(Input::Parked { offset: 1 });
+    // Offset 0 stays in flight (a slow consumer): committed stays below the parked one.
+    let d = s.deliver(10);
+    assert_eq!(offsets(&d), [0, 2]);
+    let held = d[0].clone();
+    s.ack(&[&d[1].delivery_id]);
+    assert_eq!(s.core.stats().committed, 0);
+    s.at(due);
+    let cmds = s.input(Input::Unpark {
+        offset: 1,
+        attempt: 0,
+    });
+    assert!(effects(&cmds).is_empty(), "{cmds:?}");
+    assert!(s.core.is_unparked(1));
+    let d = s.deliver(10);
+    assert_eq!(
+        offsets(&d),
+        [1],
+        "delivered at its time, not after offset 0"
+    );
+    assert!(d[0].parked && d[0].redrive_of.is_none(), "{d:?}");
+    assert_eq!(d[0].attempt, 1);
+    // Until its park entry is settled it holds committed like any window entry.
+    let cmds = s.ack(&[&held.delivery_id]);
+    assert_eq!(resolves(&cmds), [(vec![0], Some(1))]);
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert_eq!(ack_outcomes(&cmds), [AckOutcome::Acked]);
+    assert!(
+        cmds.contains(&Command::ParkSettled { offset: 1 }),
+        "{cmds:?}"
+    );
+    assert_eq!(s.core.stats().committed, 1);
+    let cmds = s.input(Input::RedriveSettled { offset: 1 });
+    assert_eq!(
+        resolves(&cmds),
+        [(vec![1, 2], Some(3))],
+        "settled: committed passes it and the acks above it, records and all"
+    );
+    assert!(!s.core.is_unparked(1));
+    s.core.check_consistency().unwrap();
+}
+
+#[test]
+fn given_a_crash_then_records_tell_events_unparked_in_the_window_from_parked_retries() {
+    // Offset 0 holds committed (in flight). Offset 1 was unparked in the window and
+    // acked (attempt 1; its park entry, parked as read, says 0), its settlement not
+    // written yet. Offset 2 is a retry parked with its 2 attempts: its record was
+    // marked acked with those 2. Offset 3 was unparked in the window and is in flight.
+    let records = vec![
+        record(0, 1, DeliveryState::InFlight, T0 + 30_000),
+        record(1, 1, DeliveryState::AckedAwaitingCommit, u64::MAX),
+        record(2, 2, DeliveryState::AckedAwaitingCommit, u64::MAX),
+        record(3, 1, DeliveryState::InFlight, T0 + 5_000),
+    ];
+    let parked = std::collections::BTreeMap::from([(1, 0), (2, 2), (3, 0)]);
+    let (mut s, cmds) = Shell::recovered_parked(config(), 0, records, &parked, T0, 4);
+    assert!(
+        cmds.contains(&Command::ParkSettled { offset: 1 }),
+        "the accepted ack is settled, not delivered again: {cmds:?}"
+    );
+    assert!(
+        !cmds.contains(&Command::ParkSettled { offset: 2 }),
+        "the parked retry stays parked: {cmds:?}"
+    );
+    assert!(s.core.is_unparked(1) && !s.core.is_unparked(2) && s.core.is_unparked(3));
+    s.core.check_consistency().unwrap();
+    // The parked retry is unparked in the window when due, its count continuing.
+    let cmds = s.input(Input::Unpark {
+        offset: 2,
+        attempt: 2,
+    });
+    assert!(effects(&cmds).is_empty(), "{cmds:?}");
+    let d = s.deliver(10);
+    assert_eq!(
+        d.iter()
+            .map(|d| (d.offset, d.attempt, d.parked))
+            .collect::<Vec<_>>(),
+        [(2, 3, true)],
+        "offsets 0 and 3 are still leased; offset 1 is never handed out again"
+    );
+    let cmds = s.ack(&[&d[0].delivery_id]);
+    assert!(
+        cmds.contains(&Command::ParkSettled { offset: 2 }),
+        "{cmds:?}"
+    );
+    s.input(Input::RedriveSettled { offset: 1 });
+    assert_eq!(s.core.stats().committed, 0);
+    // The one in flight keeps its lease, then comes again with its next attempt.
+    s.at(T0 + 5_000);
+    let d = s.deliver(10);
+    assert_eq!(
+        d.iter()
+            .map(|d| (d.offset, d.attempt, d.parked))
+            .collect::<Vec<_>>(),
+        [(3, 2, true)]
+    );
+    s.core.check_consistency().unwrap();
+}
+
+#[test]
 fn given_a_retry_due_beyond_park_retries_after_ms_then_it_is_parked_with_its_attempts_and_committed_passes_it(
 ) {
     let mut cfg = config();
@@ -1753,7 +1860,7 @@ fn given_a_record_of_a_parked_retry_when_recovered_then_the_park_entry_wins_and_
         owner_epoch: 11,
         session: None,
     };
-    let parked: std::collections::BTreeSet<u64> = [0].into();
+    let parked: std::collections::BTreeMap<u64, u32> = [(0, 2)].into();
     let (core, cmds) = PartitionCore::recover(
         partition(),
         cfg,
@@ -1873,7 +1980,7 @@ fn given_a_crash_with_an_unparked_event_in_flight_then_recovery_finds_it_by_the_
         record(0, 1, DeliveryState::InFlight, T0 - 1),
         record(1, 1, DeliveryState::InFlight, T0 - 1),
     ];
-    let parked = std::collections::BTreeSet::from([0]);
+    let parked = std::collections::BTreeMap::from([(0, 0)]);
     let (mut s, _) = Shell::recovered_parked(config(), 2, records, &parked, T0, 2);
     s.core.check_consistency().unwrap();
     let d = s.deliver(10);
@@ -2124,7 +2231,7 @@ fn given_held_keys_after_recovery_then_each_is_released_once_the_recovered_recor
         session: None,
         owner_epoch: 11,
     };
-    let none = std::collections::BTreeSet::new();
+    let none = std::collections::BTreeMap::new();
     let (mut s, _) = Shell::recovered_parked(ordered(), 0, vec![record], &none, T0, 0);
     for (o, k) in [(0, Some(1)), (1, None), (2, Some(7))] {
         s.log.push(EventMeta { key: k, ..event(o) });

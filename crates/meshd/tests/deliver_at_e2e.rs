@@ -3,7 +3,8 @@
 //! flow meanwhile and the committed offset moves past it (it is parked, with its body,
 //! in the park index), it waits across SIGKILL, an unparked event that was handed out
 //! and not acked comes again with its next attempt after a SIGKILL, an unparked event
-//! that fails `max_attempts` times is dead-lettered with its body, and `stats` and
+//! that fails `max_attempts` times is dead-lettered with its body, a due event goes
+//! out at its time while an earlier offset is still in flight, and `stats` and
 //! `/metrics` count parked events.
 
 mod common;
@@ -136,6 +137,58 @@ async fn given_parked_events_when_meshd_is_sigkilled_then_they_wait_and_an_unack
         "a settled parked event came again after SIGKILL",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_an_earlier_event_in_flight_then_a_due_parked_event_goes_out_at_its_time_and_its_count_survives_sigkill(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start(dir.path()).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    // A long lease: the first event holds `committed` below the delayed one throughout.
+    create_subscription(
+        &a,
+        "s",
+        json!({"topic": "t", "ack_timeout_ms": 4000, "max_attempts": 5,
+               "backoff": {"initial_ms": 100, "max_ms": 100}}),
+    )
+    .await;
+    publish(&a, "t", &event("slow")).await.unwrap();
+    let at = now_ms() + 1500;
+    publish(&a, "t", &delayed("delayed", at)).await.unwrap();
+    let slow = pull_until(&a, "s", 1, DRAIN).await;
+    assert_eq!(summary(&slow), [(0, 0, 1)]);
+    let slow_lease_ends = now_ms() + 4000;
+    // Due while offset 0 is in flight: handed out at its time, not after offset 0.
+    let got = pull_until(&a, "s", 1, DRAIN).await;
+    assert!(now_ms() >= at, "handed out before its deliverat");
+    assert!(
+        now_ms() < slow_lease_ends,
+        "the due event waited for the earlier offset's lease"
+    );
+    assert_eq!(summary(&got), [(0, 1, 1)]);
+    assert_eq!(got[0].event["id"], "delayed");
+    assert_eq!(committed(&a, "s", 0).await.unwrap(), 0);
+    assert_eq!(parked(&a, "s").await, 1);
+
+    // SIGKILL with both in flight: each comes again after its lease, attempt 2 (the
+    // delayed one's count is its record's, not its park entry's 0).
+    m.restart().await.unwrap();
+    let a = m.addr().to_string();
+    assert_eq!(parked(&a, "s").await, 1);
+    let again = pull_until(&a, "s", 2, DRAIN).await;
+    let mut s = summary(&again);
+    s.sort();
+    assert_eq!(s, [(0, 0, 2), (0, 1, 2)]);
+    ack(&a, "s", &ids(&again)).await.unwrap();
+    wait_committed(&a, "s", 0, 2).await;
+    assert_eq!(parked(&a, "s").await, 0);
+
+    // Acked is settled: nothing comes again after another SIGKILL.
+    m.restart().await.unwrap();
+    let a = m.addr().to_string();
+    assert_no_delivery(&a, "s", 2500, "an acked event came again after SIGKILL").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

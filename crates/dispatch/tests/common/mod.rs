@@ -9,7 +9,7 @@ use meshd_dispatch::{
     Sources,
 };
 use meshd_stores::subscriptions::{Backoff, Selector};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 pub fn key() -> OffsetKey {
     OffsetKey {
@@ -108,15 +108,16 @@ impl Shell {
         now: u64,
         log_len: u64,
     ) -> (Self, Vec<Command>) {
-        Self::recovered_parked(config, committed, records, &BTreeSet::new(), now, log_len)
+        Self::recovered_parked(config, committed, records, &BTreeMap::new(), now, log_len)
     }
 
-    /// [`Shell::recovered`] with the offsets the park index holds.
+    /// [`Shell::recovered`] with the offsets the park index holds (and the attempts
+    /// their entries hold).
     pub fn recovered_parked(
         config: Config,
         committed: u64,
         records: Vec<DeliveryRecord>,
-        parked: &BTreeSet<u64>,
+        parked: &BTreeMap<u64, u32>,
         now: u64,
         log_len: u64,
     ) -> (Self, Vec<Command>) {

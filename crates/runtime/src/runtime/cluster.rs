@@ -1073,6 +1073,17 @@ impl Runtime {
         let parked = self
             .parked_at_start(&key, committed.offset, &records)
             .await?;
+        // Resolved above the checkpoint because it was parked there: its park entry
+        // delivers it (an acked record at a parked offset would read as the ack of
+        // an event unparked in the window). An unparked event's ack reaches the
+        // checkpoint only once its entry is settled.
+        let records: Vec<DeliveryRecord> = records
+            .into_iter()
+            .filter(|r| {
+                !(r.state == DeliveryState::AckedAwaitingCommit
+                    && parked.offsets.contains_key(&r.offset))
+            })
+            .collect();
         tracing::info!(store = "owners", subscription = %sub.sub.name(), topic = %key.topic, partition, epoch = owner.epoch(), committed = committed.offset, in_flight = records.len(), parked = parked.count, "partition acquired: state taken from Meta");
         let lost = Arc::new(AtomicBool::new(false));
         let part = PartitionCluster {

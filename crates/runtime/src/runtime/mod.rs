@@ -46,7 +46,7 @@ use meshd_stores::subscriptions::{
 use meshd_stores::topics::{MetaTopicStore, TopicStore};
 use partition::{now_ms, Msg, PartitionTask, Shared};
 pub use partition::{Answers, Outcome};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -99,7 +99,9 @@ pub struct Deps {
 /// A partition's park index at its start (see `Runtime::parked_at_start`).
 #[derive(Default)]
 pub(super) struct ParkedAtStart {
-    offsets: BTreeSet<u64>,
+    /// Offset → the attempts its park entry holds (read where a record names the
+    /// offset; 0 otherwise: recovery looks at them only there).
+    pub(super) offsets: BTreeMap<u64, u32>,
     count: u64,
     /// The keys whose first entry is held (ordered delivery; see `Input::KeysHeld`).
     held_keys: Vec<u64>,
@@ -728,8 +730,8 @@ impl Runtime {
     }
 
     /// What recovery needs of the park index: the parked offsets that have a record
-    /// (unparked, not settled) or are at or above `committed` (parked above a gap),
-    /// and how many entries the partition has.
+    /// (unparked, not settled; with their entries' attempts) or are at or above
+    /// `committed` (parked above a gap), and how many entries the partition has.
     pub(super) async fn parked_at_start(
         &self,
         key: &OffsetKey,
@@ -749,19 +751,30 @@ impl Runtime {
             .map(|r| r.offset)
             .filter(|o| *o < committed)
             .collect();
-        let mut offsets: BTreeSet<u64> = parks
+        let mut offsets: BTreeMap<u64, u32> = parks
             .parked_among(key, below)
             .await
             .map_err(failed)?
             .into_iter()
+            .map(|o| (o, 0))
             .collect();
         // At most the core's window: only events read above a gap are parked there.
         offsets.extend(
             parks
                 .offsets_from(key, committed, usize::MAX)
                 .await
-                .map_err(failed)?,
+                .map_err(failed)?
+                .into_iter()
+                .map(|o| (o, 0)),
         );
+        // The attempts of the entries a record names (at most those in flight).
+        for r in records {
+            if let Some(attempt) = offsets.get_mut(&r.offset) {
+                if let Some(p) = parks.entry(key, r.offset).await.map_err(failed)? {
+                    *attempt = p.attempt;
+                }
+            }
+        }
         let held_keys = parks.held_keys(key).await.map_err(failed)?;
         Ok(ParkedAtStart {
             offsets,

@@ -2119,7 +2119,7 @@ impl PartitionTask {
             self.release_key(hash).await;
         }
         // Entries unparked already come first in due order: take past them.
-        let limit = self.core.redrives_under_way() + UNPARK_BATCH;
+        let limit = self.core.unparked() + UNPARK_BATCH;
         let entries = match self.deps.parks.earliest(&key, limit).await {
             Ok(e) => e,
             Err(e) => {
@@ -2145,8 +2145,8 @@ impl PartitionTask {
             if self.core.is_unparked(p.offset) {
                 continue;
             }
-            if blocked || p.offset >= self.core.committed() {
-                // Due, but no room, or the committed offset has not passed it yet.
+            if blocked {
+                // Due, but no room.
                 self.park.stalled = true;
                 continue;
             }
