@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod fault;
 pub mod http;
 pub mod lazyfs;
+pub mod linearizability;
 pub mod log_conformance;
 pub mod meshd;
 pub mod nats;
