@@ -34,6 +34,12 @@ pub struct NatsConfig {
     pub tls: Option<NatsTls>,
     /// Authenticate with this user and password. Default `None`.
     pub credentials: Option<NatsCredentials>,
+    /// Read the park journal from its stream's leader (`STREAM.MSG.GET`, one message
+    /// per request) instead of by direct gets. Always so with `replicas` > 1, where
+    /// any replica answers a direct get and one that lags answers without the latest
+    /// entries (a takeover would lose parked events); tests set it to use that path
+    /// on one server.
+    pub park_reads_from_leader: bool,
 }
 
 /// TLS to nats-server: the CA that signed the server's certificate, and optionally
@@ -124,6 +130,7 @@ impl Default for NatsConfig {
             retention: Retention::default(),
             tls: None,
             credentials: None,
+            park_reads_from_leader: false,
         }
     }
 }

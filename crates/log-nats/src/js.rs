@@ -417,6 +417,32 @@ fn stored(m: &Message) -> Result<Stored, Fail> {
     })
 }
 
+/// The message of a `STREAM.MSG.GET` answer (`{"message": {"seq", "time", "data"}}`,
+/// `data` in base64).
+pub fn stored_of_msg_get(v: &serde_json::Value) -> Result<Stored, Fail> {
+    use base64::Engine;
+    let m = &v["message"];
+    let bad = |what: &str| Fail::Unknown(format!("message get answer without a valid {what}"));
+    let seq = m["seq"].as_u64().ok_or_else(|| bad("seq"))?;
+    let at_ms = m["time"]
+        .as_str()
+        .and_then(parse_time_ms)
+        .ok_or_else(|| bad("time"))?;
+    let payload = match m["data"].as_str() {
+        None | Some("") => Bytes::new(),
+        Some(d) => Bytes::from(
+            base64::engine::general_purpose::STANDARD
+                .decode(d)
+                .map_err(|_| bad("data"))?,
+        ),
+    };
+    Ok(Stored {
+        seq,
+        at_ms,
+        payload,
+    })
+}
+
 /// RFC 3339 (as the server writes `Nats-Time-Stamp`) → unix milliseconds.
 pub fn parse_time_ms(s: &str) -> Option<u64> {
     let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;

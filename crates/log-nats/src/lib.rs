@@ -1393,6 +1393,8 @@ const WRONG_LAST_SEQUENCE: u64 = 10071;
 /// Puts of one entry that lose to another writer in a row before the put gives up
 /// (unavailable: retried later).
 const PARK_PUT_TRIES: usize = 4;
+/// JetStream's answer to a message get that finds nothing at or after the sequence.
+const NO_MESSAGE_FOUND: u64 = 10037;
 
 fn park_payload(entry: &Parked, body: &[u8]) -> Bytes {
     let mut v = Vec::with_capacity(1 + 16 + 21 + body.len());
@@ -1512,6 +1514,41 @@ impl Inner {
         }
         Ok(seq)
     }
+
+    /// Up to `max` messages of `filter` from sequence `from` on, read from the
+    /// stream's leader (`STREAM.MSG.GET` with `next_by_subj`, which only the leader
+    /// answers, one message per request): every acknowledged write is there, where a
+    /// direct get may be answered by a replica that has not applied the latest ones.
+    async fn park_page_from_leader(
+        &self,
+        stream: &str,
+        filter: &str,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<js::Stored>, Fail> {
+        let mut out = Vec::new();
+        let mut seq = from;
+        while out.len() < max {
+            let answer = self
+                .js
+                .api::<Value>(
+                    &format!("STREAM.MSG.GET.{stream}"),
+                    &json!({ "seq": seq, "next_by_subj": filter }),
+                    self.deadline(),
+                )
+                .await;
+            let m = match answer {
+                Ok(v) => js::stored_of_msg_get(&v)?,
+                Err(f) if f.api_code() == Some(NO_MESSAGE_FOUND) => break,
+                // No journal: nothing was ever parked.
+                Err(f) if f.api_code() == Some(STREAM_NOT_FOUND) => break,
+                Err(f) => return Err(f),
+            };
+            seq = m.seq + 1;
+            out.push(m);
+        }
+        Ok(out)
+    }
 }
 
 /// The owner epoch a park journal message was written under (0: none, as an older
@@ -1586,32 +1623,36 @@ impl ParkJournal for NatsLog {
         let i = &self.inner;
         let filter = i.names.park_partition_filter(key);
         let stream = i.names.park_stream();
-        let got = match i
-            .js
-            .direct_batch_of(
-                &stream,
-                from.max(1),
-                max.clamp(1, MAX_READ),
-                None,
-                Some(&filter),
-                i.deadline(),
-            )
-            .await
-        {
-            Ok(got) => got,
-            // Nobody answers direct gets: the journal does not exist (nothing was
-            // ever parked), or no server answers for it right now. Only the stream's
-            // leader can tell which; an answer cut short would lose parked events.
-            Err(Fail::NoResponders) => match i.stream_info(&stream).await {
-                Ok(None) => return Ok((Vec::new(), None)),
-                Ok(Some(_)) => {
-                    return Err(ParkError::Unavailable(format!(
-                        "nats: no server answers direct gets of {stream}"
-                    )))
-                }
+        let max = max.clamp(1, MAX_READ);
+        let got = if i.config.replicas > 1 || i.config.park_reads_from_leader {
+            match i
+                .park_page_from_leader(&stream, &filter, from.max(1), max)
+                .await
+            {
+                Ok(got) => got,
+                Err(f) => return Err(park_err("reading the park journal from its leader", f)),
+            }
+        } else {
+            match i
+                .js
+                .direct_batch_of(&stream, from.max(1), max, None, Some(&filter), i.deadline())
+                .await
+            {
+                Ok(got) => got,
+                // Nobody answers direct gets: the journal does not exist (nothing was
+                // ever parked), or no server answers for it right now. Only the stream's
+                // leader can tell which; an answer cut short would lose parked events.
+                Err(Fail::NoResponders) => match i.stream_info(&stream).await {
+                    Ok(None) => return Ok((Vec::new(), None)),
+                    Ok(Some(_)) => {
+                        return Err(ParkError::Unavailable(format!(
+                            "nats: no server answers direct gets of {stream}"
+                        )))
+                    }
+                    Err(f) => return Err(park_err("reading the park journal", f)),
+                },
                 Err(f) => return Err(park_err("reading the park journal", f)),
-            },
-            Err(f) => return Err(park_err("reading the park journal", f)),
+            }
         };
         let Some(last) = got.last().map(|m| m.seq) else {
             return Ok((Vec::new(), None));

@@ -297,3 +297,149 @@ async fn a_stale_owner_cannot_bring_back_an_entry_its_successor_settled_nor_over
         .await
         .contains(&(4, 500, 1, "four".to_string())));
 }
+
+/// The park stream's leader and its other replicas, by server name, as the stream's
+/// leader reports them.
+async fn park_stream_peers(log: &meshd_log_nats::NatsLog) -> Option<(String, Vec<String>)> {
+    let answer = log
+        .client()
+        .request("$JS.API.STREAM.INFO.meshd_park".to_string(), "".into())
+        .await
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&answer.payload).ok()?;
+    let cluster = &v["cluster"];
+    let leader = cluster["leader"].as_str()?.to_string();
+    let others = cluster["replicas"]
+        .as_array()?
+        .iter()
+        .filter_map(|r| r["name"].as_str().map(str::to_string))
+        .collect();
+    Some((leader, others))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_three_replicas_a_replica_cut_off_from_its_leader_never_answers_a_short_journal() {
+    // A new owner rebuilds its park index from what its nats-server member answers
+    // (direct gets, which any replica may answer). A replica that falls behind must
+    // answer the whole journal or nothing (the acquisition is retried), never the
+    // entries it happens to have: the owner would take the partition with acknowledged
+    // parked events lost.
+    let cluster = meshd_test_support::nats::NatsCluster::start(3)
+        .await
+        .expect("a 3-node nats cluster");
+    // A member answers JetStream requests once the cluster has a meta leader:
+    // connecting is retried.
+    let connect = |i: usize| {
+        let mut c = common::config(&cluster.nodes[i]);
+        c.replicas = 3;
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            loop {
+                match meshd_log_nats::NatsLog::connect(c.clone()).await {
+                    Ok(log) => return log,
+                    Err(e) if std::time::Instant::now() < deadline => {
+                        eprintln!("connect to member {i}: {e}; retried");
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("member {i}: {e}"),
+                }
+            }
+        }
+    };
+    // Clients of each member, connected while the cluster is whole (a member cut off
+    // from JetStream's meta leader takes no new connection but keeps those it has).
+    let mut owners = Vec::new();
+    for i in 0..3 {
+        owners.push(connect(i).await);
+    }
+    let a = pkey("s", 1, 0);
+    // The first put creates the journal with three replicas.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match owners[0].put(&a, &entry(1, 100, 0), b"one", NEW).await {
+            Ok(()) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("first put: {e}; retried");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("the journal was never created: {e}"),
+        }
+    }
+    let (leader, others) = park_stream_peers(&owners[0]).await.expect("stream peers");
+    assert_eq!(others.len(), 2, "three replicas: {leader} and {others:?}");
+    let lagging = cluster.index_of(&others[0]).expect("a member");
+    let leader_i = cluster.index_of(&leader).expect("a member");
+    // One replica falls behind: cut off from the others, its clients still reach it.
+    cluster.isolate(lagging);
+    // The leader and the third replica are a quorum: these puts are acknowledged.
+    for o in 2..=5u64 {
+        owners[leader_i]
+            .put(&a, &entry(o, 100 + o, 0), b"later", NEW)
+            .await
+            .expect("a put with a quorum");
+    }
+    let want: Vec<u64> = (1..=5).collect();
+    let offsets = |v: &[(Parked, Vec<u8>)]| v.iter().map(|(p, _)| p.offset).collect::<Vec<_>>();
+    assert_eq!(offsets(&owners[leader_i].load(&a).await.unwrap()), want);
+    // Through the lagging replica: the whole journal or an error, never a short one
+    // (direct gets answered [1] here).
+    for _ in 0..2 {
+        match owners[lagging].load(&a).await {
+            Err(meshd_stores::park::ParkError::Unavailable(_)) => {}
+            Ok(got) => assert_eq!(offsets(&got), want, "a short journal was answered"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // Healed, it catches up and answers everything.
+    cluster.heal(lagging);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match owners[lagging].load(&a).await {
+            Ok(got) if offsets(&got) == want => break,
+            other if std::time::Instant::now() < deadline => {
+                eprintln!("load through the healed member: {other:?}; retried");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            other => panic!("the healed member answered {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_from_the_stream_leader_load_what_direct_gets_load_page_by_page() {
+    // With replicas > 1 a takeover reads the journal from the stream's leader (the
+    // test above shows why); on one server that path must load exactly what the
+    // direct one does.
+    let nats = common::server().await;
+    let direct = common::connect(&nats).await;
+    let mut c = common::config(&nats);
+    c.park_reads_from_leader = true;
+    let leader = meshd_log_nats::NatsLog::connect(c).await.expect("connect");
+    let a = pkey("s", 1, 0);
+    // Nothing parked yet, the journal does not even exist: nothing loaded.
+    assert!(leader.load(&a).await.unwrap().is_empty());
+    for o in 0..1200u64 {
+        direct
+            .put(&a, &entry(o, 10_000 + o, (o % 3) as u32), b"x", NEW)
+            .await
+            .unwrap();
+    }
+    direct
+        .put(&pkey("s", 1, 1), &entry(5, 1, 0), b"other partition", NEW)
+        .await
+        .unwrap();
+    for o in (0..1200u64).step_by(7) {
+        direct.settle(&a, o, 1).await.unwrap();
+    }
+    let by_leader = loaded(&leader, &a).await;
+    assert_eq!(
+        by_leader.len(),
+        1200 - 172,
+        "every entry put and not settled"
+    );
+    assert_eq!(by_leader, loaded(&direct, &a).await);
+    assert_eq!(
+        loaded(&leader, &pkey("s", 1, 1)).await,
+        [(5, 1, 0, "other partition".to_string())]
+    );
+}

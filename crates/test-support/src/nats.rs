@@ -13,6 +13,10 @@
 //! [`NatsProcess::start_with`] can require TLS from clients (certificates from
 //! [`TestCerts`], optionally a client certificate too) and a user and password
 //! (`authorization { user, password }`).
+//!
+//! [`NatsCluster`] runs three (or more) servers as one JetStream cluster with every
+//! route through a proxy, so a test can cut one member off from the others while its
+//! clients still reach it (a replica that falls behind).
 
 use crate::certs::TestCerts;
 use crate::process::Proc;
@@ -60,6 +64,17 @@ pub struct NatsOptions {
     /// Leave `sync_interval` at nats-server's default (fsync every 2 minutes) instead
     /// of `always`: the relaxed durability the power-cut comparison measures.
     pub default_sync: bool,
+    /// A member of a JetStream cluster (see [`NatsCluster`]).
+    pub cluster: Option<ClusterMember>,
+}
+
+/// One server's place in a cluster: its name, the port it takes routes on, and the
+/// addresses it dials for routes (the other members, or proxies in front of them).
+#[derive(Clone, Debug)]
+pub struct ClusterMember {
+    pub server_name: String,
+    pub route_port: u16,
+    pub routes: Vec<SocketAddr>,
 }
 
 /// One nats-server process, owned by a test. Dropping it kills the process and
@@ -189,9 +204,14 @@ impl NatsProcess {
         // `sync_interval: always`: every stored message is fsynced before its PubAck,
         // so a SIGKILL (or a power cut) keeps whatever was acknowledged.
         // `max_payload: 2MB`: a 1 MiB event (meshd's limit) plus headers fits.
+        let server_name = self
+            .options
+            .cluster
+            .as_ref()
+            .map_or("meshd-test", |c| c.server_name.as_str());
         let mut config = format!(
             "# written by meshd-test-support\n\
-             server_name: meshd-test\n\
+             server_name: {server_name}\n\
              listen: 127.0.0.1:{port}\n\
              http: 127.0.0.1:{monitor}\n\
              max_payload: 2MB\n\
@@ -216,6 +236,23 @@ impl NatsProcess {
                 config.push_str(&format!("  ca_file: {}\n  verify: true\n", path(&certs.ca)));
             }
             config.push_str("}\n");
+        }
+        if let Some(c) = &self.options.cluster {
+            // Routes only through the addresses given (proxies a test can cut), and
+            // nothing advertised: no member learns another way to reach one, nor a
+            // client another server to move to.
+            let routes: Vec<String> = c
+                .routes
+                .iter()
+                .map(|a| format!("nats-route://{a}"))
+                .collect();
+            config.push_str(&format!(
+                "cluster {{\n  name: meshd-test\n  listen: 127.0.0.1:{}\n  \
+                 advertise: \"127.0.0.1:1\"\n  no_advertise: true\n  \
+                 connect_retries: 1000\n  routes: [{}]\n}}\n",
+                c.route_port,
+                routes.join(", ")
+            ));
         }
         if let Some((user, password)) = &self.options.credentials {
             config.push_str(&format!(
@@ -358,6 +395,87 @@ impl std::ops::Deref for NatsProcess {
 impl std::ops::DerefMut for NatsProcess {
     fn deref_mut(&mut self) -> &mut Proc {
         &mut self.proc
+    }
+}
+
+/// Three (or more) nats-servers in one JetStream cluster, every route between two
+/// members through a [`TcpProxy`] of its own, so a test can cut one member off from
+/// the others while its clients still reach it (a replica that falls behind).
+pub struct NatsCluster {
+    pub nodes: Vec<NatsProcess>,
+    /// `links[i][j]`: the proxy member `i` dials to reach member `j`.
+    links: Vec<Vec<Option<crate::proxy::TcpProxy>>>,
+}
+
+impl NatsCluster {
+    /// Starts `n` members (JetStream, `sync_interval: always`) and waits until each is
+    /// healthy. JetStream's meta leader may need a moment more: callers retry their
+    /// first stream creation.
+    pub async fn start(n: usize) -> anyhow::Result<Self> {
+        let route_ports: Vec<u16> = (0..n).map(|_| crate::etcd::free_port()).collect();
+        let mut links = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut row = Vec::with_capacity(n);
+            for (j, port) in route_ports.iter().enumerate() {
+                row.push(if i == j {
+                    None
+                } else {
+                    let to = SocketAddr::from((Ipv4Addr::LOCALHOST, *port));
+                    Some(crate::proxy::TcpProxy::start(to).await?)
+                });
+            }
+            links.push(row);
+        }
+        let starts = (0..n).map(|i| {
+            let member = ClusterMember {
+                server_name: format!("meshd-test-{i}"),
+                route_port: route_ports[i],
+                routes: links[i].iter().flatten().map(|p| p.addr()).collect(),
+            };
+            NatsProcess::start_with(NatsOptions {
+                cluster: Some(member),
+                ..NatsOptions::default()
+            })
+        });
+        let mut nodes = Vec::with_capacity(n);
+        for r in futures::future::join_all(starts).await {
+            nodes.push(r?);
+        }
+        Ok(Self { nodes, links })
+    }
+
+    /// The member whose server name is `name` (`meshd-test-<i>`).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        name.strip_prefix("meshd-test-")?
+            .parse()
+            .ok()
+            .filter(|i| *i < self.nodes.len())
+    }
+
+    /// Cuts every route between member `i` and the others, both ways; its clients
+    /// still reach it.
+    pub fn isolate(&self, i: usize) {
+        for (a, b) in self.pairs_of(i) {
+            if let Some(p) = &self.links[a][b] {
+                p.cut();
+            }
+        }
+    }
+
+    /// Lets member `i`'s routes through again.
+    pub fn heal(&self, i: usize) {
+        for (a, b) in self.pairs_of(i) {
+            if let Some(p) = &self.links[a][b] {
+                p.restore();
+            }
+        }
+    }
+
+    fn pairs_of(&self, i: usize) -> Vec<(usize, usize)> {
+        (0..self.nodes.len())
+            .filter(|j| *j != i)
+            .flat_map(|j| [(i, j), (j, i)])
+            .collect()
     }
 }
 
