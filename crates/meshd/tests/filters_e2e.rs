@@ -20,11 +20,13 @@ use std::time::Duration;
 const DRAIN: Duration = Duration::from_secs(30);
 
 /// Every dialect, over a context attribute, a string extension, an integer extension
-/// and an optional attribute.
+/// and an optional attribute (an explicit `all` inside the list's implicit one).
 fn filters() -> Value {
     json!([
-        {"prefix": {"type": "com.shop."}},
-        {"any": [{"exact": {"region": "eu"}}, {"exact": {"priority": "7"}}]},
+        {"all": [
+            {"prefix": {"type": "com.shop."}},
+            {"any": [{"exact": {"region": "eu"}}, {"exact": {"priority": "7"}}]}
+        ]},
         {"not": {"suffix": {"subject": ".test"}}}
     ])
 }

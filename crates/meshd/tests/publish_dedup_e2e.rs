@@ -291,7 +291,11 @@ async fn given_a_cluster_when_an_instance_is_sigkilled_mid_stream_and_requests_a
     nodes[0].kill();
     *publishers.addrs.lock().unwrap() = vec![a1.clone()];
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (sent, _) = publishers.finish().await;
+    let (sent, retries) = publishers.finish().await;
+    assert!(
+        retries > 0,
+        "the SIGKILL cut requests off (else this proves nothing)"
+    );
     let stored = stored_ids(&a1, "t").await;
     let twice: Vec<_> = stored.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "stored more than once: {twice:?}");
@@ -301,4 +305,93 @@ async fn given_a_cluster_when_an_instance_is_sigkilled_mid_stream_and_requests_a
         "answered 201 but not stored: {missing:?}"
     );
     assert!(stored.contains_key("x") && stored.contains_key("y"));
+}
+
+/// Waits until `id` is stored in `topic` (read from meshd directly, not through the
+/// proxy whose answers are being swallowed).
+async fn wait_stored(a: &str, topic: &str, id: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !stored_ids(a, topic).await.contains_key(id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{id} never reached meshd"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_publish_whose_answer_is_lost_then_the_client_crate_sends_it_again_by_itself_and_each_event_is_stored_once(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = a_of(&m);
+    create_topic(&a, "t", 2).await;
+    // The publish reaches meshd (which stores it) but its answer never comes back;
+    // then the connection drops, as after a lost network path or a 504.
+    let proxy = meshd_test_support::proxy::TcpProxy::start(a.parse().unwrap())
+        .await
+        .unwrap();
+    proxy.swallow_replies();
+    let client = meshd_client::Client::connect(&format!("http://{}", proxy.addr())).unwrap();
+    let publish = tokio::spawn(async move { client.publish("t", &[ev("a1"), ev("a2")]).await });
+    wait_stored(&a, "t", "a2").await;
+    proxy.restore();
+    let answer = tokio::time::timeout(Duration::from_secs(30), publish)
+        .await
+        .expect("the client gave up waiting")
+        .unwrap()
+        .expect("the client's own retry got the answer");
+    // The answer came from a second request: it found both events stored already.
+    assert!(
+        answer.iter().all(|s| s.duplicate),
+        "answered by the first request? {answer:?}"
+    );
+    let stored = stored_ids(&a, "t").await;
+    assert_eq!(
+        (stored.get("a1"), stored.get("a2")),
+        (Some(&1), Some(&1)),
+        "{stored:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_publish_whose_answer_is_lost_then_meshd_publish_sends_the_batch_again_by_itself_and_each_event_is_stored_once(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = a_of(&m);
+    create_topic(&a, "t", 2).await;
+    let proxy = meshd_test_support::proxy::TcpProxy::start(a.parse().unwrap())
+        .await
+        .unwrap();
+    proxy.swallow_replies();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshd"));
+    let server = format!("http://{}", proxy.addr());
+    cmd.args(["publish", "t"])
+        .args([ev("c1").to_string(), ev("c2").to_string()])
+        .args(["--server", &server])
+        .env_remove("MESHD_SERVER")
+        .env_remove("MESHD_TOKEN")
+        .env("RUST_LOG", "off")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd.spawn().expect("spawn the CLI");
+    wait_stored(&a, "t", "c2").await;
+    proxy.restore();
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("the CLI did not finish")
+        .expect("wait for the CLI");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(stderr.contains("sending it again"), "stderr: {stderr}");
+    let stored = stored_ids(&a, "t").await;
+    assert_eq!(
+        (stored.get("c1"), stored.get("c2")),
+        (Some(&1), Some(&1)),
+        "{stored:?}"
+    );
 }

@@ -239,6 +239,17 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
         .unwrap();
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(r.json().unwrap()["field"], "filters", "{}", r.body);
+    // Signed or bounded push: an older member would push unsigned and unbounded.
+    let signed = |topic: &str| {
+        json!({"topic": topic, "push": {"url": "http://127.0.0.1:9/hook",
+               "secrets": ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],
+               "max_concurrency": 2, "rate_per_s": 10}})
+    };
+    let r = meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/w", &signed("t"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.json().unwrap()["field"], "push", "{}", r.body);
     // Ordering per key: an older owner would hand a key's events out together.
     let ordered = json!({"topic": "t", "ordering": "key"});
     let r = meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/o", &ordered)
@@ -433,6 +444,12 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     let r = nack_delayed(&n).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let r = publish_delayed(&n).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    // A signed push (on a topic of its own, with nothing to push).
+    create_topic(&n, "quiet", 1).await;
+    let r = meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/w", &signed("quiet"))
+        .await
+        .unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
 }
 

@@ -97,6 +97,10 @@ async fn given_bad_push_settings_then_the_put_is_a_400_naming_the_field() {
             json!({"url": url, "headers": {"transfer-encoding": "x"}}),
             "push.headers",
         ),
+        (
+            json!({"url": url, "headers": {"Content-Length": "1"}}),
+            "push.headers",
+        ),
         (json!({"url": url, "headers": {"x-a": 5}}), "push.headers"),
         (
             json!({"url": url, "secrets": ["not-a-secret"]}),
@@ -381,4 +385,118 @@ async fn given_a_cluster_when_the_owner_is_sigkilled_then_the_survivor_pushes_si
         ids.values().all(|s| s.len() == 1),
         "one webhook-id per event, on both instances and across the takeover: {ids:?}"
     );
+}
+
+/// Ids of `n` events per partition of a topic of `partitions`, in turn.
+fn ids_spread(prefix: &str, partitions: u32, n: usize) -> Vec<String> {
+    let mut per: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    let mut i = 0;
+    while per.values().map(Vec::len).sum::<usize>() < n * partitions as usize {
+        let id = format!("{prefix}{i}");
+        let p = meshd_events::partition_for_key(id.as_bytes(), partitions);
+        let of = per.entry(p).or_default();
+        if of.len() < n {
+            of.push(id);
+        }
+        i += 1;
+    }
+    let mut out = Vec::new();
+    for k in 0..n {
+        out.extend(per.values().map(|v| v[k].clone()));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_cluster_then_the_instances_share_the_rate_and_each_keeps_max_concurrency_across_an_owner_s_sigkill(
+) {
+    let mut cluster = SmallCluster::start(2, Duration::from_millis(2000)).await;
+    let a0 = cluster.nodes[0].addr().to_string();
+    let a1 = cluster.nodes[1].addr().to_string();
+    create_topic(&a0, "t", 4).await;
+    cluster.wait_settled("t", 4).await;
+    // 4 per second in total: each instance paces its share (its share of the
+    // partitions), not the whole rate.
+    let paced = endpoint(vec![204]).await;
+    create_subscription(
+        &a0,
+        "paced",
+        json!({"topic": "t", "push": {"url": paced.url, "rate_per_s": 4}}),
+    )
+    .await;
+    // One request at a time per instance, to a receiver that holds each 200 ms.
+    let slow = endpoint_with(vec![204], None, Duration::from_millis(200)).await;
+    create_subscription(
+        &a1,
+        "bounded",
+        json!({"topic": "t", "push": {"url": slow.url, "max_concurrency": 1}}),
+    )
+    .await;
+    // Three events per partition: six per instance whatever the owners.
+    let ids = ids_spread("r", 4, 3);
+    for id in &ids {
+        publish(&a0, "t", &event(id)).await.unwrap();
+    }
+    let got = wait_received(&paced, 12).await;
+    let span = got[11].at.duration_since(got[0].at);
+    // At 4/s in total the 12 starts take 2.75 s; an instance pacing at the whole
+    // rate would push its six in 1.25 s, both at once in about that.
+    assert!(
+        span >= Duration::from_millis(2200),
+        "12 pushes at 4/s in total took only {span:?}"
+    );
+    wait_received(&slow, 12).await;
+    let most = slow.max_in_flight.load(Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&most),
+        "at most one at a time per instance, two instances: {most}"
+    );
+
+    // One instance is SIGKILLed: the survivor owns every partition and takes the
+    // whole rate; everything published before and after reaches both receivers.
+    cluster.nodes[0].kill();
+    // What the killed instance had at the receiver is answered first.
+    wait_until(DEADLINE, "the slow receiver idle", || async {
+        anyhow::ensure!(slow.in_flight.load(Ordering::SeqCst) == 0);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    slow.max_in_flight.store(0, Ordering::SeqCst);
+    let later = ids_spread("s", 4, 2);
+    for id in &later {
+        publish(&a1, "t", &event(id)).await.unwrap();
+    }
+    for hook in [&paced, &slow] {
+        wait_until(DEADLINE, "every event pushed", || async {
+            // Unsigned push is binary mode: the id is a header.
+            let seen: BTreeSet<String> = hook
+                .received()
+                .iter()
+                .filter_map(|r| r.headers.get("ce-id").cloned())
+                .collect();
+            let missing = ids
+                .iter()
+                .chain(&later)
+                .filter(|id| !seen.contains(*id))
+                .count();
+            anyhow::ensure!(missing == 0, "{missing} not pushed yet");
+            Ok(())
+        })
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        slow.max_in_flight.load(Ordering::SeqCst),
+        1,
+        "one at a time on the survivor"
+    );
+    let after: Vec<_> = paced.received().into_iter().skip(12).collect();
+    for w in after.windows(2) {
+        let gap = w[1].at.duration_since(w[0].at);
+        assert!(
+            gap >= Duration::from_millis(200),
+            "{gap:?} between two starts on the survivor (4/s: 250 ms)"
+        );
+    }
 }
