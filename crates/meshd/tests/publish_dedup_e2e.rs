@@ -320,19 +320,33 @@ async fn wait_stored(a: &str, topic: &str, id: &str) {
     }
 }
 
+/// A topic `t` of 2 partitions on `a`, and a proxy in front of `a` that passes
+/// requests and drops every answer until `restore` (which then cuts those
+/// connections): a publish that reaches meshd and whose outcome the client never
+/// learns, as after a lost network path or a 504.
+async fn answers_lost_in_front_of(a: &str) -> meshd_test_support::proxy::TcpProxy {
+    create_topic(a, "t", 2).await;
+    let proxy = meshd_test_support::proxy::TcpProxy::start(a.parse().unwrap())
+        .await
+        .unwrap();
+    proxy.swallow_replies();
+    proxy
+}
+
+async fn assert_stored_once(a: &str, ids: &[&str]) {
+    let stored = stored_ids(a, "t").await;
+    for id in ids {
+        assert_eq!(stored.get(*id), Some(&1), "{id}: {stored:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_a_publish_whose_answer_is_lost_then_the_client_crate_sends_it_again_by_itself_and_each_event_is_stored_once(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let m = start(dir.path()).await;
     let a = a_of(&m);
-    create_topic(&a, "t", 2).await;
-    // The publish reaches meshd (which stores it) but its answer never comes back;
-    // then the connection drops, as after a lost network path or a 504.
-    let proxy = meshd_test_support::proxy::TcpProxy::start(a.parse().unwrap())
-        .await
-        .unwrap();
-    proxy.swallow_replies();
+    let proxy = answers_lost_in_front_of(&a).await;
     let client = meshd_client::Client::connect(&format!("http://{}", proxy.addr())).unwrap();
     let publish = tokio::spawn(async move { client.publish("t", &[ev("a1"), ev("a2")]).await });
     wait_stored(&a, "t", "a2").await;
@@ -347,12 +361,7 @@ async fn given_a_publish_whose_answer_is_lost_then_the_client_crate_sends_it_aga
         answer.iter().all(|s| s.duplicate),
         "answered by the first request? {answer:?}"
     );
-    let stored = stored_ids(&a, "t").await;
-    assert_eq!(
-        (stored.get("a1"), stored.get("a2")),
-        (Some(&1), Some(&1)),
-        "{stored:?}"
-    );
+    assert_stored_once(&a, &["a1", "a2"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -361,11 +370,7 @@ async fn given_a_publish_whose_answer_is_lost_then_meshd_publish_sends_the_batch
     let dir = tempfile::tempdir().unwrap();
     let m = start(dir.path()).await;
     let a = a_of(&m);
-    create_topic(&a, "t", 2).await;
-    let proxy = meshd_test_support::proxy::TcpProxy::start(a.parse().unwrap())
-        .await
-        .unwrap();
-    proxy.swallow_replies();
+    let proxy = answers_lost_in_front_of(&a).await;
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshd"));
     let server = format!("http://{}", proxy.addr());
     cmd.args(["publish", "t"])
@@ -388,10 +393,5 @@ async fn given_a_publish_whose_answer_is_lost_then_meshd_publish_sends_the_batch
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
     assert!(stderr.contains("sending it again"), "stderr: {stderr}");
-    let stored = stored_ids(&a, "t").await;
-    assert_eq!(
-        (stored.get("c1"), stored.get("c2")),
-        (Some(&1), Some(&1)),
-        "{stored:?}"
-    );
+    assert_stored_once(&a, &["c1", "c2"]).await;
 }
