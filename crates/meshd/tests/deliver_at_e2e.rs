@@ -231,11 +231,7 @@ async fn given_a_cluster_when_the_owner_of_a_parked_event_is_sigkilled_then_the_
     create_topic(&a0, "t", 1).await;
     create_subscription(&a0, "s", sub("t")).await;
     cluster.wait_settled("t", 1).await;
-    let members = ["inst-0", "inst-1"];
-    let owner = match meshd_runtime::cluster::assign::owner(&members, "t", 0) {
-        Some("inst-0") => 0,
-        _ => 1,
-    };
+    let owner = cluster.designated_owner("t", 0);
     let survivor = cluster.addr(1 - owner);
     // Far enough ahead that the takeover (lease 2 s) happens before it is due.
     let at = now_ms() + 8000;
@@ -349,11 +345,7 @@ async fn given_a_cluster_when_the_owner_of_a_parked_retry_is_sigkilled_then_the_
     )
     .await;
     cluster.wait_settled("t", 1).await;
-    let members = ["inst-0", "inst-1"];
-    let owner = match meshd_runtime::cluster::assign::owner(&members, "t", 0) {
-        Some("inst-0") => 0,
-        _ => 1,
-    };
+    let owner = cluster.designated_owner("t", 0);
     let survivor = cluster.addr(1 - owner);
     publish(&survivor, "t", &event("retried")).await.unwrap();
     let first = pull_until(&survivor, "s", 1, DRAIN).await;
@@ -389,11 +381,7 @@ async fn given_a_cluster_when_the_owner_of_an_unparked_event_handed_out_twice_is
     create_topic(&a0, "t", 1).await;
     create_subscription(&a0, "s", sub_attempts("t", 5)).await;
     cluster.wait_settled("t", 1).await;
-    let members = ["inst-0", "inst-1"];
-    let owner = match meshd_runtime::cluster::assign::owner(&members, "t", 0) {
-        Some("inst-0") => 0,
-        _ => 1,
-    };
+    let owner = cluster.designated_owner("t", 0);
     let survivor = cluster.addr(1 - owner);
     let at = now_ms() + 500;
     publish(&survivor, "t", &delayed("later", at))

@@ -223,11 +223,7 @@ async fn given_a_cluster_when_the_owner_is_sigkilled_with_a_key_s_event_in_fligh
     create_topic(&a0, "t", 1).await;
     create_subscription(&a0, "s", ordered_sub("t", 10)).await;
     cluster.wait_settled("t", 1).await;
-    let members = ["inst-0", "inst-1"];
-    let owner = match meshd_runtime::cluster::assign::owner(&members, "t", 0) {
-        Some("inst-0") => 0,
-        _ => 1,
-    };
+    let owner = cluster.designated_owner("t", 0);
     let survivor = cluster.addr(1 - owner);
     for (id, key) in [("a1", "a"), ("a2", "a"), ("b1", "b")] {
         publish(&survivor, "t", &keyed(id, Some(key)))
@@ -280,11 +276,7 @@ async fn given_a_cluster_when_the_owner_is_sigkilled_after_a_key_was_released_th
     create_topic(&a0, "t", 1).await;
     create_subscription(&a0, "s", ordered_sub("t", 10)).await;
     cluster.wait_settled("t", 1).await;
-    let members = ["inst-0", "inst-1"];
-    let owner = match meshd_runtime::cluster::assign::owner(&members, "t", 0) {
-        Some("inst-0") => 0,
-        _ => 1,
-    };
+    let owner = cluster.designated_owner("t", 0);
     let survivor = cluster.addr(1 - owner);
     publish(&survivor, "t", &keyed("b1", Some("b")))
         .await

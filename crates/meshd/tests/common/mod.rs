@@ -486,6 +486,18 @@ impl SmallCluster {
     /// designates for it among all of this cluster's instances: a cluster that just
     /// started still moves partitions to its later members, and a move in the middle
     /// of a test brings back what was in flight only when its lease runs out.
+    /// The index of the instance the assignment designates as `topic`'s
+    /// `partition`'s owner (after [`wait_settled`](Self::wait_settled), its owner).
+    pub fn designated_owner(&self, topic: &str, partition: u32) -> usize {
+        let members: Vec<String> = (0..self.nodes.len()).map(|i| format!("inst-{i}")).collect();
+        let owner = meshd_runtime::cluster::assign::owner(&members, topic, partition)
+            .expect("a cluster with members designates an owner");
+        members
+            .iter()
+            .position(|m| *m == owner)
+            .expect("the owner is a member")
+    }
+
     pub async fn wait_settled(&self, topic: &str, partitions: u32) {
         let members: Vec<String> = (0..self.nodes.len()).map(|i| format!("inst-{i}")).collect();
         let a = self.addr(0);
