@@ -340,6 +340,22 @@ impl RocksParkStore {
         .await
     }
 
+    /// `offset`'s entry and its body, with one read (`None`: not parked).
+    pub async fn entry_with_body(
+        &self,
+        key: &OffsetKey,
+        offset: u64,
+    ) -> Result<Option<(Parked, Vec<u8>)>, DeliveryError> {
+        let key = key.clone();
+        self.blocking(move |group| {
+            let Some((p, mut value, at)) = entry_at(group.engine().as_ref(), &key, offset)? else {
+                return Ok(None);
+            };
+            Ok(Some((p, value.split_off(at))))
+        })
+        .await
+    }
+
     /// Runs `f` with the store's group on a blocking thread.
     async fn blocking<T: Send + 'static>(
         &self,
@@ -549,14 +565,10 @@ impl ParkIndex for RocksParkStore {
     }
 
     async fn body(&self, key: &OffsetKey, offset: u64) -> Result<Option<Vec<u8>>, DeliveryError> {
-        let key = key.clone();
-        self.blocking(move |group| {
-            let Some((_, mut value, at)) = entry_at(group.engine().as_ref(), &key, offset)? else {
-                return Ok(None);
-            };
-            Ok(Some(value.split_off(at)))
-        })
-        .await
+        Ok(self
+            .entry_with_body(key, offset)
+            .await?
+            .map(|(_, body)| body))
     }
 
     async fn parked_among(
@@ -786,10 +798,7 @@ impl ParkIndex for JournaledParks {
         due_ms: u64,
         attempt: u32,
     ) -> Result<bool, ParkError> {
-        let (Some(p), Some(body)) = (
-            self.local.entry(key, offset).await?,
-            self.local.body(key, offset).await?,
-        ) else {
+        let Some((p, body)) = self.local.entry_with_body(key, offset).await? else {
             return Ok(false);
         };
         let again = Parked {
@@ -812,10 +821,7 @@ impl ParkIndex for JournaledParks {
         // the journal by whoever adopts the partition next).
         let mut entries = Vec::with_capacity(attempts.len());
         for (offset, attempt) in attempts {
-            let (Some(p), Some(body)) = (
-                self.local.entry(key, offset).await?,
-                self.local.body(key, offset).await?,
-            ) else {
+            let Some((p, body)) = self.local.entry_with_body(key, offset).await? else {
                 continue; // settled meanwhile
             };
             entries.push((Parked { attempt, ..p }, body));
