@@ -267,20 +267,10 @@ impl Js {
         seq: u64,
         deadline: Instant,
     ) -> Result<Option<Stored>, Fail> {
-        let body = serde_json::json!({ "seq": seq });
         let m = self
-            .request(
-                format!("$JS.API.DIRECT.GET.{stream}"),
-                None,
-                Bytes::from(body.to_string()),
-                deadline,
-            )
+            .direct_one(stream, serde_json::json!({ "seq": seq }), deadline)
             .await?;
-        match m.status.map(u16::from) {
-            None => stored(&m).map(Some),
-            Some(404) => Ok(None),
-            Some(_) => Err(status_fail(&m)),
-        }
+        m.as_ref().map(stored).transpose()
     }
 
     /// Direct get of the last message of `subject`: its sequence and headers, or
@@ -292,6 +282,20 @@ impl Js {
         deadline: Instant,
     ) -> Result<Option<(u64, Option<HeaderMap>)>, Fail> {
         let body = serde_json::json!({ "last_by_subj": subject });
+        match self.direct_one(stream, body, deadline).await? {
+            Some(m) => Ok(Some((stored(&m)?.seq, m.headers))),
+            None => Ok(None),
+        }
+    }
+
+    /// A direct get answered by one message: `Ok(None)` when the stream has none
+    /// that `body` asks for (404).
+    async fn direct_one(
+        &self,
+        stream: &str,
+        body: serde_json::Value,
+        deadline: Instant,
+    ) -> Result<Option<Message>, Fail> {
         let m = self
             .request(
                 format!("$JS.API.DIRECT.GET.{stream}"),
@@ -301,7 +305,7 @@ impl Js {
             )
             .await?;
         match m.status.map(u16::from) {
-            None => Ok(Some((stored(&m)?.seq, m.headers))),
+            None => Ok(Some(m)),
             Some(404) => Ok(None),
             Some(_) => Err(status_fail(&m)),
         }
