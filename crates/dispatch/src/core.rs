@@ -1050,35 +1050,17 @@ impl PartitionCore {
                             committed: self.committed,
                         });
                     }
-                    if e.attempt.max(*attempt) >= self.config.max_attempts
-                        && self.index.outstanding >= self.config.max_in_flight
-                    {
-                        return Err(CoreError::RedriveBacklogFull {
-                            limit: self.config.max_in_flight,
-                        });
-                    }
+                    self.room_to_dead_letter_at_once(e.attempt.max(*attempt))?;
                 }
             }
-            Input::Unpark { offset, attempt } => {
-                match self.entries.get(&Loc::Redrive(*offset)) {
-                    Some(e) if !e.parked => {
-                        return Err(CoreError::UnparkOfRedrive { offset: *offset })
-                    }
-                    Some(_) => {}
-                    None => {
-                        self.redrive_room()?;
-                        // Dead-lettered at once (it had its attempts): that counts
-                        // against `max_in_flight` like any dead-lettering.
-                        if *attempt >= self.config.max_attempts
-                            && self.index.outstanding >= self.config.max_in_flight
-                        {
-                            return Err(CoreError::RedriveBacklogFull {
-                                limit: self.config.max_in_flight,
-                            });
-                        }
-                    }
+            Input::Unpark { offset, attempt } => match self.entries.get(&Loc::Redrive(*offset)) {
+                Some(e) if !e.parked => return Err(CoreError::UnparkOfRedrive { offset: *offset }),
+                Some(_) => {}
+                None => {
+                    self.redrive_room()?;
+                    self.room_to_dead_letter_at_once(*attempt)?;
                 }
-            }
+            },
             Input::Redrive { entry_id, offset } => {
                 if self
                     .entries
@@ -1112,6 +1094,19 @@ impl PartitionCore {
     /// Room for one more redrive (unparked events count): at most `max_in_flight`.
     fn redrive_room(&self) -> Result<(), CoreError> {
         if self.redrives_under_way() >= self.config.max_in_flight {
+            return Err(CoreError::RedriveBacklogFull {
+                limit: self.config.max_in_flight,
+            });
+        }
+        Ok(())
+    }
+
+    /// An unparked event with `attempts` made is dead-lettered at once when it had
+    /// them all: that counts against `max_in_flight` like any dead-lettering.
+    fn room_to_dead_letter_at_once(&self, attempts: u32) -> Result<(), CoreError> {
+        if attempts >= self.config.max_attempts
+            && self.index.outstanding >= self.config.max_in_flight
+        {
             return Err(CoreError::RedriveBacklogFull {
                 limit: self.config.max_in_flight,
             });
@@ -1452,17 +1447,7 @@ impl PartitionCore {
                     // entry; the next hand-out writes one here.
                     e.has_record = attempt > 0;
                     self.insert_entry(loc, e);
-                    if attempt >= self.config.max_attempts {
-                        // Parked before `max_attempts` was lowered below its count: it
-                        // has had its attempts, so it is dead-lettered, not delivered.
-                        if let Some(e) = self.entries.get_mut(&loc) {
-                            e.last_reason = Some(format!(
-                                "max_attempts lowered to {} below the {attempt} attempts made",
-                                self.config.max_attempts
-                            ));
-                        }
-                        self.start_dead_letter(loc, now, out);
-                    }
+                    self.dead_letter_if_spent(loc, now, out);
                 }
             }
         }
@@ -1493,20 +1478,26 @@ impl PartitionCore {
         e.session = None;
         e.repark_due = None;
         e.status = Status::Pending;
-        let attempts = e.attempt;
         self.insert_entry(loc, e);
-        if attempts >= self.config.max_attempts {
-            // Its last attempt failed before a crash (the record says so), or
-            // `max_attempts` was lowered below its count: dead-lettered, not handed
-            // out again.
-            let max = self.config.max_attempts;
-            if let Some(e) = self.entries.get_mut(&loc) {
-                e.last_reason.get_or_insert_with(|| {
-                    format!("max_attempts lowered to {max} below the {attempts} attempts made")
-                });
-            }
-            self.start_dead_letter(loc, now, out);
+        self.dead_letter_if_spent(loc, now, out);
+    }
+
+    /// An unparked event that has had its attempts (its last one failed before a
+    /// crash, as its record says, or `max_attempts` was lowered below its count) is
+    /// dead-lettered, not handed out again.
+    fn dead_letter_if_spent(&mut self, loc: Loc, now: u64, out: &mut Out) {
+        let max = self.config.max_attempts;
+        let Some(e) = self.entries.get_mut(&loc) else {
+            return;
+        };
+        let attempts = e.attempt;
+        if attempts < max {
+            return;
         }
+        e.last_reason.get_or_insert_with(|| {
+            format!("max_attempts lowered to {max} below the {attempts} attempts made")
+        });
+        self.start_dead_letter(loc, now, out);
     }
 
     fn events_read(&mut self, events: Vec<EventMeta>, now: u64, out: &mut Out) {
