@@ -287,11 +287,27 @@ async fn start_of(
     })
 }
 
-fn unavailable(store: &'static str, backend: Backend) -> impl Fn(String) -> RuntimeError {
+pub(super) fn unavailable(
+    store: &'static str,
+    backend: Backend,
+) -> impl Fn(String) -> RuntimeError {
     move |detail| RuntimeError::Unavailable {
         store,
         backend,
         detail,
+    }
+}
+
+/// A park index call that failed, as the request that made it answers: the Local
+/// store fail-stopped; or the journal (on the log's `backend`) did not take the write
+/// or fenced it (the partition moved): unavailable, to be retried.
+pub(super) fn park_error(e: meshd_stores::park::ParkError, backend: Backend) -> RuntimeError {
+    use meshd_stores::park::ParkError;
+    match e {
+        ParkError::Local(e) => RuntimeError::StoreFailed(format!("parks: {e}")),
+        ParkError::Unavailable(detail) | ParkError::Fenced(detail) => {
+            unavailable("parks", backend)(detail)
+        }
     }
 }
 
@@ -1063,13 +1079,7 @@ impl Runtime {
             .parks
             .adopt(&key, owner.epoch())
             .await
-            .map_err(|e| match e {
-                meshd_stores::park::ParkError::Local(e) => RuntimeError::StoreFailed(e.to_string()),
-                meshd_stores::park::ParkError::Unavailable(r)
-                | meshd_stores::park::ParkError::Fenced(r) => {
-                    unavailable("parks", self.deps.log_backend)(r)
-                }
-            })?;
+            .map_err(|e| park_error(e, self.deps.log_backend))?;
         let parked = self
             .parked_at_start(&key, committed.offset, &records)
             .await?;

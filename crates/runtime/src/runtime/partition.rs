@@ -13,6 +13,7 @@
 //! join the next fsync instead of waiting for this one. Cluster mode keeps the strict
 //! order (its ledger write in Meta comes first).
 
+use super::cluster::{park_error, unavailable};
 use super::{Deps, Handed, RuntimeError};
 use crate::metrics::{Counted, PartCounters, SubCounters};
 use crate::runtime::PullBudget;
@@ -1872,12 +1873,6 @@ impl PartitionTask {
         offset: u64,
     ) -> Result<bool, RuntimeError> {
         let key = self.key().clone();
-        let unavailable =
-            |store: &'static str, backend: Backend, detail: String| RuntimeError::Unavailable {
-                store,
-                backend,
-                detail,
-            };
         if self.core.redrive_under_way(offset) {
             return Ok(false);
         }
@@ -1886,7 +1881,7 @@ impl PartitionTask {
             .parks
             .parked_among(&key, vec![offset])
             .await
-            .map_err(|e| unavailable("parks", Backend::RocksDb, e.to_string()))?;
+            .map_err(|e| unavailable("parks", Backend::RocksDb)(e.to_string()))?;
         if !parked.is_empty() {
             return Ok(true);
         }
@@ -1895,7 +1890,7 @@ impl PartitionTask {
             Ok(entry) => self.deps.deadletters.read_body(&entry).await,
             Err(e) => Err(e),
         }
-        .map_err(|e| unavailable("deadletters", meta, e.to_string()))?;
+        .map_err(|e| unavailable("deadletters", meta)(e.to_string()))?;
         let attributes = self
             .attributes
             .get(&key.topic, key.partition, offset, &body);
@@ -1928,12 +1923,7 @@ impl PartitionTask {
             }
             Err(e) => {
                 self.park_failed(&e, "park_redrive", offset);
-                return Err(match e {
-                    ParkError::Local(e) => RuntimeError::StoreFailed(format!("parks: {e}")),
-                    ParkError::Unavailable(detail) | ParkError::Fenced(detail) => {
-                        unavailable("parks", self.deps.log_backend, detail)
-                    }
-                });
+                return Err(park_error(e, self.deps.log_backend));
             }
         }
         if !self.core.key_taken(hash) {
