@@ -76,6 +76,10 @@ pub struct EtcdProcess {
     options: EtcdOptions,
     /// The `root` password once [`enable_auth`](Self::enable_auth) succeeded.
     root_password: Option<String>,
+    /// `--name`, and `--initial-cluster` when this is a member of an [`EtcdCluster`]
+    /// (`None`: a cluster of one).
+    name: String,
+    initial_cluster: Option<String>,
     data_dir: PathBuf,
     // Declared last: removed after `drop` has killed the process.
     _dir: tempfile::TempDir,
@@ -109,6 +113,8 @@ impl EtcdProcess {
                 metrics_port: free_port(),
                 options: options.clone(),
                 root_password: None,
+                name: "meshd-test".to_string(),
+                initial_cluster: None,
                 data_dir: dir.path().join("data"),
                 _dir: dir,
             };
@@ -231,7 +237,11 @@ impl EtcdProcess {
     fn spawn(&mut self, binary: &Path) -> anyhow::Result<()> {
         let client_url = self.url();
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
-        let name = "meshd-test";
+        let name = self.name.as_str();
+        let initial_cluster = self
+            .initial_cluster
+            .clone()
+            .unwrap_or_else(|| format!("{name}={peer_url}"));
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -263,7 +273,7 @@ impl EtcdProcess {
             .arg("--initial-advertise-peer-urls")
             .arg(&peer_url)
             .arg("--initial-cluster")
-            .arg(format!("{name}={peer_url}"))
+            .arg(initial_cluster)
             .arg("--initial-cluster-state")
             .arg("new")
             .arg("--initial-cluster-token")
@@ -317,6 +327,122 @@ impl EtcdProcess {
         };
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         crate::process::wait_healthy(self.proc.child(), "etcd", addr, READY_DEADLINE, health).await
+    }
+}
+
+/// A cluster of etcd members on loopback (plain HTTP, etcd's defaults but the short
+/// election settings every test etcd has), each an [`EtcdProcess`] a test can kill,
+/// restart on its data, pause and resume. A majority keeps it serving; killing the
+/// [`leader`](Self::leader) makes the others elect a new one.
+pub struct EtcdCluster {
+    pub members: Vec<EtcdProcess>,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until every one answers `/health` (a leader is
+    /// elected). Retries with fresh ports a few times, as [`EtcdProcess::start`] does.
+    pub async fn start(n: usize) -> anyhow::Result<Self> {
+        let binary = etcd_binary()?;
+        let mut last_error = None;
+        for attempt in 1..=START_ATTEMPTS {
+            let mut members = Vec::new();
+            let mut ports = std::collections::BTreeSet::new();
+            for i in 0..n {
+                let dir = tempfile::Builder::new()
+                    .prefix("meshd-etcd-")
+                    .tempdir()
+                    .context("creating the etcd temp dir")?;
+                let mut port = || loop {
+                    let p = free_port();
+                    if ports.insert(p) {
+                        return p;
+                    }
+                };
+                members.push(EtcdProcess {
+                    proc: Proc::new("etcd", dir.path().join("etcd.log")),
+                    client_port: port(),
+                    peer_port: port(),
+                    metrics_port: port(),
+                    options: EtcdOptions::default(),
+                    root_password: None,
+                    name: format!("member-{i}"),
+                    initial_cluster: None,
+                    data_dir: dir.path().join("data"),
+                    _dir: dir,
+                });
+            }
+            let initial: Vec<String> = members
+                .iter()
+                .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+                .collect();
+            let mut cluster = Self { members };
+            for m in &mut cluster.members {
+                m.initial_cluster = Some(initial.join(","));
+            }
+            let mut started = Ok(());
+            for m in &mut cluster.members {
+                started = started.and_then(|()| m.spawn(&binary));
+            }
+            for m in &mut cluster.members {
+                if started.is_ok() {
+                    started = m.wait_ready().await;
+                }
+            }
+            match started {
+                Ok(()) => return Ok(cluster),
+                Err(e) => {
+                    let tails: Vec<String> =
+                        cluster.members.iter().map(|m| m.log_tail(20)).collect();
+                    last_error = Some(e.context(format!(
+                        "etcd cluster start attempt {attempt}/{START_ATTEMPTS} failed; log tails:\n{}",
+                        tails.join("\n---\n")
+                    )));
+                }
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow!("the etcd cluster did not start")))
+    }
+
+    /// Every member's client address, comma-separated (`--meta etcd://...`).
+    pub fn endpoints(&self) -> String {
+        let list: Vec<String> = self.members.iter().map(|m| m.endpoint()).collect();
+        list.join(",")
+    }
+
+    /// The index of the member that is the leader now, asked of the members that
+    /// answer (`None` when none answers or none knows a leader).
+    pub async fn leader(&self) -> Option<usize> {
+        for m in &self.members {
+            if m.pid().is_none() {
+                continue;
+            }
+            let Ok(mut client) = m.admin_client().await else {
+                continue;
+            };
+            let Ok(Ok(status)) =
+                tokio::time::timeout(Duration::from_secs(2), client.status()).await
+            else {
+                continue;
+            };
+            let leader = status.leader();
+            for (i, other) in self.members.iter().enumerate() {
+                let Ok(mut c) = other.admin_client().await else {
+                    continue;
+                };
+                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), c.status()).await
+                {
+                    if s.header().map(|h| h.member_id()) == Some(leader) {
+                        return Some(i);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Restarts member `i` (killed or not) on its data and waits until it serves.
+    pub async fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+        self.members[i].restart().await
     }
 }
 
@@ -393,6 +519,32 @@ mod tests {
         assert_ne!(etcd.pid(), Some(first_pid));
         assert_eq!(etcd.endpoint(), format!("127.0.0.1:{}", addr.port()));
         health(addr).expect("healthy after restart");
+    }
+
+    #[tokio::test]
+    async fn a_three_member_cluster_serves_through_the_loss_of_its_leader() {
+        let mut cluster = EtcdCluster::start(3).await.expect("cluster starts");
+        assert_eq!(cluster.endpoints().split(',').count(), 3);
+        let leader = cluster.leader().await.expect("a leader");
+        let other = (leader + 1) % 3;
+        let mut client = cluster.members[other].admin_client().await.unwrap();
+        client.put("k", "1", None).await.unwrap();
+
+        cluster.members[leader].kill();
+        crate::wait::wait_until(Duration::from_secs(10), "a new leader", || async {
+            let l = cluster.leader().await;
+            anyhow::ensure!(l.is_some() && l != Some(leader), "leader {l:?}");
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let mut client = cluster.members[other].admin_client().await.unwrap();
+        client.put("k", "2", None).await.expect("a majority serves");
+
+        cluster.restart(leader).await.expect("the old leader rejoins");
+        let mut client = cluster.members[leader].admin_client().await.unwrap();
+        let got = client.get("k", None).await.expect("a linearizable read");
+        assert_eq!(got.kvs()[0].value(), b"2");
     }
 
     #[tokio::test]

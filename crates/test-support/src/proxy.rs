@@ -6,6 +6,13 @@
 //! (which applies them) but nothing it answers reaches the client, so the caller sees a
 //! timeout for a write that happened; `restore` then drops those connections (their
 //! byte streams lost data) and lets fresh ones through.
+//!
+//! `hold` is a blackhole, the partition a network really makes: nothing is closed or
+//! refused, bytes in the held direction (requests, replies or both: an asymmetric or a
+//! symmetric partition) just stop moving, so the peers see silence and only their own
+//! timeouts and keep-alives tell them; new connections are accepted and held too.
+//! `restore` lets the held bytes through, in order and complete, as TCP delivers what
+//! it retransmits once a partition heals before the connection gives up.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +28,8 @@ pub struct TcpProxy {
     open: Arc<AtomicBool>,
     /// While set, bytes from the upstream are read and dropped.
     swallow: Arc<AtomicBool>,
+    /// Which directions are held (`Hold` as bits), see [`TcpProxy::hold`].
+    held: watch::Sender<u8>,
     /// Bumped by `cut`: every live connection ends.
     generation: watch::Sender<u64>,
     /// Bytes clients sent through the proxy (what a process sent its backend).
@@ -43,6 +52,8 @@ impl TcpProxy {
         let swallowing = swallow.clone();
         let sent = Arc::new(AtomicU64::new(0));
         let counted = sent.clone();
+        let (held, _) = watch::channel(0u8);
+        let holds = held.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -57,7 +68,13 @@ impl TcpProxy {
                 let swallowing = swallowing.clone();
                 let counted = counted.clone();
                 let to = *target.lock().unwrap_or_else(|e| e.into_inner());
+                let (mut up_hold, mut down_hold) = (holds.subscribe(), holds.subscribe());
                 tokio::spawn(async move {
+                    // A connection opened during a hold of requests waits in silence
+                    // (its SYN got nowhere) until the hold ends.
+                    if !wait_unheld(&mut up_hold, Hold::Requests).await {
+                        return;
+                    }
                     let Ok(server) = TcpStream::connect(to).await else {
                         return;
                     };
@@ -71,6 +88,9 @@ impl TcpProxy {
                                 return Ok::<(), std::io::Error>(());
                             }
                             counted.fetch_add(n as u64, Ordering::Relaxed);
+                            if !wait_unheld(&mut up_hold, Hold::Requests).await {
+                                return Ok(());
+                            }
                             server_tx.write_all(&buf[..n]).await?;
                         }
                     };
@@ -80,6 +100,9 @@ impl TcpProxy {
                             let n = server_rx.read(&mut buf).await?;
                             if n == 0 {
                                 return Ok::<(), std::io::Error>(());
+                            }
+                            if !wait_unheld(&mut down_hold, Hold::Replies).await {
+                                return Ok(());
                             }
                             if !swallowing.load(Ordering::SeqCst) {
                                 client_tx.write_all(&buf[..n]).await?;
@@ -99,10 +122,20 @@ impl TcpProxy {
             upstream,
             open,
             swallow,
+            held,
             generation,
             sent,
             task,
         })
+    }
+
+    /// A blackhole in `direction`: bytes that way stop moving (they wait in the proxy
+    /// and the sockets' buffers, then back-pressure the sender), connections stay open
+    /// and new ones are accepted; nothing is closed or refused. `Hold::Both` is a
+    /// symmetric partition, `Requests` or `Replies` an asymmetric one.
+    /// [`restore`](Self::restore) lets everything held through, in order.
+    pub fn hold(&self, direction: Hold) {
+        self.held.send_modify(|h| *h |= direction as u8);
     }
 
     /// Bytes clients have sent through the proxy so far.
@@ -137,11 +170,28 @@ impl TcpProxy {
     /// lost answers are closed first (their streams are out of step), as a network
     /// that comes back after dropping packets resets them.
     pub fn restore(&self) {
+        self.held.send_modify(|h| *h = 0);
         if self.swallow.swap(false, Ordering::SeqCst) {
             self.generation.send_modify(|g| *g += 1);
         }
         self.open.store(true, Ordering::SeqCst);
     }
+}
+
+/// The direction(s) [`TcpProxy::hold`] stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Hold {
+    /// Client to upstream.
+    Requests = 1,
+    /// Upstream to client.
+    Replies = 2,
+    Both = 3,
+}
+
+/// Waits while `direction` is held; `false` when the proxy is gone.
+async fn wait_unheld(held: &mut watch::Receiver<u8>, direction: Hold) -> bool {
+    held.wait_for(|h| h & direction as u8 == 0).await.is_ok()
 }
 
 impl Drop for TcpProxy {
@@ -193,6 +243,63 @@ mod tests {
         proxy.restore();
         let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
         assert!(roundtrip(&mut again).await, "traffic passes again");
+    }
+
+    #[tokio::test]
+    async fn a_hold_keeps_connections_open_and_silent_then_delivers_everything_held() {
+        let (upstream, mut received) = recording_server().await;
+        let proxy = TcpProxy::start(upstream).await.unwrap();
+        let mut live = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert!(roundtrip(&mut live).await, "traffic passes");
+        assert_eq!(received.recv().await.unwrap(), b"ping");
+        let quiet = std::time::Duration::from_millis(300);
+
+        // Both ways: nothing arrives, nothing is closed, new connections hang.
+        proxy.hold(Hold::Both);
+        live.write_all(b"held").await.unwrap();
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        fresh.write_all(b"fresh").await.unwrap();
+        assert!(
+            tokio::time::timeout(quiet, received.recv()).await.is_err(),
+            "nothing reaches the upstream during a hold"
+        );
+        let mut buf = [0u8; 4];
+        assert!(
+            tokio::time::timeout(quiet, live.read(&mut buf)).await.is_err(),
+            "no answer and no close during a hold"
+        );
+        proxy.restore();
+        live.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"held", "what was held arrives once restored");
+        let mut got = Vec::new();
+        while got.len() < 9 {
+            got.extend(received.recv().await.unwrap());
+        }
+        got.sort_unstable();
+        let mut want = b"heldfresh".to_vec();
+        want.sort_unstable();
+        assert_eq!(got, want, "both connections' held requests arrive");
+
+        // Replies only (asymmetric): requests are applied, answers wait.
+        proxy.hold(Hold::Replies);
+        live.write_all(b"asym").await.unwrap();
+        assert_eq!(received.recv().await.unwrap(), b"asym", "requests pass");
+        assert!(
+            tokio::time::timeout(quiet, live.read(&mut buf)).await.is_err(),
+            "the answer is held"
+        );
+        proxy.restore();
+        live.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"asym");
+
+        // Requests only: nothing reaches the upstream until restored.
+        proxy.hold(Hold::Requests);
+        live.write_all(b"late").await.unwrap();
+        assert!(tokio::time::timeout(quiet, received.recv()).await.is_err());
+        proxy.restore();
+        assert_eq!(received.recv().await.unwrap(), b"late");
+        live.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"late");
     }
 
     /// An upstream that records what it received.
