@@ -29,8 +29,9 @@ meshd_packages() {
     # test: etcd for the Meta and cluster tests, the font meshd-bench --plot draws
     # with, python3-venv for the venv nats-server comes in (see meshd_need_nats), and
     # fuse3 (fusermount3) for the lazy filesystem of the power-cut tests (mounted
-    # directly as root; fusermount3 otherwise).
-    local test=(etcd-server fonts-dejavu-core python3-venv fuse3)
+    # directly as root; fusermount3 otherwise), faketime (libfaketime) for the clock
+    # jumps of the cluster crash loop.
+    local test=(etcd-server fonts-dejavu-core python3-venv fuse3 faketime)
     case "$1" in
     run) echo "${build[*]}" ;;
     test) echo "${build[*]} ${test[*]}" ;;
@@ -59,6 +60,19 @@ meshd_libclang_file() {
                 return 0
             fi
         done
+    done
+    return 1
+}
+
+# libfaketime (Debian's faketime package), which the cluster crash loop preloads into
+# meshd to jump its wall clock.
+meshd_libfaketime() {
+    local f
+    for f in /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1; do
+        if [ -e "$f" ]; then
+            echo "$f"
+            return 0
+        fi
     done
     return 1
 }
@@ -97,6 +111,7 @@ meshd_provided() {
     fonts-dejavu-core) [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || { echo "DejaVuSans.ttf" && return 1; } ;;
     python3-venv) "$(meshd_python)" -c 'import ensurepip, venv' >/dev/null 2>&1 || { echo "python3 -m venv (ensurepip)" && return 1; } ;;
     fuse3) command -v fusermount3 >/dev/null 2>&1 || { echo "fusermount3" && return 1; } ;;
+    faketime) meshd_libfaketime >/dev/null || { echo "libfaketime.so.1" && return 1; } ;;
     *)
         echo "a check for package $1"
         return 1

@@ -429,8 +429,7 @@ impl EtcdCluster {
                 let Ok(mut c) = other.admin_client().await else {
                     continue;
                 };
-                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), c.status()).await
-                {
+                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), c.status()).await {
                     if s.header().map(|h| h.member_id()) == Some(leader) {
                         return Some(i);
                     }
@@ -541,7 +540,10 @@ mod tests {
         let mut client = cluster.members[other].admin_client().await.unwrap();
         client.put("k", "2", None).await.expect("a majority serves");
 
-        cluster.restart(leader).await.expect("the old leader rejoins");
+        cluster
+            .restart(leader)
+            .await
+            .expect("the old leader rejoins");
         let mut client = cluster.members[leader].admin_client().await.unwrap();
         let got = client.get("k", None).await.expect("a linearizable read");
         assert_eq!(got.kvs()[0].value(), b"2");

@@ -85,6 +85,18 @@ pub async fn request_with(
     exchange(addr, method, path, headers, body, Duration::from_secs(10)).await
 }
 
+/// [`request_with`] bounded by `timeout` instead of 10 s.
+pub async fn request_with_timeout(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> anyhow::Result<Response> {
+    exchange(addr, method, path, headers, body, timeout).await
+}
+
 async fn exchange(
     addr: &str,
     method: &str,

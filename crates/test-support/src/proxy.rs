@@ -265,7 +265,9 @@ mod tests {
         );
         let mut buf = [0u8; 4];
         assert!(
-            tokio::time::timeout(quiet, live.read(&mut buf)).await.is_err(),
+            tokio::time::timeout(quiet, live.read(&mut buf))
+                .await
+                .is_err(),
             "no answer and no close during a hold"
         );
         proxy.restore();
@@ -285,7 +287,9 @@ mod tests {
         live.write_all(b"asym").await.unwrap();
         assert_eq!(received.recv().await.unwrap(), b"asym", "requests pass");
         assert!(
-            tokio::time::timeout(quiet, live.read(&mut buf)).await.is_err(),
+            tokio::time::timeout(quiet, live.read(&mut buf))
+                .await
+                .is_err(),
             "the answer is held"
         );
         proxy.restore();

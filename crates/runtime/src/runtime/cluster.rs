@@ -234,6 +234,11 @@ pub struct PartitionCluster {
     pub checkpoint_every: Duration,
     /// The committed offset of the last checkpoint.
     pub checkpointed: u64,
+    /// The offsets resolved above it that the last checkpoint carried: a checkpoint
+    /// is written when either changed, so an ack above a gap is in Meta within the
+    /// checkpoint interval (a new owner skips it) even while the gap holds
+    /// `committed`.
+    pub checkpointed_resolved: Vec<u64>,
     /// Set when a write under this epoch was fenced: the task ends.
     pub lost: Arc<AtomicBool>,
     /// The members as the controller last saw them: retries are parked only while
@@ -1102,6 +1107,7 @@ impl Runtime {
             ledger_state,
             checkpoint_every: cluster.checkpoint_every,
             checkpointed: committed.offset,
+            checkpointed_resolved: resolved.clone(),
             lost: lost.clone(),
             directory: cluster.directory.clone(),
         };
@@ -1199,11 +1205,21 @@ impl Drain for RuntimeDrain {
                 .write()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
+            let key = Runtime::key(&sub.sub, partition.1);
             let resolved = match taken {
                 Some(h) => Runtime::stop_handle(&h).await,
-                None => Vec::new(),
+                None => None,
             };
-            let key = Runtime::key(&sub.sub, partition.1);
+            let Some(resolved) = resolved else {
+                // No task to ask (it ended on its own, e.g. after an ambiguous Meta
+                // write): what it resolved above `committed` since the last checkpoint
+                // is unknown, and a checkpoint without it would drop the resolved
+                // offsets the last one carried (the next owner would deliver them
+                // again, from attempt 1). The last checkpoint stands; the ledger
+                // still holds every acked delivery it does not carry.
+                tracing::info!(store = "checkpoints", backend = %rt.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition = key.partition, "no running partition task at release: the last checkpoint stands");
+                continue;
+            };
             // The acked offsets above the committed one go with the checkpoint: the
             // next owner does not deliver them again (a release causes no duplicates).
             if let Err(e) = rt

@@ -536,11 +536,13 @@ impl Runtime {
     /// the stores) and ends.
     /// Stops a partition task after the work it has queued; returns the offsets above
     /// its committed one that were resolved already (empty when it had ended).
-    async fn stop_handle(p: &PartitionHandle) -> Vec<u64> {
+    /// Stops a partition's task; the offsets it had resolved above its committed one,
+    /// or `None` when the task had ended already (it cannot say).
+    async fn stop_handle(p: &PartitionHandle) -> Option<Vec<u64>> {
         let (tx, rx) = oneshot::channel();
-        let mut resolved = Vec::new();
+        let mut resolved = None;
         if p.tx.send(Msg::Stop { reply: tx }).await.is_ok() {
-            resolved = rx.await.unwrap_or_default();
+            resolved = rx.await.ok();
         }
         p.join.abort();
         resolved

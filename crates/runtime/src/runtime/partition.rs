@@ -514,7 +514,9 @@ impl PartitionTask {
         let Some(c) = self.cluster.as_mut() else {
             return true;
         };
-        if committed <= c.checkpointed && !force {
+        // The acked offsets above a gap go with it (a new owner skips them).
+        let resolved = self.core.resolved_above();
+        if committed <= c.checkpointed && resolved == c.checkpointed_resolved && !force {
             // Nothing new: the checkpoint in Meta is current.
             self.shared
                 .checkpointed_at_ms
@@ -524,8 +526,6 @@ impl PartitionTask {
             }
             return true;
         }
-        // The acked offsets above a gap go with it (a new owner skips them).
-        let resolved = self.core.resolved_above();
         match self
             .deps
             .offsets
@@ -534,9 +534,12 @@ impl PartitionTask {
         {
             Ok(()) => {
                 c.checkpointed = committed;
-                // Below a durable checkpoint every entry is resolved for good (the
-                // dead-lettered ones stayed until now): their records can go.
+                // Below a durable checkpoint, and at the resolved offsets it carries,
+                // every entry is resolved for good (acked and dead-lettered ones
+                // stayed in the ledger until now): their records can go.
                 c.ledger_state.checkpointed(committed);
+                c.ledger_state.forget(resolved.iter().copied());
+                c.checkpointed_resolved = resolved;
                 self.shared
                     .checkpointed_at_ms
                     .store(now_ms(), Ordering::Release);
@@ -1447,18 +1450,13 @@ impl PartitionTask {
                 }
             }
             Command::Reply(r) => {
-                if let (
-                    Reply::Ack {
-                        delivery_id,
-                        outcome: AckOutcome::Acked,
-                    },
-                    Some(c),
-                ) = (&r, self.cluster.as_mut())
-                {
-                    // Acked: out of the ledger (a move before the next checkpoint
-                    // delivers it again, as at-least-once allows).
-                    c.ledger_state.forget(super::offset_of(delivery_id));
-                }
+                // Cluster mode: an acked delivery stays in the attempt ledger until a
+                // checkpoint carries it (below `committed` or among the resolved
+                // offsets above it, see `write_checkpoint`). A move before that
+                // delivers it again, as at-least-once allows, with its next attempt
+                // (never the same attempt and id again); an ack of its last attempt
+                // lost that way ends in the dead-letter store, as an ack lost within
+                // the flush interval does standalone.
                 fx.replies.push(r);
                 vec![]
             }

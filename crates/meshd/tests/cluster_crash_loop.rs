@@ -1,0 +1,1969 @@
+//! The cluster crash loop (issue 25): three real `meshd` instances on a three-member
+//! etcd and nats-server, with clients publishing, pulling, acking, nacking, dropping
+//! and holding deliveries through any instance while a seeded schedule of faults hits
+//! every process and every link:
+//!
+//! - SIGKILL of a meshd (restarted on its data dir), of an etcd member (the leader half
+//!   the time; restarted) or of nats-server (restarted on its store);
+//! - SIGSTOP of a meshd past its lease with work in flight, then SIGCONT;
+//! - partitions through TCP proxies, as blackholes (connections stay open and silent,
+//!   [`TcpProxy::hold`]) in both directions or one (asymmetric), or as clean cuts:
+//!   meshd↔etcd (every member), meshd↔meshd (the instance's advertised address, which
+//!   the others call) and meshd↔nats;
+//! - clock jumps of a meshd's wall clock, forwards and backwards (Debian's libfaketime
+//!   preloaded with `DONT_FAKE_MONOTONIC`: an NTP step; it cannot move the clocks of Go
+//!   binaries such as etcd and nats-server, so only meshd's jump).
+//!
+//! After the faults every process runs again, the clients drain the subscription, and
+//! an oracle checks what the clients were told and what etcd recorded (a watch of the
+//! whole key space from revision 1, with the time each revision arrived):
+//!
+//! 1. every event answered 201 was delivered or is in the dead-letter store, and every
+//!    partition's committed offset reaches its end;
+//! 2. nothing appears that was never published, every delivery is exactly what was
+//!    published, at the one (partition, offset) its 201 named (publishes deduplicate,
+//!    so a retried publish is stored once);
+//! 3. no delivery names a (partition, offset) below a checkpoint etcd already held
+//!    when the pull was sent (a new owner resumes from the checkpoint; nothing below it
+//!    is handed out again), and every offset below a checkpoint was named in an ack
+//!    sent before that checkpoint arrived, or is dead-lettered (gap-free);
+//! 4. attempts: none above `max_attempts`; before an offset's first ack no attempt is
+//!    handed out twice and a delivery that certainly came after another has a higher
+//!    attempt; a dead letter carries `max_attempts`; a poison event (always nacked) is
+//!    dead-lettered after exactly `max_attempts` deliveries, however often its
+//!    partition moved;
+//! 5. no event is dead-lettered twice; an offset answered `dead_lettered` is never
+//!    handed out again;
+//! 6. etcd's history: every write to a checkpoint, attempt-ledger or dead-letter key
+//!    was made while its partition's owner key existed (the fenced transaction compares
+//!    that key's `mod_revision`, the owner's epoch), a dead letter names exactly the
+//!    owner and epoch that held the partition at that revision, and a checkpoint never
+//!    goes backwards;
+//! 7. duplicates (a delivery of an offset after an ack of it was answered `acked`) stay
+//!    within the README's bound: the ack was answered less than a checkpoint interval
+//!    (plus a little slack) before a fault began, so the last checkpoint before the
+//!    partition moved (or its task restarted after an ambiguous Meta write) could not
+//!    carry it; their number per move and per fault is measured and reported;
+//! 8. a subscription's settings, written (`PUT`, and compare-and-set with `If-Match`)
+//!    and read by concurrent clients through every instance under the same faults, form
+//!    a linearizable history ([`meshd_test_support::linearizability`]).
+//!
+//! A run must clear an activity floor (acks answered `acked`, publishes answered 201,
+//! faults applied) or it fails.
+//!
+//! `MESHD_CLUSTER_CRASH_SEED` picks the seed (printed; the schedule of faults and every
+//! client choice follow from it), `MESHD_CLUSTER_CRASH_ROUNDS` the number of faults
+//! (default 8, the CI run), `MESHD_CLUSTER_CRASH_NATS=3` runs three nats-servers with
+//! JetStream `replicas=3` (a fault of "nats" then kills one of them). Long runs:
+//! `MESHD_CLUSTER_CRASH_ROUNDS=200 MESHD_CLUSTER_CRASH_NATS=3 cargo test -p meshd --test
+//! cluster_crash_loop -- --nocapture` (docs/crash-loop.md records runs and seeds).
+
+mod common;
+
+use common::*;
+use meshd_test_support::etcd::EtcdCluster;
+use meshd_test_support::http::{self, Response};
+use meshd_test_support::linearizability::{
+    check_by_key, Operation, RegisterInput, RegisterOf, RegisterOutput,
+};
+use meshd_test_support::meshd::MeshdProcess;
+use meshd_test_support::nats::{NatsCluster, NatsProcess};
+use meshd_test_support::proxy::{Hold, TcpProxy};
+use meshd_test_support::rng::Rng;
+use meshd_test_support::wait::wait_until;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+const TOPIC: &str = "t";
+const SUB: &str = "s";
+/// The subscription whose settings the history clients write and read.
+const HSUB: &str = "h";
+const PARTITIONS: u64 = 4;
+const INSTANCES: usize = 3;
+const ETCD_MEMBERS: usize = 3;
+const LEASE_TTL: Duration = Duration::from_millis(1500);
+const CHECKPOINT_MS: u64 = 200;
+const MAX_ATTEMPTS: u64 = 4;
+const ACK_TIMEOUT_MS: u64 = 1500;
+const PUBLISHERS: usize = 2;
+const CONSUMERS: usize = 3;
+const HISTORY_CLIENTS: usize = 3;
+const DEFAULT_ROUNDS: u32 = 8;
+/// Every client request gives up after this (a paused instance answers nothing).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(4);
+/// One event in this many is poison: consumers nack it every time.
+const POISON_ONE_IN: u64 = 12;
+const DRAIN: Duration = Duration::from_secs(90);
+/// How late etcd's watch may report a revision after it happened (the harness's watch
+/// may sit on a member that was just killed and reconnect).
+const WATCH_SLACK: Duration = Duration::from_secs(3);
+const SHOWN: usize = 40;
+/// How late a checkpoint may be written after its interval (a busy partition task on
+/// a loaded 2-core machine, a Meta write in flight).
+const CHECKPOINT_SLACK: Duration = Duration::from_millis(500);
+
+fn env_number(name: &str) -> Option<u64> {
+    let s = std::env::var(name).ok()?;
+    let s = s.trim();
+    let parsed = match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    Some(parsed.unwrap_or_else(|e| panic!("{name}={s:?} is not a number: {e}")))
+}
+
+fn seed() -> u64 {
+    env_number("MESHD_CLUSTER_CRASH_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    })
+}
+
+/// libfaketime, from Debian's `faketime` (scripts/env.sh installs it for the tests).
+fn libfaketime() -> PathBuf {
+    ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|arch| PathBuf::from(format!("/usr/lib/{arch}/faketime/libfaketime.so.1")))
+        .find(|p| p.exists())
+        .expect("libfaketime.so.1 not found: install Debian's faketime (scripts/test does)")
+}
+
+// ---------------------------------------------------------------------------------
+// What the clients were told.
+
+#[derive(Clone, Debug, PartialEq)]
+enum Outcome {
+    InFlight,
+    Created(u64, u64),
+    Unknown(String),
+}
+
+struct Published {
+    body: Value,
+    outcome: Outcome,
+}
+
+/// One delivery a pull answered (times since the start of the test).
+#[derive(Clone, Debug)]
+struct Seen {
+    sent: Duration,
+    recv: Duration,
+    partition: u64,
+    offset: u64,
+    attempt: u64,
+    event_id: String,
+    event: Value,
+}
+
+impl fmt::Display for Seen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "(p{} o{} attempt {} event {}, pulled {:?}..{:?})",
+            self.partition, self.offset, self.attempt, self.event_id, self.sent, self.recv
+        )
+    }
+}
+
+/// An ack or nack answer for one delivery.
+#[derive(Clone, Debug)]
+struct Answer {
+    sent: Duration,
+    recv: Duration,
+    partition: u64,
+    offset: u64,
+    attempt: u64,
+    list: String,
+}
+
+/// A fault the schedule applied, with when it began and ended.
+#[derive(Clone, Debug)]
+struct Fault {
+    what: String,
+    start: Duration,
+    end: Duration,
+}
+
+/// One revision's changes as etcd's watch reported them.
+#[derive(Clone, Debug)]
+struct Change {
+    revision: i64,
+    key: String,
+    /// `None`: deleted.
+    value: Option<Vec<u8>>,
+    arrived: Duration,
+}
+
+type HistoryOp = Operation<RegisterInput<u64>, RegisterOutput<u64>>;
+
+#[derive(Default)]
+struct Log {
+    published: BTreeMap<String, Published>,
+    created: usize,
+    deliveries: Vec<Seen>,
+    by_delivery_id: BTreeMap<String, usize>,
+    acked: Vec<Answer>,
+    nacked: Vec<Answer>,
+    /// (partition, offset) -> when the first ack request naming it was sent.
+    first_ack_sent: BTreeMap<(u64, u64), Duration>,
+    /// Every ack request naming (partition, offset): when it was sent.
+    ack_sends: BTreeMap<(u64, u64), Vec<Duration>>,
+    faults: Vec<Fault>,
+    changes: Vec<Change>,
+    /// The watch lost history (compacted before it was read): the check of rule 6
+    /// would be blind, so the run fails.
+    watch_gap: Option<String>,
+    history: Vec<HistoryOp>,
+    unanswered: BTreeMap<String, usize>,
+    problems: Vec<String>,
+}
+
+struct Ctx {
+    t0: Instant,
+    seed: u64,
+    rounds: u32,
+    log: Mutex<Log>,
+}
+
+impl Ctx {
+    fn now(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    fn log(&self) -> MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fail(&self, msg: impl fmt::Display) -> ! {
+        panic!(
+            "{msg}\n(seed {}, {} rounds; rerun: MESHD_CLUSTER_CRASH_SEED={} MESHD_CLUSTER_CRASH_ROUNDS={} cargo test -p meshd --test cluster_crash_loop -- --nocapture)",
+            self.seed, self.rounds, self.seed, self.rounds
+        )
+    }
+
+    fn note(&self, what: &str, f: &Failure) {
+        let mut log = self.log();
+        match f {
+            Failure::Transport(_) => {
+                *log.unanswered
+                    .entry(format!("{what}: no answer"))
+                    .or_default() += 1
+            }
+            Failure::Status(s, _) if *s >= 500 || *s == 429 => {
+                *log.unanswered.entry(format!("{what}: {s}")).or_default() += 1
+            }
+            other => log.problems.push(format!("{what}: {other}")),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Failure {
+    Transport(String),
+    Status(u16, String),
+    Malformed(String),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Transport(e) => write!(f, "no answer: {e}"),
+            Failure::Status(s, body) => write!(f, "answered {s}: {body}"),
+            Failure::Malformed(e) => write!(f, "malformed answer: {e}"),
+        }
+    }
+}
+
+fn expect(r: anyhow::Result<Response>, status: u16) -> Result<Value, Failure> {
+    let r = r.map_err(|e| Failure::Transport(format!("{e:#}")))?;
+    if r.status != status {
+        return Err(Failure::Status(r.status, r.body));
+    }
+    r.json().map_err(|e| Failure::Malformed(format!("{e:#}")))
+}
+
+async fn send(a: &str, method: &str, path: &str, body: &Value) -> anyhow::Result<Response> {
+    http::request_with_timeout(
+        a,
+        method,
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+        REQUEST_TIMEOUT,
+    )
+    .await
+}
+
+fn id_of(event: &Value) -> String {
+    event["id"].as_str().unwrap_or_default().to_string()
+}
+
+fn is_poison(id: &str) -> bool {
+    id.starts_with("poison-")
+}
+
+// ---------------------------------------------------------------------------------
+// Where clients send requests.
+
+/// The instances' addresses (`None` while one is being restarted) and whether the run
+/// is over.
+#[derive(Clone, Debug, Default)]
+struct Gate {
+    addrs: Vec<Option<String>>,
+    finished: bool,
+}
+
+/// A random instance that runs (paused ones included: their requests time out).
+async fn pick(gate: &mut watch::Receiver<Gate>, rng: &mut Rng) -> Option<String> {
+    loop {
+        let g = gate.borrow_and_update().clone();
+        if g.finished {
+            return None;
+        }
+        let up: Vec<String> = g.addrs.iter().flatten().cloned().collect();
+        if !up.is_empty() {
+            return Some(up[rng.below(up.len() as u64) as usize].clone());
+        }
+        if gate.changed().await.is_err() {
+            return None;
+        }
+    }
+}
+
+async fn publish_and_record(ctx: &Ctx, a: &str, events: &[Value]) -> Result<(), Failure> {
+    {
+        let mut log = ctx.log();
+        for e in events {
+            log.published.entry(id_of(e)).or_insert(Published {
+                body: e.clone(),
+                outcome: Outcome::InFlight,
+            });
+        }
+    }
+    let body = Value::Array(events.to_vec()).to_string();
+    let r = http::request_with_timeout(
+        a,
+        "POST",
+        &format!("/v1/topics/{TOPIC}/events"),
+        &[("Content-Type", "application/cloudevents-batch+json")],
+        body.as_bytes(),
+        REQUEST_TIMEOUT,
+    )
+    .await;
+    let placed = expect(r, 201).and_then(|answer| {
+        let placed: Option<Vec<(String, u64, u64)>> = answer["events"].as_array().map(|l| {
+            l.iter()
+                .filter_map(|p| {
+                    Some((
+                        p["id"].as_str()?.to_string(),
+                        p["partition"].as_u64()?,
+                        p["offset"].as_u64()?,
+                    ))
+                })
+                .collect()
+        });
+        match placed {
+            Some(p) if p.len() == events.len() => Ok(p),
+            _ => Err(Failure::Malformed(format!("publish answered {answer}"))),
+        }
+    });
+    let mut log = ctx.log();
+    match placed {
+        Ok(placed) => {
+            log.created += 1;
+            for (id, partition, offset) in placed {
+                let problem = match log.published.get_mut(&id) {
+                    Some(p) => match &p.outcome {
+                        Outcome::Created(pp, oo) if (*pp, *oo) != (partition, offset) => Some(
+                            format!("event {id} answered 201 at p{pp} o{oo} and later at p{partition} o{offset}"),
+                        ),
+                        _ => {
+                            p.outcome = Outcome::Created(partition, offset);
+                            None
+                        }
+                    },
+                    None => Some(format!("publish answered an id it was not sent: {id}")),
+                };
+                log.problems.extend(problem);
+            }
+            Ok(())
+        }
+        Err(f) => {
+            drop(log);
+            ctx.note("publish", &f);
+            let mut log = ctx.log();
+            for e in events {
+                if let Some(p) = log.published.get_mut(&id_of(e)) {
+                    if !matches!(p.outcome, Outcome::Created(..)) {
+                        p.outcome = Outcome::Unknown(f.to_string());
+                    }
+                }
+            }
+            Err(f)
+        }
+    }
+}
+
+/// One pull; records every delivery and returns (delivery id, event id) of each.
+async fn pull_and_record(
+    ctx: &Ctx,
+    a: &str,
+    max_events: u64,
+    wait_ms: u64,
+) -> Result<Vec<(Value, String)>, Failure> {
+    let sent = ctx.now();
+    let r = send(
+        a,
+        "POST",
+        &format!("/v1/subscriptions/{SUB}/pull"),
+        &json!({"max_events": max_events, "wait_ms": wait_ms}),
+    )
+    .await;
+    let answer = expect(r, 200);
+    let recv = ctx.now();
+    let answer = answer.inspect_err(|f| ctx.note("pull", f))?;
+    let Some(list) = answer["deliveries"].as_array() else {
+        let f = Failure::Malformed(format!("pull answered {answer}"));
+        ctx.note("pull", &f);
+        return Err(f);
+    };
+    let mut log = ctx.log();
+    let mut out = Vec::with_capacity(list.len());
+    for d in list {
+        let parsed = (|| {
+            Some(Seen {
+                sent,
+                recv,
+                partition: d["partition"].as_u64()?,
+                offset: d["offset"].as_u64()?,
+                attempt: d["attempt"].as_u64()?,
+                event_id: d["event"]["id"].as_str()?.to_string(),
+                event: d["event"].clone(),
+            })
+        })();
+        match (parsed, d["delivery_id"].is_string()) {
+            (Some(seen), true) => {
+                let key = d["delivery_id"].to_string();
+                if log.by_delivery_id.contains_key(&key) {
+                    log.problems
+                        .push(format!("delivery id {key} handed out twice: {seen}"));
+                    continue;
+                }
+                let i = log.deliveries.len();
+                out.push((d["delivery_id"].clone(), seen.event_id.clone()));
+                log.deliveries.push(seen);
+                log.by_delivery_id.insert(key, i);
+            }
+            _ => log.problems.push(format!("malformed delivery {d}")),
+        }
+    }
+    Ok(out)
+}
+
+/// Acks (`verb` "ack") or nacks `ids` and records the answer for each.
+async fn settle_and_record(ctx: &Ctx, a: &str, verb: &str, ids: Vec<Value>) -> Result<(), Failure> {
+    let (body, lists): (Value, &[&str]) = if verb == "ack" {
+        (
+            json!({ "delivery_ids": ids }),
+            &["acked", "unknown", "fenced", "failed"],
+        )
+    } else {
+        (
+            json!({ "delivery_ids": ids, "reason": "cluster crash loop nack" }),
+            &[
+                "retrying",
+                "dead_lettered",
+                "dead_lettering",
+                "unknown",
+                "fenced",
+            ],
+        )
+    };
+    let sent = ctx.now();
+    if verb == "ack" {
+        let mut log = ctx.log();
+        for id in &ids {
+            if let Some(at) = log
+                .by_delivery_id
+                .get(&id.to_string())
+                .map(|i| (log.deliveries[*i].partition, log.deliveries[*i].offset))
+            {
+                log.first_ack_sent.entry(at).or_insert(sent);
+                log.ack_sends.entry(at).or_default().push(sent);
+            }
+        }
+    }
+    let r = send(a, "POST", &format!("/v1/subscriptions/{SUB}/{verb}"), &body).await;
+    let answer = expect(r, 200);
+    let recv = ctx.now();
+    let answer = answer.inspect_err(|f| ctx.note(verb, f))?;
+    let mut log = ctx.log();
+    let mut placed: BTreeMap<String, String> = BTreeMap::new();
+    for list in lists {
+        let Some(members) = answer[*list].as_array() else {
+            log.problems
+                .push(format!("{verb} answer without a {list} list: {answer}"));
+            return Ok(());
+        };
+        for id in members {
+            if placed.insert(id.to_string(), list.to_string()).is_some() {
+                log.problems
+                    .push(format!("{verb} answered {id} in two lists: {answer}"));
+            }
+        }
+    }
+    let sent_ids: BTreeSet<String> = ids.iter().map(Value::to_string).collect();
+    if placed.keys().cloned().collect::<BTreeSet<_>>() != sent_ids {
+        log.problems.push(format!(
+            "{verb} of {sent_ids:?} answered other ids: {answer}"
+        ));
+    }
+    for (id, list) in placed {
+        let Some(d) = log
+            .by_delivery_id
+            .get(&id)
+            .map(|i| log.deliveries[*i].clone())
+        else {
+            continue;
+        };
+        let answer = Answer {
+            sent,
+            recv,
+            partition: d.partition,
+            offset: d.offset,
+            attempt: d.attempt,
+            list: list.clone(),
+        };
+        if verb == "ack" {
+            if list == "acked" {
+                log.acked.push(answer);
+            }
+        } else {
+            log.nacked.push(answer);
+        }
+    }
+    Ok(())
+}
+
+async fn publisher(n: usize, mut rng: Rng, mut gate: watch::Receiver<Gate>, ctx: Arc<Ctx>) {
+    let mut next = 0u64;
+    while let Some(a) = pick(&mut gate, &mut rng).await {
+        let size = if rng.range(0, 1) == 0 {
+            1
+        } else {
+            rng.range(2, 6)
+        };
+        let events: Vec<Value> = (0..size)
+            .map(|_| {
+                next += 1;
+                let kind = if rng.below(POISON_ONE_IN) == 0 {
+                    "poison"
+                } else {
+                    "e"
+                };
+                event(&format!("{kind}-{n}-{next}"))
+            })
+            .collect();
+        // Sent again (to any instance) until answered 201: publishes deduplicate by
+        // id, so the resend is stored once.
+        let mut a = a;
+        while let Err(f) = publish_and_record(&ctx, &a, &events).await {
+            if !matches!(f, Failure::Transport(_)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            match pick(&mut gate, &mut rng).await {
+                Some(next) => a = next,
+                None => break,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.range(10, 60))).await;
+    }
+}
+
+/// Pulls from any instance and, per delivery: a poison event is nacked; others are
+/// acked (60%), nacked (10%), dropped so the lease runs out (15%) or held up to two
+/// ack timeouts and then acked (15%). Acks and nacks go to any instance.
+async fn consumer(mut rng: Rng, mut gate: watch::Receiver<Gate>, ctx: Arc<Ctx>) {
+    let mut held: Vec<(Instant, Value)> = Vec::new();
+    while let Some(a) = pick(&mut gate, &mut rng).await {
+        let (max, wait) = (rng.range(1, 12), rng.range(0, 300));
+        let got = match pull_and_record(&ctx, &a, max, wait).await {
+            Ok(got) => got,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                continue;
+            }
+        };
+        let (mut acks, mut nacks) = (Vec::new(), Vec::new());
+        for (id, event_id) in got {
+            if is_poison(&event_id) {
+                nacks.push(id);
+                continue;
+            }
+            match rng.range(0, 99) {
+                0..=59 => acks.push(id),
+                60..=69 => nacks.push(id),
+                70..=84 => {}
+                _ => {
+                    let later = Duration::from_millis(rng.range(0, 2 * ACK_TIMEOUT_MS));
+                    held.push((Instant::now() + later, id));
+                }
+            }
+        }
+        let now = Instant::now();
+        acks.extend(
+            held.extract_if(.., |(due, _)| *due <= now)
+                .map(|(_, id)| id),
+        );
+        for (verb, ids) in [("ack", acks), ("nack", nacks)] {
+            if ids.is_empty() {
+                continue;
+            }
+            let Some(b) = pick(&mut gate, &mut rng).await else {
+                return;
+            };
+            let _ = settle_and_record(&ctx, &b, verb, ids).await;
+        }
+    }
+}
+
+/// Writes and reads subscription `h`'s `ack_timeout_ms` through any instance: plain
+/// writes, compare-and-set writes (`If-Match` with the ETag of a read) and reads, each
+/// value written once. Recorded as register operations.
+async fn history_client(c: usize, mut rng: Rng, mut gate: watch::Receiver<Gate>, ctx: Arc<Ctx>) {
+    let mut i = 0u64;
+    // The last read's value and ETag, for the next compare-and-set.
+    let mut last: Option<(u64, String)> = None;
+    while let Some(a) = pick(&mut gate, &mut rng).await {
+        i += 1;
+        let value = 1_000 + (c as u64) * 150_000 + i;
+        let call = ctx.now().as_nanos() as u64;
+        let roll = rng.range(0, 2);
+        let (input, answer) = if roll == 0 || (roll == 2 && last.is_none()) {
+            let r = send(
+                &a,
+                "PUT",
+                &format!("/v1/subscriptions/{HSUB}"),
+                &json!({"topic": TOPIC, "ack_timeout_ms": value}),
+            )
+            .await;
+            let out = match &r {
+                Ok(r) if r.status == 200 || r.status == 201 => Some(Ok(RegisterOutput::Written)),
+                Ok(r) if r.status >= 500 || r.status == 429 => None,
+                Err(_) => None,
+                Ok(r) => Some(Err(format!("PUT answered {} {}", r.status, r.body))),
+            };
+            (RegisterInput::Write(value), out)
+        } else if roll == 1 {
+            let r = http::request(
+                &a,
+                "GET",
+                &format!("/v1/subscriptions/{HSUB}"),
+                None,
+                REQUEST_TIMEOUT,
+            )
+            .await;
+            let out = match &r {
+                Ok(r) if r.status == 200 => match (
+                    r.json().ok().and_then(|v| v["ack_timeout_ms"].as_u64()),
+                    r.header("etag"),
+                ) {
+                    (Some(v), Some(tag)) => {
+                        last = Some((v, tag.to_string()));
+                        Some(Ok(RegisterOutput::Read(Some(v))))
+                    }
+                    _ => Some(Err(format!("GET answered {}", r.body))),
+                },
+                _ => {
+                    // A failed read changes nothing: left out.
+                    continue;
+                }
+            };
+            (RegisterInput::Read, out)
+        } else {
+            let (expect, tag) = last.clone().expect("a read before a compare-and-set");
+            let r = http::request_with_timeout(
+                &a,
+                "PUT",
+                &format!("/v1/subscriptions/{HSUB}"),
+                &[
+                    ("Content-Type", "application/json"),
+                    ("If-Match", tag.as_str()),
+                ],
+                json!({"topic": TOPIC, "ack_timeout_ms": value})
+                    .to_string()
+                    .as_bytes(),
+                REQUEST_TIMEOUT,
+            )
+            .await;
+            let out = match &r {
+                Ok(r) if r.status == 200 => Some(Ok(RegisterOutput::Cas(true))),
+                Ok(r) if r.status == 412 => Some(Ok(RegisterOutput::Cas(false))),
+                Ok(r) if r.status >= 500 || r.status == 429 => None,
+                Err(_) => None,
+                Ok(r) => Some(Err(format!(
+                    "PUT If-Match answered {} {}",
+                    r.status, r.body
+                ))),
+            };
+            (
+                RegisterInput::Cas {
+                    expect: Some(expect),
+                    new: value,
+                },
+                out,
+            )
+        };
+        let ret = ctx.now().as_nanos() as u64;
+        {
+            let mut log = ctx.log();
+            match answer {
+                Some(Ok(out)) => log
+                    .history
+                    .push(Operation::answered(c, input, call, ret, out)),
+                None => log.history.push(Operation::unanswered(c, input, call)),
+                Some(Err(p)) => log.problems.push(p),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.range(20, 150))).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// etcd's history, watched live.
+
+/// Watches every meshd key from revision 1 and records each change with the time it
+/// arrived, reconnecting to any member when the one it watches on fails, until `stop`.
+async fn etcd_watcher(endpoints: Vec<String>, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    let mut next_revision = 1i64;
+    let mut turn = 0usize;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let endpoint = format!("http://{}", endpoints[turn % endpoints.len()]);
+        turn += 1;
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(2))
+            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1));
+        let Ok(Ok(mut client)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            etcd_client::Client::connect([endpoint.as_str()], Some(options)),
+        )
+        .await
+        else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let watch = client
+            .watch(
+                "meshd/",
+                Some(
+                    etcd_client::WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(next_revision)
+                        .with_progress_notify(),
+                ),
+            )
+            .await;
+        let Ok(mut stream) = watch else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        loop {
+            let msg = tokio::select! {
+                m = tokio::time::timeout(Duration::from_secs(2), stream.message()) => m,
+                _ = stop.changed() => return,
+            };
+            let resp = match msg {
+                Ok(Ok(Some(resp))) => resp,
+                // Silence (progress notifications come every few minutes only), an
+                // error or the end: watch again on the next member.
+                _ => break,
+            };
+            if resp.compact_revision() > 0 {
+                ctx.log().watch_gap = Some(format!(
+                    "the watch from revision {next_revision} found history compacted to {}",
+                    resp.compact_revision()
+                ));
+                return;
+            }
+            if resp.canceled() {
+                break;
+            }
+            let arrived = ctx.now();
+            let mut log = ctx.log();
+            for e in resp.events() {
+                let Some(kv) = e.kv() else { continue };
+                let revision = kv.mod_revision();
+                let deleted = e.event_type() == etcd_client::EventType::Delete;
+                log.changes.push(Change {
+                    revision,
+                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                    value: (!deleted).then(|| kv.value().to_vec()),
+                    arrived,
+                });
+                next_revision = next_revision.max(revision + 1);
+            }
+        }
+    }
+}
+
+/// The revision etcd is at now (asked of any member that answers).
+async fn current_revision(endpoints: &[String]) -> anyhow::Result<i64> {
+    let eps: Vec<String> = endpoints.iter().map(|e| format!("http://{e}")).collect();
+    let mut client = etcd_client::Client::connect(eps, None).await?;
+    let r = client
+        .get(
+            "meshd/",
+            Some(etcd_client::GetOptions::new().with_count_only()),
+        )
+        .await?;
+    Ok(r.header().map(|h| h.revision()).unwrap_or(0))
+}
+
+// ---------------------------------------------------------------------------------
+// The cluster.
+
+struct Node {
+    id: String,
+    proc: Option<MeshdProcess>,
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    /// meshd → each etcd member.
+    etcd: Vec<TcpProxy>,
+    /// meshd → each nats-server.
+    nats: Vec<TcpProxy>,
+    /// The others → this instance (its advertised address).
+    peer: TcpProxy,
+    clock: PathBuf,
+}
+
+impl Node {
+    async fn start(&mut self) {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let p = MeshdProcess::start_with_env(bin(), self.dir.path(), &args, &self.env)
+            .await
+            .unwrap_or_else(|e| panic!("starting {}: {e:#}", self.id));
+        self.peer
+            .set_upstream(p.addr().parse::<SocketAddr>().expect("meshd's address"));
+        self.proc = Some(p);
+    }
+
+    fn proc(&self) -> &MeshdProcess {
+        self.proc.as_ref().expect("the instance runs")
+    }
+
+    fn set_clock(&self, offset_s: i64) {
+        std::fs::write(&self.clock, format!("{offset_s:+}\n")).expect("write the clock file");
+    }
+}
+
+enum Log_ {
+    One(NatsProcess),
+    Three(NatsCluster),
+}
+
+impl Log_ {
+    fn endpoints(&self) -> Vec<SocketAddr> {
+        let urls: Vec<String> = match self {
+            Log_::One(n) => vec![n.endpoint()],
+            Log_::Three(c) => c.nodes.iter().map(|m| m.endpoint()).collect(),
+        };
+        urls.iter()
+            .map(|u| u.parse().expect("a nats endpoint"))
+            .collect()
+    }
+}
+
+async fn wait_all_ready(ctx: &Ctx, nodes: &[Node]) {
+    for n in nodes {
+        let a = n.proc().addr().to_string();
+        if let Err(e) = wait_until(
+            Duration::from_secs(60),
+            &format!("{} ready", n.id),
+            || async {
+                let r = http::get(&a, "/readyz").await?;
+                anyhow::ensure!(r.status == 200, "readyz {}: {}", r.status, r.body);
+                Ok(())
+            },
+        )
+        .await
+        {
+            ctx.fail(format!(
+                "{e:#}\nlog tail of {}:\n{}",
+                n.id,
+                n.proc().log_tail(40)
+            ));
+        }
+    }
+}
+
+fn publish_gate(tx: &watch::Sender<Gate>, nodes: &[Node]) {
+    tx.send_modify(|g| {
+        g.addrs = nodes
+            .iter()
+            .map(|n| n.proc.as_ref().map(|p| p.addr().to_string()))
+            .collect()
+    });
+}
+
+/// Applies one seeded fault, waits its time and heals it. Returns what it did.
+async fn one_fault(
+    rng: &mut Rng,
+    nodes: &mut [Node],
+    etcd: &mut EtcdCluster,
+    log: &mut Log_,
+    gate: &watch::Sender<Gate>,
+) -> String {
+    let i = rng.below(INSTANCES as u64) as usize;
+    let past_lease = LEASE_TTL + Duration::from_millis(rng.range(200, 1200));
+    let short = Duration::from_millis(rng.range(200, 1200));
+    let hold = match rng.range(0, 3) {
+        0 => Some(Hold::Requests),
+        1 => Some(Hold::Replies),
+        2 => Some(Hold::Both),
+        _ => None, // a clean cut
+    };
+    let hold_name = |h: Option<Hold>| match h {
+        Some(Hold::Requests) => "blackhole of requests",
+        Some(Hold::Replies) => "blackhole of replies",
+        Some(Hold::Both) => "blackhole both ways",
+        None => "clean cut",
+    };
+    let apply = |proxies: &[&TcpProxy], h: Option<Hold>| {
+        for p in proxies {
+            match h {
+                Some(h) => p.hold(h),
+                None => p.cut(),
+            }
+        }
+    };
+    match rng.range(0, 8) {
+        0 => {
+            nodes[i].proc.take().expect("runs").kill();
+            publish_gate(gate, nodes);
+            tokio::time::sleep(short).await;
+            nodes[i].start().await;
+            publish_gate(gate, nodes);
+            format!("SIGKILL {} for {short:?}", nodes[i].id)
+        }
+        1 => {
+            nodes[i].proc().pause();
+            tokio::time::sleep(past_lease).await;
+            nodes[i].proc().resume();
+            format!("SIGSTOP {} for {past_lease:?}", nodes[i].id)
+        }
+        2 => {
+            let m = if rng.range(0, 1) == 0 {
+                etcd.leader().await.unwrap_or(0)
+            } else {
+                rng.below(ETCD_MEMBERS as u64) as usize
+            };
+            etcd.members[m].kill();
+            tokio::time::sleep(short).await;
+            if let Err(e) = etcd.restart(m).await {
+                panic!("restarting etcd member {m}: {e:#}");
+            }
+            format!("SIGKILL etcd member {m} for {short:?}")
+        }
+        3 => {
+            let what = match log {
+                Log_::One(n) => {
+                    n.kill();
+                    tokio::time::sleep(short).await;
+                    n.restart().await.expect("restart nats-server");
+                    "nats-server".to_string()
+                }
+                Log_::Three(c) => {
+                    let k = rng.below(c.nodes.len() as u64) as usize;
+                    c.nodes[k].kill();
+                    tokio::time::sleep(short).await;
+                    c.nodes[k].restart().await.expect("restart a nats-server");
+                    format!("nats-server {k}")
+                }
+            };
+            format!("SIGKILL {what} for {short:?}")
+        }
+        4 => {
+            let ps: Vec<&TcpProxy> = nodes[i].etcd.iter().collect();
+            apply(&ps, hold);
+            tokio::time::sleep(past_lease).await;
+            ps.iter().for_each(|p| p.restore());
+            format!(
+                "{} between {} and etcd for {past_lease:?}",
+                hold_name(hold),
+                nodes[i].id
+            )
+        }
+        5 => {
+            apply(&[&nodes[i].peer], hold);
+            tokio::time::sleep(past_lease).await;
+            nodes[i].peer.restore();
+            format!(
+                "{} of the other instances' calls to {} for {past_lease:?}",
+                hold_name(hold),
+                nodes[i].id
+            )
+        }
+        6 => {
+            let ps: Vec<&TcpProxy> = nodes[i].nats.iter().collect();
+            apply(&ps, hold);
+            tokio::time::sleep(past_lease).await;
+            ps.iter().for_each(|p| p.restore());
+            format!(
+                "{} between {} and nats for {past_lease:?}",
+                hold_name(hold),
+                nodes[i].id
+            )
+        }
+        _ => {
+            let jump = rng.range(3, 40) as i64 * if rng.range(0, 1) == 0 { 1 } else { -1 };
+            nodes[i].set_clock(jump);
+            tokio::time::sleep(past_lease).await;
+            nodes[i].set_clock(0);
+            format!(
+                "clock of {} jumped {jump:+} s for {past_lease:?}, then back",
+                nodes[i].id
+            )
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The drain.
+
+async fn dead_letter_entries(a: &str) -> anyhow::Result<Vec<Value>> {
+    let mut entries = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/deadletters?subscription={SUB}&limit=1000");
+        if let Some(c) = &cursor {
+            path.push_str("&cursor=");
+            path.push_str(&c.replace('%', "%25").replace('/', "%2F"));
+        }
+        let r = http::get(a, &path).await?;
+        anyhow::ensure!(r.status == 200, "{path} answered {}: {}", r.status, r.body);
+        let page = r.json()?;
+        let list = page["entries"]
+            .as_array()
+            .ok_or_else(|| anyhow::anyhow!("{path} answered without entries: {page}"))?;
+        entries.extend(list.iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return Ok(entries),
+        }
+    }
+}
+
+async fn shortfall(ctx: &Ctx, a: &str) -> anyhow::Result<Option<String>> {
+    let dead = dead_letter_entries(a).await?;
+    let ends = end_offsets(a, TOPIC).await;
+    let offsets = offsets(a, SUB).await?;
+    let dead_ids: BTreeSet<String> = dead.iter().map(|e| id_of(&e["event"])).collect();
+    let log = ctx.log();
+    let delivered: BTreeSet<&str> = log.deliveries.iter().map(|d| d.event_id.as_str()).collect();
+    let missing: Vec<&String> = log
+        .published
+        .iter()
+        .filter(|(id, p)| {
+            matches!(p.outcome, Outcome::Created(..))
+                && !delivered.contains(id.as_str())
+                && !dead_ids.contains(*id)
+        })
+        .map(|(id, _)| id)
+        .collect();
+    let behind: Vec<String> = offsets
+        .iter()
+        .filter_map(|o| {
+            let p = o["partition"].as_u64()?;
+            let c = o["committed"].as_u64()?;
+            let end = *ends.get(p as usize)?;
+            (c != end).then(|| format!("partition {p} committed {c} of {end}"))
+        })
+        .collect();
+    if missing.is_empty() && behind.is_empty() && offsets.len() == ends.len() {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "{} 201'd events neither delivered nor dead-lettered (first: {:?}); {behind:?}",
+        missing.len(),
+        missing.iter().take(10).collect::<Vec<_>>()
+    )))
+}
+
+/// Pulls through every instance in turn, acks everything but poison (nacked), until
+/// every 201'd event is delivered or dead-lettered and every partition is committed
+/// to its end (read on each partition's owner: a non-owner shows the checkpoint,
+/// which follows within the checkpoint interval).
+async fn drain(ctx: &Ctx, addrs: &[String]) {
+    let start = Instant::now();
+    let mut last = String::from("nothing checked yet");
+    let mut turn = 0;
+    loop {
+        if start.elapsed() > DRAIN {
+            ctx.fail(format!("the drain did not finish within {DRAIN:?}: {last}"));
+        }
+        let a = &addrs[turn % addrs.len()];
+        turn += 1;
+        match pull_and_record(ctx, a, 100, 250).await {
+            Ok(got) if !got.is_empty() => {
+                let (poison, rest): (Vec<_>, Vec<_>) =
+                    got.into_iter().partition(|(_, id)| is_poison(id));
+                for (verb, list) in [("ack", rest), ("nack", poison)] {
+                    let ids: Vec<Value> = list.into_iter().map(|(d, _)| d).collect();
+                    if !ids.is_empty() {
+                        if let Err(f) = settle_and_record(ctx, a, verb, ids).await {
+                            last = format!("{verb} failed: {f}");
+                        }
+                    }
+                }
+                continue;
+            }
+            Ok(_) => {}
+            Err(f) => {
+                last = format!("pull failed: {f}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        }
+        match shortfall(ctx, a).await {
+            Ok(None) => return,
+            Ok(Some(s)) => last = s,
+            Err(e) => last = format!("{e:#}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The oracle.
+
+/// (topic, partition) a checkpoint or attempt-ledger key belongs to, and the
+/// subscription: `meshd/v1/{checkpoints|attempts}/{sub}/{incarnation}/{topic}/{p}[...]`.
+fn partition_of_key(key: &str) -> Option<(String, String, u64)> {
+    let rest = key
+        .strip_prefix("meshd/v1/checkpoints/")
+        .or_else(|| key.strip_prefix("meshd/v1/attempts/"))?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    if parts.len() < 4 {
+        return None;
+    }
+    Some((
+        parts[0].to_string(),
+        parts[2].to_string(),
+        parts[3].parse().ok()?,
+    ))
+}
+
+fn owner_key(topic: &str, partition: u64) -> String {
+    format!("meshd/v1/owners/partition/{topic}/{partition}")
+}
+
+/// One checkpoint of SUB: when it arrived, its committed offset and the resolved
+/// `[from, to)` ranges above it.
+#[derive(Clone, Debug)]
+struct Checkpoint {
+    arrived: Duration,
+    committed: u64,
+    resolved: Vec<(u64, u64)>,
+}
+
+impl Checkpoint {
+    /// Whether a new owner resuming from this checkpoint skips `offset`.
+    fn covers(&self, offset: u64) -> bool {
+        offset < self.committed
+            || self
+                .resolved
+                .iter()
+                .any(|(a, b)| (*a..*b).contains(&offset))
+    }
+}
+
+/// What rule 6 found, with the moves and checkpoints it saw (for rules 3 and 7).
+#[derive(Default)]
+struct History {
+    /// Per partition of TOPIC: SUB's checkpoints as they arrived.
+    checkpoints: BTreeMap<u64, Vec<Checkpoint>>,
+    /// Per partition: arrival times of owner changes after the first acquisition.
+    moves: BTreeMap<u64, Vec<Duration>>,
+    writes_checked: usize,
+}
+
+fn check_etcd_history(changes: &[Change], v: &mut Vec<String>) -> History {
+    let mut h = History::default();
+    // The owner keys' state: key -> (value, mod_revision).
+    let mut owners: BTreeMap<String, (Vec<u8>, i64)> = BTreeMap::new();
+    // Last checkpoint offset (and reset epoch) per checkpoint key.
+    let mut last_checkpoint: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut acquired: BTreeSet<String> = BTreeSet::new();
+    let mut by_revision: BTreeMap<i64, Vec<&Change>> = BTreeMap::new();
+    for c in changes {
+        by_revision.entry(c.revision).or_default().push(c);
+    }
+    let mut expected = changes.first().map(|c| c.revision).unwrap_or(1);
+    for (revision, group) in &by_revision {
+        if *revision < expected {
+            v.push(format!("rule 6: revision {revision} reported out of order"));
+        }
+        expected = revision + 1;
+        // Checked against the owners as they were before this revision (a fenced
+        // transaction compares the owner key and does not change it).
+        for c in group {
+            let subject = if let Some((sub, topic, p)) = partition_of_key(&c.key) {
+                Some((sub, topic, p))
+            } else if c.key.starts_with("meshd/v1/deadletters/entries/") {
+                match &c.value {
+                    Some(bytes) => {
+                        let e: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+                        let (Some(topic), Some(p)) = (e["topic"].as_str(), e["partition"].as_u64())
+                        else {
+                            v.push(format!("rule 6: dead letter {} at revision {revision} without topic/partition: {e}", c.key));
+                            continue;
+                        };
+                        let owner = owners.get(&owner_key(topic, p));
+                        let ok = owner.is_some_and(|(holder, epoch)| {
+                            Some(*epoch) == e["epoch"].as_i64()
+                                && e["instance"].as_str().is_some_and(|i| {
+                                    holder.windows(i.len()).any(|w| w == i.as_bytes())
+                                })
+                        });
+                        h.writes_checked += 1;
+                        if !ok {
+                            v.push(format!(
+                                "rule 6: dead letter {} written at revision {revision} by {} epoch {} while the owner of {topic}/{p} was {:?}",
+                                c.key, e["instance"], e["epoch"],
+                                owner.map(|(holder, epoch)| (String::from_utf8_lossy(holder).into_owned(), *epoch))
+                            ));
+                        }
+                        continue;
+                    }
+                    // Deleting an entry (redrive, retention) is not the owner's.
+                    None => None,
+                }
+            } else {
+                None
+            };
+            let Some((sub, topic, p)) = subject else {
+                continue;
+            };
+            let is_checkpoint = c.key.starts_with("meshd/v1/checkpoints/");
+            // A checkpoint's creation is a put-if-absent by whoever needs it first (the
+            // subscription's creator, or an owner): it can never overwrite an owner's.
+            let creation =
+                is_checkpoint && c.value.is_some() && !last_checkpoint.contains_key(&c.key);
+            h.writes_checked += 1;
+            if !creation && !owners.contains_key(&owner_key(&topic, p)) {
+                v.push(format!(
+                    "rule 6: {} {} at revision {revision} while {topic}/{p} had no owner",
+                    c.key,
+                    if c.value.is_some() {
+                        "written"
+                    } else {
+                        "deleted"
+                    }
+                ));
+            }
+            if !is_checkpoint {
+                continue;
+            }
+            let Some(bytes) = &c.value else { continue };
+            let cp: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+            let (Some(offset), Some(epoch)) = (
+                cp["committed"]["offset"].as_u64(),
+                cp["committed"]["epoch"].as_u64(),
+            ) else {
+                v.push(format!(
+                    "rule 6: checkpoint {} at revision {revision} unreadable: {cp}",
+                    c.key
+                ));
+                continue;
+            };
+            if let Some((before, before_epoch)) =
+                last_checkpoint.insert(c.key.clone(), (offset, epoch))
+            {
+                if epoch == before_epoch && offset < before {
+                    v.push(format!(
+                        "rule 6: checkpoint {} went back from {before} to {offset} at revision {revision}",
+                        c.key
+                    ));
+                }
+            }
+            if sub == SUB && topic == TOPIC {
+                let resolved: Vec<(u64, u64)> = cp["resolved"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| Some((r[0].as_u64()?, r[1].as_u64()?)))
+                    .collect();
+                h.checkpoints.entry(p).or_default().push(Checkpoint {
+                    arrived: c.arrived,
+                    committed: offset,
+                    resolved,
+                });
+            }
+        }
+        for c in group {
+            let Some(rest) = c.key.strip_prefix("meshd/v1/owners/partition/") else {
+                continue;
+            };
+            match &c.value {
+                Some(value) => {
+                    owners.insert(c.key.clone(), (value.clone(), *revision));
+                    let first = acquired.insert(c.key.clone());
+                    if let (false, Some((topic, p))) = (first, rest.rsplit_once('/')) {
+                        if topic == TOPIC {
+                            if let Ok(p) = p.parse::<u64>() {
+                                h.moves.entry(p).or_default().push(c.arrived);
+                            }
+                        }
+                    }
+                }
+                None => {
+                    owners.remove(&c.key);
+                }
+            }
+        }
+    }
+    h
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    duplicates: usize,
+    duplicates_by_partition: BTreeMap<u64, usize>,
+    poison_dead_lettered: usize,
+    /// Duplicates with a move of their partition (an owner key changed in etcd)
+    /// between the ack and the redelivery; the others came from a partition task that
+    /// restarted on the same owner after an ambiguous Meta write.
+    after_a_move: usize,
+}
+
+fn violations(log: &Log, dead: &[Value], hist: &History, tally: &mut Tally) -> Vec<String> {
+    let mut v: Vec<String> = log
+        .problems
+        .iter()
+        .map(|p| format!("answer breaks the contract: {p}"))
+        .collect();
+    let created: BTreeMap<&str, (u64, u64)> = log
+        .published
+        .iter()
+        .filter_map(|(id, p)| match p.outcome {
+            Outcome::Created(pa, o) => Some((id.as_str(), (pa, o))),
+            _ => None,
+        })
+        .collect();
+    // (partition, offset) -> event id, from deliveries and dead letters.
+    let mut at: BTreeMap<(u64, u64), String> = BTreeMap::new();
+    let mut positions: BTreeMap<&str, BTreeSet<(u64, u64)>> = BTreeMap::new();
+
+    // Rule 2.
+    for d in &log.deliveries {
+        positions
+            .entry(d.event_id.as_str())
+            .or_default()
+            .insert((d.partition, d.offset));
+        if let Some(other) = at.insert((d.partition, d.offset), d.event_id.clone()) {
+            if other != d.event_id {
+                v.push(format!(
+                    "rule 2: p{} o{} delivered as {other} and as {}",
+                    d.partition, d.offset, d.event_id
+                ));
+            }
+        }
+        match log.published.get(&d.event_id) {
+            None => v.push(format!("rule 2: delivery {d} of an event never published")),
+            Some(p) if p.body != d.event => v.push(format!(
+                "rule 2: delivery {d} differs from what was published"
+            )),
+            Some(_) => {}
+        }
+        if d.attempt == 0 || d.attempt > MAX_ATTEMPTS {
+            v.push(format!(
+                "rule 4: delivery {d} has attempt outside 1..={MAX_ATTEMPTS}"
+            ));
+        }
+    }
+    let mut dead_at: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+    let mut dead_ids: BTreeSet<String> = BTreeSet::new();
+    for e in dead {
+        let (Some(p), Some(o), Some(attempts), Some(id)) = (
+            e["partition"].as_u64(),
+            e["offset"].as_u64(),
+            e["attempts"].as_u64(),
+            e["event"]["id"].as_str(),
+        ) else {
+            v.push(format!("rule 5: malformed dead letter {e}"));
+            continue;
+        };
+        positions.entry(id).or_default().insert((p, o));
+        if dead_at.insert((p, o), attempts).is_some() || !dead_ids.insert(id.to_string()) {
+            v.push(format!("rule 5: dead-lettered twice: p{p} o{o} {id}"));
+        }
+        if attempts != MAX_ATTEMPTS {
+            v.push(format!("rule 4: dead letter p{p} o{o} {id} carries {attempts} attempts, not {MAX_ATTEMPTS}"));
+        }
+        match log.published.get(id) {
+            None => v.push(format!(
+                "rule 2: dead letter of an event never published: {id}"
+            )),
+            Some(pb) if pb.body != e["event"] => v.push(format!(
+                "rule 2: dead letter {id} differs from what was published"
+            )),
+            _ => {}
+        }
+    }
+    for (id, places) in &positions {
+        if places.len() > 1 {
+            v.push(format!("rule 2: event {id} stored at {places:?}"));
+        }
+        if let (Some(want), Some(got)) = (created.get(id), places.iter().next()) {
+            if want != got {
+                v.push(format!(
+                    "rule 2: event {id} answered 201 at {want:?}, seen at {got:?}"
+                ));
+            }
+        }
+    }
+
+    // Rule 1.
+    for (id, _) in &created {
+        if !positions.contains_key(id) {
+            v.push(format!(
+                "rule 1: event {id} answered 201 was never delivered nor dead-lettered"
+            ));
+        }
+    }
+
+    // Rule 4: attempts before an offset's first ack; poison events.
+    let mut by_offset: BTreeMap<(u64, u64), Vec<&Seen>> = BTreeMap::new();
+    for d in &log.deliveries {
+        by_offset
+            .entry((d.partition, d.offset))
+            .or_default()
+            .push(d);
+    }
+    for ((p, o), ds) in &by_offset {
+        let cutoff = log
+            .first_ack_sent
+            .get(&(*p, *o))
+            .copied()
+            .unwrap_or(Duration::MAX);
+        let before: Vec<&&Seen> = ds.iter().filter(|d| d.recv < cutoff).collect();
+        for (i, a) in before.iter().enumerate() {
+            for b in &before[i + 1..] {
+                if a.attempt == b.attempt {
+                    v.push(format!(
+                        "rule 4: attempt {} of p{p} o{o} handed out twice: {a} and {b}",
+                        a.attempt
+                    ));
+                } else if (a.recv <= b.sent && a.attempt > b.attempt)
+                    || (b.recv <= a.sent && b.attempt > a.attempt)
+                {
+                    v.push(format!(
+                        "rule 4: attempts went backwards at p{p} o{o}: {a} then {b}"
+                    ));
+                }
+            }
+        }
+        let id = &ds[0].event_id;
+        if is_poison(id) && dead_at.contains_key(&(*p, *o)) {
+            tally.poison_dead_lettered += 1;
+        }
+    }
+    for (id, (p, o)) in &created {
+        if is_poison(id) && !dead_at.contains_key(&(*p, *o)) {
+            v.push(format!(
+                "rule 4: poison event {id} (p{p} o{o}) was not dead-lettered"
+            ));
+        }
+    }
+
+    // Rule 5: nothing handed out after `dead_lettered`.
+    for n in log.nacked.iter().filter(|n| n.list == "dead_lettered") {
+        if n.attempt != MAX_ATTEMPTS {
+            v.push(format!(
+                "rule 4: nack of attempt {} of p{} o{} answered dead_lettered",
+                n.attempt, n.partition, n.offset
+            ));
+        }
+        if !dead_at.contains_key(&(n.partition, n.offset)) {
+            v.push(format!(
+                "rule 5: p{} o{} answered dead_lettered is not in the dead-letter store",
+                n.partition, n.offset
+            ));
+        }
+        for d in by_offset
+            .get(&(n.partition, n.offset))
+            .into_iter()
+            .flatten()
+        {
+            if d.sent >= n.recv {
+                v.push(format!(
+                    "rule 5: {d} handed out after its nack was answered dead_lettered at {:?}",
+                    n.recv
+                ));
+            }
+        }
+    }
+
+    // Rule 3: nothing delivered that a checkpoint etcd held when the pull was sent
+    // covers; gap-free checkpoints.
+    for d in &log.deliveries {
+        let Some(cps) = hist.checkpoints.get(&d.partition) else {
+            continue;
+        };
+        if let Some(cp) = cps
+            .iter()
+            .find(|cp| cp.arrived <= d.sent && cp.covers(d.offset))
+        {
+            v.push(format!(
+                "rule 3: {d} pulled after checkpoint {cp:?} arrived"
+            ));
+        }
+    }
+    for (p, cps) in &hist.checkpoints {
+        let mut checked: BTreeSet<u64> = BTreeSet::new();
+        for cp in cps {
+            let covered = (0..cp.committed).chain(cp.resolved.iter().flat_map(|(a, b)| *a..*b));
+            for o in covered {
+                if !checked.insert(o) {
+                    continue;
+                }
+                let acked_before = log
+                    .ack_sends
+                    .get(&(*p, o))
+                    .is_some_and(|sends| sends.iter().any(|s| *s <= cp.arrived));
+                if !acked_before && !dead_at.contains_key(&(*p, o)) {
+                    v.push(format!(
+                        "rule 3: checkpoint {cp:?} of p{p} covers o{o}, which no ack named before and is not dead-lettered"
+                    ));
+                }
+            }
+        }
+    }
+
+    // Rule 7: duplicates only with a move in between.
+    for a in &log.acked {
+        for d in by_offset
+            .get(&(a.partition, a.offset))
+            .into_iter()
+            .flatten()
+        {
+            if d.sent <= a.recv {
+                continue;
+            }
+            tally.duplicates += 1;
+            *tally
+                .duplicates_by_partition
+                .entry(a.partition)
+                .or_default() += 1;
+            if hist
+                .moves
+                .get(&a.partition)
+                .is_some_and(|ms| ms.iter().any(|m| *m > a.sent && *m <= d.recv + WATCH_SLACK))
+            {
+                tally.after_a_move += 1;
+            }
+            // The bound: acked within a checkpoint interval before a fault began (what
+            // the last checkpoint before the partition moved, or before its task
+            // restarted after an ambiguous Meta write, could not carry).
+            let recent = log.faults.iter().any(|f| {
+                f.start <= d.recv
+                    && a.recv + Duration::from_millis(CHECKPOINT_MS) + CHECKPOINT_SLACK >= f.start
+            });
+            if !recent {
+                v.push(format!(
+                    "rule 7: {d} delivered again after its ack (attempt {}) was answered acked at {:?}, more than a checkpoint interval before any fault",
+                    a.attempt, a.recv
+                ));
+            }
+            break;
+        }
+    }
+    v
+}
+
+/// Rule 8. Writes and compare-and-sets go to Meta (conditional on revision), so
+/// their history must be linearizable. Reads come from each instance's cache, which
+/// the contract keeps read-your-writes and convergent, not linearizable (a GET on an
+/// instance cut off from etcd answers its last view), so a read is checked for
+/// what a cache may show: a value that was written, by a write sent before the read
+/// was answered.
+fn check_settings_history(history: &[HistoryOp]) -> Vec<String> {
+    let mut v = Vec::new();
+    let writes: Vec<HistoryOp> = history
+        .iter()
+        .filter(|op| !matches!(op.input, RegisterInput::Read))
+        .cloned()
+        .collect();
+    if let Err((_, verdict)) = check_by_key(&RegisterOf::<u64>::default(), &writes, |_| ()) {
+        v.push(format!(
+            "rule 8: the writes and compare-and-sets of the settings are not linearizable: {verdict:?}"
+        ));
+    }
+    let written: BTreeMap<u64, u64> = writes
+        .iter()
+        .filter_map(|op| match op.input {
+            RegisterInput::Write(x) | RegisterInput::Cas { new: x, .. } => Some((x, op.call)),
+            _ => None,
+        })
+        .collect();
+    for op in history {
+        if let (RegisterInput::Read, Some((ret, RegisterOutput::Read(Some(x))))) =
+            (&op.input, &op.ret)
+        {
+            if !written.get(x).is_some_and(|call| call <= ret) {
+                v.push(format!(
+                    "rule 8: a read answered {x}, which no write sent before it wrote: {op:?}"
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// Writes what the clients were told and etcd's history to a file for a failed run's
+/// analysis; returns its path (or why it could not).
+fn dump(log: &Log, dead: &[Value], seed: u64) -> String {
+    let path =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cluster-crash-loop-{seed}.txt"));
+    let mut out = String::new();
+    use std::fmt::Write;
+    for f in &log.faults {
+        let _ = writeln!(out, "fault {:?}..{:?} {}", f.start, f.end, f.what);
+    }
+    for d in &log.deliveries {
+        let _ = writeln!(out, "delivery {d}");
+    }
+    for a in &log.acked {
+        let _ = writeln!(
+            out,
+            "ack p{} o{} attempt {} {} sent {:?} answered {:?}",
+            a.partition, a.offset, a.attempt, a.list, a.sent, a.recv
+        );
+    }
+    for a in &log.nacked {
+        let _ = writeln!(
+            out,
+            "nack p{} o{} attempt {} {} sent {:?} answered {:?}",
+            a.partition, a.offset, a.attempt, a.list, a.sent, a.recv
+        );
+    }
+    for e in dead {
+        let _ = writeln!(
+            out,
+            "dead p{} o{} attempts {} {}",
+            e["partition"], e["offset"], e["attempts"], e["event"]["id"]
+        );
+    }
+    for h in &log.history {
+        let _ = writeln!(out, "history {h:?}");
+    }
+    for c in &log.changes {
+        let value = c
+            .value
+            .as_ref()
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        let _ = writeln!(
+            out,
+            "etcd {} {:?} {} {:?}",
+            c.revision, c.arrived, c.key, value
+        );
+    }
+    match std::fs::write(&path, out) {
+        Ok(()) => path.display().to_string(),
+        Err(e) => format!("not written ({}: {e})", path.display()),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknowledged_is_lost_and_every_write_was_fenced(
+) {
+    let seed = seed();
+    let rounds =
+        env_number("MESHD_CLUSTER_CRASH_ROUNDS").map_or(DEFAULT_ROUNDS, |n| n.max(1) as u32);
+    let three_nats = env_number("MESHD_CLUSTER_CRASH_NATS") == Some(3);
+    eprintln!(
+        "cluster crash loop: seed {seed} ({seed:#x}), {rounds} rounds, {} nats-server(s)",
+        if three_nats { 3 } else { 1 }
+    );
+    let ctx = Arc::new(Ctx {
+        t0: Instant::now(),
+        seed,
+        rounds,
+        log: Mutex::new(Log::default()),
+    });
+    let mut rng = Rng(seed);
+    let faketime = libfaketime();
+
+    let mut etcd = EtcdCluster::start(ETCD_MEMBERS)
+        .await
+        .expect("start the etcd cluster");
+    let mut log = if three_nats {
+        Log_::Three(
+            NatsCluster::start(3)
+                .await
+                .expect("start three nats-servers"),
+        )
+    } else {
+        Log_::One(NatsProcess::start().await.expect("start nats-server"))
+    };
+    let secret_dir = tempfile::tempdir().expect("temp dir");
+    let secret = secret_dir.path().join("secret");
+    std::fs::write(&secret, "cluster-crash-loop-secret-0123456789abcdef0123\n")
+        .expect("write the secret");
+
+    let etcd_addrs: Vec<SocketAddr> = etcd
+        .members
+        .iter()
+        .map(|m| m.endpoint().parse().expect("an etcd endpoint"))
+        .collect();
+    let mut nodes = Vec::new();
+    for i in 0..INSTANCES {
+        let mut etcd_proxies = Vec::new();
+        for a in &etcd_addrs {
+            etcd_proxies.push(TcpProxy::start(*a).await.expect("proxy"));
+        }
+        let mut nats_proxies = Vec::new();
+        for a in log.endpoints() {
+            nats_proxies.push(TcpProxy::start(a).await.expect("proxy"));
+        }
+        // Upstream set once the instance runs.
+        let peer = TcpProxy::start("127.0.0.1:9".parse().expect("addr"))
+            .await
+            .expect("proxy");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = dir.path().join("clock");
+        let meta: Vec<String> = etcd_proxies.iter().map(|p| p.addr().to_string()).collect();
+        let nats: Vec<String> = nats_proxies.iter().map(|p| p.addr().to_string()).collect();
+        let mut nats_url = format!("nats://{}", nats.join(","));
+        if three_nats {
+            nats_url.push_str("?replicas=3");
+        }
+        let args = vec![
+            "--meta".to_string(),
+            format!("etcd://{}", meta.join(",")),
+            "--log".to_string(),
+            nats_url,
+            "--cluster-secret-file".to_string(),
+            secret.to_string_lossy().into_owned(),
+            "--lease-ttl-ms".to_string(),
+            LEASE_TTL.as_millis().to_string(),
+            "--checkpoint-ms".to_string(),
+            CHECKPOINT_MS.to_string(),
+            "--instance-id".to_string(),
+            format!("inst-{i}"),
+            "--advertise".to_string(),
+            peer.addr().to_string(),
+        ];
+        let env = vec![
+            (
+                "LD_PRELOAD".to_string(),
+                faketime.to_string_lossy().into_owned(),
+            ),
+            (
+                "FAKETIME_TIMESTAMP_FILE".to_string(),
+                clock.to_string_lossy().into_owned(),
+            ),
+            ("FAKETIME_CACHE_DURATION".to_string(), "1".to_string()),
+            ("DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
+        ];
+        let mut node = Node {
+            id: format!("inst-{i}"),
+            proc: None,
+            dir,
+            args,
+            env,
+            etcd: etcd_proxies,
+            nats: nats_proxies,
+            peer,
+            clock,
+        };
+        node.set_clock(0);
+        node.start().await;
+        nodes.push(node);
+    }
+    wait_all_ready(&ctx, &nodes).await;
+    let endpoints: Vec<String> = etcd.members.iter().map(|m| m.endpoint()).collect();
+    let (stop_watch, stop_rx) = watch::channel(false);
+    let watcher = tokio::spawn(etcd_watcher(endpoints.clone(), ctx.clone(), stop_rx));
+
+    let a0 = nodes[0].proc().addr().to_string();
+    create_topic(&a0, TOPIC, PARTITIONS as u32).await;
+    create_subscription(
+        &a0,
+        SUB,
+        json!({"topic": TOPIC, "ack_timeout_ms": ACK_TIMEOUT_MS, "max_attempts": MAX_ATTEMPTS, "start": "earliest"}),
+    )
+    .await;
+    // The history's register starts with this write (before any client runs).
+    let call = ctx.now().as_nanos() as u64;
+    create_subscription(
+        &a0,
+        HSUB,
+        json!({"topic": TOPIC, "ack_timeout_ms": 100_000}),
+    )
+    .await;
+    let ret = ctx.now().as_nanos() as u64;
+    ctx.log().history.push(Operation::answered(
+        usize::MAX,
+        RegisterInput::Write(100_000),
+        call,
+        ret,
+        RegisterOutput::Written,
+    ));
+
+    let (gate_tx, gate_rx) = watch::channel(Gate::default());
+    publish_gate(&gate_tx, &nodes);
+    let mut clients = Vec::new();
+    for n in 0..PUBLISHERS {
+        clients.push(tokio::spawn(publisher(
+            n,
+            rng.fork(),
+            gate_rx.clone(),
+            ctx.clone(),
+        )));
+    }
+    for _ in 0..CONSUMERS {
+        clients.push(tokio::spawn(consumer(
+            rng.fork(),
+            gate_rx.clone(),
+            ctx.clone(),
+        )));
+    }
+    for c in 0..HISTORY_CLIENTS {
+        clients.push(tokio::spawn(history_client(
+            c,
+            rng.fork(),
+            gate_rx.clone(),
+            ctx.clone(),
+        )));
+    }
+
+    for round in 0..rounds {
+        tokio::time::sleep(Duration::from_millis(rng.range(300, 1500))).await;
+        let start = ctx.now();
+        let what = one_fault(&mut rng, &mut nodes, &mut etcd, &mut log, &gate_tx).await;
+        let end = ctx.now();
+        eprintln!("round {round}: {what} ({start:?}..{end:?})");
+        ctx.log().faults.push(Fault { what, start, end });
+    }
+    // Let the clients run on a healed cluster for a while, then stop them and drain.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    gate_tx.send_modify(|g| g.finished = true);
+    for c in clients {
+        let _ = c.await;
+    }
+    wait_all_ready(&ctx, &nodes).await;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.proc().addr().to_string()).collect();
+    drain(&ctx, &addrs).await;
+    let dead = dead_letter_entries(&addrs[0])
+        .await
+        .unwrap_or_else(|e| ctx.fail(format!("listing dead letters: {e:#}")));
+
+    // etcd's history up to now.
+    let now_rev = current_revision(&endpoints)
+        .await
+        .unwrap_or_else(|e| ctx.fail(format!("reading etcd's revision: {e:#}")));
+    wait_until(
+        Duration::from_secs(30),
+        "the watch caught up with etcd",
+        || async {
+            let log = ctx.log();
+            anyhow::ensure!(log.watch_gap.is_none(), "{:?}", log.watch_gap);
+            let seen = log.changes.last().map_or(0, |c| c.revision);
+            anyhow::ensure!(seen >= now_rev, "watched to {seen} of {now_rev}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| ctx.fail(format!("{e:#}")));
+    let _ = stop_watch.send(true);
+    let _ = watcher.await;
+
+    let log_ = ctx.log();
+    let mut v = Vec::new();
+    let hist = check_etcd_history(&log_.changes, &mut v);
+    let mut tally = Tally::default();
+    v.extend(violations(&log_, &dead, &hist, &mut tally));
+    // Rule 8.
+    v.extend(check_settings_history(&log_.history));
+    let moves: usize = hist.moves.values().map(Vec::len).sum();
+    let acked = log_.acked.len();
+    eprintln!(
+        "cluster crash loop: seed {seed}: {} publishes 201 ({} events), {} deliveries, {acked} acked, {} nacks, {} dead letters ({} poison), {} history operations, {} etcd writes checked, {moves} moves, {} duplicates ({} after a move; {:.1} per move, {:.1} per fault; by partition {:?}); unanswered {:?}",
+        log_.created,
+        log_.published.len(),
+        log_.deliveries.len(),
+        log_.nacked.len(),
+        dead.len(),
+        tally.poison_dead_lettered,
+        log_.history.len(),
+        hist.writes_checked,
+        tally.duplicates,
+        tally.after_a_move,
+        tally.duplicates as f64 / moves.max(1) as f64,
+        tally.duplicates as f64 / log_.faults.len().max(1) as f64,
+        tally.duplicates_by_partition,
+        log_.unanswered,
+    );
+    // The activity floor.
+    let floor = rounds as usize * 5;
+    if acked < floor
+        || log_.created < floor
+        || log_.history.len() < floor
+        || hist.writes_checked < floor
+    {
+        v.push(format!(
+            "activity floor: {acked} acks, {} publishes, {} history operations, {} etcd writes checked (each must be at least {floor})",
+            log_.created, log_.history.len(), hist.writes_checked
+        ));
+    }
+    if !v.is_empty() {
+        let n = v.len();
+        // The first few of each kind (by rule).
+        let mut kinds: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for x in v {
+            let kind = x.split(':').next().unwrap_or_default().to_string();
+            kinds.entry(kind).or_default().push(x);
+        }
+        let shown: Vec<String> = kinds
+            .iter()
+            .flat_map(|(kind, xs)| {
+                std::iter::once(format!("-- {kind}: {}", xs.len()))
+                    .chain(xs.iter().take(SHOWN / 4).cloned())
+            })
+            .collect();
+        let dump = dump(&log_, &dead, seed);
+        for n in &nodes {
+            if let Some(p) = &n.proc {
+                let to = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                    .join(format!("cluster-crash-loop-{seed}-{}.log", n.id));
+                let _ = std::fs::copy(p.log_path(), to);
+            }
+        }
+        let faults: Vec<String> = log_
+            .faults
+            .iter()
+            .map(|f| format!("{:?}..{:?} {}", f.start, f.end, f.what))
+            .collect();
+        drop(log_);
+        ctx.fail(format!(
+            "{n} violations:\n{}\nfaults:\n{}\neverything the clients were told and etcd's history: {dump}",
+            shown.join("\n"),
+            faults.join("\n")
+        ));
+    }
+}
