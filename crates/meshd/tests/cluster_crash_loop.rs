@@ -44,9 +44,12 @@
 //!    (plus a little slack) before a fault began, so the last checkpoint before the
 //!    partition moved (or its task restarted after an ambiguous Meta write) could not
 //!    carry it; their number per move and per fault is measured and reported;
-//! 8. a subscription's settings, written (`PUT`, and compare-and-set with `If-Match`)
-//!    and read by concurrent clients through every instance under the same faults, form
-//!    a linearizable history ([`meshd_test_support::linearizability`]).
+//! 8. histories of concurrent clients under the same faults, through every instance,
+//!    checked with [`meshd_test_support::linearizability`]: a subscription's settings,
+//!    written (`PUT`, and compare-and-set with `If-Match`) and read, and tasks,
+//!    submitted, claimed, canceled and read. Writes, compare-and-sets and task
+//!    operations must be linearizable; a settings read (served from the instance's
+//!    cache, read-your-writes by contract) only a value that was written.
 //!
 //! A run must clear an activity floor (acks answered `acked`, publishes answered 201,
 //! faults applied) or it fails.
@@ -222,6 +225,7 @@ struct Log {
     /// would be blind, so the run fails.
     watch_gap: Option<String>,
     history: Vec<HistoryOp>,
+    tasks: Vec<TaskOp>,
     unanswered: BTreeMap<String, usize>,
     problems: Vec<String>,
 }
@@ -737,6 +741,201 @@ async fn history_client(c: usize, mut rng: Rng, mut gate: watch::Receiver<Gate>,
     }
 }
 
+/// A task as the history clients see it: absent, `submitted`, `working` (claimed) or
+/// `canceled`; every change is conditional in Meta (create if absent, claim if
+/// submitted, cancel unless terminal), so the history of each task must be
+/// linearizable. The session the claims use lives far longer than the run, so no
+/// requeue (`working` back to `submitted`) happens behind the clients' backs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum TaskState {
+    Submitted,
+    Working,
+    Canceled,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum TaskCall {
+    Submit(String),
+    Claim(String),
+    Cancel(String),
+    Read(String),
+}
+
+impl TaskCall {
+    fn id(&self) -> &str {
+        match self {
+            TaskCall::Submit(id)
+            | TaskCall::Claim(id)
+            | TaskCall::Cancel(id)
+            | TaskCall::Read(id) => id,
+        }
+    }
+}
+
+/// The answer, by status: `Done` (201/200 that changed it), `Existing` (a submit of
+/// an existing task, 200), `Conflict` (claim of a task another session holds, 409:
+/// never expected here, every claim comes from one session), `Terminal`
+/// (422), `Absent` (404), `Read(state)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum TaskAnswer {
+    Done,
+    Existing,
+    Conflict,
+    Terminal,
+    Absent,
+    Read(TaskState),
+}
+
+struct TaskModel;
+
+impl meshd_test_support::linearizability::Model for TaskModel {
+    type State = Option<TaskState>;
+    type Input = TaskCall;
+    type Output = TaskAnswer;
+
+    fn init(&self) -> Self::State {
+        None
+    }
+
+    fn step(
+        &self,
+        state: &Self::State,
+        input: &TaskCall,
+        output: Option<&TaskAnswer>,
+    ) -> Option<Self::State> {
+        use TaskState::*;
+        let (next, answer) = match (input, state) {
+            (TaskCall::Submit(_), None) => (Some(Submitted), TaskAnswer::Done),
+            (TaskCall::Submit(_), s) => (*s, TaskAnswer::Existing),
+            (TaskCall::Claim(_), Some(Submitted)) => (Some(Working), TaskAnswer::Done),
+            // Every claim comes from the one session: a claim of a task it holds
+            // already is answered like the first (idempotent).
+            (TaskCall::Claim(_), Some(Working)) => (Some(Working), TaskAnswer::Done),
+            (TaskCall::Claim(_), Some(Canceled)) => (Some(Canceled), TaskAnswer::Terminal),
+            (TaskCall::Cancel(_), Some(Submitted | Working)) => (Some(Canceled), TaskAnswer::Done),
+            (TaskCall::Cancel(_), Some(Canceled)) => (Some(Canceled), TaskAnswer::Terminal),
+            (TaskCall::Claim(_) | TaskCall::Cancel(_) | TaskCall::Read(_), None) => {
+                (None, TaskAnswer::Absent)
+            }
+            (TaskCall::Read(_), Some(s)) => (Some(*s), TaskAnswer::Read(*s)),
+        };
+        match output {
+            Some(o) if *o != answer => None,
+            _ => Some(next),
+        }
+    }
+}
+
+type TaskOp = Operation<TaskCall, TaskAnswer>;
+
+const TASK_AGENT: &str = "crash-agent";
+
+/// Submits, claims, cancels and reads a few tasks at a time through any instance;
+/// claims use `session` (of the agent's client id). Recorded as task operations.
+async fn task_client(
+    c: usize,
+    session: String,
+    mut rng: Rng,
+    mut gate: watch::Receiver<Gate>,
+    ctx: Arc<Ctx>,
+) {
+    while let Some(a) = pick(&mut gate, &mut rng).await {
+        // Six tasks live at a time; every client moves through the same ids.
+        let generation = ctx.now().as_secs() / 4;
+        let id = format!("task-{generation}-{}", rng.below(6));
+        let call = match rng.range(0, 5) {
+            0 | 1 => TaskCall::Submit(id.clone()),
+            2 => TaskCall::Claim(id.clone()),
+            3 => TaskCall::Cancel(id.clone()),
+            _ => TaskCall::Read(id.clone()),
+        };
+        let sent = ctx.now().as_nanos() as u64;
+        let r = match &call {
+            TaskCall::Submit(id) => {
+                send(
+                    &a,
+                    "POST",
+                    "/v1/tasks",
+                    &json!({"id": id, "agent": TASK_AGENT, "input": {"n": 1}}),
+                )
+                .await
+            }
+            TaskCall::Claim(id) => {
+                send(
+                    &a,
+                    "POST",
+                    &format!("/v1/tasks/{id}/claim"),
+                    &json!({"session": session}),
+                )
+                .await
+            }
+            TaskCall::Cancel(id) => {
+                send(&a, "POST", &format!("/v1/tasks/{id}/cancel"), &json!({})).await
+            }
+            TaskCall::Read(id) => {
+                http::request(&a, "GET", &format!("/v1/tasks/{id}"), None, REQUEST_TIMEOUT).await
+            }
+        };
+        let ret = ctx.now().as_nanos() as u64;
+        let answer = match (&call, &r) {
+            (_, Err(_)) => None,
+            (_, Ok(r)) if r.status >= 500 || r.status == 429 => None,
+            (TaskCall::Submit(_), Ok(r)) if r.status == 201 => Some(Ok(TaskAnswer::Done)),
+            (TaskCall::Submit(_), Ok(r)) if r.status == 200 => Some(Ok(TaskAnswer::Existing)),
+            (TaskCall::Claim(_) | TaskCall::Cancel(_), Ok(r)) if r.status == 200 => {
+                Some(Ok(TaskAnswer::Done))
+            }
+            (TaskCall::Claim(_), Ok(r)) if r.status == 409 => Some(Ok(TaskAnswer::Conflict)),
+            (TaskCall::Claim(_) | TaskCall::Cancel(_), Ok(r)) if r.status == 422 => {
+                Some(Ok(TaskAnswer::Terminal))
+            }
+            (TaskCall::Claim(_) | TaskCall::Cancel(_) | TaskCall::Read(_), Ok(r))
+                if r.status == 404 =>
+            {
+                Some(Ok(TaskAnswer::Absent))
+            }
+            (TaskCall::Read(_), Ok(r)) if r.status == 200 => {
+                match r
+                    .json()
+                    .ok()
+                    .and_then(|v| v["state"].as_str().map(str::to_string))
+                    .as_deref()
+                {
+                    Some("submitted") => Some(Ok(TaskAnswer::Read(TaskState::Submitted))),
+                    Some("working") => Some(Ok(TaskAnswer::Read(TaskState::Working))),
+                    Some("canceled") => Some(Ok(TaskAnswer::Read(TaskState::Canceled))),
+                    _ => Some(Err(format!("GET task answered {}", r.body))),
+                }
+            }
+            (call, Ok(r)) => Some(Err(format!("{call:?} answered {} {}", r.status, r.body))),
+        };
+        {
+            let mut log = ctx.log();
+            match answer {
+                Some(Ok(out)) => log.tasks.push(Operation::answered(c, call, sent, ret, out)),
+                None => log.tasks.push(Operation::unanswered(c, call, sent)),
+                Some(Err(p)) => log.problems.push(p),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.range(20, 150))).await;
+    }
+}
+
+/// Keeps the agent's session alive through any instance (its TTL outlasts the run;
+/// this only guards long runs).
+async fn session_keeper(session: String, mut rng: Rng, mut gate: watch::Receiver<Gate>) {
+    while let Some(a) = pick(&mut gate, &mut rng).await {
+        let _ = send(
+            &a,
+            "POST",
+            &format!("/v1/sessions/{session}/heartbeat"),
+            &json!({}),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // etcd's history, watched live.
 
@@ -852,9 +1051,22 @@ struct Node {
 impl Node {
     async fn start(&mut self) {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        let p = MeshdProcess::start_with_env(bin(), self.dir.path(), &args, &self.env)
-            .await
-            .unwrap_or_else(|e| panic!("starting {}: {e:#}", self.id));
+        // meshd refuses to start while JetStream cannot answer (a three-server
+        // cluster that just started may not have elected its meta leader yet): the
+        // way an operator's supervisor would, start it again, for a while.
+        let mut tries = 0;
+        let p = loop {
+            match MeshdProcess::start_with_env(bin(), self.dir.path(), &args, &self.env).await {
+                Ok(p) => break p,
+                Err(e)
+                    if tries < 10 && format!("{e:#}").contains("cannot open the JetStream log") =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => panic!("starting {}: {e:#}", self.id),
+            }
+        };
         self.peer
             .set_upstream(p.addr().parse::<SocketAddr>().expect("meshd's address"));
         self.proc = Some(p);
@@ -869,16 +1081,17 @@ impl Node {
     }
 }
 
-enum Log_ {
-    One(NatsProcess),
+/// The log's servers: one nats-server (CI) or three with `replicas=3` (long runs).
+enum NatsServers {
+    One(Box<NatsProcess>),
     Three(NatsCluster),
 }
 
-impl Log_ {
+impl NatsServers {
     fn endpoints(&self) -> Vec<SocketAddr> {
         let urls: Vec<String> = match self {
-            Log_::One(n) => vec![n.endpoint()],
-            Log_::Three(c) => c.nodes.iter().map(|m| m.endpoint()).collect(),
+            NatsServers::One(n) => vec![n.endpoint()],
+            NatsServers::Three(c) => c.nodes.iter().map(|m| m.endpoint()).collect(),
         };
         urls.iter()
             .map(|u| u.parse().expect("a nats endpoint"))
@@ -923,7 +1136,7 @@ async fn one_fault(
     rng: &mut Rng,
     nodes: &mut [Node],
     etcd: &mut EtcdCluster,
-    log: &mut Log_,
+    log: &mut NatsServers,
     gate: &watch::Sender<Gate>,
 ) -> String {
     let i = rng.below(INSTANCES as u64) as usize;
@@ -979,13 +1192,13 @@ async fn one_fault(
         }
         3 => {
             let what = match log {
-                Log_::One(n) => {
+                NatsServers::One(n) => {
                     n.kill();
                     tokio::time::sleep(short).await;
                     n.restart().await.expect("restart nats-server");
                     "nats-server".to_string()
                 }
-                Log_::Three(c) => {
+                NatsServers::Three(c) => {
                     let k = rng.below(c.nodes.len() as u64) as usize;
                     c.nodes[k].kill();
                     tokio::time::sleep(short).await;
@@ -1436,7 +1649,7 @@ fn violations(log: &Log, dead: &[Value], hist: &History, tally: &mut Tally) -> V
     }
 
     // Rule 1.
-    for (id, _) in &created {
+    for id in created.keys() {
         if !positions.contains_key(id) {
             v.push(format!(
                 "rule 1: event {id} answered 201 was never delivered nor dead-lettered"
@@ -1622,7 +1835,7 @@ fn check_settings_history(history: &[HistoryOp]) -> Vec<String> {
         if let (RegisterInput::Read, Some((ret, RegisterOutput::Read(Some(x))))) =
             (&op.input, &op.ret)
         {
-            if !written.get(x).is_some_and(|call| call <= ret) {
+            if written.get(x).is_none_or(|call| call > ret) {
                 v.push(format!(
                     "rule 8: a read answered {x}, which no write sent before it wrote: {op:?}"
                 ));
@@ -1712,13 +1925,15 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
         .await
         .expect("start the etcd cluster");
     let mut log = if three_nats {
-        Log_::Three(
+        NatsServers::Three(
             NatsCluster::start(3)
                 .await
                 .expect("start three nats-servers"),
         )
     } else {
-        Log_::One(NatsProcess::start().await.expect("start nats-server"))
+        NatsServers::One(Box::new(
+            NatsProcess::start().await.expect("start nats-server"),
+        ))
     };
     let secret_dir = tempfile::tempdir().expect("temp dir");
     let secret = secret_dir.path().join("secret");
@@ -1843,6 +2058,33 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
             ctx.clone(),
         )));
     }
+    let r = send(
+        &a0,
+        "POST",
+        "/v1/sessions",
+        &json!({"client_id": TASK_AGENT, "ttl_ms": 600_000}),
+    )
+    .await
+    .expect("open the agent's session");
+    assert_eq!(r.status, 201, "{}", r.body);
+    let session = r.json().expect("session")["session_id"]
+        .as_str()
+        .expect("session id")
+        .to_string();
+    clients.push(tokio::spawn(session_keeper(
+        session.clone(),
+        rng.fork(),
+        gate_rx.clone(),
+    )));
+    for c in 0..HISTORY_CLIENTS {
+        clients.push(tokio::spawn(task_client(
+            c,
+            session.clone(),
+            rng.fork(),
+            gate_rx.clone(),
+            ctx.clone(),
+        )));
+    }
     for c in 0..HISTORY_CLIENTS {
         clients.push(tokio::spawn(history_client(
             c,
@@ -1900,6 +2142,12 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
     v.extend(violations(&log_, &dead, &hist, &mut tally));
     // Rule 8.
     v.extend(check_settings_history(&log_.history));
+    if let Err((id, verdict)) = check_by_key(&TaskModel, &log_.tasks, |c| c.id().to_string()) {
+        let ops: Vec<&TaskOp> = log_.tasks.iter().filter(|op| op.input.id() == id).collect();
+        v.push(format!(
+            "rule 8: the history of task {id} is not linearizable: {verdict:?}\n{ops:#?}"
+        ));
+    }
     let moves: usize = hist.moves.values().map(Vec::len).sum();
     let acked = log_.acked.len();
     eprintln!(
@@ -1910,7 +2158,7 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
         log_.nacked.len(),
         dead.len(),
         tally.poison_dead_lettered,
-        log_.history.len(),
+        log_.history.len() + log_.tasks.len(),
         hist.writes_checked,
         tally.duplicates,
         tally.after_a_move,

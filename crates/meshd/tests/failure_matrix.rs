@@ -1,7 +1,10 @@
 //! The failure matrix (`docs/state-store-failure-matrix.md`) names the test behind
 //! every claim. This test fails when a named test or test file does not exist, so the
-//! document cannot drift from the code. Metric names it gives as the operator's signal
-//! must appear in the source too.
+//! document cannot drift from the code. A test file (a `.rs` path whose file lives
+//! under a `tests/` directory) counts only with the test that shows the claim, as
+//! `file.rs::test_function`, and that file must define the function: a bare test file
+//! fails, naming the token. Source files (under `src/`) may be named bare. Metric names
+//! it gives as the operator's signal must appear in the source too.
 
 use std::path::{Path, PathBuf};
 
@@ -52,6 +55,13 @@ fn every_test_the_failure_matrix_names_exists() {
         .expect("the failure matrix");
     let mut files = Vec::new();
     rust_files(&root.join("crates"), &mut files);
+    let root_dir = format!("{}/", root.to_string_lossy().replace('\\', "/"));
+    let under_tests = |p: &str| {
+        p.strip_prefix(root_dir.as_str())
+            .unwrap_or(p)
+            .split('/')
+            .any(|dir| dir == "tests")
+    };
     let mut checked = 0;
     let mut missing = Vec::new();
     for token in doc.split('`').skip(1).step_by(2) {
@@ -73,7 +83,7 @@ fn every_test_the_failure_matrix_names_exists() {
         let candidates: Vec<&(String, String)> = match file {
             Some(f) => files
                 .iter()
-                .filter(|(p, _)| p.ends_with(&format!("/{f}")) || p.ends_with(f))
+                .filter(|(p, _)| p.ends_with(&format!("/{f}")))
                 .collect(),
             None => files.iter().collect(),
         };
@@ -81,7 +91,15 @@ fn every_test_the_failure_matrix_names_exists() {
             missing.push(format!("{token}: no file ends with {}", file.unwrap_or("")));
             continue;
         }
-        if is_test_name(name) {
+        // A test file alone is no evidence: name the test in it.
+        if path.is_none() && file.is_some() && candidates.iter().any(|(p, _)| under_tests(p)) {
+            missing.push(format!(
+                "{token}: names a test file, not a test: write `{token}::<test function>`"
+            ));
+            continue;
+        }
+        // `file.rs::name` must define `name` there, whatever it looks like.
+        if is_test_name(name) || (path.is_some() && file.is_some()) {
             checked += 1;
             if !candidates.iter().any(|(_, text)| defines(text, name)) {
                 missing.push(format!(
@@ -93,7 +111,7 @@ fn every_test_the_failure_matrix_names_exists() {
     }
     assert!(
         missing.is_empty(),
-        "the failure matrix names tests that do not exist:\n{}",
+        "the failure matrix names tests that do not exist, or test files without their test:\n{}",
         missing.join("\n")
     );
     assert!(

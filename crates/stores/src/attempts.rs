@@ -27,16 +27,19 @@
 //!
 //! A pull batch is one fenced transaction: one put of its record, plus the deletion
 //! of at most [`PRUNE_MAX`] records that no longer hold a current entry (every offset
-//! they name was acked, superseded by a later record, or passed by a checkpoint).
+//! they name was superseded by a later record or carried by a checkpoint).
 //! [`LedgerState`] is the owner's bookkeeping of which record holds what. So the
 //! bytes written per batch follow the batch, not what is in flight, and the number of
-//! records in Meta never exceeds the number of deliveries in flight plus the
-//! dead-lettered offsets above the checkpoint plus the garbage awaiting its prune.
+//! records in Meta never exceeds the number of deliveries in flight plus the acked
+//! and dead-lettered offsets no checkpoint carries yet plus the garbage awaiting its
+//! prune.
 //!
 //! What leaves the ledger when:
 //!
-//! * an **acked** delivery at once (a move before the next checkpoint delivers it
-//!   again: at-least-once, a duplicate bounded by `--checkpoint-ms`);
+//! * an **acked** delivery once a checkpoint carries it (below the committed offset
+//!   or among the resolved offsets above it): a move before that delivers it again
+//!   (at-least-once, a duplicate bounded by `--checkpoint-ms`) with its next attempt,
+//!   never with the attempt (and delivery id) it was acked at;
 //! * a **dead-lettered** one only once a checkpoint passed its offset, so a new owner
 //!   that does not know it was dead-lettered still finds its last attempt and
 //!   dead-letters it (the store finds the entry) instead of starting again at 1;
@@ -703,7 +706,8 @@ impl LedgerState {
         }
     }
 
-    /// Offsets that left the ledger (acked): their records may become garbage.
+    /// Offsets that left the ledger (resolved, carried by a durable checkpoint): their
+    /// records may become garbage.
     pub fn forget(&mut self, offsets: impl IntoIterator<Item = u64>) {
         for o in offsets {
             if let Some((seq, _)) = self.current.remove(&o) {
