@@ -2,7 +2,8 @@
 //! the first instance and etcd, closed and reopened by the test): the cut-off instance
 //! reports not ready and refuses Meta writes with 503/504 instead of pretending, the
 //! other keeps working, and once the proxy is restored the first instance is ready
-//! again and sees what was written meanwhile, without a restart.
+//! again and sees what was written meanwhile, without a restart. The cut is a clean
+//! close or a blackhole (connections open and silent, held bytes delivered on heal).
 
 mod common;
 
@@ -10,7 +11,7 @@ use common::*;
 use meshd_test_support::etcd::EtcdProcess;
 use meshd_test_support::http::{get, send_json};
 use meshd_test_support::meshd::MeshdProcess;
-use meshd_test_support::proxy::TcpProxy;
+use meshd_test_support::proxy::{Hold, TcpProxy};
 use meshd_test_support::wait::wait_until;
 use serde_json::json;
 use std::time::Duration;
@@ -55,6 +56,26 @@ async fn wait_not_ready_naming_meta(a: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_one_instance_cut_off_from_etcd_then_it_is_not_ready_and_refuses_writes_while_the_other_serves_and_it_recovers_when_reconnected(
 ) {
+    one_instance_cut_off(Cut::Clean).await;
+}
+
+/// The same through a blackhole (connections stay open and silent, as a real network
+/// partition leaves them): only keep-alives and timeouts can tell the instance, and
+/// what it sent is delivered to etcd when the partition heals. So a write it answered
+/// 503 ("not applied") must still be absent afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_one_instance_blackholed_from_etcd_then_it_is_not_ready_and_refuses_writes_truthfully_and_it_recovers_when_the_partition_heals(
+) {
+    one_instance_cut_off(Cut::Blackhole).await;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cut {
+    Clean,
+    Blackhole,
+}
+
+async fn one_instance_cut_off(how: Cut) {
     let etcd = EtcdProcess::start().await.unwrap();
     let proxy = TcpProxy::start(etcd.endpoint().parse().unwrap())
         .await
@@ -70,44 +91,119 @@ async fn given_one_instance_cut_off_from_etcd_then_it_is_not_ready_and_refuses_w
         .unwrap();
     wait_ready(a.addr(), 200).await;
     wait_ready(b.addr(), 200).await;
-
-    proxy.cut();
-    wait_not_ready_naming_meta(a.addr()).await;
-    let (status, body) = readiness(b.addr()).await.unwrap();
-    assert_eq!(status, 200, "the other instance still reaches etcd: {body}");
-
-    // The other instance writes; the cut-off one cannot, and says so.
     create_topic(b.addr(), "t", 1).await;
-    create_subscription(b.addr(), "s", json!({"topic": "t"})).await;
-    let r = send_json(a.addr(), "PUT", "/v1/topics/u", &json!({"partitions": 1}))
-        .await
-        .unwrap();
-    assert!(
-        matches!(r.status, 503 | 504),
-        "a write without Meta is refused honestly: {} {}",
-        r.status,
-        r.body
-    );
-    if r.status == 503 {
-        assert!(
-            r.headers
-                .iter()
-                .any(|(k, _)| k.eq_ignore_ascii_case("retry-after")),
-            "{r:?}"
-        );
-    }
-
-    proxy.restore();
-    wait_ready(a.addr(), 200).await;
-    wait_until(DEADLINE, "instance A sees B's subscription", || async {
+    let before = create_subscription(b.addr(), "s", json!({"topic": "t"})).await;
+    wait_until(DEADLINE, "instance A sees the subscription", || async {
         let r = get(a.addr(), "/v1/subscriptions/s").await?;
         anyhow::ensure!(r.status == 200, "{} {}", r.status, r.body);
         Ok(())
     })
     .await
     .unwrap();
+
+    match how {
+        Cut::Clean => proxy.cut(),
+        Cut::Blackhole => proxy.hold(Hold::Both),
+    }
+    wait_not_ready_naming_meta(a.addr()).await;
+    let (status, body) = readiness(b.addr()).await.unwrap();
+    assert_eq!(status, 200, "the other instance still reaches etcd: {body}");
+
+    // The other instance writes; the cut-off one cannot, and says so: a topic, a new
+    // subscription, and a conditional update of an existing one.
+    create_subscription(b.addr(), "s-b", json!({"topic": "t"})).await;
+    let revision = before["revision"].to_string();
+    let writes = [
+        send_json(a.addr(), "PUT", "/v1/topics/u", &json!({"partitions": 1})).await,
+        send_json(
+            a.addr(),
+            "PUT",
+            "/v1/subscriptions/s-a",
+            &json!({"topic": "t"}),
+        )
+        .await,
+        meshd_test_support::http::request_with(
+            a.addr(),
+            "PUT",
+            "/v1/subscriptions/s",
+            &[
+                ("Content-Type", "application/json"),
+                ("If-Match", &revision),
+            ],
+            json!({"topic": "t", "max_attempts": 9})
+                .to_string()
+                .as_bytes(),
+        )
+        .await,
+    ];
+    let mut refused = Vec::new();
+    for r in writes {
+        let r = r.unwrap();
+        assert!(
+            matches!(r.status, 503 | 504),
+            "a write without Meta is refused honestly: {} {}",
+            r.status,
+            r.body
+        );
+        if r.status == 503 {
+            assert!(
+                r.headers
+                    .iter()
+                    .any(|(k, _)| k.eq_ignore_ascii_case("retry-after")),
+                "{r:?}"
+            );
+        }
+        refused.push(r.status);
+    }
+
+    proxy.restore();
+    wait_ready(a.addr(), 200).await;
+    wait_until(DEADLINE, "instance A sees B's subscription", || async {
+        let r = get(a.addr(), "/v1/subscriptions/s-b").await?;
+        anyhow::ensure!(r.status == 200, "{} {}", r.status, r.body);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    // What was answered 503 was not applied, even after the partition healed and
+    // whatever the blackhole held reached etcd (asked of B, which never lost etcd).
+    let after = [
+        get(b.addr(), "/v1/topics/u").await.unwrap(),
+        get(b.addr(), "/v1/subscriptions/s-a").await.unwrap(),
+        get(b.addr(), "/v1/subscriptions/s").await.unwrap(),
+    ];
+    for (status, (what, r)) in refused.iter().zip(
+        ["topic u", "subscription s-a", "subscription s"]
+            .iter()
+            .zip(&after),
+    ) {
+        if *status != 503 {
+            continue;
+        }
+        let applied = match *what {
+            "subscription s" => r.json().unwrap()["max_attempts"] == 9,
+            _ => r.status == 200,
+        };
+        assert!(
+            !applied,
+            "{what} was answered 503 and yet applied: {}",
+            r.body
+        );
+    }
     // And it writes again, without a restart.
-    create_topic(a.addr(), "u", 1).await;
+    create_topic(a.addr(), "u2", 1).await;
+    let r = meshd_test_support::http::request_with(
+        a.addr(),
+        "PUT",
+        "/v1/subscriptions/s",
+        &[("Content-Type", "application/json")],
+        json!({"topic": "t", "max_attempts": 7})
+            .to_string()
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
 }
 
 /// The ambiguous outcome: instance A's writes reach etcd (which applies them) but etcd's
