@@ -81,17 +81,47 @@ impl TcpProxy {
                     let (mut client_rx, mut client_tx) = client.into_split();
                     let (mut server_rx, mut server_tx) = server.into_split();
                     let up = async {
+                        // While requests are held they are still read (and counted:
+                        // `bytes_sent` shows what a held process tried to send) and
+                        // wait here, in order, until the hold ends.
                         let mut buf = vec![0u8; 16 * 1024];
+                        let mut waiting: Vec<u8> = Vec::new();
+                        let mut open = true;
                         loop {
-                            let n = client_rx.read(&mut buf).await?;
-                            if n == 0 {
-                                return Ok::<(), std::io::Error>(());
+                            let held = *up_hold.borrow_and_update() & Hold::Requests as u8 != 0;
+                            if !held && !waiting.is_empty() {
+                                server_tx.write_all(&waiting).await?;
+                                waiting.clear();
                             }
-                            counted.fetch_add(n as u64, Ordering::Relaxed);
-                            if !wait_unheld(&mut up_hold, Hold::Requests).await {
-                                return Ok(());
+                            if !open {
+                                if waiting.is_empty() {
+                                    return Ok::<(), std::io::Error>(());
+                                }
+                                if up_hold.changed().await.is_err() {
+                                    return Ok(());
+                                }
+                                continue;
                             }
-                            server_tx.write_all(&buf[..n]).await?;
+                            tokio::select! {
+                                r = client_rx.read(&mut buf) => {
+                                    let n = r?;
+                                    if n == 0 {
+                                        open = false;
+                                        continue;
+                                    }
+                                    counted.fetch_add(n as u64, Ordering::Relaxed);
+                                    if held {
+                                        waiting.extend_from_slice(&buf[..n]);
+                                    } else {
+                                        server_tx.write_all(&buf[..n]).await?;
+                                    }
+                                }
+                                c = up_hold.changed() => {
+                                    if c.is_err() {
+                                        return Ok(());
+                                    }
+                                }
+                            }
                         }
                     };
                     let down = async {
@@ -129,8 +159,9 @@ impl TcpProxy {
         })
     }
 
-    /// A blackhole in `direction`: bytes that way stop moving (they wait in the proxy
-    /// and the sockets' buffers, then back-pressure the sender), connections stay open
+    /// A blackhole in `direction`: bytes that way stop moving (requests wait in the
+    /// proxy, still counted by [`bytes_sent`](Self::bytes_sent); replies in the
+    /// sockets' buffers, then back-pressure the sender), connections stay open
     /// and new ones are accepted; nothing is closed or refused. `Hold::Both` is a
     /// symmetric partition, `Requests` or `Replies` an asymmetric one.
     /// [`restore`](Self::restore) lets everything held through, in order.
@@ -298,8 +329,14 @@ mod tests {
 
         // Requests only: nothing reaches the upstream until restored.
         proxy.hold(Hold::Requests);
+        let before = proxy.bytes_sent();
         live.write_all(b"late").await.unwrap();
         assert!(tokio::time::timeout(quiet, received.recv()).await.is_err());
+        assert_eq!(
+            proxy.bytes_sent() - before,
+            4,
+            "held requests are counted as sent"
+        );
         proxy.restore();
         assert_eq!(received.recv().await.unwrap(), b"late");
         live.read_exact(&mut buf).await.unwrap();
