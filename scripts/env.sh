@@ -30,8 +30,9 @@ meshd_packages() {
     # with, python3-venv for the venv nats-server comes in (see meshd_need_nats), and
     # fuse3 (fusermount3) for the lazy filesystem of the power-cut tests (mounted
     # directly as root; fusermount3 otherwise), faketime (libfaketime) for the clock
-    # jumps of the cluster crash loop.
-    local test=(etcd-server fonts-dejavu-core python3-venv fuse3 faketime)
+    # jumps of the cluster crash loop, prometheus for promtool (the alert rules in
+    # deploy/ are checked with it).
+    local test=(etcd-server fonts-dejavu-core python3-venv fuse3 faketime prometheus)
     case "$1" in
     run) echo "${build[*]}" ;;
     test) echo "${build[*]} ${test[*]}" ;;
@@ -112,6 +113,7 @@ meshd_provided() {
     python3-venv) "$(meshd_python)" -c 'import ensurepip, venv' >/dev/null 2>&1 || { echo "python3 -m venv (ensurepip)" && return 1; } ;;
     fuse3) command -v fusermount3 >/dev/null 2>&1 || { echo "fusermount3" && return 1; } ;;
     faketime) meshd_libfaketime >/dev/null || { echo "libfaketime.so.1" && return 1; } ;;
+    prometheus) command -v promtool >/dev/null 2>&1 || { echo "promtool" && return 1; } ;;
     *)
         echo "a check for package $1"
         return 1

@@ -112,6 +112,8 @@ struct AppState {
     http: Arc<crate::listen::HttpCounters>,
     compaction: Arc<crate::compaction::CompactionCounters>,
     compaction_retention: u64,
+    /// Requests by route template, method and status, and their durations.
+    http_requests: Arc<crate::http_metrics::HttpMetrics>,
 }
 
 /// Runs meshd as the binary does: listens on `config.listen` once recovery is done and
@@ -630,7 +632,9 @@ impl Started {
             header_timeout: Duration::from_millis(config.header_timeout_ms),
             log_retention_ms: config.retention().max_age_ms,
         });
+        let http_requests = Arc::new(crate::http_metrics::HttpMetrics::default());
         let state = Arc::new(AppState {
+            http_requests: http_requests.clone(),
             api: api.clone(),
             sessions: stores.sessions.clone(),
             cluster_lease: config.log.is_cluster().then(|| lease.clone()),
@@ -685,6 +689,8 @@ impl Started {
             .route("/metrics", get(metrics_text))
             .with_state(state)
             .merge(crate::api::router(api))
+            // After every route (it runs only once one matched): notes the template.
+            .route_layer(axum::middleware::from_fn(crate::http_metrics::note_route))
             .fallback(not_found);
         // Outermost first: the gate (tokens, the cluster secret: refusals that hold no
         // request slot and read no body), then admission (load shedding).
@@ -695,6 +701,11 @@ impl Started {
         let app = app.layer(axum::middleware::from_fn_with_state(
             gate,
             crate::access::gate,
+        ));
+        // Outermost of all: every request is counted and timed, refusals included.
+        let app = app.layer(axum::middleware::from_fn_with_state(
+            http_requests,
+            crate::http_metrics::record,
         ));
         spawn_reload_on_hangup(&background, access, tls.clone(), http.clone());
         let stop_runtime = runtime.clone();
@@ -1027,6 +1038,18 @@ async fn healthz() -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let (ready, body) = readiness(&state).await;
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+/// What `/readyz` answers: ready or not, and each check (`meshd_ready` on `/metrics`
+/// is the same verdict).
+async fn readiness(state: &AppState) -> (bool, serde_json::Value) {
     let meta = match state.meta_probe.status().await {
         // An alarm (etcd's NOSPACE: every write refused) is named: Meta answers, but
         // nothing can be written.
@@ -1081,12 +1104,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     if let Some(c) = cluster {
         body["checks"]["cluster"] = c.into();
     }
-    let code = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (code, Json(body)).into_response()
+    (ready, body)
 }
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
@@ -1098,6 +1116,12 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         state.api.instance_id
     ));
     state.api.quotas.render(&mut out);
+    state.http_requests.render(&mut out);
+    let (ready, _) = readiness(&state).await;
+    out.push_str(&format!(
+        "# HELP meshd_ready Whether /readyz answers 200 (every check ok).\n# TYPE meshd_ready gauge\nmeshd_ready {}\n",
+        u8::from(ready)
+    ));
     state
         .compaction
         .render(&mut out, state.compaction_retention);

@@ -48,7 +48,7 @@ pub(crate) fn spawn(
             tokio::select! {
                 changed = revision_rx.changed() => {
                     if changed.is_err() {
-                        let _ = tx.send(Err(WatchError::Unavailable("embedded meta closed".into()))).await;
+                        let _ = tx.send(Err(WatchError::Closed)).await;
                         return;
                     }
                 }

@@ -82,4 +82,8 @@ pub enum WatchError {
     /// A history record failed its checksum or version check.
     #[error("corrupt watch history: {0}")]
     Corrupt(String),
+    /// The Meta handle was closed by its owner (the process is stopping): the stream
+    /// ends and there is nothing to resume. Not a failure.
+    #[error("watch ended: meta closed")]
+    Closed,
 }

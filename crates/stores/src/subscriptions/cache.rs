@@ -598,6 +598,9 @@ async fn follow<V: Clone + Send + Sync + 'static>(
 ) {
     let (store, backend) = (shared.store, shared.backend);
     let mut delay = config.initial_backoff;
+    // Set once Meta said it was closed: failures are expected until it answers again
+    // and are logged at debug level, so a normal stop logs no warning.
+    let mut quiet = false;
     let mut relist = true;
     loop {
         if relist {
@@ -622,7 +625,11 @@ async fn follow<V: Clone + Send + Sync + 'static>(
                     continue;
                 }
                 Err(e) => {
-                    tracing::warn!(store, %backend, error = %e, retry_in = ?delay, "cache list failed");
+                    if quiet {
+                        tracing::debug!(store, %backend, error = %e, retry_in = ?delay, "cache list failed (meta closed)");
+                    } else {
+                        tracing::warn!(store, %backend, error = %e, retry_in = ?delay, "cache list failed");
+                    }
                     shared.set_live(false, Some(format!("list: {e}")));
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(config.max_backoff);
@@ -634,7 +641,11 @@ async fn follow<V: Clone + Send + Sync + 'static>(
         let mut stream = match meta.watch(&shared.prefix, from).await {
             Ok(stream) => stream,
             Err(e) => {
-                tracing::warn!(store, %backend, error = %e, from, retry_in = ?delay, "cache watch failed");
+                if quiet {
+                    tracing::debug!(store, %backend, error = %e, from, retry_in = ?delay, "cache watch failed (meta closed)");
+                } else {
+                    tracing::warn!(store, %backend, error = %e, from, retry_in = ?delay, "cache watch failed");
+                }
                 shared.set_live(false, Some(format!("watch: {e}")));
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(config.max_backoff);
@@ -642,6 +653,7 @@ async fn follow<V: Clone + Send + Sync + 'static>(
             }
         };
         shared.set_live(true, None);
+        quiet = false;
         delay = config.initial_backoff;
         tracing::debug!(store, %backend, from, "cache watching");
         let failure = loop {
@@ -659,6 +671,13 @@ async fn follow<V: Clone + Send + Sync + 'static>(
                     relist = true;
                     break None;
                 }
+                Some(Err(WatchError::Closed)) => {
+                    // Meta was closed by its owner: the process is stopping (the cache
+                    // is dropped next) or the backend is being restarted under it. Go
+                    // on trying, without a warning until Meta answers again.
+                    quiet = true;
+                    break Some("meta closed".to_string());
+                }
                 Some(Err(e)) => {
                     if matches!(e, WatchError::Corrupt(_)) {
                         // The history cannot be replayed; a fresh list does not need it.
@@ -673,7 +692,11 @@ async fn follow<V: Clone + Send + Sync + 'static>(
         match failure {
             None => shared.set_live(false, Some("re-listing after compaction".into())),
             Some(e) => {
-                tracing::warn!(store, %backend, error = %e, retry_in = ?delay, "cache watch interrupted");
+                if quiet {
+                    tracing::debug!(store, %backend, error = %e, retry_in = ?delay, "cache watch interrupted");
+                } else {
+                    tracing::warn!(store, %backend, error = %e, retry_in = ?delay, "cache watch interrupted");
+                }
                 shared.set_live(false, Some(format!("watch: {e}")));
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(config.max_backoff);
