@@ -63,6 +63,7 @@
 
 mod common;
 
+use common::oracle::{dead_letter_entries, env_number, expect, seed_from, Failure};
 use common::*;
 use meshd_test_support::etcd::EtcdCluster;
 use meshd_test_support::http::{self, Response};
@@ -114,23 +115,8 @@ const SHOWN: usize = 40;
 /// a loaded 2-core machine, a Meta write in flight).
 const CHECKPOINT_SLACK: Duration = Duration::from_millis(500);
 
-fn env_number(name: &str) -> Option<u64> {
-    let s = std::env::var(name).ok()?;
-    let s = s.trim();
-    let parsed = match s.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => s.parse(),
-    };
-    Some(parsed.unwrap_or_else(|e| panic!("{name}={s:?} is not a number: {e}")))
-}
-
 fn seed() -> u64 {
-    env_number("MESHD_CLUSTER_CRASH_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    })
+    seed_from("MESHD_CLUSTER_CRASH_SEED")
 }
 
 /// libfaketime, from Debian's `faketime` (scripts/env.sh installs it for the tests).
@@ -270,31 +256,6 @@ impl Ctx {
             other => log.problems.push(format!("{what}: {other}")),
         }
     }
-}
-
-#[derive(Debug)]
-enum Failure {
-    Transport(String),
-    Status(u16, String),
-    Malformed(String),
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Transport(e) => write!(f, "no answer: {e}"),
-            Failure::Status(s, body) => write!(f, "answered {s}: {body}"),
-            Failure::Malformed(e) => write!(f, "malformed answer: {e}"),
-        }
-    }
-}
-
-fn expect(r: anyhow::Result<Response>, status: u16) -> Result<Value, Failure> {
-    let r = r.map_err(|e| Failure::Transport(format!("{e:#}")))?;
-    if r.status != status {
-        return Err(Failure::Status(r.status, r.body));
-    }
-    r.json().map_err(|e| Failure::Malformed(format!("{e:#}")))
 }
 
 async fn send(a: &str, method: &str, path: &str, body: &Value) -> anyhow::Result<Response> {
@@ -1259,31 +1220,8 @@ async fn one_fault(
 // ---------------------------------------------------------------------------------
 // The drain.
 
-async fn dead_letter_entries(a: &str) -> anyhow::Result<Vec<Value>> {
-    let mut entries = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut path = format!("/v1/deadletters?subscription={SUB}&limit=1000");
-        if let Some(c) = &cursor {
-            path.push_str("&cursor=");
-            path.push_str(&c.replace('%', "%25").replace('/', "%2F"));
-        }
-        let r = http::get(a, &path).await?;
-        anyhow::ensure!(r.status == 200, "{path} answered {}: {}", r.status, r.body);
-        let page = r.json()?;
-        let list = page["entries"]
-            .as_array()
-            .ok_or_else(|| anyhow::anyhow!("{path} answered without entries: {page}"))?;
-        entries.extend(list.iter().cloned());
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = Some(c.to_string()),
-            None => return Ok(entries),
-        }
-    }
-}
-
 async fn shortfall(ctx: &Ctx, a: &str) -> anyhow::Result<Option<String>> {
-    let dead = dead_letter_entries(a).await?;
+    let dead = dead_letter_entries(a, SUB).await?;
     let ends = end_offsets(a, TOPIC).await;
     let offsets = offsets(a, SUB).await?;
     let dead_ids: BTreeSet<String> = dead.iter().map(|e| id_of(&e["event"])).collect();
@@ -2119,7 +2057,7 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
     wait_all_ready(&ctx, &nodes).await;
     let addrs: Vec<String> = nodes.iter().map(|n| n.proc().addr().to_string()).collect();
     drain(&ctx, &addrs).await;
-    let dead = dead_letter_entries(&addrs[0])
+    let dead = dead_letter_entries(&addrs[0], SUB)
         .await
         .unwrap_or_else(|e| ctx.fail(format!("listing dead letters: {e:#}")));
 

@@ -81,33 +81,10 @@ impl Cluster {
     /// A pull served by instance `i`'s own partitions only (its internal route, as a
     /// peer calls it): what that instance itself hands out, nothing forwarded.
     async fn pull_own(&self, i: usize, sub: &str) -> Vec<Delivery> {
-        let r = meshd_test_support::http::request_with(
-            &self.addr(i),
-            "POST",
-            &format!("/internal/v1/subscriptions/{sub}/pull"),
-            &[
-                ("content-type", "application/json"),
-                ("meshd-cluster-secret", self.secret.as_str()),
-            ],
-            br#"{"max_events": 100, "wait_ms": 0}"#,
-        )
-        .await;
-        let Ok(r) = r else { return Vec::new() };
-        let Ok(v) = r.json() else { return Vec::new() };
-        v["deliveries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|d| {
-                Some(Delivery {
-                    id: d["delivery_id"].clone(),
-                    partition: d["partition"].as_u64()?,
-                    offset: d["offset"].as_u64()?,
-                    attempt: d["attempt"].as_u64()?,
-                    event: d["event"].clone(),
-                })
-            })
-            .collect()
+        assert_eq!(sub, "s", "the internal pull helper serves subscription s");
+        common::pull_own(&self.addr(i), &self.secret, 100, Duration::from_secs(10))
+            .await
+            .unwrap_or_default()
     }
 
     /// An ack on instance `i`'s own partitions only (its internal route): `unknown`

@@ -64,8 +64,9 @@
 
 mod common;
 
+use common::oracle::{dead_letter_entries, expect, seed_from, Failure};
 use common::*;
-use meshd_test_support::http::{self, request_with, send_json, Response};
+use meshd_test_support::http::{self, request_with, send_json};
 use meshd_test_support::lazyfs::{LazyFs, Torn};
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::rng::Rng;
@@ -103,20 +104,7 @@ const READY: Duration = Duration::from_secs(30);
 const SHOWN: usize = 40;
 
 fn seed() -> u64 {
-    match std::env::var("MESHD_CRASH_SEED") {
-        Ok(s) => {
-            let s = s.trim();
-            let parsed = match s.strip_prefix("0x") {
-                Some(hex) => u64::from_str_radix(hex, 16),
-                None => s.parse(),
-            };
-            parsed.unwrap_or_else(|e| panic!("MESHD_CRASH_SEED={s:?} is not a number: {e}"))
-        }
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1),
-    }
+    seed_from("MESHD_CRASH_SEED")
 }
 
 fn rounds() -> u32 {
@@ -307,35 +295,6 @@ impl Ctx {
             other => log.problems.push(format!("{what}: {other}")),
         }
     }
-}
-
-/// Why a request did not get the answer it expects.
-#[derive(Debug)]
-enum Failure {
-    /// No answer (refused, cut by a kill, or too slow): the outcome is unknown.
-    Transport(String),
-    /// Another status than expected.
-    Status(u16, String),
-    /// The expected status with a body that is not the contract's.
-    Malformed(String),
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Transport(e) => write!(f, "no answer: {e}"),
-            Failure::Status(s, body) => write!(f, "answered {s}: {body}"),
-            Failure::Malformed(e) => write!(f, "malformed answer: {e}"),
-        }
-    }
-}
-
-fn expect(r: anyhow::Result<Response>, status: u16) -> Result<Value, Failure> {
-    let r = r.map_err(|e| Failure::Transport(format!("{e:#}")))?;
-    if r.status != status {
-        return Err(Failure::Status(r.status, r.body));
-    }
-    r.json().map_err(|e| Failure::Malformed(format!("{e:#}")))
 }
 
 /// The clients' wait for an open gate; `None` once the run is over.
@@ -743,31 +702,6 @@ async fn wait_ready(a: &str) -> anyhow::Result<()> {
     .await
 }
 
-/// Every dead-letter entry of the subscription, over all pages.
-async fn dead_letter_entries(a: &str) -> anyhow::Result<Vec<Value>> {
-    let mut entries = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut path = format!("/v1/deadletters?subscription={SUB}&limit=1000");
-        if let Some(c) = &cursor {
-            // A cursor is `{subscription}/{id}`.
-            path.push_str("&cursor=");
-            path.push_str(&c.replace('%', "%25").replace('/', "%2F"));
-        }
-        let r = http::get(a, &path).await?;
-        anyhow::ensure!(r.status == 200, "{path} answered {}: {}", r.status, r.body);
-        let page = r.json()?;
-        let list = page["entries"]
-            .as_array()
-            .ok_or_else(|| anyhow::anyhow!("{path} answered without entries: {page}"))?;
-        entries.extend(list.iter().cloned());
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = Some(c.to_string()),
-            None => return Ok(entries),
-        }
-    }
-}
-
 async fn end_offsets_now(a: &str) -> anyhow::Result<Vec<u64>> {
     let r = http::get(a, &format!("/v1/topics/{TOPIC}")).await?;
     anyhow::ensure!(r.status == 200, "topic answered {}: {}", r.status, r.body);
@@ -781,7 +715,7 @@ async fn end_offsets_now(a: &str) -> anyhow::Result<Vec<u64>> {
 /// What the drain still waits for, or `None` when done: a 201'd event neither delivered
 /// nor dead-lettered, or a partition whose committed offset is below its end.
 async fn shortfall(ctx: &Ctx, a: &str) -> anyhow::Result<Option<String>> {
-    let dead = dead_letter_entries(a).await?;
+    let dead = dead_letter_entries(a, SUB).await?;
     let ends = end_offsets_now(a).await?;
     let offsets = offsets(a, SUB).await?;
     let dead_ids: BTreeSet<String> = dead.iter().map(|e| id_of(&e["event"])).collect();
@@ -1301,7 +1235,7 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
 
     drain(&ctx, &a, ctx.rounds).await;
     let _ = read_committed(&ctx, &a, ctx.rounds).await;
-    let dead = dead_letter_entries(&a)
+    let dead = dead_letter_entries(&a, SUB)
         .await
         .unwrap_or_else(|e| ctx.fail(format!("dead letters: {e:#}")));
 

@@ -16,7 +16,7 @@ mod common;
 
 use common::*;
 use meshd_test_support::etcd::EtcdProcess;
-use meshd_test_support::http::{self, get, metric};
+use meshd_test_support::http::{get, metric};
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::nats::NatsProcess;
 use meshd_test_support::proxy::{Hold, TcpProxy};
@@ -47,43 +47,8 @@ async fn owners(a: &str) -> anyhow::Result<BTreeMap<u64, (String, i64)>> {
     Ok(out)
 }
 
-/// A pull of instance `a`'s own partitions (its internal route, as a peer calls it).
-async fn pull_own(a: &str, max_events: u64, timeout: Duration) -> anyhow::Result<Vec<Delivery>> {
-    let r = http::request_with_timeout(
-        a,
-        "POST",
-        "/internal/v1/subscriptions/s/pull",
-        &[
-            ("content-type", "application/json"),
-            ("meshd-cluster-secret", SECRET),
-        ],
-        json!({"max_events": max_events, "wait_ms": 0})
-            .to_string()
-            .as_bytes(),
-        timeout,
-    )
-    .await?;
-    anyhow::ensure!(
-        r.status == 200,
-        "internal pull answered {}: {}",
-        r.status,
-        r.body
-    );
-    let v = r.json()?;
-    Ok(v["deliveries"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|d| {
-            Some(Delivery {
-                id: d["delivery_id"].clone(),
-                partition: d["partition"].as_u64()?,
-                offset: d["offset"].as_u64()?,
-                attempt: d["attempt"].as_u64()?,
-                event: d["event"].clone(),
-            })
-        })
-        .collect())
+async fn pull_own_a(a: &str, max_events: u64, timeout: Duration) -> anyhow::Result<Vec<Delivery>> {
+    pull_own(a, SECRET, max_events, timeout).await
 }
 
 /// Every put to `prefix` from `from_revision` on, as (revision, key, value), read
@@ -197,7 +162,7 @@ async fn given_an_owners_ledger_write_held_on_the_wire_past_its_lease_when_it_ar
     }
 
     // Work in flight on A: a first hand-out of its partitions, held by the consumer.
-    let in_flight = pull_own(&aa, 6, Duration::from_secs(10)).await.unwrap();
+    let in_flight = pull_own_a(&aa, 6, Duration::from_secs(10)).await.unwrap();
     assert!(
         !in_flight.is_empty() && in_flight.iter().all(|d| lost.contains(&d.partition)),
         "A hands out its own partitions: {in_flight:?}"
@@ -241,7 +206,7 @@ async fn given_an_owners_ledger_write_held_on_the_wire_past_its_lease_when_it_ar
     let sent_before = proxy.bytes_sent();
     let stuck_pull = tokio::spawn({
         let aa = aa.clone();
-        async move { pull_own(&aa, 100, Duration::from_secs(60)).await }
+        async move { pull_own_a(&aa, 100, Duration::from_secs(60)).await }
     });
     wait_until(DEADLINE, "A's ledger write on the wire", || async {
         // A transaction with a record is a few hundred bytes; a lease keep-alive a

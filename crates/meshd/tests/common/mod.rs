@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod disk;
+pub mod oracle;
 pub mod webhook;
 
 use anyhow::{anyhow, ensure, Context};
@@ -566,4 +567,49 @@ pub fn event_ids(ds: &[Delivery]) -> Vec<String> {
     ds.iter()
         .map(|d| d.event["id"].as_str().unwrap_or("").to_string())
         .collect()
+}
+
+/// A pull of instance `a`'s own partitions only, through its internal route as a peer
+/// calls it (with the cluster `secret`): what that instance itself hands out.
+pub async fn pull_own(
+    a: &str,
+    secret: &str,
+    max_events: u64,
+    timeout: Duration,
+) -> anyhow::Result<Vec<Delivery>> {
+    let r = http::request_with_timeout(
+        a,
+        "POST",
+        "/internal/v1/subscriptions/s/pull",
+        &[
+            ("content-type", "application/json"),
+            ("meshd-cluster-secret", secret),
+        ],
+        json!({"max_events": max_events, "wait_ms": 0})
+            .to_string()
+            .as_bytes(),
+        timeout,
+    )
+    .await?;
+    ensure!(
+        r.status == 200,
+        "internal pull answered {}: {}",
+        r.status,
+        r.body
+    );
+    let v = r.json()?;
+    Ok(v["deliveries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| {
+            Some(Delivery {
+                id: d["delivery_id"].clone(),
+                partition: d["partition"].as_u64()?,
+                offset: d["offset"].as_u64()?,
+                attempt: d["attempt"].as_u64()?,
+                event: d["event"].clone(),
+            })
+        })
+        .collect())
 }

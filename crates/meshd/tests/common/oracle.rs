@@ -1,0 +1,84 @@
+//! Shared by the crash loops (`crash_loop.rs`, `cluster_crash_loop.rs`): how a client
+//! classifies an answer, the seed and round numbers from the environment, and the
+//! final dead-letter listing their oracles read.
+
+use meshd_test_support::http::{self, Response};
+use serde_json::Value;
+use std::fmt;
+
+/// Why a request did not get the answer it expects.
+#[derive(Debug)]
+pub enum Failure {
+    /// No answer (refused, cut by a kill, or too slow): the outcome is unknown.
+    Transport(String),
+    /// Another status than expected.
+    Status(u16, String),
+    /// The expected status with a body that is not the contract's.
+    Malformed(String),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Transport(e) => write!(f, "no answer: {e}"),
+            Failure::Status(s, body) => write!(f, "answered {s}: {body}"),
+            Failure::Malformed(e) => write!(f, "malformed answer: {e}"),
+        }
+    }
+}
+
+/// The JSON body of an answer with `status`, or why not.
+pub fn expect(r: anyhow::Result<Response>, status: u16) -> Result<Value, Failure> {
+    let r = r.map_err(|e| Failure::Transport(format!("{e:#}")))?;
+    if r.status != status {
+        return Err(Failure::Status(r.status, r.body));
+    }
+    r.json().map_err(|e| Failure::Malformed(format!("{e:#}")))
+}
+
+/// A number from the environment (decimal or `0x` hex); panics naming the variable
+/// when it is set but not a number.
+pub fn env_number(name: &str) -> Option<u64> {
+    let s = std::env::var(name).ok()?;
+    let s = s.trim();
+    let parsed = match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    Some(parsed.unwrap_or_else(|e| panic!("{name}={s:?} is not a number: {e}")))
+}
+
+/// The seed from `name`, otherwise from the clock.
+pub fn seed_from(name: &str) -> u64 {
+    env_number(name).unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    })
+}
+
+/// Every dead-letter entry of `sub`, over all pages.
+pub async fn dead_letter_entries(a: &str, sub: &str) -> anyhow::Result<Vec<Value>> {
+    let mut entries = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/deadletters?subscription={sub}&limit=1000");
+        if let Some(c) = &cursor {
+            // A cursor is `{subscription}/{id}`.
+            path.push_str("&cursor=");
+            path.push_str(&c.replace('%', "%25").replace('/', "%2F"));
+        }
+        let r = http::get(a, &path).await?;
+        anyhow::ensure!(r.status == 200, "{path} answered {}: {}", r.status, r.body);
+        let page = r.json()?;
+        let list = page["entries"]
+            .as_array()
+            .ok_or_else(|| anyhow::anyhow!("{path} answered without entries: {page}"))?;
+        entries.extend(list.iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return Ok(entries),
+        }
+    }
+}
