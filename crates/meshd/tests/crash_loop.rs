@@ -64,7 +64,7 @@
 
 mod common;
 
-use common::oracle::{dead_letter_entries, expect, seed_from, Failure};
+use common::oracle::{dead_letter_entries, expect, placed_ids, seed_from, Failure};
 use common::*;
 use meshd_test_support::http::{self, request_with, send_json};
 use meshd_test_support::lazyfs::{LazyFs, Torn};
@@ -476,22 +476,10 @@ async fn settle_and_record(
     verb: &str,
     ids: Vec<Value>,
 ) -> Result<(), Failure> {
-    let (body, lists): (Value, &[&str]) = if verb == "ack" {
-        (
-            json!({ "delivery_ids": ids }),
-            &["acked", "unknown", "fenced", "failed"],
-        )
+    let body = if verb == "ack" {
+        json!({ "delivery_ids": ids })
     } else {
-        (
-            json!({ "delivery_ids": ids, "reason": "crash loop nack" }),
-            &[
-                "retrying",
-                "dead_lettered",
-                "dead_lettering",
-                "unknown",
-                "fenced",
-            ],
-        )
+        json!({ "delivery_ids": ids, "reason": "crash loop nack" })
     };
     if verb == "ack" {
         let mut log = ctx.log();
@@ -513,26 +501,16 @@ async fn settle_and_record(
     let answer = answer.inspect_err(|f| ctx.note(verb, f))?;
     let mut log = ctx.log();
     // Each id we sent is in exactly one list, and nothing else is.
-    let mut placed: BTreeMap<String, String> = BTreeMap::new();
-    for list in lists {
-        let Some(members) = answer[*list].as_array() else {
-            log.problems
-                .push(format!("{verb} answer without a {list} list: {answer}"));
-            return Ok(());
-        };
-        for id in members {
-            if placed.insert(id.to_string(), list.to_string()).is_some() {
-                log.problems
-                    .push(format!("{verb} answered {id} in two lists: {answer}"));
-            }
+    let placed = match placed_ids(verb, &answer, &ids) {
+        Ok((placed, problems)) => {
+            log.problems.extend(problems);
+            placed
         }
-    }
-    let sent_ids: BTreeSet<String> = ids.iter().map(Value::to_string).collect();
-    if placed.keys().cloned().collect::<BTreeSet<_>>() != sent_ids {
-        log.problems.push(format!(
-            "{verb} of {sent_ids:?} answered other ids: {answer}"
-        ));
-    }
+        Err(problem) => {
+            log.problems.push(problem);
+            return Ok(());
+        }
+    };
     for (id, list) in placed {
         let Some(d) = log
             .by_delivery_id

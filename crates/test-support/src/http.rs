@@ -33,7 +33,7 @@ pub async fn request(
     timeout: Duration,
 ) -> anyhow::Result<Response> {
     let headers = [("Content-Type", "application/json")];
-    exchange(
+    request_with_timeout(
         addr,
         method,
         path,
@@ -82,22 +82,11 @@ pub async fn request_with(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> anyhow::Result<Response> {
-    exchange(addr, method, path, headers, body, Duration::from_secs(10)).await
+    request_with_timeout(addr, method, path, headers, body, Duration::from_secs(10)).await
 }
 
 /// [`request_with`] bounded by `timeout` instead of 10 s.
 pub async fn request_with_timeout(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    timeout: Duration,
-) -> anyhow::Result<Response> {
-    exchange(addr, method, path, headers, body, timeout).await
-}
-
-async fn exchange(
     addr: &str,
     method: &str,
     path: &str,

@@ -82,3 +82,49 @@ pub async fn dead_letter_entries(a: &str, sub: &str) -> anyhow::Result<Vec<Value
         }
     }
 }
+
+/// The lists an ack answer places each id in.
+pub const ACK_LISTS: &[&str] = &["acked", "unknown", "fenced", "failed"];
+/// The lists a nack answer places each id in.
+pub const NACK_LISTS: &[&str] = &[
+    "retrying",
+    "dead_lettered",
+    "dead_lettering",
+    "unknown",
+    "fenced",
+];
+
+/// Where an ack (`verb` "ack") or nack answer placed each id it was sent: id (its JSON
+/// text) -> list, with what breaks the contract (an id in two lists, other ids than
+/// those sent). `Err`: a list is missing, the answer cannot be read at all.
+pub fn placed_ids(
+    verb: &str,
+    answer: &Value,
+    sent: &[Value],
+) -> Result<(std::collections::BTreeMap<String, String>, Vec<String>), String> {
+    let lists = if verb == "ack" { ACK_LISTS } else { NACK_LISTS };
+    let mut problems = Vec::new();
+    let mut placed = std::collections::BTreeMap::new();
+    for list in lists {
+        let Some(members) = answer[*list].as_array() else {
+            return Err(format!("{verb} answer without a {list} list: {answer}"));
+        };
+        for id in members {
+            if placed.insert(id.to_string(), list.to_string()).is_some() {
+                problems.push(format!("{verb} answered {id} in two lists: {answer}"));
+            }
+        }
+    }
+    let sent_ids: std::collections::BTreeSet<String> = sent.iter().map(Value::to_string).collect();
+    if placed
+        .keys()
+        .cloned()
+        .collect::<std::collections::BTreeSet<_>>()
+        != sent_ids
+    {
+        problems.push(format!(
+            "{verb} of {sent_ids:?} answered other ids: {answer}"
+        ));
+    }
+    Ok((placed, problems))
+}
