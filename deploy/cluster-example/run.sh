@@ -116,13 +116,10 @@ for i in 0 1 2; do
 done
 echo "cluster-example: three instances ready (https://127.0.0.1:${ports[0]}, :${ports[1]}, :${ports[2]})"
 
-# Tokens are enforced: no token 401, a client token cannot delete topics (admin only).
-# (Asked without a body: over TLS a refused request's answer is sometimes lost to a
-# connection reset when the client is still sending a body meshd did not read, a
-# known issue noted for the next round of the gate.)
+# Tokens are enforced: no token 401, a client token cannot create topics (admin only).
 r=$(curl -s --cacert "$dir/ca.pem" -w '\n%{http_code}' "https://127.0.0.1:${ports[0]}/v1/topics" || true)
 [ "$(status "$r")" = 401 ] || fail "a request without a token answered $(status "$r")"
-r=$(call 0 "$client_token" DELETE /v1/topics/orders)
+r=$(call 0 "$client_token" PUT /v1/topics/orders '{"partitions": 3}')
 [ "$(status "$r")" = 403 ] || fail "a client token was let through to an admin route: $r"
 
 r=$(call 0 "$admin_token" PUT /v1/topics/orders '{"partitions": 3}')

@@ -21,6 +21,7 @@ mod metered;
 mod problem;
 mod quota;
 pub mod server;
+mod unread;
 
 pub use config::{Config, ServeArgs};
 pub use server::serve;

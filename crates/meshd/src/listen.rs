@@ -264,8 +264,16 @@ pub async fn serve(
             let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
                 let busy = Busy::enter(in_service.clone());
                 let app = app.clone();
+                let (req, leftover) = {
+                    let (parts, body) = req.into_parts();
+                    let (body, leftover) = crate::unread::Tracked::new(body);
+                    (hyper::Request::from_parts(parts, body), leftover)
+                };
                 async move {
                     let answer = tower::ServiceExt::oneshot(app, req).await;
+                    // A body the handler did not read is read before the answer
+                    // leaves (see `crate::unread`).
+                    leftover.drain().await;
                     drop(busy);
                     answer
                 }

@@ -600,3 +600,88 @@ async fn given_new_token_files_and_a_new_certificate_when_meshd_gets_sighup_then
         "no token in the log: {log}"
     );
 }
+
+/// Runs curl `times` times over HTTP/2 with a small body the gate refuses from the
+/// headers alone; returns how often each answer (or curl's failure) came back.
+fn curl_refusals(
+    a: &str,
+    ca: &Path,
+    token: Option<&str>,
+    times: usize,
+) -> std::collections::BTreeMap<String, usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..times {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-sS", "--http2", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(["--max-time", "10", "--cacert"])
+            .arg(ca)
+            .args(["-X", "PUT", "-H", "content-type: application/json"])
+            .args(["--data", r#"{"partitions":3}"#]);
+        if let Some(t) = token {
+            cmd.args(["-H", &format!("authorization: Bearer {t}")]);
+        }
+        let out = cmd
+            .arg(format!("https://{a}/v1/topics/orders"))
+            .output()
+            .expect("curl runs (scripts/env.sh installs it)");
+        let answer = if out.status.success() {
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        } else {
+            format!(
+                "curl failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        };
+        *seen.entry(answer).or_default() += 1;
+    }
+    seen
+}
+
+/// A refusal decided from the headers (401, 403) used to leave the request body
+/// unread; over HTTP/2 the stream was then reset right after the answer and curl
+/// lost the answer about one time in nine ("Stream error in the HTTP/2 framing
+/// layer"). meshd now reads a small unread body before answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_tokens_over_https_when_a_request_with_a_body_is_refused_from_its_headers_then_http2_clients_always_get_the_refusal(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCerts::generate(&dir.path().join("pki")).unwrap();
+    let (clients, admins) = (dir.path().join("clients"), dir.path().join("admins"));
+    std::fs::write(&clients, "client-token\n").unwrap();
+    std::fs::write(&admins, "admin-token\n").unwrap();
+    let meshd = MeshdProcess::start(
+        bin(),
+        &dir.path().join("data"),
+        &[
+            "--tls-cert",
+            certs.server_cert.to_str().unwrap(),
+            "--tls-key",
+            certs.server_key.to_str().unwrap(),
+            "--client-token-file",
+            clients.to_str().unwrap(),
+            "--admin-token-file",
+            admins.to_str().unwrap(),
+        ],
+    )
+    .await
+    .unwrap();
+    let (a, ca) = (meshd.addr().to_string(), certs.ca.clone());
+    let (forbidden, unauthenticated) = tokio::task::spawn_blocking(move || {
+        (
+            curl_refusals(&a, &ca, Some("client-token"), 150),
+            curl_refusals(&a, &ca, None, 50),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        forbidden,
+        [("403".to_string(), 150)].into(),
+        "a client token creating a topic"
+    );
+    assert_eq!(
+        unauthenticated,
+        [("401".to_string(), 50)].into(),
+        "no token"
+    );
+}
