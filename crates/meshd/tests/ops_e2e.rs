@@ -1,5 +1,6 @@
 //! What an operator reads (issue 26, the operations kit): HTTP request metrics by
-//! route template, and a normal stop that logs no warning.
+//! route template, publish and delivery latency by topic and subscription, and a
+//! normal stop that logs no warning.
 
 mod common;
 
@@ -89,6 +90,22 @@ async fn given_requests_of_every_kind_then_the_http_metrics_count_them_by_route_
         ),
         3.0
     );
+    // Per-topic publish and per-subscription delivery latency: every publish and
+    // every first hand-out observed once, under the topic's and the subscription's
+    // names.
+    assert_eq!(
+        count(r#"meshd_publish_seconds_count{topic="orders-7f3"}"#),
+        3.0
+    );
+    assert_eq!(
+        count(r#"meshd_publish_seconds_bucket{topic="orders-7f3",le="+Inf"}"#),
+        3.0
+    );
+    assert_eq!(
+        count(r#"meshd_delivery_latency_seconds_count{subscription="billing-x9"}"#),
+        3.0
+    );
+    assert!(count(r#"meshd_delivery_latency_seconds_sum{subscription="billing-x9"}"#) >= 0.0);
     // Never a raw path or a client's name in a label.
     for l in &lines {
         assert!(

@@ -87,15 +87,92 @@ impl SubCounters {
     }
 }
 
-#[derive(Default)]
+/// Upper bounds (seconds) of the end-to-end delivery latency buckets: from the log's
+/// append to the first hand-out, which includes any backlog the subscription has.
+const DELIVERY_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0, 3600.0,
+];
+
+/// A latency histogram over fixed bucket bounds.
 struct Histogram {
-    buckets: [u64; BUCKETS.len()],
+    bounds: &'static [f64],
+    buckets: Vec<u64>,
     count: u64,
     sum_seconds: f64,
 }
 
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            buckets: vec![0; bounds.len()],
+            count: 0,
+            sum_seconds: 0.0,
+        }
+    }
+
+    fn observe(&mut self, took: Duration) {
+        let s = took.as_secs_f64();
+        for (i, b) in self.bounds.iter().enumerate() {
+            if s <= *b {
+                self.buckets[i] += 1;
+            }
+        }
+        self.count += 1;
+        self.sum_seconds += s;
+    }
+
+    /// The `_bucket`, `_sum` and `_count` lines of `name` with `labels` (`a="b",…`).
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (b, n) in self.bounds.iter().zip(&self.buckets) {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
+            self.count
+        );
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_seconds);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+/// Histograms by one label value (a topic, a subscription).
+struct Labelled {
+    bounds: &'static [f64],
+    by: Mutex<BTreeMap<String, Histogram>>,
+}
+
+impl Labelled {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            by: Mutex::default(),
+        }
+    }
+
+    fn observe(&self, value: &str, took: Duration) {
+        let mut by = lock(&self.by);
+        match by.get_mut(value) {
+            Some(h) => h.observe(took),
+            None => {
+                let mut h = Histogram::new(self.bounds);
+                h.observe(took);
+                by.insert(value.to_string(), h);
+            }
+        }
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (value, h) in lock(&self.by).iter() {
+            h.render(out, name, &format!("{label}=\"{value}\""));
+        }
+    }
+}
+
 /// Everything the runtime counts.
-#[derive(Default)]
 pub struct Metrics {
     subs: Mutex<BTreeMap<String, Arc<SubCounters>>>,
     published: Mutex<BTreeMap<String, u64>>,
@@ -124,8 +201,37 @@ pub struct Metrics {
     ledger_pruned: AtomicU64,
     tasks_refused: Mutex<BTreeMap<String, u64>>,
     tasks_by_state: Mutex<Option<BTreeMap<&'static str, u64>>>,
+    publish_seconds: Labelled,
+    delivery_seconds: Labelled,
     /// Cluster mode only (rendered when `cluster` is set).
     pub ownership: OwnershipCounters,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            subs: Default::default(),
+            published: Default::default(),
+            duplicates: Default::default(),
+            latency: Default::default(),
+            errors: Default::default(),
+            recovery: Default::default(),
+            tasks_requeued: Default::default(),
+            quiet_flushes: Default::default(),
+            released: Default::default(),
+            forward_releases: Default::default(),
+            forwarded_pulls: Default::default(),
+            settle_notices: Default::default(),
+            ledger_writes: Default::default(),
+            ledger_entries: Default::default(),
+            ledger_pruned: Default::default(),
+            tasks_refused: Default::default(),
+            tasks_by_state: Default::default(),
+            ownership: Default::default(),
+            publish_seconds: Labelled::new(&BUCKETS),
+            delivery_seconds: Labelled::new(&DELIVERY_BUCKETS),
+        }
+    }
 }
 
 /// Partition ownership in cluster mode.
@@ -219,16 +325,22 @@ impl Metrics {
         op: &'static str,
         took: Duration,
     ) {
-        let s = took.as_secs_f64();
-        let mut map = lock(&self.latency);
-        let h = map.entry((store, backend, op)).or_default();
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if s <= *b {
-                h.buckets[i] += 1;
-            }
-        }
-        h.count += 1;
-        h.sum_seconds += s;
+        lock(&self.latency)
+            .entry((store, backend, op))
+            .or_insert_with(|| Histogram::new(&BUCKETS))
+            .observe(took);
+    }
+
+    /// One publish request to `topic` took `took`, from its arrival to its answer
+    /// being ready (its events durable).
+    pub fn publish_latency(&self, topic: &str, took: Duration) {
+        self.publish_seconds.observe(topic, took);
+    }
+
+    /// An event of `subscription` was handed out for the first time `waited` after
+    /// the log accepted it.
+    pub fn delivery_latency(&self, subscription: &str, waited: Duration) {
+        self.delivery_seconds.observe(subscription, waited);
     }
 
     /// One failed store call, by error kind.
@@ -363,29 +475,20 @@ impl Metrics {
         let _ = writeln!(out, "# HELP meshd_store_write_seconds Store write latency.\n# TYPE meshd_store_write_seconds histogram");
         for ((store, backend, op), h) in lock(&self.latency).iter() {
             let labels = format!("store=\"{store}\",backend=\"{backend}\",op=\"{op}\"");
-            for (i, b) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "meshd_store_write_seconds_bucket{{{labels},le=\"{b}\"}} {}",
-                    h.buckets[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "meshd_store_write_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "meshd_store_write_seconds_sum{{{labels}}} {}",
-                h.sum_seconds
-            );
-            let _ = writeln!(
-                out,
-                "meshd_store_write_seconds_count{{{labels}}} {}",
-                h.count
-            );
+            h.render(out, "meshd_store_write_seconds", &labels);
         }
+        self.publish_seconds.render(
+            out,
+            "meshd_publish_seconds",
+            "Successful publish requests by topic, from the body in hand to the answer (events durable).",
+            "topic",
+        );
+        self.delivery_seconds.render(
+            out,
+            "meshd_delivery_latency_seconds",
+            "From the log's append to an event's first hand-out, by subscription (backlog included).",
+            "subscription",
+        );
         let _ = writeln!(out, "# HELP meshd_store_errors_total Failed store calls by store, backend and error kind.\n# TYPE meshd_store_errors_total counter");
         for ((store, backend, kind), n) in lock(&self.errors).iter() {
             let _ = writeln!(
@@ -456,6 +559,29 @@ mod tests {
         assert_eq!(line("0.025").as_deref(), Some("2"));
         assert_eq!(line("5").as_deref(), Some("2"));
         assert_eq!(line("+Inf").as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn labelled_histograms_keep_one_series_per_label_value() {
+        let m = Metrics::default();
+        m.publish_latency("orders", Duration::from_millis(3));
+        m.publish_latency("orders", Duration::from_millis(30));
+        m.publish_latency("audit", Duration::from_secs(20));
+        m.delivery_latency("billing", Duration::from_secs(90));
+        let mut out = String::new();
+        m.render(&mut out);
+        for sample in [
+            r#"meshd_publish_seconds_bucket{topic="orders",le="0.005"} 1"#,
+            r#"meshd_publish_seconds_bucket{topic="orders",le="0.05"} 2"#,
+            r#"meshd_publish_seconds_bucket{topic="orders",le="+Inf"} 2"#,
+            r#"meshd_publish_seconds_count{topic="audit"} 1"#,
+            r#"meshd_publish_seconds_bucket{topic="audit",le="5"} 0"#,
+            r#"meshd_delivery_latency_seconds_bucket{subscription="billing",le="60"} 0"#,
+            r#"meshd_delivery_latency_seconds_bucket{subscription="billing",le="300"} 1"#,
+            r#"meshd_delivery_latency_seconds_sum{subscription="billing"} 90"#,
+        ] {
+            assert!(out.lines().any(|l| l == sample), "no {sample} in:\n{out}");
+        }
     }
 
     #[test]

@@ -245,6 +245,7 @@ pub async fn publish(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
+    let arrived = std::time::Instant::now();
     let topic = existing_topic(&api, &name).await?;
     let body = body.map_err(body_problem)?;
     let content_type = headers
@@ -316,6 +317,7 @@ pub async fn publish(
     if duplicates > 0 {
         api.metrics.duplicates(&name, duplicates);
     }
+    api.metrics.publish_latency(&name, arrived.elapsed());
     let out: Vec<Value> = events
         .iter()
         .zip(placed)

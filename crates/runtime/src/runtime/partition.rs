@@ -1599,7 +1599,7 @@ impl PartitionTask {
             }
             let from = normal[i].offset;
             let n = j - i;
-            let mut got: Vec<(u64, Vec<u8>)> = Vec::with_capacity(n);
+            let mut got: Vec<(u64, u64, Vec<u8>)> = Vec::with_capacity(n);
             let mut next = from;
             while got.len() < n {
                 match self
@@ -1610,7 +1610,11 @@ impl PartitionTask {
                 {
                     Ok(events) if !events.is_empty() => {
                         next = events.last().map(|e| e.offset + 1).unwrap_or(next);
-                        got.extend(events.into_iter().map(|e| (e.offset, e.payload)));
+                        got.extend(
+                            events
+                                .into_iter()
+                                .map(|e| (e.offset, e.appended_at_ms, e.payload)),
+                        );
                     }
                     Ok(_) => break,
                     Err(e) => {
@@ -1623,8 +1627,16 @@ impl PartitionTask {
                 }
             }
             for d in &normal[i..j] {
-                match got.iter().position(|(o, _)| *o == d.offset) {
-                    Some(p) => out.push(self.handed(d, std::mem::take(&mut got[p].1))),
+                match got.iter().position(|(o, _, _)| *o == d.offset) {
+                    Some(p) => {
+                        if d.attempt == 1 {
+                            let waited = now_ms().saturating_sub(got[p].1);
+                            self.deps
+                                .metrics
+                                .delivery_latency(&key.subscription, Duration::from_millis(waited));
+                        }
+                        out.push(self.handed(d, std::mem::take(&mut got[p].2)))
+                    }
                     None => SubCounters::add(&self.counters.read_failures, 1),
                 }
             }
