@@ -15,6 +15,7 @@ mod api;
 mod browser;
 pub mod cli;
 pub mod config;
+mod console;
 mod http_metrics;
 mod listen;
 mod metered;

@@ -689,6 +689,7 @@ impl Started {
             .route("/metrics", get(metrics_text))
             .with_state(state)
             .merge(crate::api::router(api))
+            .merge(crate::console::routes())
             // After every route (it runs only once one matched): notes the template.
             .route_layer(axum::middleware::from_fn(crate::http_metrics::note_route))
             .fallback(not_found);

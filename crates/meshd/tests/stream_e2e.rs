@@ -47,6 +47,7 @@ async fn stats(a: &str, sub: &str) -> anyhow::Result<Vec<Value>> {
             "parked",
             "dead_lettering",
             "delivered_total",
+            "redelivered_total",
             "acked_total",
             "nacked_total",
             "dead_lettered_total",
@@ -144,6 +145,7 @@ async fn an_sse_stream_delivers_every_event_within_max_in_flight_and_post_acks_g
         );
         assert_eq!(p["backlog"], 0, "{p}");
         assert_eq!(p["delivered_total"], p["acked_total"], "{p}");
+        assert_eq!(p["redelivered_total"], 0, "{p}");
     }
     assert_eq!(sum(&parts, "delivered_total"), 30);
     assert_eq!(sum(&parts, "end_offset"), 30);
@@ -371,6 +373,11 @@ async fn a_websocket_stream_honours_credits_and_answers_in_band_acks_nacks_and_e
     assert_eq!(sum(&parts, "nacked_total"), 1);
     assert_eq!(sum(&parts, "acked_total"), 10);
     assert_eq!(sum(&parts, "delivered_total"), 11);
+    assert_eq!(
+        sum(&parts, "redelivered_total"),
+        1,
+        "the nacked one: {parts:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

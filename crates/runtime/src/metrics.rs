@@ -44,6 +44,7 @@ pub struct SubCounters {
 #[derive(Default, Debug)]
 pub struct PartCounters {
     pub delivered: AtomicU64,
+    pub redelivered: AtomicU64,
     pub acked: AtomicU64,
     pub nacked: AtomicU64,
     pub dead_lettered: AtomicU64,
@@ -75,6 +76,7 @@ impl SubCounters {
             Counted::Delivered(again) => {
                 if again {
                     Self::add(&self.redelivered, 1);
+                    Self::add(&part.redelivered, 1);
                 }
                 (&self.delivered, &part.delivered)
             }

@@ -337,6 +337,7 @@ fn stats(ctx: &Ctx, name: &str) -> Result<(), CliError> {
         ("PARKED", "parked"),
         ("DEAD_LETTERING", "dead_lettering"),
         ("DELIVERED", "delivered_total"),
+        ("REDELIVERED", "redelivered_total"),
         ("ACKED", "acked_total"),
         ("NACKED", "nacked_total"),
         ("DEAD_LETTERED", "dead_lettered_total"),

@@ -30,6 +30,9 @@ pub struct PartitionStats {
     pub parked: u64,
     pub dead_lettering: u64,
     pub delivered_total: u64,
+    /// Hand-outs with attempt > 1 (absent from an owner of an older release: 0).
+    #[serde(default)]
+    pub redelivered_total: u64,
     pub acked_total: u64,
     pub nacked_total: u64,
     pub dead_lettered_total: u64,
@@ -116,6 +119,7 @@ impl Runtime {
                 parked: part.shared.parked.load(Ordering::Acquire),
                 dead_lettering: st.dead_lettering as u64,
                 delivered_total: c.delivered.load(Ordering::Relaxed),
+                redelivered_total: c.redelivered.load(Ordering::Relaxed),
                 acked_total: c.acked.load(Ordering::Relaxed),
                 nacked_total: c.nacked.load(Ordering::Relaxed),
                 dead_lettered_total: c.dead_lettered.load(Ordering::Relaxed),
