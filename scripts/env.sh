@@ -33,9 +33,15 @@ meshd_packages() {
     # jumps of the cluster crash loop, prometheus for promtool (the alert rules in
     # deploy/ are checked with it).
     local test=(etcd-server fonts-dejavu-core python3-venv fuse3 faketime prometheus)
+    # browser: the console's browser test (crates/meshd/tests/console_browser.rs)
+    # drives Debian's Chromium through chromedriver with python3-selenium. Installed
+    # for the test suite only (never to build or run meshd); MESHD_BROWSER=0 leaves
+    # them out (that test then fails naming the missing package).
+    local browser=(chromium chromium-driver python3-selenium)
+    [ "${MESHD_BROWSER:-1}" = 0 ] && browser=()
     case "$1" in
     run) echo "${build[*]}" ;;
-    test) echo "${build[*]} ${test[*]}" ;;
+    test) echo "${build[*]} ${test[*]} ${browser[*]}" ;;
     *)
         echo "meshd_packages: unknown purpose '$1' (run or test)" >&2
         return 1
@@ -114,6 +120,9 @@ meshd_provided() {
     fuse3) command -v fusermount3 >/dev/null 2>&1 || { echo "fusermount3" && return 1; } ;;
     faketime) meshd_libfaketime >/dev/null || { echo "libfaketime.so.1" && return 1; } ;;
     prometheus) command -v promtool >/dev/null 2>&1 || { echo "promtool" && return 1; } ;;
+    chromium) [ -x /usr/bin/chromium ] || { echo "/usr/bin/chromium" && return 1; } ;;
+    chromium-driver) [ -x /usr/bin/chromedriver ] || { echo "/usr/bin/chromedriver" && return 1; } ;;
+    python3-selenium) /usr/bin/python3 -c 'import selenium' >/dev/null 2>&1 || { echo "selenium for /usr/bin/python3" && return 1; } ;;
     *)
         echo "a check for package $1"
         return 1
