@@ -106,16 +106,19 @@ export async function stream(path, onEvent, signal) {
   }
 }
 
-// What the token may do: 'admin', 'client', or 'open' (meshd has no tokens). Throws
-// the 401's problem for a token meshd does not know.
+// What the token may do: 'admin', 'client', or 'open' (meshd has no tokens). Asks an
+// admin route: meshd's gate answers 401 (unknown token) or 403 (not an admin) before
+// anything else, so any other answer (even a 503 while Meta is down) means the token
+// passed as an admin's, and the views show that 503 themselves. Throws the 401's
+// problem, or the failure to reach meshd at all.
 export async function role() {
   try {
     await get('/v1/cluster');
-    return token() ? 'admin' : 'open';
   } catch (e) {
     if (e.status === 403 && token()) return 'client';
-    throw e;
+    if (e.status === 401 || e.status === 0 || e.status === undefined) throw e;
   }
+  return token() ? 'admin' : 'open';
 }
 
 // Every page of a list route (`key` names the array), up to `max` items.

@@ -6,6 +6,8 @@ import * as api from '../api.js';
 import { h, s, table, fmtTime, fmtBytes, colour, poll } from '../dom.js';
 
 const KEEP_MS = 10 * 60 * 1000;
+// Partitions drawn in the timeline.
+const ROWS = 64;
 // Snapshots of ownership (kept across view switches while the page is open).
 const history = [];
 const changes = [];
@@ -65,7 +67,8 @@ function grid(c) {
 
 function timeline() {
   if (history.length < 2) return h('p', { class: 'muted' }, 'Ownership over time appears here as the console keeps watching (one column every 2 s).');
-  const keys = [...history[history.length - 1].owners.keys()].slice(0, 64);
+  const all = [...history[history.length - 1].owners.keys()];
+  const keys = all.slice(0, ROWS);
   const w = 6;
   const rowH = 12;
   const cols = history.slice(-120);
@@ -79,7 +82,7 @@ function timeline() {
           s('title', {}, `${k}: ${o ? o[0] : 'not listed'} at ${new Date(snap.at).toLocaleTimeString()}`));
       }),
     ]));
-  return h('div', { class: 'table-wrap' }, svg);
+  return h('div', { class: 'table-wrap' }, svg, all.length > ROWS ? h('p', { class: 'muted' }, `The first ${ROWS} of ${all.length} partitions; the moves table lists every change.`) : null);
 }
 
 export function mount(el) {

@@ -40,7 +40,7 @@ export function mount(el, ctx) {
   if (chosen) show(chosen);
 
   return poll(async () => {
-    const tasks = await api.all(`/v1/tasks${agent ? `?agent=${enc(agent)}` : ''}`, 'tasks');
+    const tasks = await api.all(`/v1/tasks${agent ? `?agent=${enc(agent)}` : ''}`, 'tasks', 2000);
     board.replaceChildren(...STATES.map((state) => {
       const here = tasks.filter((t) => t.state === state);
       return h('section', { class: 'column', 'data-state': state, 'aria-label': `${state}: ${here.length}` },
@@ -50,5 +50,6 @@ export function mount(el, ctx) {
             h('strong', {}, t.id), h('span', { class: 'muted' }, ` ${t.agent} · v${t.version}`)))),
         here.length > 200 ? h('p', { class: 'muted' }, `… and ${here.length - 200} more`) : null));
     }));
+    if (tasks.length >= 2000) board.append(h('p', { class: 'muted' }, `The first ${tasks.length} tasks; filter by agent to see the rest.`));
   }, 3000, errors);
 }
