@@ -162,7 +162,15 @@ async fn given_an_owners_ledger_write_held_on_the_wire_past_its_lease_when_it_ar
     }
 
     // Work in flight on A: a first hand-out of its partitions, held by the consumer.
-    let in_flight = pull_own_a(&aa, 6, Duration::from_secs(10)).await.unwrap();
+    // (A learns of B's appends through the log a moment later: a pull that finds
+    // nothing yet is asked again.)
+    let in_flight = wait_until(DEADLINE, "A hands out its first events", || async {
+        let got = pull_own_a(&aa, 6, Duration::from_secs(10)).await?;
+        anyhow::ensure!(!got.is_empty(), "nothing handed out yet");
+        Ok(got)
+    })
+    .await
+    .unwrap();
     assert!(
         !in_flight.is_empty() && in_flight.iter().all(|d| lost.contains(&d.partition)),
         "A hands out its own partitions: {in_flight:?}"
