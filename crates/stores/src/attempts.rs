@@ -103,6 +103,19 @@ pub const MAX_RECORD_BYTES: usize = 19 + MAX_ENTRIES * 34 - 1 + 2;
 /// well inside etcd's 1.5 MiB request limit; the caller splits larger batches.
 pub const MAX_RECORD_ENTRIES: usize = 1_000;
 
+/// The most new entries the owner puts in one record: the rest of a record's room
+/// ([`MAX_RECORD_ENTRIES`] minus this) is kept for entries it carries over from
+/// sparse records (see [`LedgerState::stage`]), so compaction keeps up even when
+/// every pull fills a record.
+pub const RECORD_FRESH_ENTRIES: usize = MAX_RECORD_ENTRIES * 3 / 4;
+
+/// The most entries (current or not) a new owner reads from one partition's records.
+/// A record stays in Meta while any of its entries is current; [`LedgerState::stage`]
+/// carries the current entries of records at most half current into the next
+/// record, so what is stored stays within about twice the current entries (at most
+/// [`MAX_ENTRIES`]) plus records waiting to be pruned.
+pub const MAX_LOADED_ENTRIES: usize = MAX_ENTRIES * 4;
+
 /// The most records one write deletes besides its own put (etcd allows 128
 /// operations per transaction by default); the rest wait for the next write.
 pub const PRUNE_MAX: usize = 32;
@@ -492,14 +505,15 @@ impl AttemptLedger for MetaAttemptLedger {
                 ),
             ));
         }
-        if total > MAX_ENTRIES * 2 {
-            // Records may repeat an offset (superseded entries), hence the slack.
+        if total > MAX_LOADED_ENTRIES {
+            // Records may repeat an offset (superseded or carried entries), hence the
+            // slack over MAX_ENTRIES.
             return Err(self.refuse(
                 "load",
                 &what,
                 AttemptError::TooLarge {
                     entries: total,
-                    max: MAX_ENTRIES * 2,
+                    max: MAX_LOADED_ENTRIES,
                 },
             ));
         }
@@ -584,6 +598,9 @@ pub struct LedgerState {
     live: BTreeMap<u64, usize>,
     /// Records in Meta that hold no current entry: deleted by the next writes.
     garbage: BTreeSet<u64>,
+    /// seq → entries the record holds in Meta, current or not (what a new owner
+    /// reads), for every record in Meta.
+    sizes: BTreeMap<u64, usize>,
 }
 
 impl LedgerState {
@@ -604,6 +621,7 @@ impl LedgerState {
         for (seq, entries) in loaded.records {
             st.next_seq = st.next_seq.max(seq.saturating_add(1));
             st.garbage.insert(seq);
+            st.sizes.insert(seq, entries.len());
             for e in entries {
                 if e.offset < committed {
                     continue;
@@ -658,7 +676,16 @@ impl LedgerState {
     /// The write that records `entries` (at most [`MAX_RECORD_ENTRIES`], offsets
     /// distinct) and prunes what they and earlier changes left empty. `entries` empty:
     /// a write that only prunes (`None` when there is nothing to prune either).
-    pub fn stage(&self, entries: Vec<LedgerEntry>) -> Option<LedgerWrite> {
+    ///
+    /// Compaction: a record stays in Meta while any of its entries is current, so a
+    /// few stragglers (a delivery with a long lease, a nack with a long delay) could
+    /// pin whole records and grow what a new owner must read past
+    /// [`MAX_LOADED_ENTRIES`] (its takeover would then fail). Where the record has
+    /// room, the write also carries, unchanged, the current entries of the oldest
+    /// records that are at most half current; those records are left empty and are
+    /// pruned in the same transaction.
+    pub fn stage(&self, mut entries: Vec<LedgerEntry>) -> Option<LedgerWrite> {
+        entries.extend(self.carried(MAX_RECORD_ENTRIES.saturating_sub(entries.len()), &entries));
         let mut emptied = BTreeMap::new();
         for e in &entries {
             if let Some((seq, _)) = self.current.get(&e.offset) {
@@ -688,6 +715,42 @@ impl LedgerState {
         (!w.is_empty()).then_some(w)
     }
 
+    /// The current entries of the oldest sparse records (at most half of their
+    /// entries current): whole records only, at most `room` entries and
+    /// `PRUNE_MAX / 2` records, none holding an offset in `fresh`.
+    fn carried(&self, room: usize, fresh: &[LedgerEntry]) -> Vec<LedgerEntry> {
+        let sparse: BTreeSet<u64> = self
+            .live
+            .iter()
+            .filter(|(seq, live)| **live * 2 <= self.sizes.get(seq).copied().unwrap_or(0))
+            .map(|(seq, _)| *seq)
+            .collect();
+        if sparse.is_empty() || room == 0 {
+            return Vec::new();
+        }
+        let fresh: BTreeSet<u64> = fresh.iter().map(|e| e.offset).collect();
+        let mut by_record: BTreeMap<u64, Vec<&LedgerEntry>> = BTreeMap::new();
+        for (seq, e) in self.current.values() {
+            if sparse.contains(seq) {
+                by_record.entry(*seq).or_default().push(e);
+            }
+        }
+        let mut out = Vec::new();
+        // At most half of a write's prunes, so the records it empties leave Meta in
+        // the same transaction.
+        for held in by_record.into_values().take(PRUNE_MAX / 2) {
+            if held.iter().any(|e| fresh.contains(&e.offset)) {
+                // Re-recorded by this write anyway.
+                continue;
+            }
+            if out.len() + held.len() > room {
+                break;
+            }
+            out.extend(held.into_iter().cloned());
+        }
+        out
+    }
+
     /// Meta applied `w` (a write from [`LedgerState::stage`] or
     /// [`LedgerState::acquired`]).
     pub fn applied(&mut self, w: LedgerWrite) {
@@ -696,6 +759,7 @@ impl LedgerState {
         }
         if let Some((seq, entries)) = w.record {
             self.next_seq = self.next_seq.max(seq.saturating_add(1));
+            self.sizes.insert(seq, entries.len());
             for e in entries {
                 self.hold(seq, e);
             }
@@ -703,7 +767,13 @@ impl LedgerState {
         for seq in w.prune {
             // Only records that hold nothing current are ever pruned.
             self.garbage.remove(&seq);
+            self.sizes.remove(&seq);
         }
+    }
+
+    /// Entries in Meta, current or not: what a new owner reads.
+    pub fn stored(&self) -> usize {
+        self.sizes.values().sum()
     }
 
     /// Offsets that left the ledger (resolved, carried by a durable checkpoint): their
@@ -1097,6 +1167,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(st.records(), meta.len());
+                prop_assert_eq!(st.stored(), meta.values().map(Vec::len).sum::<usize>());
                 let (fresh, _) = LedgerState::acquired(loaded(&meta), committed, 0);
                 let mine: BTreeMap<u64, LedgerEntry> =
                     st.entries().map(|e| (e.offset, e.clone())).collect();

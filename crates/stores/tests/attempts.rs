@@ -29,7 +29,7 @@ use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::{Meta, MetaError, Precondition, RangeOptions};
 use meshd_stores::attempts::{
     decode_v1, encode_v1, ledger_key, record_key, AttemptError, AttemptLedger, LedgerEntry,
-    LedgerState, MetaAttemptLedger, MAX_RECORD_ENTRIES,
+    LedgerState, MetaAttemptLedger, MAX_LOADED_ENTRIES, MAX_RECORD_ENTRIES, RECORD_FRESH_ENTRIES,
 };
 use meshd_stores::delivery::SessionBinding;
 use meshd_stores::failure::StoreFailure;
@@ -40,6 +40,7 @@ use std::time::Duration;
 backend_cases!(
     record_then_load_returns_the_current_entries_per_partition,
     each_write_is_one_record_of_the_batch_whatever_is_in_flight,
+    stragglers_do_not_pin_their_records_and_a_new_owner_can_always_load_the_ledger,
     a_stale_owner_after_a_takeover_is_fenced_and_changes_nothing,
     the_ledger_survives_a_backend_restart,
     meta_unavailable_is_retryable_and_nothing_is_half_written,
@@ -266,6 +267,80 @@ async fn each_write_is_one_record_of_the_batch_whatever_is_in_flight(h: &mut Har
     w.record(vec![]).await.expect("prune");
     assert_eq!(current(&l, &k).await.len(), 500);
     assert_eq!(all_ledger_keys(meta.as_ref()).await.len(), 51, "head + 50");
+}
+
+/// Entries in Meta under the partition's records (current or not): what a new owner
+/// reads.
+async fn stored_entries(meta: &dyn Meta, k: &OffsetKey) -> usize {
+    let prefix = record_key(k, 0);
+    let prefix = &prefix[..prefix.len() - 20];
+    all_ledger_keys(meta)
+        .await
+        .iter()
+        .filter(|(key, _)| key.as_bytes().starts_with(prefix))
+        .map(|(_, value)| {
+            meshd_stores::attempts::decode_record(value)
+                .expect("a record")
+                .len()
+        })
+        .sum()
+}
+
+async fn stragglers_do_not_pin_their_records_and_a_new_owner_can_always_load_the_ledger(
+    h: &mut Harness,
+) {
+    let meta = h.meta();
+    let l = ledger(h);
+    let own = owner(meta.as_ref(), "a", 0).await;
+    let k = pkey("billing", 7, 0);
+    let mut w = Writer::acquire(&l, k.clone(), own).await;
+    // Full pulls, each acked (and checkpointed) but one delivery: a nack with a long
+    // delay, a consumer holding one. Without compaction every record stays in Meta
+    // for its straggler: 60 x 750 entries, past what a new owner may read.
+    let pulls = 60u64;
+    let size = RECORD_FRESH_ENTRIES as u64;
+    assert!(pulls * size > MAX_LOADED_ENTRIES as u64);
+    let mut stragglers = BTreeMap::new();
+    for p in 0..pulls {
+        let batch: Vec<LedgerEntry> = (p * size..(p + 1) * size).map(|o| e(o, 1)).collect();
+        w.record(batch).await.expect("record");
+        let kept = p * size + p % size;
+        stragglers.insert(kept, e(kept, 1));
+        w.state
+            .forget((p * size..(p + 1) * size).filter(|o| *o != kept));
+        assert!(
+            w.state.stored() <= 2 * w.state.len() + MAX_RECORD_ENTRIES,
+            "pull {p}: {} entries stored for {} current",
+            w.state.stored(),
+            w.state.len()
+        );
+    }
+    // What the owner believes is what Meta holds.
+    assert_eq!(stored_entries(meta.as_ref(), &k).await, w.state.stored());
+    // A new owner reads it and inherits every straggler, unchanged; besides them only
+    // the acked entries of the last pull's record, which its straggler still holds
+    // (a new owner drops those below its checkpoint, as after any crash).
+    let inherited = current(&l, &k).await;
+    for (o, e) in &stragglers {
+        assert_eq!(inherited.get(o), Some(e), "straggler {o}");
+    }
+    let last = (pulls - 1) * size..pulls * size;
+    let extra: Vec<u64> = inherited
+        .keys()
+        .filter(|o| !stragglers.contains_key(o) && !last.contains(o))
+        .copied()
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "inherited beyond the stragglers and the last pull: {extra:?}"
+    );
+    // Once the stragglers resolve, the next write leaves nothing behind.
+    w.state.forget(stragglers.keys().copied());
+    for _ in 0..4 {
+        w.record(vec![]).await.expect("prune");
+    }
+    assert!(current(&l, &k).await.is_empty());
+    assert_eq!(stored_entries(meta.as_ref(), &k).await, 0);
 }
 
 async fn a_stale_owner_after_a_takeover_is_fenced_and_changes_nothing(h: &mut Harness) {

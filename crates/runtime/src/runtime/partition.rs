@@ -23,7 +23,7 @@ use meshd_dispatch::{
 };
 use meshd_meta::fence::Ownership;
 use meshd_meta::Backend;
-use meshd_stores::attempts::{AttemptError, LedgerEntry, MAX_RECORD_ENTRIES};
+use meshd_stores::attempts::{AttemptError, LedgerEntry, RECORD_FRESH_ENTRIES};
 use meshd_stores::deadletters::{DeadLetterError, NewDeadLetter};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::failure::StoreFailure;
@@ -1257,7 +1257,8 @@ impl PartitionTask {
     }
 
     /// Cluster mode: writes `entries` to the attempt ledger (one fenced record per
-    /// [`MAX_RECORD_ENTRIES`], each pruning what earlier changes left empty). `true`
+    /// [`RECORD_FRESH_ENTRIES`], each carrying the stragglers of sparse records and
+    /// pruning what earlier changes left empty). `true`
     /// outside cluster mode and when there is nothing to write.
     async fn write_ledger(&mut self, entries: Vec<LedgerEntry>, op: &'static str) -> bool {
         let key = self.key().clone();
@@ -1265,7 +1266,7 @@ impl PartitionTask {
             return true;
         };
         let mut chunks: Vec<Vec<LedgerEntry>> = entries
-            .chunks(MAX_RECORD_ENTRIES)
+            .chunks(RECORD_FRESH_ENTRIES)
             .map(|c| c.to_vec())
             .collect();
         if chunks.is_empty() {
