@@ -14,6 +14,7 @@
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use meshd_runtime::metrics::Histogram;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -28,14 +29,6 @@ const BUCKETS: [f64; 12] = [
 
 /// Methods counted by name; any other is counted as `other` (the label stays bounded).
 const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
-
-#[derive(Default)]
-struct Histogram {
-    /// Per bucket (not cumulative), then the count above the last bound.
-    buckets: [u64; BUCKETS.len() + 1],
-    sum_seconds: f64,
-    count: u64,
-}
 
 #[derive(Default)]
 struct Inner {
@@ -62,15 +55,11 @@ impl HttpMetrics {
             .requests
             .entry((route.to_string(), method, status))
             .or_default() += 1;
-        let h = inner.durations.entry(route.to_string()).or_default();
-        let s = took.as_secs_f64();
-        let at = BUCKETS
-            .iter()
-            .position(|bound| s <= *bound)
-            .unwrap_or(BUCKETS.len());
-        h.buckets[at] += 1;
-        h.sum_seconds += s;
-        h.count += 1;
+        inner
+            .durations
+            .entry(route.to_string())
+            .or_insert_with(|| Histogram::new(&BUCKETS))
+            .observe(took);
     }
 
     pub fn render(&self, out: &mut String) {
@@ -86,30 +75,8 @@ impl HttpMetrics {
         }
         let _ = writeln!(out, "# HELP meshd_http_request_duration_seconds Time from a request's arrival to its response head, by route template.\n# TYPE meshd_http_request_duration_seconds histogram");
         for (route, h) in &inner.durations {
-            let route = escape(route);
-            let mut cumulative = 0;
-            for (i, bound) in BUCKETS.iter().enumerate() {
-                cumulative += h.buckets[i];
-                let _ = writeln!(
-                    out,
-                    "meshd_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"{bound}\"}} {cumulative}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "meshd_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "meshd_http_request_duration_seconds_sum{{route=\"{route}\"}} {}",
-                h.sum_seconds
-            );
-            let _ = writeln!(
-                out,
-                "meshd_http_request_duration_seconds_count{{route=\"{route}\"}} {}",
-                h.count
-            );
+            let labels = format!("route=\"{}\"", escape(route));
+            h.render(out, "meshd_http_request_duration_seconds", &labels);
         }
     }
 }

@@ -95,8 +95,8 @@ const DELIVERY_BUCKETS: [f64; 14] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0, 3600.0,
 ];
 
-/// A latency histogram over fixed bucket bounds.
-struct Histogram {
+/// A latency histogram over fixed bucket bounds (the runtime's and the HTTP layer's).
+pub struct Histogram {
     bounds: &'static [f64],
     buckets: Vec<u64>,
     count: u64,
@@ -104,7 +104,7 @@ struct Histogram {
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
+    pub fn new(bounds: &'static [f64]) -> Self {
         Self {
             bounds,
             buckets: vec![0; bounds.len()],
@@ -113,7 +113,7 @@ impl Histogram {
         }
     }
 
-    fn observe(&mut self, took: Duration) {
+    pub fn observe(&mut self, took: Duration) {
         let s = took.as_secs_f64();
         for (i, b) in self.bounds.iter().enumerate() {
             if s <= *b {
@@ -125,7 +125,7 @@ impl Histogram {
     }
 
     /// The `_bucket`, `_sum` and `_count` lines of `name` with `labels` (`a="b",…`).
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
+    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
         for (b, n) in self.bounds.iter().zip(&self.buckets) {
             let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {n}");
