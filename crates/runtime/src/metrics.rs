@@ -34,6 +34,8 @@ pub struct SubCounters {
     pub push_ok: AtomicU64,
     /// Push requests that failed (status, timeout, connection).
     pub push_failed: AtomicU64,
+    /// From the log's append to each event's first hand-out.
+    pub delivery_latency: DeliveryLatency,
     /// The same hand-out, ack, nack and dead-letter counts per partition (what
     /// `GET /v1/subscriptions/{name}/stats` answers): their sums are the counters
     /// above, counted at the same places.
@@ -140,7 +142,27 @@ impl Histogram {
     }
 }
 
-/// Histograms by one label value (a topic, a subscription).
+/// A subscription's delivery latency histogram ([`DELIVERY_BUCKETS`]), held with its
+/// other counters so a partition task observes its hand-outs without a lookup by name.
+pub struct DeliveryLatency(Mutex<Histogram>);
+
+impl Default for DeliveryLatency {
+    fn default() -> Self {
+        Self(Mutex::new(Histogram::new(&DELIVERY_BUCKETS)))
+    }
+}
+
+impl DeliveryLatency {
+    /// Events handed out for the first time, each `waited` after the log accepted it.
+    pub fn observe(&self, waited: impl IntoIterator<Item = Duration>) {
+        let mut h = lock(&self.0);
+        for w in waited {
+            h.observe(w);
+        }
+    }
+}
+
+/// Histograms by one label value (a topic).
 struct Labelled {
     bounds: &'static [f64],
     by: Mutex<BTreeMap<String, Histogram>>,
@@ -204,7 +226,6 @@ pub struct Metrics {
     tasks_refused: Mutex<BTreeMap<String, u64>>,
     tasks_by_state: Mutex<Option<BTreeMap<&'static str, u64>>>,
     publish_seconds: Labelled,
-    delivery_seconds: Labelled,
     /// Cluster mode only (rendered when `cluster` is set).
     pub ownership: OwnershipCounters,
 }
@@ -231,7 +252,6 @@ impl Default for Metrics {
             tasks_by_state: Default::default(),
             ownership: Default::default(),
             publish_seconds: Labelled::new(&BUCKETS),
-            delivery_seconds: Labelled::new(&DELIVERY_BUCKETS),
         }
     }
 }
@@ -337,12 +357,6 @@ impl Metrics {
     /// being ready (its events durable).
     pub fn publish_latency(&self, topic: &str, took: Duration) {
         self.publish_seconds.observe(topic, took);
-    }
-
-    /// An event of `subscription` was handed out for the first time `waited` after
-    /// the log accepted it.
-    pub fn delivery_latency(&self, subscription: &str, waited: Duration) {
-        self.delivery_seconds.observe(subscription, waited);
     }
 
     /// One failed store call, by error kind.
@@ -462,6 +476,17 @@ impl Metrics {
                 );
             }
         }
+        let _ = writeln!(out, "# HELP meshd_delivery_latency_seconds From the log's append to an event's first hand-out, by subscription (backlog included).\n# TYPE meshd_delivery_latency_seconds histogram");
+        for (sub, c) in subs.iter() {
+            let h = lock(&c.delivery_latency.0);
+            if h.count > 0 {
+                h.render(
+                    out,
+                    "meshd_delivery_latency_seconds",
+                    &format!("subscription=\"{sub}\""),
+                );
+            }
+        }
         drop(subs);
         let _ = writeln!(out, "# HELP meshd_published_events_total Events durably appended to the log.\n# TYPE meshd_published_events_total counter");
         for (topic, n) in lock(&self.published).iter() {
@@ -484,12 +509,6 @@ impl Metrics {
             "meshd_publish_seconds",
             "Successful publish requests by topic, from the body in hand to the answer (events durable).",
             "topic",
-        );
-        self.delivery_seconds.render(
-            out,
-            "meshd_delivery_latency_seconds",
-            "From the log's append to an event's first hand-out, by subscription (backlog included).",
-            "subscription",
         );
         let _ = writeln!(out, "# HELP meshd_store_errors_total Failed store calls by store, backend and error kind.\n# TYPE meshd_store_errors_total counter");
         for ((store, backend, kind), n) in lock(&self.errors).iter() {
@@ -569,7 +588,9 @@ mod tests {
         m.publish_latency("orders", Duration::from_millis(3));
         m.publish_latency("orders", Duration::from_millis(30));
         m.publish_latency("audit", Duration::from_secs(20));
-        m.delivery_latency("billing", Duration::from_secs(90));
+        m.subscription("billing")
+            .delivery_latency
+            .observe([Duration::from_secs(90)]);
         let mut out = String::new();
         m.render(&mut out);
         for sample in [

@@ -1627,20 +1627,20 @@ impl PartitionTask {
                     }
                 }
             }
+            let now = now_ms();
+            let mut first_waits = Vec::new();
             for d in &normal[i..j] {
                 match got.iter().position(|(o, _, _)| *o == d.offset) {
                     Some(p) => {
                         if d.attempt == 1 {
-                            let waited = now_ms().saturating_sub(got[p].1);
-                            self.deps
-                                .metrics
-                                .delivery_latency(&key.subscription, Duration::from_millis(waited));
+                            first_waits.push(Duration::from_millis(now.saturating_sub(got[p].1)));
                         }
                         out.push(self.handed(d, std::mem::take(&mut got[p].2)))
                     }
                     None => SubCounters::add(&self.counters.read_failures, 1),
                 }
             }
+            self.counters.delivery_latency.observe(first_waits);
             i = j;
         }
         for d in handouts.iter().filter(|d| d.redrive_of.is_some()) {
