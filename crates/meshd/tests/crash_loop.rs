@@ -501,15 +501,8 @@ async fn settle_and_record(
     let answer = answer.inspect_err(|f| ctx.note(verb, f))?;
     let mut log = ctx.log();
     // Each id we sent is in exactly one list, and nothing else is.
-    let placed = match placed_ids(verb, &answer, &ids) {
-        Ok((placed, problems)) => {
-            log.problems.extend(problems);
-            placed
-        }
-        Err(problem) => {
-            log.problems.push(problem);
-            return Ok(());
-        }
+    let Some(placed) = placed_ids(verb, &answer, &ids, &mut log.problems) else {
+        return Ok(());
     };
     for (id, list) in placed {
         let Some(d) = log

@@ -95,19 +95,21 @@ pub const NACK_LISTS: &[&str] = &[
 ];
 
 /// Where an ack (`verb` "ack") or nack answer placed each id it was sent: id (its JSON
-/// text) -> list, with what breaks the contract (an id in two lists, other ids than
-/// those sent). `Err`: a list is missing, the answer cannot be read at all.
+/// text) -> list. What breaks the contract (an id in two lists, other ids than those
+/// sent, a missing list) goes into `problems`; `None` when the answer cannot be read
+/// at all (a list is missing).
 pub fn placed_ids(
     verb: &str,
     answer: &Value,
     sent: &[Value],
-) -> Result<(std::collections::BTreeMap<String, String>, Vec<String>), String> {
+    problems: &mut Vec<String>,
+) -> Option<std::collections::BTreeMap<String, String>> {
     let lists = if verb == "ack" { ACK_LISTS } else { NACK_LISTS };
-    let mut problems = Vec::new();
     let mut placed = std::collections::BTreeMap::new();
     for list in lists {
         let Some(members) = answer[*list].as_array() else {
-            return Err(format!("{verb} answer without a {list} list: {answer}"));
+            problems.push(format!("{verb} answer without a {list} list: {answer}"));
+            return None;
         };
         for id in members {
             if placed.insert(id.to_string(), list.to_string()).is_some() {
@@ -126,5 +128,5 @@ pub fn placed_ids(
             "{verb} of {sent_ids:?} answered other ids: {answer}"
         ));
     }
-    Ok((placed, problems))
+    Some(placed)
 }
