@@ -16,8 +16,8 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 
 /// Every asset: its path under `/console/`, its content type, its bytes.
 const ASSETS: &[(&str, &str, &[u8])] = &[
-    ("", HTML, include_bytes!("../console/index.html")),
-    ("index.html", HTML, include_bytes!("../console/index.html")),
+    ("", HTML, INDEX),
+    ("index.html", HTML, INDEX),
     ("style.css", CSS, include_bytes!("../console/style.css")),
     ("app.js", JS, include_bytes!("../console/app.js")),
     ("api.js", JS, include_bytes!("../console/api.js")),
@@ -61,6 +61,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     ),
 ];
 
+const INDEX: &[u8] = include_bytes!("../console/index.html");
 const HTML: &str = "text/html; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
 const JS: &str = "text/javascript; charset=utf-8";

@@ -228,7 +228,6 @@ def check_subscriptions(p, admin):
     assert expect in what, (what, expect)
     p.shot("subscription-reset")
     p.one("dialog[open] [data-test=cancel]").click()
-    time.sleep(0)  # the dialog closes synchronously
     assert admin.ok("GET", "/v1/subscriptions/billing/offsets")["offsets"][part["partition"]]["committed"] == n
     p.one("[data-test=reset-button]").click()
     p.one("dialog[open] [data-test=confirm]").click()
@@ -369,7 +368,6 @@ def check_narrow(p, admin_token):
         for view in ("cluster", "deadletters", "tasks"):
             p.go(view)
             p.one("section.view h1")
-            time.sleep(0)  # layout is synchronous
             overflow = p.d.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 1, f"{view}: the page is {overflow}px wider than a narrow window"
             nav = p.one("#nav")
