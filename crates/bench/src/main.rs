@@ -197,6 +197,7 @@ fn main() -> Result<()> {
         Scenario::Publish => vec![
             System::Meshd,
             System::MeshdNoDedup,
+            System::MeshdHttpFloor,
             System::JsAlways,
             System::JsAtomic,
             System::JsDefault,
@@ -206,6 +207,7 @@ fn main() -> Result<()> {
         Scenario::All => vec![
             System::Meshd,
             System::MeshdNoDedup,
+            System::MeshdHttpFloor,
             System::JsAlways,
             System::JsAtomic,
             System::JsDefault,
@@ -294,6 +296,9 @@ fn main() -> Result<()> {
                     for &system in systems {
                         if system == System::JsAtomic && batch == 1 {
                             continue; // a batch of one is a plain publish: the jetstream row
+                        }
+                        if system == System::MeshdHttpFloor && batch != 1 {
+                            continue; // one request is one call: a floor per request
                         }
                         eprintln!(
                             "meshd-bench: {} concurrency={concurrency} batch={batch} run {}/{}",

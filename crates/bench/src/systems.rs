@@ -23,6 +23,10 @@ pub enum System {
     /// meshd with the topic's publish dedup off (`dedup_window_ms: 0`): what dedup
     /// costs is the difference to [`System::Meshd`].
     MeshdNoDedup,
+    /// No write: `GET /healthz` over keep-alive, one request per call. What meshd's
+    /// HTTP stack (hyper, the middleware, routing) costs per request on its own: the
+    /// floor under every single-event request.
+    MeshdHttpFloor,
     JsAlways,
     /// JetStream at equal durability, a batch as one atomic batch publish.
     JsAtomic,
@@ -48,6 +52,7 @@ impl System {
         match self {
             System::Meshd => "meshd",
             System::MeshdNoDedup => "meshd-nodedup",
+            System::MeshdHttpFloor => "meshd-http-floor",
             System::JsAlways => "jetstream",
             System::JsAtomic => "jetstream-atomic",
             System::JsDefault => "jetstream-relaxed",
@@ -103,6 +108,9 @@ impl System {
         match self {
             System::Meshd => "fsync per group commit (201 after fsync); dedup on (2 min)",
             System::MeshdNoDedup => "fsync per group commit (201 after fsync); dedup off",
+            System::MeshdHttpFloor => {
+                "no write: GET /healthz over keep-alive (the HTTP stack's cost per request)"
+            }
             System::JsAlways => JsSync::Always.label(),
             System::JsAtomic => {
                 "fsync every ack (sync_interval: always); a batch is one atomic batch publish"
@@ -184,6 +192,7 @@ pub async fn run(
         System::Meta(path, op) => crate::meta::run(path, op, cfg, etcd).await,
         System::Meshd => run_meshd(cfg, meshd, true).await,
         System::MeshdNoDedup => run_meshd(cfg, meshd, false).await,
+        System::MeshdHttpFloor => run_http_floor(cfg, meshd).await,
         System::JsAlways | System::JsAtomic | System::JsDefault => {
             let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
             let sync = if system == System::JsDefault {
@@ -328,6 +337,47 @@ async fn run_meshd(cfg: &Config, binary: &Path, dedup: bool) -> Result<Outcome> 
                 worker,
                 cfg.batch,
             )));
+        }
+        anyhow::Ok(ops)
+    };
+    let ops = with_stderr(&server, setup.await)?;
+    measure(&server, ops, cfg).await
+}
+
+/// One `GET /healthz` per call over a keep-alive connection.
+struct HttpFloorOp {
+    conn: crate::http::Conn,
+}
+
+impl HttpFloorOp {
+    async fn request(&mut self) -> Result<()> {
+        let r = self.conn.request("GET", "/healthz", None, &[]).await?;
+        if r.status != 200 {
+            bail!("meshd answered {} to GET /healthz", r.status);
+        }
+        Ok(())
+    }
+}
+
+impl Op for HttpFloorOp {
+    fn call(&mut self) -> BoxFuture<'_, Result<()>> {
+        self.request().boxed()
+    }
+}
+
+async fn run_http_floor(cfg: &Config, binary: &Path) -> Result<Outcome> {
+    if cfg.batch != 1 {
+        bail!("meshd-http-floor runs at batch 1 only");
+    }
+    let server = procs::start_meshd(binary)?;
+    let addr = server.addr;
+    let setup = async {
+        meshd_ready(addr).await?;
+        let mut ops: Vec<Box<dyn Op>> = Vec::new();
+        for _ in 0..cfg.concurrency {
+            ops.push(Box::new(HttpFloorOp {
+                conn: crate::http::Conn::connect(addr).await?,
+            }));
         }
         anyhow::Ok(ops)
     };
