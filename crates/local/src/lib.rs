@@ -44,6 +44,12 @@ pub enum BatchOp {
         cf: &'static str,
         key: Vec<u8>,
     },
+    /// Every key `from <= key < to` (one range tombstone, however many keys).
+    DeleteRange {
+        cf: &'static str,
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
 }
 
 /// Operations applied atomically: all or none, visible to readers all at once.
@@ -69,6 +75,20 @@ impl Batch {
         self.ops.push(BatchOp::Delete {
             cf,
             key: key.into(),
+        });
+    }
+
+    /// Deletes every key from `from` (included) to `to` (excluded).
+    pub fn delete_range(
+        &mut self,
+        cf: &'static str,
+        from: impl Into<Vec<u8>>,
+        to: impl Into<Vec<u8>>,
+    ) {
+        self.ops.push(BatchOp::DeleteRange {
+            cf,
+            from: from.into(),
+            to: to.into(),
         });
     }
 

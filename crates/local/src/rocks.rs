@@ -364,6 +364,7 @@ impl KvEngine for RocksEngine {
             match op {
                 BatchOp::Put { cf, key, value } => wb.put_cf(self.cf(cf)?, key, value),
                 BatchOp::Delete { cf, key } => wb.delete_cf(self.cf(cf)?, key),
+                BatchOp::DeleteRange { cf, from, to } => wb.delete_range_cf(self.cf(cf)?, from, to),
             }
         }
         let mut wo = WriteOptions::default();

@@ -68,6 +68,9 @@ fn apply(image: &mut Image, batch: &Batch) {
             BatchOp::Delete { cf, key } => {
                 image.remove(&(*cf, key.clone()));
             }
+            BatchOp::DeleteRange { cf, from, to } => {
+                image.retain(|(c, k), _| !(c == cf && k >= from && k < to));
+            }
         }
     }
 }

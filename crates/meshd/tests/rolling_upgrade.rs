@@ -3,7 +3,8 @@
 //! `release/previous`) and this tree's binary share one etcd and one JetStream. Each
 //! serves, forwards to and takes over from the other: every record one writes
 //! (subscriptions, owner keys, checkpoints, the attempt ledger, membership) the other
-//! reads, in both directions (state-plane.md, "Records").
+//! reads, in both directions (state-plane.md, "Records"). Standalone, each opens the
+//! other's data dir and serves the deliveries it left in flight.
 
 mod common;
 
@@ -451,6 +452,91 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
         .await
         .unwrap();
     assert_eq!(r.status, 201, "{}", r.body);
+}
+
+/// How many entries of the deadline index earlier releases kept in the `deliveries`
+/// column family (`x` keys) the data dir holds (meshd must be stopped).
+fn deadline_index_entries(dir: &std::path::Path) -> usize {
+    use meshd_local::KvEngine;
+    let engine =
+        meshd_local::RocksEngine::open(dir, meshd_stores_local::keys::COLUMN_FAMILIES).unwrap();
+    let x = [meshd_stores_local::keys::DEADLINE];
+    engine
+        .scan(
+            "deliveries",
+            &x,
+            Some(&meshd_stores_local::keys::end_of(&x)),
+            0,
+        )
+        .unwrap()
+        .len()
+}
+
+#[tokio::test]
+async fn given_a_standalone_data_dir_of_the_previous_release_then_this_release_serves_what_it_left_in_flight_and_back(
+) {
+    let previous = previous_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = MeshdProcess::start(&previous, dir.path(), &[])
+        .await
+        .unwrap();
+    let o = old.addr().to_string();
+    create_topic(&o, "t", 1).await;
+    create_subscription(&o, "s", json!({"topic": "t", "ack_timeout_ms": 3000})).await;
+    let placed = publish_n(&o, 0, 10).await;
+    let mut first = pull_until(&o, "s", 10, DEADLINE).await;
+    assert_eq!(placed_of(&first), placed);
+    first.sort_by_key(|d| d.offset);
+    let held = first.split_off(4);
+    ack_retrying(&o, &first).await;
+    // Shown once durable: the four acks survive the SIGKILL.
+    wait_committed(&o, "s", 0, 4).await;
+    old.kill();
+    assert_eq!(
+        deadline_index_entries(dir.path()),
+        held.len(),
+        "the previous release keeps a deadline entry per record in flight"
+    );
+
+    // This release on the previous one's data dir: the six unacked come back as
+    // attempt 2, the acked never; the old index is gone from the data dir.
+    let mut new = MeshdProcess::start(bin(), dir.path(), &[]).await.unwrap();
+    let n = new.addr().to_string();
+    let again = pull_until(&n, "s", held.len(), DEADLINE).await;
+    assert_eq!(placed_of(&again), placed_of(&held));
+    assert!(
+        again.iter().all(|d| d.attempt == 2),
+        "{:?}",
+        summary(&again)
+    );
+    ack_retrying(&n, &again).await;
+    wait_committed(&n, "s", 0, 10).await;
+    let last = publish_n(&n, 10, 2).await;
+    let in_flight = pull_until(&n, "s", 2, DEADLINE).await;
+    assert_eq!(placed_of(&in_flight), last);
+    new.kill();
+    assert_eq!(
+        deadline_index_entries(dir.path()),
+        0,
+        "dropped at open, never written"
+    );
+
+    // And back: the previous release serves what this one left in flight.
+    let mut old = MeshdProcess::start(&previous, dir.path(), &[])
+        .await
+        .unwrap();
+    let o = old.addr().to_string();
+    let again = pull_until(&o, "s", 2, DEADLINE).await;
+    assert_eq!(placed_of(&again), last);
+    assert!(
+        again.iter().all(|d| d.attempt == 2),
+        "{:?}",
+        summary(&again)
+    );
+    ack_retrying(&o, &again).await;
+    wait_committed(&o, "s", 0, 12).await;
+    assert_no_delivery(&o, "s", 500, "everything was acked").await;
+    old.kill();
 }
 
 /// Publishes one event with a `deliverat` an hour ahead to topic `t`.

@@ -9,6 +9,16 @@
 //! so a reported committed offset never goes back. All of them go through the one
 //! group committer of the Local RocksDB, so a failed write or fsync anywhere poisons
 //! every Local store (the same disk).
+//!
+//! One key per record (`d` + partition + offset), written blind: an attempt or an
+//! update replaces it, a resolve deletes it, and none reads it first. Releases before
+//! this one also kept a deadline index (`x` + deadline + record key) that nothing read
+//! (the partition tasks keep the deadlines of their records in memory, loaded with the
+//! records); keeping it cost two more memtable entries and a point read per write,
+//! about a third of the server's CPU per event on the consume path (docs/benchmarks.md).
+//! [`RocksDeliveryStore::open`] drops an index left by such a release with one range
+//! delete, so an upgraded data dir carries none of it; an older release reading a
+//! data dir without it loses nothing (its index served no production read).
 
 use crate::keys::{self, CF_DELIVERIES};
 use crate::offsets::{OffsetErrorOrLocal, RocksOffsetStore};
@@ -191,6 +201,7 @@ fn read_record(
 
 impl RocksDeliveryStore {
     /// Opens the store and starts its flusher (stopped when the last clone is dropped).
+    /// Drops a deadline index left by an earlier release first (see the module docs).
     pub fn open(
         group: Arc<GroupCommit>,
         offsets: RocksOffsetStore,
@@ -202,6 +213,7 @@ impl RocksDeliveryStore {
                 "flush interval must be 10-1000 ms, got {ms}"
             )));
         }
+        drop_deadline_index(&group)?;
         let inner = Arc::new(Inner {
             group,
             offsets,
@@ -215,28 +227,19 @@ impl RocksDeliveryStore {
         Ok(Self { inner })
     }
 
-    /// Writes `record` (and its deadline index entry, replacing the old one).
-    fn stage(
-        engine: &dyn KvEngine,
-        record: &DeliveryRecord,
-        batch: &mut Batch,
-    ) -> Result<(), DeliveryError> {
+    /// Writes `record`, replacing the partition offset's earlier record if any.
+    fn stage(record: &DeliveryRecord, batch: &mut Batch) -> Result<(), DeliveryError> {
         keys::check_name("subscription", &record.key.subscription)
             .and_then(|_| keys::check_name("topic", &record.key.topic))
             .map_err(DeliveryError::Invalid)?;
         if record.attempt == 0 {
             return Err(DeliveryError::Invalid("attempt must be at least 1".into()));
         }
-        let dkey = keys::delivery_key(&record.key, record.offset);
-        if let Some(old) = read_record(engine, &dkey)? {
-            batch.delete(CF_DELIVERIES, keys::deadline_key(old.deadline_ms, &dkey));
-        }
         batch.put(
             CF_DELIVERIES,
-            keys::deadline_key(record.deadline_ms, &dkey),
-            Vec::new(),
+            keys::delivery_key(&record.key, record.offset),
+            encode(record),
         );
-        batch.put(CF_DELIVERIES, dkey, encode(record));
         Ok(())
     }
 
@@ -249,6 +252,29 @@ impl RocksDeliveryStore {
             .await
             .map_err(|e| DeliveryError::Poisoned(format!("delivery task failed: {e}")))?
     }
+}
+
+/// Deletes the deadline index of an earlier release (every `x` key), durably, when
+/// there is one: one range tombstone, so the cost does not grow with its size.
+fn drop_deadline_index(group: &GroupCommit) -> Result<(), DeliveryError> {
+    let start = [keys::DEADLINE];
+    let end = keys::end_of(&start);
+    let found = group
+        .engine()
+        .scan(CF_DELIVERIES, &start, Some(&end), 1)
+        .map_err(local)?;
+    if found.is_empty() {
+        return Ok(());
+    }
+    let mut batch = Batch::new();
+    batch.delete_range(CF_DELIVERIES, start.to_vec(), end);
+    group.commit(batch).map_err(local)?;
+    tracing::info!(
+        store = "deliveries",
+        backend = "rocksdb",
+        "dropped the deadline index an earlier release kept (nothing reads it)"
+    );
+    Ok(())
 }
 
 /// Fsyncs buffered updates every `interval` while the store lives.
@@ -300,11 +326,10 @@ impl DeliveryStateStore for RocksDeliveryStore {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.inner.group.submit(
             Wait::Durable,
-            move |engine| {
+            move |_| {
                 let mut batch = Batch::new();
                 for record in &records {
-                    RocksDeliveryStore::stage(engine, record, &mut batch)
-                        .map_err(Closure::Delivery)?;
+                    RocksDeliveryStore::stage(record, &mut batch).map_err(Closure::Delivery)?;
                 }
                 Ok::<_, Closure>((batch, ()))
             },
@@ -316,9 +341,9 @@ impl DeliveryStateStore for RocksDeliveryStore {
     }
 
     async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError> {
-        crate::on_store_thread(&self.inner.group, Wait::Written, move |engine| {
+        crate::on_store_thread(&self.inner.group, Wait::Written, move |_| {
             let mut batch = Batch::new();
-            RocksDeliveryStore::stage(engine, &record, &mut batch).map_err(Closure::Delivery)?;
+            RocksDeliveryStore::stage(&record, &mut batch).map_err(Closure::Delivery)?;
             Ok::<_, Closure>((batch, ()))
         })
         .await?;
@@ -333,14 +358,10 @@ impl DeliveryStateStore for RocksDeliveryStore {
     ) -> Result<(), DeliveryError> {
         let inner = self.inner.clone();
         let (ticket, staged) =
-            crate::on_store_thread(&self.inner.group, Wait::Written, move |engine| {
+            crate::on_store_thread(&self.inner.group, Wait::Written, move |_| {
                 let mut batch = Batch::new();
                 for (key, offset) in &remove {
-                    let dkey = keys::delivery_key(key, *offset);
-                    if let Some(old) = read_record(engine, &dkey).map_err(Closure::Delivery)? {
-                        batch.delete(CF_DELIVERIES, keys::deadline_key(old.deadline_ms, &dkey));
-                        batch.delete(CF_DELIVERIES, dkey);
-                    }
+                    batch.delete(CF_DELIVERIES, keys::delivery_key(key, *offset));
                 }
                 let staged = match &advance {
                     Some(a) => Some(inner.offsets.stage(&a.key, a.to, false, &mut batch)?),
@@ -350,7 +371,7 @@ impl DeliveryStateStore for RocksDeliveryStore {
             })
             .await?;
         let Some(ticket) = ticket else {
-            // Nothing written (every record already gone, the same offset again).
+            // Nothing written (nothing to remove, the same offset again).
             return Ok(());
         };
         self.inner.dirty.store(true, Ordering::SeqCst);
@@ -394,33 +415,6 @@ impl DeliveryStateStore for RocksDeliveryStore {
             .await
     }
 
-    async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<DeliveryRecord>, DeliveryError> {
-        self.blocking(move |s| {
-            reject_if_poisoned(&s.group)?;
-            let engine = s.group.engine();
-            let start = [keys::DEADLINE];
-            let end = keys::deadline_key(now_ms.saturating_add(1), &[]);
-            let index = engine
-                .scan(CF_DELIVERIES, &start, Some(&end), limit)
-                .map_err(local)?;
-            let mut out = Vec::with_capacity(index.len());
-            for (k, _) in index {
-                let dkey = k.get(9..).unwrap_or_default();
-                match read_record(engine.as_ref(), dkey)? {
-                    Some(r) => out.push(r),
-                    None => {
-                        return Err(DeliveryError::Corrupt {
-                            key: format!("{k:?}"),
-                            reason: "deadline index entry without its record".into(),
-                        })
-                    }
-                }
-            }
-            Ok(out)
-        })
-        .await
-    }
-
     async fn adopt_partition(
         &self,
         key: &OffsetKey,
@@ -432,11 +426,7 @@ impl DeliveryStateStore for RocksDeliveryStore {
             let staged = s.group.commit_with::<_, Closure>(|engine| {
                 let rows = engine.scan(CF_DELIVERIES, &prefix, Some(&keys::end_of(&prefix)), 0)?;
                 let mut batch = Batch::new();
-                for (k, v) in &rows {
-                    let (rkey, offset) = parse_key(k).map_err(Closure::Delivery)?;
-                    if let Ok(r) = decode(rkey, offset, v) {
-                        batch.delete(CF_DELIVERIES, keys::deadline_key(r.deadline_ms, k));
-                    }
+                for (k, _) in &rows {
                     batch.delete(CF_DELIVERIES, k.clone());
                 }
                 let staged = s.offsets.stage_adopt(&key, committed, &mut batch)?;
@@ -459,11 +449,7 @@ impl DeliveryStateStore for RocksDeliveryStore {
                 let rows =
                     engine.scan(CF_DELIVERIES, &prefix, Some(&keys::end_of(&prefix)), 1000)?;
                 let mut batch = Batch::new();
-                for (k, v) in &rows {
-                    let (key, offset) = parse_key(k).map_err(Closure::Delivery)?;
-                    if let Ok(r) = decode(key, offset, v) {
-                        batch.delete(CF_DELIVERIES, keys::deadline_key(r.deadline_ms, k));
-                    }
+                for (k, _) in &rows {
                     batch.delete(CF_DELIVERIES, k.clone());
                 }
                 Ok((batch, rows.is_empty()))

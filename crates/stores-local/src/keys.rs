@@ -11,7 +11,7 @@
 //! | `dlq` | `n` | next body seq | forever |
 //! | `offsets` | `o` + name(subscription) + incarnation (u64 BE) + name(topic) + partition (u32 BE) | committed offset record | until the subscription is deleted |
 //! | `deliveries` | `d` + the same subscription/topic/partition part + offset (u64 BE) | delivery record | until resolved |
-//! | `deliveries` | `x` + deadline ms (u64 BE) + the `d` key | empty: deadline index | with its record |
+//! | `deliveries` | `x` + deadline ms (u64 BE) + the `d` key | empty: the deadline index earlier releases kept (nothing read it) | dropped at open ([`crate::delivery`]); never written now, the prefix never reused |
 //! | `deliveries` | `k` + the same subscription/topic/partition part + due ms (u64 BE) + offset (u64 BE) | [`crate::park`] entry: attempts made before parking (u32 BE) + the parked event's body | until settled (acked or dead-lettered) or the subscription is deleted |
 //! | `deliveries` | `q` + the same subscription/topic/partition part + offset (u64 BE) | the parked entry's due ms (u64 BE): lookup by offset | with its `k` entry |
 //!
@@ -36,6 +36,7 @@ pub const BODY: u8 = b'b';
 pub const BODY_SEQ: &[u8] = b"n";
 pub const OFFSET: u8 = b'o';
 pub const DELIVERY: u8 = b'd';
+/// Retired: the deadline index of earlier releases, dropped at open.
 pub const DEADLINE: u8 = b'x';
 pub const DEDUP: u8 = b'u';
 pub const PARKED: u8 = b'k';
@@ -186,14 +187,6 @@ pub fn deliveries_of_partition(key: &OffsetKey) -> Vec<u8> {
 pub fn deliveries_of_subscription(subscription: &str, incarnation: i64) -> Vec<u8> {
     let mut k = vec![DELIVERY];
     subscription_part(&mut k, subscription, incarnation);
-    k
-}
-
-pub fn deadline_key(deadline_ms: u64, delivery_key: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(9 + delivery_key.len());
-    k.push(DEADLINE);
-    k.extend_from_slice(&deadline_ms.to_be_bytes());
-    k.extend_from_slice(delivery_key);
     k
 }
 

@@ -1,5 +1,6 @@
 //! The DeliveryStateStore: attempts durable before the hand-out, acks within the flush
-//! interval, resolve atomic with the offset, a deadline index, and fail-stop.
+//! interval, resolve atomic with the offset, one key per record (an earlier release's
+//! deadline index dropped at open), and fail-stop.
 
 mod common;
 
@@ -207,16 +208,15 @@ async fn committed_shows_a_resolve_only_once_it_is_durable_and_a_read_makes_it_s
     assert_eq!(left_and_committed(&image).await, (vec![2], Some(2)));
     let rebooted = tempfile::tempdir().unwrap();
     let stores = common::reboot_from(&image, rebooted.path());
-    // The index went with the records: only offset 2 is ever due.
-    let due: Vec<u64> = stores
+    let left: Vec<u64> = stores
         .deliveries
-        .due(u64::MAX - 1, 100)
+        .load_all()
         .await
         .unwrap()
         .iter()
         .map(|r| r.offset)
         .collect();
-    assert_eq!(due, vec![2]);
+    assert_eq!(left, vec![2]);
     // A backwards advance is refused and changes nothing.
     let err = stores
         .deliveries
@@ -294,18 +294,10 @@ async fn adopting_a_partition_drops_its_records_and_sets_metas_offset_in_one_dur
         vec![(1, 3)],
         "only the other partition's record is left"
     );
-    let due: Vec<(u32, u64)> = stores
-        .deliveries
-        .due(u64::MAX - 1, 100)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.key.partition, r.offset))
-        .collect();
     assert_eq!(
-        due,
-        vec![(1, 3)],
-        "the deadline index went with the records"
+        delivery_keys(&stores),
+        vec![b'd'],
+        "nothing but the other partition's record is left in the column family"
     );
     assert_eq!(
         stores.offsets.get(&pkey(0)).await.unwrap(),
@@ -320,32 +312,49 @@ async fn adopting_a_partition_drops_its_records_and_sets_metas_offset_in_one_dur
     stores.offsets.commit(&pkey(0), 8).await.unwrap();
 }
 
+/// The first byte of every key in the `deliveries` column family (drops its
+/// stores, then reads the data dir).
+fn delivery_keys_in(dir: &std::path::Path) -> Vec<u8> {
+    let engine =
+        meshd_local::RocksEngine::open(dir, meshd_stores_local::keys::COLUMN_FAMILIES).unwrap();
+    meshd_local::KvEngine::scan(&engine, "deliveries", &[], None, 0)
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k[0])
+        .collect()
+}
+
+/// The first byte of every key in the `deliveries` column family of `stores`.
+fn delivery_keys(stores: &meshd_stores_local::LocalStores) -> Vec<u8> {
+    stores
+        .group
+        .engine()
+        .scan("deliveries", &[], None, 0)
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k[0])
+        .collect()
+}
+
 #[tokio::test]
-async fn due_serves_deadlines_in_order_from_the_index_and_follows_reschedules() {
+async fn a_reschedule_replaces_the_record_in_place_and_each_record_is_one_key() {
     let dir = tempfile::tempdir().unwrap();
     let stores = common::open(dir.path());
     let d = &stores.deliveries;
     d.record_attempt(record(0, 0, 1, 300)).await.unwrap();
     d.record_attempt(record(0, 1, 1, 100)).await.unwrap();
     d.record_attempt(record(1, 0, 1, 200)).await.unwrap();
-    let due = |now| async move {
-        d.due(now, 10)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.key.partition, r.offset))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(due(99).await, vec![]);
-    assert_eq!(due(200).await, vec![(0, 1), (1, 0)]);
-    // Rescheduling moves the index entry: no stale entry stays behind.
     let mut later = record(0, 1, 2, 1_000);
     later.state = DeliveryState::WaitingRetry;
     later.last_reason = Some("nack: busy".into());
     d.update(later.clone()).await.unwrap();
-    assert_eq!(due(500).await, vec![(1, 0), (0, 0)]);
-    assert_eq!(due(1_000).await.len(), 3);
+    d.flush().await.unwrap();
     drop(stores);
+    assert_eq!(
+        delivery_keys_in(dir.path()),
+        vec![b'd'; 3],
+        "one key per record"
+    );
     let stores = common::open(dir.path());
     assert_eq!(
         stores.deliveries.get(&pkey(0), 1).await.unwrap(),
@@ -354,12 +363,47 @@ async fn due_serves_deadlines_in_order_from_the_index_and_follows_reschedules() 
     assert_eq!(stores.deliveries.load_all().await.unwrap().len(), 3);
     stores.deliveries.drop_subscription("sub", 1).await.unwrap();
     assert!(stores.deliveries.load_all().await.unwrap().is_empty());
-    assert!(stores
-        .deliveries
-        .due(u64::MAX - 1, 10)
-        .await
+    assert!(delivery_keys(&stores).is_empty());
+}
+
+#[tokio::test]
+async fn an_earlier_releases_deadline_index_is_dropped_at_open_and_the_records_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    for offset in 0..3 {
+        stores
+            .deliveries
+            .record_attempt(record(0, offset, 1, 100 + offset))
+            .await
+            .unwrap();
+    }
+    let before = stores.deliveries.load_all().await.unwrap();
+    // What an earlier release also wrote per record: `x` + deadline + the record's key.
+    let mut index = meshd_local::Batch::new();
+    for (k, _) in stores
+        .group
+        .engine()
+        .scan("deliveries", b"d", Some(b"e"), 0)
         .unwrap()
-        .is_empty());
+    {
+        let mut x = vec![b'x'];
+        x.extend_from_slice(&100u64.to_be_bytes());
+        x.extend_from_slice(&k);
+        index.put("deliveries", x, Vec::new());
+    }
+    stores
+        .group
+        .engine()
+        .write(index, meshd_local::Durability::Sync)
+        .unwrap();
+    drop(stores);
+    assert_eq!(delivery_keys_in(dir.path()), b"dddxxx".to_vec());
+    let stores = common::open(dir.path());
+    assert_eq!(delivery_keys(&stores), b"ddd".to_vec(), "the index is gone");
+    assert_eq!(stores.deliveries.load_all().await.unwrap(), before);
+    drop(stores);
+    // Durably: a second open finds nothing of it either.
+    assert_eq!(delivery_keys_in(dir.path()), b"ddd".to_vec());
 }
 
 #[tokio::test]
@@ -431,16 +475,6 @@ async fn given_the_attempts_of_one_pull_recorded_together_when_power_is_cut_then
             record(0, 3, 1, 700)
         ]
     );
-    // The deadline index follows: offset 1's old deadline (500) is gone.
-    let due: Vec<(u64, u32)> = stores
-        .deliveries
-        .due(650, 10)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.offset, r.attempt))
-        .collect();
-    assert_eq!(due, vec![(2, 1)]);
 }
 
 #[tokio::test]

@@ -138,7 +138,6 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
         subscription: &str,
         incarnation: i64,
     ) -> Result<Vec<DeliveryRecord>, DeliveryError>;
-    async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<DeliveryRecord>, DeliveryError>;
     /// Cluster mode, on acquiring a partition: Meta is authoritative. In one atomic,
     /// durable batch, drops every local record of the partition (from an earlier
     /// ownership of this instance) and sets its committed offset to `committed`
