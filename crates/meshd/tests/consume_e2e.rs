@@ -801,6 +801,61 @@ async fn given_an_empty_subscription_when_a_long_poll_waits_then_a_publish_wakes
     assert_eq!(got[0].event, e);
 }
 
+/// Many long polls wait on one partition and one batch makes six events ready: the
+/// first waiters to look claim them (each asks for ten), but `max_bytes` 1 holds an
+/// answer to one delivery, so what a claim did not take must reach the waiters still
+/// waiting. A claim that kept ready events from them would leave some waiter to
+/// answer empty when its wait ran out, and events undelivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_six_long_polls_waiting_when_one_batch_makes_six_events_ready_then_each_waiter_gets_one(
+) {
+    const WAITERS: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(&a, "s", json!({"topic": "t"})).await;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                pull(
+                    &a,
+                    "s",
+                    &json!({"max_events": 10, "max_bytes": 1, "wait_ms": 20000}),
+                )
+                .await
+            })
+        })
+        .collect();
+    // Every waiter is in meshd (counted in flight) before the batch is published.
+    wait_until(DRAIN, "six pulls in flight", || async {
+        let n = metric(&a, "meshd_http_requests_in_flight").await;
+        anyhow::ensure!(n == Some(WAITERS as f64), "in flight: {n:?}");
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let batch: Vec<Value> = (0..WAITERS).map(|i| event(&format!("b{i}"))).collect();
+    let r = request_with(
+        &a,
+        "POST",
+        "/v1/topics/t/events",
+        &[("Content-Type", "application/cloudevents-batch+json")],
+        serde_json::to_string(&batch).unwrap().as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 201, "{}", r.body);
+    let mut got = BTreeSet::new();
+    for w in waiters {
+        let ds = w.await.unwrap().unwrap();
+        assert_eq!(ds.len(), 1, "each waiter gets one: {:?}", summary(&ds));
+        got.insert(ds[0].offset);
+    }
+    assert_eq!(got, (0..WAITERS as u64).collect::<BTreeSet<_>>());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_a_leased_delivery_when_extended_then_it_outlives_its_ack_timeout_and_unknown_ids_are_reported(
 ) {

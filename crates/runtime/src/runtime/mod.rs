@@ -1005,9 +1005,8 @@ impl Runtime {
                     failed.get_or_insert(reason);
                     continue;
                 }
-                if part.shared.ready.load(Ordering::Acquire) == 0
-                    && !self.log_has_more(&sub.sub, p as u32, &part).await
-                {
+                let claim = part.shared.claim(left.max_events);
+                if claim.is_none() && !self.log_has_more(&sub.sub, p as u32, &part).await {
                     continue;
                 }
                 let (tx, rx) = oneshot::channel();
@@ -1018,6 +1017,9 @@ impl Runtime {
                 };
                 if part.tx.send(msg).await.is_err() {
                     continue;
+                }
+                if let Some(c) = claim {
+                    c.sent();
                 }
                 match rx.await {
                     Ok(Ok(mut d)) => got.append(&mut d),

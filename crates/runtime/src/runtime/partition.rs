@@ -180,7 +180,9 @@ impl Outcome {
 /// What other tasks see of a partition without asking it.
 #[derive(Default)]
 pub struct Shared {
-    /// `PartitionCore::ready` after the last input: a pull skips a partition at 0.
+    /// `PartitionCore::ready` after the last input, less what waiting pulls have
+    /// claimed since ([`Shared::claim`]): a pull skips a partition at 0. The task
+    /// overwrites it after every input, so a claim lasts until the next turn.
     pub ready: AtomicUsize,
     /// The log end the core has been told of (a pull asks the task to look again
     /// when the log has grown beyond it).
@@ -201,7 +203,49 @@ pub struct Shared {
     pub parked: AtomicU64,
 }
 
+/// Ready deliveries a pull has claimed on its way to the partition task; given back if
+/// the pull is dropped before its request reached the task.
+pub struct Claim<'a> {
+    ready: &'a AtomicUsize,
+    n: usize,
+}
+
+impl Claim<'_> {
+    /// The request reached the task: its next turn recounts `ready`.
+    pub fn sent(mut self) {
+        self.n = 0;
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            self.ready.fetch_add(self.n, Ordering::AcqRel);
+        }
+    }
+}
+
 impl Shared {
+    /// Claims up to `n` of the ready deliveries for one pull; `None` when none are
+    /// ready (or all are claimed by pulls already on their way). So when one append
+    /// makes a batch ready, the first waiting pulls that cover it ask the task, not
+    /// every waiting pull (each of which the task would answer empty). A pull that
+    /// got less than it claimed leaves the rest ready at the task's next turn, which
+    /// recounts and wakes the waiting pulls again.
+    pub fn claim(&self, n: usize) -> Option<Claim<'_>> {
+        let mut claimed = 0;
+        self.ready
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                claimed = r.min(n.max(1));
+                (r > 0).then(|| r - claimed)
+            })
+            .ok()?;
+        Some(Claim {
+            ready: &self.ready,
+            n: claimed,
+        })
+    }
+
     pub fn stats(&self) -> Stats {
         *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -2362,5 +2406,29 @@ mod tests {
         ];
         let merged = merge_resolves(cmds.clone());
         assert_eq!(merged, cmds);
+    }
+
+    #[test]
+    fn pulls_claim_the_ready_deliveries_between_turns_and_a_dropped_pull_gives_its_claim_back() {
+        let shared = Shared::default();
+        assert!(
+            shared.claim(10).is_none(),
+            "nothing ready, nothing to ask for"
+        );
+        shared.ready.store(150, Ordering::Release);
+        // One append made 150 ready: two pulls of 100 cover it, a third waits.
+        let a = shared.claim(100).unwrap();
+        let b = shared.claim(100).unwrap();
+        assert!(shared.claim(100).is_none());
+        a.sent();
+        // A pull dropped before its request reached the task gives its 50 back.
+        drop(b);
+        assert_eq!(shared.ready.load(Ordering::Acquire), 50);
+        let c = shared.claim(10).unwrap();
+        c.sent();
+        assert_eq!(shared.ready.load(Ordering::Acquire), 40);
+        // The task's next turn recounts: whatever was claimed, the count is exact.
+        shared.ready.store(7, Ordering::Release);
+        assert!(shared.claim(100).is_some());
     }
 }
