@@ -142,6 +142,10 @@ struct Args {
     /// 1 KiB would need 11 GB of disk).
     #[arg(long, default_value_t = 64)]
     recovery_data_bytes: usize,
+    /// recovery: the topic's publish dedup window in ms (meshd's default when unset;
+    /// 0 turns dedup off, so a restart reloads no dedup index: what the index costs).
+    #[arg(long)]
+    recovery_dedup_window_ms: Option<u64>,
     /// parked: events waiting for their `deliverat`, comma-separated (one
     /// configuration each).
     #[arg(long, value_delimiter = ',', default_value = "1000000")]
@@ -374,6 +378,7 @@ fn main() -> Result<()> {
             in_flight: args.recovery_in_flight.clone(),
             events: args.recovery_events.clone(),
             data_bytes: args.recovery_data_bytes,
+            dedup_window_ms: args.recovery_dedup_window_ms,
             repeat: args.repeat,
         };
         let meshd = procs::locate_meshd(args.meshd.as_deref())?;

@@ -42,6 +42,8 @@ pub struct Params {
     pub in_flight: Vec<u64>,
     pub events: Vec<u64>,
     pub data_bytes: usize,
+    /// The topic's dedup window (meshd's default when `None`).
+    pub dedup_window_ms: Option<u64>,
     pub repeat: usize,
 }
 
@@ -155,7 +157,11 @@ async fn one(binary: &Path, p: &Params, events: &Events, n: u64, f: u64) -> Resu
     let addr = server.addr;
     let fill = async {
         meshd_ready(addr).await?;
-        meshd_put(addr, &format!("/v1/topics/{TOPIC}"), r#"{"partitions":1}"#).await?;
+        let topic = match p.dedup_window_ms {
+            Some(ms) => format!(r#"{{"partitions":1,"dedup_window_ms":{ms}}}"#),
+            None => r#"{"partitions":1}"#.to_string(),
+        };
+        meshd_put(addr, &format!("/v1/topics/{TOPIC}"), &topic).await?;
         let subs: Vec<u64> = (0..p.subscriptions).collect();
         let body = format!(r#"{{"topic":"{TOPIC}","ack_timeout_ms":600000}}"#);
         parallel(&subs, |s| {

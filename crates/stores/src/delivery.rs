@@ -98,8 +98,8 @@ pub struct OffsetAdvance {
 /// * A write whose own write or fsync fails answers [`DeliveryError::Indeterminate`];
 ///   the store is then poisoned: every later write fails with
 ///   [`DeliveryError::Poisoned`] (nothing written), and `health` says so.
-/// * `load_all` reads every record in one pass (recovery); `due` serves "what is due by
-///   `now`" from a deadline index without scanning all records.
+/// * `load_all` reads every record in one pass (recovery); the partition tasks keep
+///   the deadlines in memory from there, so the store keeps no deadline index.
 #[async_trait]
 pub trait DeliveryStateStore: Send + Sync + 'static {
     async fn record_attempt(&self, record: DeliveryRecord) -> Result<(), DeliveryError>;
