@@ -317,18 +317,16 @@ async fn adopting_a_partition_drops_its_records_and_sets_metas_offset_in_one_dur
 fn delivery_keys_in(dir: &std::path::Path) -> Vec<u8> {
     let engine =
         meshd_local::RocksEngine::open(dir, meshd_stores_local::keys::COLUMN_FAMILIES).unwrap();
-    meshd_local::KvEngine::scan(&engine, "deliveries", &[], None, 0)
-        .unwrap()
-        .iter()
-        .map(|(k, _)| k[0])
-        .collect()
+    first_bytes_of_deliveries(&engine)
 }
 
 /// The first byte of every key in the `deliveries` column family of `stores`.
 fn delivery_keys(stores: &meshd_stores_local::LocalStores) -> Vec<u8> {
-    stores
-        .group
-        .engine()
+    first_bytes_of_deliveries(stores.group.engine().as_ref())
+}
+
+fn first_bytes_of_deliveries(engine: &dyn meshd_local::KvEngine) -> Vec<u8> {
+    engine
         .scan("deliveries", &[], None, 0)
         .unwrap()
         .iter()
