@@ -14,13 +14,17 @@
 //! stored-at + window; expired entries leave memory and disk in the sweep that runs
 //! with retention ([`DedupIndex::expire`]).
 //!
-//! Memory: about 100 bytes per event stored within its window (the
-//! `meshd_dedup_entries` gauge); lower a busy topic's window to bound it.
-
+//! Memory: one slot per live key (the 16-byte key, the offset and the expiry: 32
+//! bytes, 40–75 with the hash table's spare room, the `meshd_dedup_entries` gauge);
+//! lower a busy topic's window to bound it. Time order is not held in memory: the
+//! records on disk are in time order per partition, and the sweep reads them from the
+//! front ([`DedupIndex::remove_expired`] per record it deletes). An open reads the
+//! records in chunks, so it never holds more than one chunk besides the index.
+//!
 use crate::keys;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_stores::log::DedupKey;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 const DEDUP_V1: u8 = 1;
 
@@ -38,6 +42,11 @@ impl Entry {
         self.at_ms.saturating_add(self.window_ms)
     }
 
+    /// Whether the entry's window has ended at `now_ms` (the sweep deletes its record).
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.expires_at() < now_ms
+    }
+
     pub fn record_key(&self, topic: &str, partition: u32) -> Vec<u8> {
         let mut k = partition_prefix(topic, partition);
         k.extend_from_slice(&self.at_ms.to_be_bytes());
@@ -52,16 +61,15 @@ impl Entry {
             .finish()
     }
 
-    /// Decodes a record (key under [`prefix`], value) into its (topic, partition)
-    /// and entry.
-    pub fn decode(k: &[u8], v: &[u8]) -> Result<((String, u32), Entry), DecodeError> {
+    /// Decodes a record (key under [`prefix`], value) into its topic (borrowed from
+    /// the key), partition and entry.
+    pub fn decode<'k>(k: &'k [u8], v: &[u8]) -> Result<(&'k str, u32, Entry), DecodeError> {
         let rest = k.get(1..).ok_or(DecodeError::Truncated)?;
         let (&len, rest) = rest.split_first().ok_or(DecodeError::Truncated)?;
         let len = len as usize;
         let topic = rest.get(..len).ok_or(DecodeError::Truncated)?;
         let topic = std::str::from_utf8(topic)
-            .map_err(|_| DecodeError::InvalidField("topic is not UTF-8"))?
-            .to_string();
+            .map_err(|_| DecodeError::InvalidField("topic is not UTF-8"))?;
         let nums = rest.get(len..).ok_or(DecodeError::Truncated)?;
         if nums.len() != 20 {
             return Err(DecodeError::InvalidField("dedup key length"));
@@ -83,7 +91,8 @@ impl Entry {
             .try_into()
             .map_err(|_| DecodeError::InvalidField("dedup key is not 16 bytes"))?;
         Ok((
-            (topic, partition),
+            topic,
+            partition,
             Entry {
                 key: DedupKey(key),
                 offset,
@@ -106,83 +115,124 @@ pub fn topic_prefix(topic: &str) -> Vec<u8> {
     k
 }
 
-fn partition_prefix(topic: &str, partition: u32) -> Vec<u8> {
+pub fn partition_prefix(topic: &str, partition: u32) -> Vec<u8> {
     let mut k = topic_prefix(topic);
     k.extend_from_slice(&partition.to_be_bytes());
     k
 }
 
-/// One partition's live entries.
+/// What a live key answers with, and until when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    offset: u64,
+    expires_at: u64,
+}
+
+/// One partition's live keys, and where its sweep goes on from.
 #[derive(Default)]
 struct Window {
-    by_key: HashMap<DedupKey, Entry>,
-    /// In storing order (so in time order, the log's clock permitting): what expiry
-    /// reads from the front.
-    order: VecDeque<Entry>,
+    keys: HashMap<DedupKey, Slot>,
+    /// The first record key after the last one the sweep deleted: the next sweep
+    /// starts there rather than stepping over the deleted records' tombstones again
+    /// (they stay in RocksDB until compaction). Kept while the topic exists.
+    swept_to: Option<Vec<u8>>,
 }
 
 /// The in-memory index (the store thread changes it, under its lock).
 #[derive(Default)]
 pub struct DedupIndex {
-    partitions: HashMap<(String, u32), Window>,
+    /// Per topic, per partition: looked up by `&str`, no key built per call.
+    topics: HashMap<String, HashMap<u32, Window>>,
     entries: usize,
 }
 
 impl DedupIndex {
     /// The offset of the event stored with `key` whose entry is live at `now_ms`.
     pub fn lookup(&self, topic: &str, partition: u32, key: &DedupKey, now_ms: u64) -> Option<u64> {
-        let w = self.partitions.get(&(topic.to_string(), partition))?;
-        w.by_key
+        self.topics
+            .get(topic)?
+            .get(&partition)?
+            .keys
             .get(key)
-            .filter(|e| e.expires_at() >= now_ms)
-            .map(|e| e.offset)
+            .filter(|s| s.expires_at >= now_ms)
+            .map(|s| s.offset)
     }
 
     /// Adds an entry (a newer one for the same key replaces it).
     pub fn insert(&mut self, topic: &str, partition: u32, e: Entry) {
-        let w = self
-            .partitions
-            .entry((topic.to_string(), partition))
-            .or_default();
-        if w.by_key.insert(e.key, e).is_none() {
+        let partitions = match self.topics.get_mut(topic) {
+            Some(p) => p,
+            None => self.topics.entry(topic.to_string()).or_default(),
+        };
+        let slot = Slot {
+            offset: e.offset,
+            expires_at: e.expires_at(),
+        };
+        if partitions
+            .entry(partition)
+            .or_default()
+            .keys
+            .insert(e.key, slot)
+            .is_none()
+        {
             self.entries += 1;
         }
-        w.order.push_back(e);
     }
 
-    /// Removes entries expired at `now_ms`; returns the record keys to delete.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<Vec<u8>> {
-        let mut gone = Vec::new();
-        let mut removed = 0usize;
-        self.partitions.retain(|(topic, partition), w| {
-            // Entries are roughly in time order; one whose window outlives a later
-            // one's stops the sweep at it, and both go in a later sweep (bounded by
-            // the longest window).
-            while w.order.front().is_some_and(|e| e.expires_at() < now_ms) {
-                let Some(e) = w.order.pop_front() else { break };
-                gone.push(e.record_key(topic, *partition));
-                if w.by_key.get(&e.key) == Some(&e) {
-                    w.by_key.remove(&e.key);
-                    removed += 1;
-                }
-            }
-            !w.order.is_empty()
-        });
-        self.entries -= removed;
-        gone
+    /// The sweep deleted the record `e`: its key leaves memory unless a newer entry
+    /// (stored after this one's window ended) answers for it now.
+    pub fn remove_expired(&mut self, topic: &str, partition: u32, e: &Entry) {
+        let Some(window) = self
+            .topics
+            .get_mut(topic)
+            .and_then(|p| p.get_mut(&partition))
+        else {
+            return;
+        };
+        if window
+            .keys
+            .get(&e.key)
+            .is_some_and(|s| s.offset == e.offset)
+        {
+            window.keys.remove(&e.key);
+            self.entries -= 1;
+        }
+    }
+
+    /// The partitions the sweep reads, each with the record key it starts from.
+    pub fn sweep_starts(&self) -> Vec<(String, u32, Vec<u8>)> {
+        self.topics
+            .iter()
+            .flat_map(|(t, ps)| {
+                ps.iter().map(move |(p, w)| {
+                    let from = w
+                        .swept_to
+                        .clone()
+                        .unwrap_or_else(|| partition_prefix(t, *p));
+                    (t.clone(), *p, from)
+                })
+            })
+            .collect()
+    }
+
+    /// The sweep deleted records of a partition up to `last` (a record key).
+    pub fn swept(&mut self, topic: &str, partition: u32, last: &[u8]) {
+        if let Some(w) = self
+            .topics
+            .get_mut(topic)
+            .and_then(|p| p.get_mut(&partition))
+        {
+            let mut next = last.to_vec();
+            next.push(0);
+            w.swept_to = Some(next);
+        }
     }
 
     /// Forgets a deleted topic.
     pub fn forget_topic(&mut self, topic: &str) {
-        let mut removed = 0usize;
-        self.partitions.retain(|(t, _), w| {
-            let keep = t != topic;
-            if !keep {
-                removed += w.by_key.len();
-            }
-            keep
-        });
-        self.entries -= removed;
+        if let Some(partitions) = self.topics.remove(topic) {
+            self.entries -= partitions.values().map(|w| w.keys.len()).sum::<usize>();
+        }
     }
 
     /// Live keys held.
@@ -225,11 +275,24 @@ mod tests {
             "per topic"
         );
         assert_eq!(ix.lookup("t", 0, &DedupKey([1; 16]), 1501), None, "expired");
-        assert_eq!(ix.expire(1500), Vec::<Vec<u8>>::new());
-        assert_eq!(ix.len(), 1);
-        let gone = ix.expire(1501);
-        assert_eq!(gone, vec![e(1, 7, 1000, 500).record_key("t", 0)]);
+        assert!(!e(1, 7, 1000, 500).expired(1500));
+        assert!(e(1, 7, 1000, 500).expired(1501));
+        assert_eq!(ix.len(), 1, "held until the sweep removes it");
+        let start = partition_prefix("t", 0);
+        assert_eq!(ix.sweep_starts(), vec![("t".to_string(), 0, start.clone())]);
+        ix.remove_expired("t", 0, &e(1, 7, 1000, 500));
         assert!(ix.is_empty());
+        let last = e(1, 7, 1000, 500).record_key("t", 0);
+        ix.swept("t", 0, &last);
+        let (_, _, from) = ix.sweep_starts().remove(0);
+        assert!(
+            from > last && from.starts_with(&last),
+            "just after the deleted record"
+        );
+        assert!(
+            e(2, 8, 1000, 500).record_key("t", 0) > from,
+            "before the next one"
+        );
     }
 
     #[test]
@@ -238,12 +301,16 @@ mod tests {
         ix.insert("t", 0, e(1, 1, 1000, 100));
         ix.insert("t", 0, e(1, 5, 1200, 100));
         assert_eq!(ix.len(), 1);
-        let gone = ix.expire(1150);
-        assert_eq!(gone.len(), 1, "the old record goes from disk");
+        // The sweep deletes the old record; the key keeps answering with the new one.
+        ix.remove_expired("t", 0, &e(1, 1, 1000, 100));
         assert_eq!(ix.lookup("t", 0, &DedupKey([1; 16]), 1150), Some(5));
         assert_eq!(ix.len(), 1);
+        ix.insert("t", 3, e(2, 9, 1200, 100));
+        ix.insert("u", 0, e(2, 9, 1200, 100));
+        assert_eq!(ix.len(), 3);
         ix.forget_topic("t");
-        assert!(ix.is_empty());
+        assert_eq!(ix.len(), 1);
+        assert_eq!(ix.lookup("u", 0, &DedupKey([2; 16]), 1250), Some(9));
     }
 
     proptest! {
@@ -254,7 +321,7 @@ mod tests {
             let k = entry.record_key(&topic, partition);
             prop_assert!(k.starts_with(&topic_prefix(&topic)));
             let got = Entry::decode(&k, &entry.encode_value()).unwrap();
-            prop_assert_eq!(got, ((topic, partition), entry));
+            prop_assert_eq!(got, (topic.as_str(), partition, entry));
         }
 
         #[test]

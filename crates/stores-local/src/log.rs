@@ -17,7 +17,7 @@ use crate::tail::{TailCache, TailStats};
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::{GroupCommit, Wait};
-use meshd_local::{Batch, KvEngine, LocalError};
+use meshd_local::{scan_chunks, Batch, KvEngine, LocalError};
 use meshd_stores::log::{
     AppendNotifier, Appended, BodyRef, DeadLetterBodies, DedupEvent, LogError, LogEvent,
     PartitionBounds, PartitionLog, Retention, RetentionReport,
@@ -35,6 +35,8 @@ const SEQ_V1: u8 = 1;
 /// At most this many events are removed from one partition per retention pass, so a
 /// pass never holds the append lock for long.
 const RETENTION_STEP: usize = 10_000;
+/// Rows per read when an open reloads the dedup index.
+const SCAN_STEP: usize = 4096;
 
 /// Memory for the tail cache of the whole log (payloads and a fixed cost per event).
 pub const TAIL_CACHE_BYTES: usize = 16 << 20;
@@ -219,16 +221,13 @@ impl RocksLog {
             );
         }
         // The dedup index: every record (expired ones answer nothing and are removed,
-        // from memory and disk, by the next sweep).
+        // from memory and disk, by the next sweep), read a chunk at a time.
         let mut index = DedupIndex::default();
         let dp = dedup::prefix();
-        for (k, v) in engine
-            .scan(CF_LOG, &dp, Some(&keys::end_of(&dp)), 0)
-            .map_err(read_err)?
-        {
-            let ((topic, partition), e) =
-                dedup::Entry::decode(&k, &v).map_err(|e| corrupt(&k, e))?;
-            index.insert(&topic, partition, e);
+        for row in scan_chunks(&*engine, CF_LOG, &dp, &keys::end_of(&dp), SCAN_STEP) {
+            let (k, v) = row.map_err(read_err)?;
+            let (topic, partition, e) = dedup::Entry::decode(&k, &v).map_err(|e| corrupt(&k, e))?;
+            index.insert(topic, partition, e);
         }
         let next_body = match engine.get(CF_DLQ, keys::BODY_SEQ).map_err(read_err)? {
             None => 0,
@@ -600,17 +599,8 @@ impl Inner {
         retention: Retention,
         now_ms: u64,
     ) -> Result<RetentionReport, LogError> {
-        // Expired dedup entries go first (from memory at once, from disk in one batch).
-        self.group
-            .commit_with(|_| {
-                let gone = self.dedup().expire(now_ms);
-                let mut batch = Batch::new();
-                for k in gone {
-                    batch.delete(CF_LOG, k);
-                }
-                Ok((batch, ()))
-            })
-            .map_err(write_err)?;
+        // Expired dedup entries go first.
+        self.expire_dedup(now_ms)?;
         let partitions: Vec<(String, u32)> = self.heads().keys().cloned().collect();
         let mut report = RetentionReport::default();
         for (topic, partition) in partitions {
@@ -674,6 +664,65 @@ impl Inner {
             report.bytes_removed += bytes;
         }
         Ok(report)
+    }
+
+    /// Deletes the dedup records whose window ended before `now_ms`, and their keys
+    /// from memory, reading each partition's records in time order from where the
+    /// last sweep stopped up to the first still live: at most [`RETENTION_STEP`] per
+    /// durable batch, so appends wait for one short batch at a time, never for the
+    /// whole sweep. A record that no longer decodes stops its partition's sweep (the
+    /// next open reports it). A record stored with a clock that stepped back sorts
+    /// before where the sweep goes on from: it stays on disk until the next open's
+    /// sweep, answering nothing once its window ended.
+    fn expire_dedup(&self, now_ms: u64) -> Result<(), LogError> {
+        // Bound first: a guard in the `for` head would live through the loop.
+        let starts = self.dedup().sweep_starts();
+        for (topic, partition, mut from) in starts {
+            let end = keys::end_of(&dedup::partition_prefix(&topic, partition));
+            loop {
+                let next = self
+                    .group
+                    .commit_with(|engine| {
+                        let rows = engine.scan(CF_LOG, &from, Some(&end), RETENTION_STEP)?;
+                        let full = rows.len() == RETENTION_STEP;
+                        let mut batch = Batch::new();
+                        let mut ix = self.dedup();
+                        let mut last = None;
+                        let mut stopped = false;
+                        for (k, v) in rows {
+                            let e = match dedup::Entry::decode(&k, &v) {
+                                Ok((_, _, e)) => e,
+                                Err(e) => {
+                                    tracing::warn!(store = "log", backend = "rocksdb", topic, partition, key = ?k, error = %e, "a damaged dedup record stops the sweep of its partition");
+                                    stopped = true;
+                                    break;
+                                }
+                            };
+                            if !e.expired(now_ms) {
+                                stopped = true;
+                                break;
+                            }
+                            ix.remove_expired(&topic, partition, &e);
+                            batch.delete(CF_LOG, k.clone());
+                            last = Some(k);
+                        }
+                        if let Some(last) = &last {
+                            ix.swept(&topic, partition, last);
+                        }
+                        let next = last.filter(|_| full && !stopped).map(|mut k| {
+                            k.push(0);
+                            k
+                        });
+                        Ok((batch, next))
+                    })
+                    .map_err(write_err)?;
+                match next {
+                    Some(k) => from = k,
+                    None => break,
+                }
+            }
+        }
+        Ok(())
     }
 
     fn delete_topic(&self, topic: &str) -> Result<(), LogError> {

@@ -5,7 +5,7 @@
 mod common;
 
 use meshd_stores::log::{
-    DeadLetterBodies, DedupEvent, DedupKey, LogError, PartitionLog, Retention,
+    Appended, DeadLetterBodies, DedupEvent, DedupKey, LogError, PartitionLog, Retention,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -578,4 +578,98 @@ async fn given_dedup_entries_when_reopened_and_swept_then_they_answer_until_thei
         .await
         .unwrap();
     assert_eq!((after[0].offset, after[0].duplicate), (2, false));
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The sweep reads the records from disk in time order, in several durable batches
+/// when there are many: every expired key leaves (memory and disk, more than one batch
+/// of them), the live ones stay across sweeps and a reopen, and a key stored again
+/// after its window ended keeps answering with its new offset when the old record goes.
+#[tokio::test]
+async fn given_more_expired_dedup_records_than_one_sweep_batch_then_all_go_and_live_ones_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    // 25 000 keys with a 1 ms window (more than two sweep batches), then ten with a
+    // long one.
+    for chunk in 0..25 {
+        let events = (0..1000)
+            .map(|i| keyed(0, &format!("short-{}", chunk * 1000 + i)))
+            .collect();
+        stores.log.append_dedup("t", events, 1).await.unwrap();
+    }
+    let long: Vec<DedupEvent> = (0..10).map(|i| keyed(0, &format!("long-{i}"))).collect();
+    let first = stores
+        .log
+        .append_dedup("t", long.clone(), 600_000)
+        .await
+        .unwrap();
+    // "short-0" again, stored after its window ended: a new event, a new entry.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let again = stores
+        .log
+        .append_dedup("t", vec![keyed(0, "short-0")], 600_000)
+        .await
+        .unwrap();
+    assert!(!again[0].duplicate);
+    assert_eq!(again[0].offset, 25_010);
+    assert_eq!(
+        stores.log.dedup_entries(),
+        25_010,
+        "25 000 short (one replaced) + 10 long"
+    );
+
+    let sweep_at = now_ms() + 1000;
+    for _ in 0..2 {
+        stores
+            .log
+            .enforce_retention(Retention::default(), sweep_at)
+            .await
+            .unwrap();
+        assert_eq!(
+            stores.log.dedup_entries(),
+            11,
+            "the long ones and short-0's new entry"
+        );
+    }
+    // The long keys answer with their first offsets, short-0 with its new one.
+    async fn check(
+        log: &meshd_stores_local::log::RocksLog,
+        long: &[DedupEvent],
+        first: &[Appended],
+    ) {
+        let answers = log.append_dedup("t", long.to_vec(), 600_000).await.unwrap();
+        for (a, f) in answers.iter().zip(first) {
+            assert_eq!((a.offset, a.duplicate), (f.offset, true));
+        }
+        let a = log
+            .append_dedup("t", vec![keyed(0, "short-0")], 600_000)
+            .await
+            .unwrap();
+        assert_eq!((a[0].offset, a[0].duplicate), (25_010, true));
+    }
+    check(&stores.log, &long, &first).await;
+    drop(stores);
+    let stores = common::open(dir.path());
+    assert_eq!(
+        stores.log.dedup_entries(),
+        11,
+        "the swept records are gone from disk"
+    );
+    check(&stores.log, &long, &first).await;
+    let a = stores
+        .log
+        .append_dedup("t", vec![keyed(0, "short-1")], 600_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        (a[0].offset, a[0].duplicate),
+        (25_011, false),
+        "expired: stored again"
+    );
 }
