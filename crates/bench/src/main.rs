@@ -146,6 +146,10 @@ struct Args {
     /// 0 turns dedup off, so a restart reloads no dedup index: what the index costs).
     #[arg(long)]
     recovery_dedup_window_ms: Option<u64>,
+    /// recovery: keep each configuration's data dir after the run (its path is
+    /// printed), to start meshd on it again by hand (profiles of one restart).
+    #[arg(long)]
+    recovery_keep_data: bool,
     /// parked: events waiting for their `deliverat`, comma-separated (one
     /// configuration each).
     #[arg(long, value_delimiter = ',', default_value = "1000000")]
@@ -379,6 +383,7 @@ fn main() -> Result<()> {
             events: args.recovery_events.clone(),
             data_bytes: args.recovery_data_bytes,
             dedup_window_ms: args.recovery_dedup_window_ms,
+            keep_data: args.recovery_keep_data,
             repeat: args.repeat,
         };
         let meshd = procs::locate_meshd(args.meshd.as_deref())?;

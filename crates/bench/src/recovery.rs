@@ -44,6 +44,8 @@ pub struct Params {
     pub data_bytes: usize,
     /// The topic's dedup window (meshd's default when `None`).
     pub dedup_window_ms: Option<u64>,
+    /// Keep the data dir after the run (and print where).
+    pub keep_data: bool,
     pub repeat: usize,
 }
 
@@ -208,6 +210,15 @@ async fn one(binary: &Path, p: &Params, events: &Events, n: u64, f: u64) -> Resu
             recovery_seconds,
             recovery_records,
         });
+    }
+    if p.keep_data {
+        let kept = dir.keep();
+        eprintln!(
+            "meshd-bench: recovery data dir kept: {} (meshd serve --data-dir {} --max-in-flight {})",
+            kept.display(),
+            data.display(),
+            f.max(1000)
+        );
     }
     Ok(Row {
         events: n,

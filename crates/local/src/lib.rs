@@ -23,65 +23,8 @@ use std::path::PathBuf;
 /// Key-value pairs in key order, as `scan` returns them.
 pub type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 
-/// Keys in `[start, end)` of `cf`, in key order, read `step` at a time: for a range too
-/// large to hold at once (an open that reloads an index). Each chunk is one
-/// [`KvEngine::scan`]; the next starts just after the last key returned, so a
-/// concurrent writer's keys may or may not be seen (callers read what no one else
-/// writes, or hold the write lock).
-pub fn scan_chunks<'e>(
-    engine: &'e dyn KvEngine,
-    cf: &'static str,
-    start: &[u8],
-    end: &[u8],
-    step: usize,
-) -> ScanChunks<'e> {
-    ScanChunks {
-        engine,
-        cf,
-        next: Some(start.to_vec()),
-        end: end.to_vec(),
-        step: step.max(1),
-        rows: Vec::new().into_iter(),
-    }
-}
-
-/// The iterator of [`scan_chunks`]; a read that fails ends it after its error.
-pub struct ScanChunks<'e> {
-    engine: &'e dyn KvEngine,
-    cf: &'static str,
-    /// Where the next chunk starts; `None` once the range is read (or a read failed).
-    next: Option<Vec<u8>>,
-    end: Vec<u8>,
-    step: usize,
-    rows: std::vec::IntoIter<(Vec<u8>, Vec<u8>)>,
-}
-
-impl Iterator for ScanChunks<'_> {
-    type Item = Result<(Vec<u8>, Vec<u8>), LocalError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(row) = self.rows.next() {
-                return Some(Ok(row));
-            }
-            let from = self.next.take()?;
-            match self.engine.scan(self.cf, &from, Some(&self.end), self.step) {
-                Err(e) => return Some(Err(e)),
-                Ok(rows) => {
-                    if rows.len() == self.step {
-                        if let Some((last, _)) = rows.last() {
-                            // The smallest key after `last`.
-                            let mut after = last.clone();
-                            after.push(0);
-                            self.next = Some(after);
-                        }
-                    }
-                    self.rows = rows.into_iter();
-                }
-            }
-        }
-    }
-}
+/// Rows per read of the default [`KvEngine::scan_each`].
+pub const SCAN_EACH_STEP: usize = 1024;
 
 /// Whether a write must be on stable storage before `write` returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,6 +194,39 @@ pub trait KvEngine: Send + Sync + 'static {
         end: Option<&[u8]>,
         limit: usize,
     ) -> Result<Rows, LocalError>;
+
+    /// Calls `f` with every key and value in `[start, end)`, in key order, until it
+    /// returns `false`: a range too large to hold at once (an open that reloads an
+    /// index), without copying each row. The default reads [`SCAN_EACH_STEP`] rows
+    /// per [`scan`](Self::scan), each chunk starting just after the last key of the
+    /// one before (so a concurrent writer's keys may or may not be seen); RocksDB
+    /// reads it through one iterator.
+    fn scan_each(
+        &self,
+        cf: &'static str,
+        start: &[u8],
+        end: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), LocalError> {
+        let mut from = start.to_vec();
+        loop {
+            let rows = self.scan(cf, &from, Some(end), SCAN_EACH_STEP)?;
+            let full = rows.len() == SCAN_EACH_STEP;
+            for (k, v) in &rows {
+                if !f(k, v) {
+                    return Ok(());
+                }
+            }
+            match rows.into_iter().last() {
+                Some((mut last, _)) if full => {
+                    // The smallest key after `last`.
+                    last.push(0);
+                    from = last;
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
 
     fn write(&self, batch: Batch, durability: Durability) -> Result<(), LocalError>;
 

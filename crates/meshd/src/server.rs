@@ -483,6 +483,15 @@ async fn start(config: &Config, preflight: &Preflight, stores: Stores) -> anyhow
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+    // The Local log's publish dedup index loads on its own thread next to the
+    // recovery above; a damaged record stops the start, as it did when the log's open
+    // loaded it.
+    stores
+        .local
+        .log
+        .dedup_loaded()
+        .await
+        .map_err(|e| anyhow::anyhow!("loading the publish dedup index of the Local log: {e}"))?;
     spawn_quiet_flushes(&background, stores.engine.clone(), metrics.clone());
     spawn_housekeeping(
         &background,
@@ -1066,7 +1075,7 @@ async fn readiness(state: &AppState) -> (bool, serde_json::Value) {
     let topics = cache(state.api.topics.health().is_ready());
     let subscriptions = cache(state.api.subscriptions.health().is_ready());
     let sessions = cache(state.sessions.health().is_ready());
-    let recovery = if state.api.runtime.is_recovered() {
+    let recovery = if state.api.runtime.is_recovered() && !state.local.log.dedup_loading() {
         "ok"
     } else {
         "recovering"
@@ -1217,7 +1226,7 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         &mut out,
         "meshd_dedup_entries",
         "gauge",
-        "Keys in the Local log's publish dedup index (events stored within their topic's dedup window, about 100 bytes of memory each; JetStream keeps its own in cluster mode).",
+        "Keys in the Local log's publish dedup index (events stored within their topic's dedup window, 37-75 bytes of memory each; JetStream keeps its own in cluster mode).",
         &[(ROCKSDB, state.local.log.dedup_entries() as u64)],
     );
     render_metric(

@@ -5,22 +5,23 @@
 //! record per stored event, written **in the same batch as the event** (so the index
 //! is durable exactly as far as the events it points to: a power cut that loses an
 //! event loses its entry too, and one that keeps the event keeps its entry), and
-//! reloaded from those records at open.
+//! reloaded from those records at open (on its own thread; what reads or changes the
+//! index waits for it, see `RocksLog::dedup_loaded`).
 //!
 //! Record (`log` column family, see [`crate::keys`]): key `u` + name(topic) +
 //! partition (u32 BE) + stored-at ms (u64 BE) + offset (u64 BE), value version 1:
 //! the 16-byte key and the window (ms) in force when the event was stored. Keys sort
 //! by time within a partition, so expiry reads from the front. An entry expires at
 //! stored-at + window; expired entries leave memory and disk in the sweep that runs
-//! with retention ([`DedupIndex::expire`]).
+//! with retention, and an open does not load them.
 //!
 //! Memory: one slot per live key (the 16-byte key, the offset and the expiry: 32
-//! bytes, 40–75 with the hash table's spare room, the `meshd_dedup_entries` gauge);
+//! bytes, 37–75 with the hash table's spare room; the `meshd_dedup_entries` gauge);
 //! lower a busy topic's window to bound it. Time order is not held in memory: the
-//! records on disk are in time order per partition, and the sweep reads them from the
-//! front ([`DedupIndex::remove_expired`] per record it deletes). An open reads the
-//! records in chunks, so it never holds more than one chunk besides the index.
-//!
+//! records on disk are in time order per partition, and the sweep reads them from
+//! where it last stopped ([`DedupIndex::remove_expired`] per record it deletes). An
+//! open reads the records in place and sizes each partition's table once.
+
 use crate::keys;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_stores::log::DedupKey;
@@ -130,12 +131,33 @@ struct Slot {
 
 /// One partition's live keys, and where its sweep goes on from.
 #[derive(Default)]
-struct Window {
+pub struct Window {
     keys: HashMap<DedupKey, Slot>,
     /// The first record key after the last one the sweep deleted: the next sweep
     /// starts there rather than stepping over the deleted records' tombstones again
     /// (they stay in RocksDB until compaction). Kept while the topic exists.
     swept_to: Option<Vec<u8>>,
+}
+
+impl Window {
+    /// An empty window with room for `capacity` keys (an open, before it loads a
+    /// partition's records: a table sized once, not grown key by key).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            keys: HashMap::with_capacity(capacity),
+            swept_to: None,
+        }
+    }
+
+    /// Adds an entry (a newer one for the same key replaces it); whether the key is
+    /// new.
+    pub fn insert(&mut self, e: Entry) -> bool {
+        let slot = Slot {
+            offset: e.offset,
+            expires_at: e.expires_at(),
+        };
+        self.keys.insert(e.key, slot).is_none()
+    }
 }
 
 /// The in-memory index (the store thread changes it, under its lock).
@@ -164,18 +186,21 @@ impl DedupIndex {
             Some(p) => p,
             None => self.topics.entry(topic.to_string()).or_default(),
         };
-        let slot = Slot {
-            offset: e.offset,
-            expires_at: e.expires_at(),
-        };
-        if partitions
-            .entry(partition)
-            .or_default()
-            .keys
-            .insert(e.key, slot)
-            .is_none()
-        {
+        if partitions.entry(partition).or_default().insert(e) {
             self.entries += 1;
+        }
+    }
+
+    /// Puts a partition's window loaded at open (replacing any it had).
+    pub fn put_window(&mut self, topic: &str, partition: u32, w: Window) {
+        self.entries += w.keys.len();
+        if let Some(old) = self
+            .topics
+            .entry(topic.to_string())
+            .or_default()
+            .insert(partition, w)
+        {
+            self.entries -= old.keys.len();
         }
     }
 

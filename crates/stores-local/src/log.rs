@@ -17,7 +17,7 @@ use crate::tail::{TailCache, TailStats};
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::{GroupCommit, Wait};
-use meshd_local::{scan_chunks, Batch, KvEngine, LocalError};
+use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::log::{
     AppendNotifier, Appended, BodyRef, DeadLetterBodies, DedupEvent, LogError, LogEvent,
     PartitionBounds, PartitionLog, Retention, RetentionReport,
@@ -35,8 +35,9 @@ const SEQ_V1: u8 = 1;
 /// At most this many events are removed from one partition per retention pass, so a
 /// pass never holds the append lock for long.
 const RETENTION_STEP: usize = 10_000;
-/// Rows per read when an open reloads the dedup index.
-const SCAN_STEP: usize = 4096;
+/// The most dedup entries an open sizes one partition's table for up front (about
+/// 600 MiB); a partition with more grows its table as it loads.
+const DEDUP_RESERVE_MAX: u64 = 16 << 20;
 
 /// Memory for the tail cache of the whole log (payloads and a fixed cost per event).
 pub const TAIL_CACHE_BYTES: usize = 16 << 20;
@@ -137,6 +138,17 @@ struct Inner {
     /// The publish dedup index ([`crate::dedup`]); changed only on the store thread
     /// (appends, the expiry sweep) or by a topic delete. Lock order: after `heads`.
     dedup: Mutex<DedupIndex>,
+    /// Whether `dedup` is loaded: appends with dedup, the sweep and topic deletes
+    /// wait for it (until then `dedup` is empty).
+    dedup_load: watch::Sender<DedupLoad>,
+}
+
+/// The dedup index's load at open.
+#[derive(Clone, Debug)]
+enum DedupLoad {
+    Loading,
+    Loaded,
+    Failed(LogError),
 }
 
 fn now_ms() -> u64 {
@@ -191,6 +203,57 @@ fn decode_body(b: &[u8]) -> Result<Vec<u8>, DecodeError> {
     Ok(body)
 }
 
+/// Loads the dedup index at open: every record still inside its window at `now_ms`
+/// (the sweep deletes the others from disk; they would answer nothing), read in
+/// place, one partition at a time. Each partition's table is sized once from its
+/// first record: at most one entry per offset from that record's to the partition's
+/// end (growing a table of millions key by key rehashes it several times over).
+fn load_dedup(
+    engine: &dyn KvEngine,
+    ends: &HashMap<(String, u32), u64>,
+    now_ms: u64,
+) -> Result<DedupIndex, LogError> {
+    let mut index = DedupIndex::default();
+    let dp = dedup::prefix();
+    let mut damaged = None;
+    let mut current: Option<((String, u32), dedup::Window)> = None;
+    engine
+        .scan_each(CF_LOG, &dp, &keys::end_of(&dp), &mut |k, v| {
+            let (topic, partition, e) = match dedup::Entry::decode(k, v) {
+                Ok(d) => d,
+                Err(e) => {
+                    damaged = Some(corrupt(k, e));
+                    return false;
+                }
+            };
+            let window = match &mut current {
+                Some(((t, p), w)) if t == topic && *p == partition => w,
+                _ => {
+                    if let Some(((t, p), w)) = current.take() {
+                        index.put_window(&t, p, w);
+                    }
+                    let at_most = ends
+                        .get(&(topic.to_string(), partition))
+                        .map_or(0, |end| end.saturating_sub(e.offset));
+                    let w = dedup::Window::with_capacity(at_most.min(DEDUP_RESERVE_MAX) as usize);
+                    &mut current.insert(((topic.to_string(), partition), w)).1
+                }
+            };
+            if !e.expired(now_ms) {
+                window.insert(e);
+            }
+            true
+        })
+        .map_err(read_err)?;
+    if let Some(e) = damaged {
+        return Err(e);
+    }
+    if let Some(((t, p), w)) = current.take() {
+        index.put_window(&t, p, w);
+    }
+    Ok(index)
+}
+
 impl RocksLog {
     /// What the tail cache holds and how often it served a read.
     pub fn tail_stats(&self) -> TailStats {
@@ -220,28 +283,19 @@ impl RocksLog {
                 },
             );
         }
-        // The dedup index: every record (expired ones answer nothing and are removed,
-        // from memory and disk, by the next sweep), read a chunk at a time.
-        let mut index = DedupIndex::default();
-        let dp = dedup::prefix();
-        for row in scan_chunks(&*engine, CF_LOG, &dp, &keys::end_of(&dp), SCAN_STEP) {
-            let (k, v) = row.map_err(read_err)?;
-            let (topic, partition, e) = dedup::Entry::decode(&k, &v).map_err(|e| corrupt(&k, e))?;
-            index.insert(topic, partition, e);
-        }
         let next_body = match engine.get(CF_DLQ, keys::BODY_SEQ).map_err(read_err)? {
             None => 0,
             Some(b) => decode_seq(&b).map_err(|e| corrupt(keys::BODY_SEQ, e))?,
         };
-        tracing::info!(
-            store = "log",
-            backend = "rocksdb",
-            partitions = heads.len(),
-            dedup_entries = index.len(),
-            log_id,
-            "log opened"
-        );
-        Ok(Self {
+        // The dedup index loads on its own thread, next to the rest of a start (the
+        // delivery state's recovery); what reads or changes it waits for it.
+        let ends: HashMap<(String, u32), u64> = heads
+            .iter()
+            .map(|(k, h)| (k.clone(), h.record.end))
+            .collect();
+        let (dedup_load, _) = watch::channel(DedupLoad::Loading);
+        let partitions = heads.len();
+        let log = Self {
             inner: Arc::new(Inner {
                 log_id: log_id.to_string(),
                 group,
@@ -249,9 +303,67 @@ impl RocksLog {
                 next_body: Mutex::new(next_body),
                 appends: AppendNotifier::default(),
                 tail: Mutex::new(TailCache::new(TAIL_CACHE_BYTES)),
-                dedup: Mutex::new(index),
+                dedup: Mutex::new(DedupIndex::default()),
+                dedup_load,
             }),
-        })
+        };
+        let inner = log.inner.clone();
+        let log_id = log_id.to_string();
+        let load = move || {
+            let started = std::time::Instant::now();
+            let loaded = load_dedup(&**inner.engine(), &ends, now_ms());
+            let state = match loaded {
+                Ok(index) => {
+                    tracing::info!(
+                        store = "log",
+                        backend = "rocksdb",
+                        partitions,
+                        dedup_entries = index.len(),
+                        took_ms = started.elapsed().as_millis() as u64,
+                        log_id,
+                        "log opened: publish dedup index loaded"
+                    );
+                    *inner.dedup() = index;
+                    DedupLoad::Loaded
+                }
+                Err(e) => {
+                    tracing::error!(store = "log", backend = "rocksdb", error = %e, log_id, "loading the publish dedup index failed: deduplicated publishes are refused");
+                    DedupLoad::Failed(e)
+                }
+            };
+            inner.dedup_load.send_replace(state);
+        };
+        // Run in place when no thread can be started: slower to open, same result.
+        let spawned = std::thread::Builder::new()
+            .name("dedup-load".into())
+            .spawn({
+                let load = load.clone();
+                move || load()
+            });
+        if spawned.is_err() {
+            load();
+        }
+        Ok(log)
+    }
+
+    /// Waits until the publish dedup index is loaded (an open loads it on its own
+    /// thread); its error if loading failed (a damaged record).
+    pub async fn dedup_loaded(&self) -> Result<(), LogError> {
+        let mut rx = self.inner.dedup_load.subscribe();
+        let state = rx
+            .wait_for(|s| !matches!(s, DedupLoad::Loading))
+            .await
+            .map_err(|_| LogError::Unavailable("the log closed while loading".into()))?
+            .clone();
+        match state {
+            DedupLoad::Failed(e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the publish dedup index is still loading (readiness waits for it).
+    pub fn dedup_loading(&self) -> bool {
+        matches!(*self.inner.dedup_load.borrow(), DedupLoad::Loading)
     }
 
     /// Live keys in the publish dedup index (the `meshd_dedup_entries` gauge).
@@ -675,6 +787,10 @@ impl Inner {
     /// before where the sweep goes on from: it stays on disk until the next open's
     /// sweep, answering nothing once its window ended.
     fn expire_dedup(&self, now_ms: u64) -> Result<(), LogError> {
+        if !matches!(*self.dedup_load.borrow(), DedupLoad::Loaded) {
+            // Still loading (the next sweep does it) or failed (nothing to sweep).
+            return Ok(());
+        }
         // Bound first: a guard in the `for` head would live through the loop.
         let starts = self.dedup().sweep_starts();
         for (topic, partition, mut from) in starts {
@@ -857,6 +973,7 @@ impl PartitionLog for RocksLog {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        self.dedup_loaded().await?;
         let at = now_ms();
         let inner = self.inner.clone();
         let owned = topic.to_string();
@@ -898,6 +1015,8 @@ impl PartitionLog for RocksLog {
     }
 
     async fn delete_topic(&self, topic: &str) -> Result<(), LogError> {
+        // Its dedup entries leave memory: not before the load has put them there.
+        self.dedup_loaded().await?;
         let topic = topic.to_string();
         self.blocking_write(move |l| l.delete_topic(&topic)).await
     }

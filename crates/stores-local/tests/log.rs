@@ -545,6 +545,7 @@ async fn given_dedup_entries_when_reopened_and_swept_then_they_answer_until_thei
     assert_eq!(first.iter().filter(|a| a.duplicate).count(), 0);
     drop(stores);
     let stores = common::open(dir.path());
+    stores.log.dedup_loaded().await.unwrap();
     assert_eq!(stores.log.dedup_entries(), 2, "reloaded at open");
     let again = stores
         .log
@@ -571,6 +572,7 @@ async fn given_dedup_entries_when_reopened_and_swept_then_they_answer_until_thei
     assert_eq!(stores.log.dedup_entries(), 0);
     drop(stores);
     let stores = common::open(dir.path());
+    stores.log.dedup_loaded().await.unwrap();
     assert_eq!(stores.log.dedup_entries(), 0, "gone from disk too");
     let after = stores
         .log
@@ -578,6 +580,18 @@ async fn given_dedup_entries_when_reopened_and_swept_then_they_answer_until_thei
         .await
         .unwrap();
     assert_eq!((after[0].offset, after[0].duplicate), (2, false));
+}
+
+/// Dedup records on disk.
+fn dedup_records(stores: &meshd_stores_local::LocalStores) -> usize {
+    let prefix = meshd_stores_local::dedup::prefix();
+    let end = meshd_stores_local::keys::end_of(&prefix);
+    stores
+        .group
+        .engine()
+        .scan(meshd_stores_local::keys::CF_LOG, &prefix, Some(&end), 0)
+        .unwrap()
+        .len()
 }
 
 fn now_ms() -> u64 {
@@ -623,6 +637,13 @@ async fn given_more_expired_dedup_records_than_one_sweep_batch_then_all_go_and_l
         25_010,
         "25 000 short (one replaced) + 10 long"
     );
+    // A reopen loads only what is inside its window; the rest stays on disk for the
+    // sweep.
+    drop(stores);
+    let stores = common::open(dir.path());
+    stores.log.dedup_loaded().await.unwrap();
+    assert_eq!(stores.log.dedup_entries(), 11);
+    assert_eq!(dedup_records(&stores), 25_011);
 
     let sweep_at = now_ms() + 1000;
     for _ in 0..2 {
@@ -656,11 +677,13 @@ async fn given_more_expired_dedup_records_than_one_sweep_batch_then_all_go_and_l
     check(&stores.log, &long, &first).await;
     drop(stores);
     let stores = common::open(dir.path());
+    stores.log.dedup_loaded().await.unwrap();
     assert_eq!(
         stores.log.dedup_entries(),
         11,
         "the swept records are gone from disk"
     );
+    assert_eq!(dedup_records(&stores), 11);
     check(&stores.log, &long, &first).await;
     let a = stores
         .log
@@ -672,4 +695,43 @@ async fn given_more_expired_dedup_records_than_one_sweep_batch_then_all_go_and_l
         (25_011, false),
         "expired: stored again"
     );
+}
+
+/// A dedup record that no longer decodes: the index's load (on its own thread) names
+/// it, deduplicated appends are refused with that error rather than answered from an
+/// index missing entries, and appends without dedup go on.
+#[tokio::test]
+async fn given_a_damaged_dedup_record_when_opened_then_deduplicated_appends_are_refused_naming_it()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    stores
+        .log
+        .append_dedup("t", vec![keyed(0, "a")], 60_000)
+        .await
+        .unwrap();
+    // A record under the dedup prefix whose value is not a dedup entry.
+    let mut key = meshd_stores_local::dedup::topic_prefix("t");
+    key.extend_from_slice(&0u32.to_be_bytes());
+    key.extend_from_slice(&[0u8; 16]);
+    let mut batch = meshd_local::Batch::default();
+    batch.put(meshd_stores_local::keys::CF_LOG, key, b"garbage".to_vec());
+    stores.group.commit(batch).unwrap();
+    drop(stores);
+
+    let stores = common::open(dir.path());
+    let err = stores.log.dedup_loaded().await.unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { .. }), "{err:?}");
+    let refused = stores
+        .log
+        .append_dedup("t", vec![keyed(0, "b")], 60_000)
+        .await
+        .unwrap_err();
+    assert_eq!(refused, err);
+    let plain = stores
+        .log
+        .append("t", vec![(0, b"c".to_vec())])
+        .await
+        .unwrap();
+    assert_eq!(plain.len(), 1);
 }
