@@ -23,6 +23,7 @@ use meshd_stores::log::{
     PartitionBounds, PartitionLog, Retention, RetentionReport,
 };
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
@@ -135,12 +136,65 @@ struct Inner {
     /// Recent events (served only below the durable end). Lock order: taken under the
     /// group-commit lock by appends, after `heads` is released; never inside `heads`.
     tail: Mutex<TailCache>,
-    /// The publish dedup index ([`crate::dedup`]); changed only on the store thread
-    /// (appends, the expiry sweep) or by a topic delete. Lock order: after `heads`.
-    dedup: Mutex<DedupIndex>,
-    /// Whether `dedup` is loaded: appends with dedup, the sweep and topic deletes
-    /// wait for it (until then `dedup` is empty).
-    dedup_load: watch::Sender<DedupLoad>,
+    /// The publish dedup index, shared with the thread that loads it at open.
+    dedup: Arc<Dedup>,
+    /// That thread, joined when the log is dropped (so the engine it reads is
+    /// released with the log: a reopen of the data dir finds it unlocked).
+    loader: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.dedup.cancel.store(true, Ordering::Relaxed);
+        let loader = self.loader.get_mut().map(Option::take);
+        if let Ok(Some(loader)) = loader {
+            let _ = loader.join();
+        }
+    }
+}
+
+/// The publish dedup index ([`crate::dedup`]) and its load.
+struct Dedup {
+    /// Changed only on the store thread (appends, the expiry sweep), by a topic
+    /// delete, or once by the load. Lock order: after `heads`.
+    index: Mutex<DedupIndex>,
+    /// Whether `index` is loaded: appends with dedup, the sweep and topic deletes
+    /// wait for it (until then it is empty).
+    load: watch::Sender<DedupLoad>,
+    /// Set when the log is dropped: a load still running stops.
+    cancel: AtomicBool,
+}
+
+impl Dedup {
+    fn index(&self) -> MutexGuard<'_, DedupIndex> {
+        // Each change is one insert or removal with its count: usable after a panic.
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Loads the index (on the loading thread) and says how it went.
+    fn load(&self, engine: &dyn KvEngine, ends: &HashMap<(String, u32), u64>, log_id: &str) {
+        let started = std::time::Instant::now();
+        let state = match load_dedup(engine, ends, now_ms(), &self.cancel) {
+            Ok(index) => {
+                tracing::info!(
+                    store = "log",
+                    backend = "rocksdb",
+                    partitions = ends.len(),
+                    dedup_entries = index.len(),
+                    took_ms = started.elapsed().as_millis() as u64,
+                    log_id,
+                    "log opened: publish dedup index loaded"
+                );
+                *self.index() = index;
+                DedupLoad::Loaded
+            }
+            Err(e) => {
+                tracing::error!(store = "log", backend = "rocksdb", error = %e, log_id, "loading the publish dedup index failed: deduplicated publishes are refused");
+                DedupLoad::Failed(e)
+            }
+        };
+        self.load.send_replace(state);
+    }
 }
 
 /// The dedup index's load at open.
@@ -212,17 +266,25 @@ fn load_dedup(
     engine: &dyn KvEngine,
     ends: &HashMap<(String, u32), u64>,
     now_ms: u64,
+    cancel: &AtomicBool,
 ) -> Result<DedupIndex, LogError> {
     let mut index = DedupIndex::default();
     let dp = dedup::prefix();
-    let mut damaged = None;
+    // Why the load stopped early: a damaged record, or the log closed.
+    let mut stopped = None;
     let mut current: Option<((String, u32), dedup::Window)> = None;
     engine
         .scan_each(CF_LOG, &dp, &keys::end_of(&dp), &mut |k, v| {
+            if cancel.load(Ordering::Relaxed) {
+                stopped = Some(LogError::Unavailable(
+                    "the log closed while its dedup index loaded".into(),
+                ));
+                return false;
+            }
             let (topic, partition, e) = match dedup::Entry::decode(k, v) {
                 Ok(d) => d,
                 Err(e) => {
-                    damaged = Some(corrupt(k, e));
+                    stopped = Some(corrupt(k, e));
                     return false;
                 }
             };
@@ -245,7 +307,7 @@ fn load_dedup(
             true
         })
         .map_err(read_err)?;
-    if let Some(e) = damaged {
+    if let Some(e) = stopped {
         return Err(e);
     }
     if let Some(((t, p), w)) = current.take() {
@@ -293,9 +355,28 @@ impl RocksLog {
             .iter()
             .map(|(k, h)| (k.clone(), h.record.end))
             .collect();
-        let (dedup_load, _) = watch::channel(DedupLoad::Loading);
-        let partitions = heads.len();
-        let log = Self {
+        let dedup = Arc::new(Dedup {
+            index: Mutex::new(DedupIndex::default()),
+            load: watch::channel(DedupLoad::Loading).0,
+            cancel: AtomicBool::new(false),
+        });
+        let load = {
+            let (dedup, engine, log_id) = (dedup.clone(), engine.clone(), log_id.to_string());
+            move || dedup.load(&*engine, &ends, &log_id)
+        };
+        let loader = match std::thread::Builder::new()
+            .name("dedup-load".into())
+            .spawn(load.clone())
+        {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                // No thread to be had: load in place (a slower open, the same index).
+                tracing::warn!(store = "log", backend = "rocksdb", error = %e, "no thread for loading the publish dedup index; loading it before the open returns");
+                load();
+                None
+            }
+        };
+        Ok(Self {
             inner: Arc::new(Inner {
                 log_id: log_id.to_string(),
                 group,
@@ -303,53 +384,16 @@ impl RocksLog {
                 next_body: Mutex::new(next_body),
                 appends: AppendNotifier::default(),
                 tail: Mutex::new(TailCache::new(TAIL_CACHE_BYTES)),
-                dedup: Mutex::new(DedupIndex::default()),
-                dedup_load,
+                dedup,
+                loader: Mutex::new(loader),
             }),
-        };
-        let inner = log.inner.clone();
-        let log_id = log_id.to_string();
-        let load = move || {
-            let started = std::time::Instant::now();
-            let loaded = load_dedup(&**inner.engine(), &ends, now_ms());
-            let state = match loaded {
-                Ok(index) => {
-                    tracing::info!(
-                        store = "log",
-                        backend = "rocksdb",
-                        partitions,
-                        dedup_entries = index.len(),
-                        took_ms = started.elapsed().as_millis() as u64,
-                        log_id,
-                        "log opened: publish dedup index loaded"
-                    );
-                    *inner.dedup() = index;
-                    DedupLoad::Loaded
-                }
-                Err(e) => {
-                    tracing::error!(store = "log", backend = "rocksdb", error = %e, log_id, "loading the publish dedup index failed: deduplicated publishes are refused");
-                    DedupLoad::Failed(e)
-                }
-            };
-            inner.dedup_load.send_replace(state);
-        };
-        // Run in place when no thread can be started: slower to open, same result.
-        let spawned = std::thread::Builder::new()
-            .name("dedup-load".into())
-            .spawn({
-                let load = load.clone();
-                move || load()
-            });
-        if spawned.is_err() {
-            load();
-        }
-        Ok(log)
+        })
     }
 
     /// Waits until the publish dedup index is loaded (an open loads it on its own
     /// thread); its error if loading failed (a damaged record).
     pub async fn dedup_loaded(&self) -> Result<(), LogError> {
-        let mut rx = self.inner.dedup_load.subscribe();
+        let mut rx = self.inner.dedup.load.subscribe();
         let state = rx
             .wait_for(|s| !matches!(s, DedupLoad::Loading))
             .await
@@ -363,7 +407,7 @@ impl RocksLog {
 
     /// Whether the publish dedup index is still loading (readiness waits for it).
     pub fn dedup_loading(&self) -> bool {
-        matches!(*self.inner.dedup_load.borrow(), DedupLoad::Loading)
+        matches!(*self.inner.dedup.load.borrow(), DedupLoad::Loading)
     }
 
     /// Live keys in the publish dedup index (the `meshd_dedup_entries` gauge).
@@ -424,8 +468,7 @@ impl Inner {
     }
 
     fn dedup(&self) -> MutexGuard<'_, DedupIndex> {
-        // Each change is one insert or removal with its count: usable after a panic.
-        self.dedup.lock().unwrap_or_else(|e| e.into_inner())
+        self.dedup.index()
     }
 
     /// [`stage_append`](Self::stage_append) with deduplication (on the store thread):
@@ -787,7 +830,7 @@ impl Inner {
     /// before where the sweep goes on from: it stays on disk until the next open's
     /// sweep, answering nothing once its window ended.
     fn expire_dedup(&self, now_ms: u64) -> Result<(), LogError> {
-        if !matches!(*self.dedup_load.borrow(), DedupLoad::Loaded) {
+        if !matches!(*self.dedup.load.borrow(), DedupLoad::Loaded) {
             // Still loading (the next sweep does it) or failed (nothing to sweep).
             return Ok(());
         }

@@ -735,3 +735,31 @@ async fn given_a_damaged_dedup_record_when_opened_then_deduplicated_appends_are_
         .unwrap();
     assert_eq!(plain.len(), 1);
 }
+
+/// The dedup index loads on its own thread, which reads the engine: dropping the log
+/// while it loads stops and joins that thread, so the data dir is free for the next
+/// open at once (no `Locked`), and that open loads every entry.
+#[tokio::test]
+async fn given_a_log_dropped_while_its_dedup_index_loads_then_the_data_dir_reopens_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    for chunk in 0..50 {
+        let events = (0..1000)
+            .map(|i| keyed(chunk % 4, &format!("k-{}", chunk * 1000 + i)))
+            .collect();
+        stores.log.append_dedup("t", events, 600_000).await.unwrap();
+    }
+    drop(stores);
+    let mut dropped_while_loading = 0;
+    for _ in 0..5 {
+        let stores = common::open(dir.path());
+        // 50 000 entries take milliseconds to load: this drop comes before the end
+        // of nearly every load.
+        dropped_while_loading += usize::from(stores.log.dedup_loading());
+        drop(stores);
+    }
+    assert!(dropped_while_loading > 0, "no drop came during a load");
+    let stores = common::open(dir.path());
+    stores.log.dedup_loaded().await.unwrap();
+    assert_eq!(stores.log.dedup_entries(), 50_000);
+}
