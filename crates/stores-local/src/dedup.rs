@@ -2,25 +2,34 @@
 //!
 //! Per (topic, partition), the keys ([`DedupKey`]) of the events stored within their
 //! topic's window, each with its offset. Looked up in memory; made durable by one
-//! record per stored event, written **in the same batch as the event** (so the index
-//! is durable exactly as far as the events it points to: a power cut that loses an
-//! event loses its entry too, and one that keeps the event keeps its entry), and
-//! reloaded from those records at open (on its own thread; what reads or changes the
-//! index waits for it, see `RocksLog::dedup_loaded`).
+//! record per *run* (the events one append stored in one partition, at consecutive
+//! offsets), written **in the same batch as the events** (so the index is durable
+//! exactly as far as the events it points to: a power cut that loses an event loses
+//! its entry too, and one that keeps the event keeps its entry), and reloaded from
+//! those records at open (on its own thread; what reads or changes the index waits
+//! for it, see `RocksLog::dedup_loaded`).
 //!
-//! Record (`log` column family, see [`crate::keys`]): key `u` + name(topic) +
-//! partition (u32 BE) + stored-at ms (u64 BE) + offset (u64 BE), value version 1:
-//! the 16-byte key and the window (ms) in force when the event was stored. Keys sort
-//! by time within a partition, so expiry reads from the front. An entry expires at
-//! stored-at + window; expired entries leave memory and disk in the sweep that runs
-//! with retention, and an open does not load them.
+//! Records (`log` column family, see [`crate::keys`]), two key spaces ([`Space`]):
+//!
+//! * `r` (runs, written now): key `r` + name(topic) + partition (u32 BE) + stored-at
+//!   ms (u64 BE) + first offset (u64 BE), value version 1: the window (ms) in force
+//!   and the 16-byte keys in offset order. A batch of 100 events is one record, not
+//!   100: a hundredth of the records to write, load and sweep.
+//! * `u` (one per event, what releases before runs wrote): key `u` + the same parts
+//!   with the event's offset, value version 1: the 16-byte key and the window. Still
+//!   loaded and swept, never written; a release before runs ignores `r` (after a
+//!   downgrade, an event this release stored may be stored again inside its window).
+//!
+//! Keys sort by time within a partition and space, so expiry reads from the front. A
+//! record expires at stored-at + window; expired records leave memory and disk in the
+//! sweep that runs with retention, and an open does not load them.
 //!
 //! Memory: one slot per live key (the 16-byte key, the offset and the expiry: 32
 //! bytes, 37–75 with the hash table's spare room; the `meshd_dedup_entries` gauge);
 //! lower a busy topic's window to bound it. Time order is not held in memory: the
-//! records on disk are in time order per partition, and the sweep reads them from
-//! where it last stopped ([`DedupIndex::remove_expired`] per record it deletes). An
-//! open reads the records in place and sizes each partition's table once.
+//! sweep reads the records from where it last stopped
+//! ([`DedupIndex::remove_expired`] per key of a record it deletes). An open reads the
+//! records in place and sizes each partition's table once.
 
 use crate::keys;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
@@ -28,6 +37,153 @@ use meshd_stores::log::DedupKey;
 use std::collections::HashMap;
 
 const DEDUP_V1: u8 = 1;
+const RUN_V1: u8 = 1;
+
+/// The two key spaces of dedup records: one record per event (`u`, what releases
+/// before runs wrote; still loaded and swept), and one per run (`r`, written now).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Space {
+    Event,
+    Run,
+}
+
+impl Space {
+    pub const ALL: [Space; 2] = [Space::Event, Space::Run];
+
+    fn byte(self) -> u8 {
+        match self {
+            Space::Event => keys::DEDUP,
+            Space::Run => keys::DEDUP_RUN,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Space::Event => 0,
+            Space::Run => 1,
+        }
+    }
+}
+
+/// A stored record of either space: the keys of events stored together (one for an
+/// `u` record), at consecutive offsets from `first_offset`, with their time and window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub at_ms: u64,
+    pub window_ms: u64,
+    pub first_offset: u64,
+    pub keys: Vec<DedupKey>,
+}
+
+impl Record {
+    /// Whether its window has ended at `now_ms` (the sweep deletes it).
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.at_ms.saturating_add(self.window_ms) < now_ms
+    }
+
+    /// Its entries, one per key.
+    pub fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
+        self.keys
+            .iter()
+            .zip(self.first_offset..)
+            .map(|(key, offset)| Entry {
+                key: *key,
+                offset,
+                at_ms: self.at_ms,
+                window_ms: self.window_ms,
+            })
+    }
+
+    /// The key of a run record (space `r`).
+    pub fn run_key(&self, topic: &str, partition: u32) -> Vec<u8> {
+        let mut k = partition_prefix(Space::Run, topic, partition);
+        k.extend_from_slice(&self.at_ms.to_be_bytes());
+        k.extend_from_slice(&self.first_offset.to_be_bytes());
+        k
+    }
+
+    /// The value of a run record: the window and the keys, 16 bytes each.
+    pub fn run_value(&self) -> Vec<u8> {
+        let keys: Vec<u8> = self.keys.iter().flat_map(|k| k.0).collect();
+        Encoder::new(RUN_V1)
+            .u64(self.window_ms)
+            .bytes(&keys)
+            .finish()
+    }
+
+    /// Decodes a record of `space` (key under its [`prefix`], value) into its topic
+    /// (borrowed from the key), partition and record.
+    pub fn decode<'k>(
+        space: Space,
+        k: &'k [u8],
+        v: &[u8],
+    ) -> Result<(&'k str, u32, Record), DecodeError> {
+        match space {
+            Space::Event => {
+                let (topic, partition, e) = Entry::decode(k, v)?;
+                Ok((
+                    topic,
+                    partition,
+                    Record {
+                        at_ms: e.at_ms,
+                        window_ms: e.window_ms,
+                        first_offset: e.offset,
+                        keys: vec![e.key],
+                    },
+                ))
+            }
+            Space::Run => {
+                let (topic, partition, at_ms, first_offset) = split_key(k)?;
+                let mut d = Decoder::new(v, RUN_V1)?;
+                let window_ms = d.u64()?;
+                let bytes = d.bytes()?;
+                d.finish()?;
+                if bytes.is_empty() || bytes.len() % 16 != 0 {
+                    return Err(DecodeError::InvalidField("dedup run keys"));
+                }
+                let keys = bytes
+                    .chunks_exact(16)
+                    .map(|c| {
+                        let mut key = [0u8; 16];
+                        key.copy_from_slice(c);
+                        DedupKey(key)
+                    })
+                    .collect();
+                Ok((
+                    topic,
+                    partition,
+                    Record {
+                        at_ms,
+                        window_ms,
+                        first_offset,
+                        keys,
+                    },
+                ))
+            }
+        }
+    }
+}
+
+/// The topic, partition, stored-at ms and offset of a record key of either space.
+fn split_key(k: &[u8]) -> Result<(&str, u32, u64, u64), DecodeError> {
+    let rest = k.get(1..).ok_or(DecodeError::Truncated)?;
+    let (&len, rest) = rest.split_first().ok_or(DecodeError::Truncated)?;
+    let len = len as usize;
+    let topic = rest.get(..len).ok_or(DecodeError::Truncated)?;
+    let topic =
+        std::str::from_utf8(topic).map_err(|_| DecodeError::InvalidField("topic is not UTF-8"))?;
+    let nums = rest.get(len..).ok_or(DecodeError::Truncated)?;
+    if nums.len() != 20 {
+        return Err(DecodeError::InvalidField("dedup key length"));
+    }
+    let be8 = |b: &[u8]| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        u64::from_be_bytes(a)
+    };
+    let partition = u32::from_be_bytes([nums[0], nums[1], nums[2], nums[3]]);
+    Ok((topic, partition, be8(&nums[4..12]), be8(&nums[12..20])))
+}
 
 /// One entry, as held in memory and on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,8 +204,9 @@ impl Entry {
         self.expires_at() < now_ms
     }
 
+    /// The key of its per-event record (space `u`, as releases before runs wrote).
     pub fn record_key(&self, topic: &str, partition: u32) -> Vec<u8> {
-        let mut k = partition_prefix(topic, partition);
+        let mut k = partition_prefix(Space::Event, topic, partition);
         k.extend_from_slice(&self.at_ms.to_be_bytes());
         k.extend_from_slice(&self.offset.to_be_bytes());
         k
@@ -62,28 +219,10 @@ impl Entry {
             .finish()
     }
 
-    /// Decodes a record (key under [`prefix`], value) into its topic (borrowed from
-    /// the key), partition and entry.
+    /// Decodes a per-event record (key under [`prefix`] of [`Space::Event`], value)
+    /// into its topic (borrowed from the key), partition and entry.
     pub fn decode<'k>(k: &'k [u8], v: &[u8]) -> Result<(&'k str, u32, Entry), DecodeError> {
-        let rest = k.get(1..).ok_or(DecodeError::Truncated)?;
-        let (&len, rest) = rest.split_first().ok_or(DecodeError::Truncated)?;
-        let len = len as usize;
-        let topic = rest.get(..len).ok_or(DecodeError::Truncated)?;
-        let topic = std::str::from_utf8(topic)
-            .map_err(|_| DecodeError::InvalidField("topic is not UTF-8"))?;
-        let nums = rest.get(len..).ok_or(DecodeError::Truncated)?;
-        if nums.len() != 20 {
-            return Err(DecodeError::InvalidField("dedup key length"));
-        }
-        let be4 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
-        let be8 = |b: &[u8]| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(b);
-            u64::from_be_bytes(a)
-        };
-        let partition = be4(&nums[..4]);
-        let at_ms = be8(&nums[4..12]);
-        let offset = be8(&nums[12..20]);
+        let (topic, partition, at_ms, offset) = split_key(k)?;
         let mut d = Decoder::new(v, DEDUP_V1)?;
         let key = d.bytes()?;
         let window_ms = d.u64()?;
@@ -104,20 +243,20 @@ impl Entry {
     }
 }
 
-/// The prefix of every dedup record.
-pub fn prefix() -> Vec<u8> {
-    vec![keys::DEDUP]
+/// The prefix of every dedup record of `space`.
+pub fn prefix(space: Space) -> Vec<u8> {
+    vec![space.byte()]
 }
 
-/// The prefix of one topic's records.
-pub fn topic_prefix(topic: &str) -> Vec<u8> {
-    let mut k = prefix();
+/// The prefix of one topic's records of `space`.
+pub fn topic_prefix(space: Space, topic: &str) -> Vec<u8> {
+    let mut k = prefix(space);
     keys::push_name(&mut k, topic);
     k
 }
 
-pub fn partition_prefix(topic: &str, partition: u32) -> Vec<u8> {
-    let mut k = topic_prefix(topic);
+pub fn partition_prefix(space: Space, topic: &str, partition: u32) -> Vec<u8> {
+    let mut k = topic_prefix(space, topic);
     k.extend_from_slice(&partition.to_be_bytes());
     k
 }
@@ -136,7 +275,7 @@ pub struct Window {
     /// The first record key after the last one the sweep deleted: the next sweep
     /// starts there rather than stepping over the deleted records' tombstones again
     /// (they stay in RocksDB until compaction). Kept while the topic exists.
-    swept_to: Option<Vec<u8>>,
+    swept_to: [Option<Vec<u8>>; 2],
 }
 
 impl Window {
@@ -145,7 +284,7 @@ impl Window {
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
             keys: HashMap::with_capacity(capacity),
-            swept_to: None,
+            swept_to: [None, None],
         }
     }
 
@@ -191,7 +330,24 @@ impl DedupIndex {
         }
     }
 
-    /// Puts a partition's window loaded at open (replacing any it had).
+    /// Takes a partition's window out to load more records into it (an open reads
+    /// each space in turn): the one it has, or a new one with room for `capacity`.
+    pub fn take_window(&mut self, topic: &str, partition: u32, capacity: usize) -> Window {
+        match self
+            .topics
+            .get_mut(topic)
+            .and_then(|p| p.remove(&partition))
+        {
+            Some(mut w) => {
+                self.entries -= w.keys.len();
+                w.keys.reserve(capacity);
+                w
+            }
+            None => Window::with_capacity(capacity),
+        }
+    }
+
+    /// Puts back a window taken with [`take_window`](Self::take_window).
     pub fn put_window(&mut self, topic: &str, partition: u32, w: Window) {
         self.entries += w.keys.len();
         if let Some(old) = self
@@ -224,24 +380,24 @@ impl DedupIndex {
         }
     }
 
-    /// The partitions the sweep reads, each with the record key it starts from.
-    pub fn sweep_starts(&self) -> Vec<(String, u32, Vec<u8>)> {
-        self.topics
-            .iter()
-            .flat_map(|(t, ps)| {
-                ps.iter().map(move |(p, w)| {
-                    let from = w
-                        .swept_to
+    /// What the sweep reads: per partition and space, the record key it starts from.
+    pub fn sweep_starts(&self) -> Vec<(String, u32, Space, Vec<u8>)> {
+        let mut out = Vec::new();
+        for (t, ps) in &self.topics {
+            for (p, w) in ps {
+                for space in Space::ALL {
+                    let from = w.swept_to[space.index()]
                         .clone()
-                        .unwrap_or_else(|| partition_prefix(t, *p));
-                    (t.clone(), *p, from)
-                })
-            })
-            .collect()
+                        .unwrap_or_else(|| partition_prefix(space, t, *p));
+                    out.push((t.clone(), *p, space, from));
+                }
+            }
+        }
+        out
     }
 
-    /// The sweep deleted records of a partition up to `last` (a record key).
-    pub fn swept(&mut self, topic: &str, partition: u32, last: &[u8]) {
+    /// The sweep deleted records of a partition's `space` up to `last` (a key).
+    pub fn swept(&mut self, topic: &str, partition: u32, space: Space, last: &[u8]) {
         if let Some(w) = self
             .topics
             .get_mut(topic)
@@ -249,7 +405,7 @@ impl DedupIndex {
         {
             let mut next = last.to_vec();
             next.push(0);
-            w.swept_to = Some(next);
+            w.swept_to[space.index()] = Some(next);
         }
     }
 
@@ -303,17 +459,25 @@ mod tests {
         assert!(!e(1, 7, 1000, 500).expired(1500));
         assert!(e(1, 7, 1000, 500).expired(1501));
         assert_eq!(ix.len(), 1, "held until the sweep removes it");
-        let start = partition_prefix("t", 0);
-        assert_eq!(ix.sweep_starts(), vec![("t".to_string(), 0, start.clone())]);
+        let start = partition_prefix(Space::Event, "t", 0);
+        let run_start = partition_prefix(Space::Run, "t", 0);
+        assert_eq!(
+            ix.sweep_starts(),
+            vec![
+                ("t".to_string(), 0, Space::Event, start.clone()),
+                ("t".to_string(), 0, Space::Run, run_start.clone())
+            ]
+        );
         ix.remove_expired("t", 0, &e(1, 7, 1000, 500));
         assert!(ix.is_empty());
         let last = e(1, 7, 1000, 500).record_key("t", 0);
-        ix.swept("t", 0, &last);
-        let (_, _, from) = ix.sweep_starts().remove(0);
+        ix.swept("t", 0, Space::Event, &last);
+        let (_, _, _, from) = ix.sweep_starts().remove(0);
         assert!(
             from > last && from.starts_with(&last),
             "just after the deleted record"
         );
+        assert_eq!(ix.sweep_starts()[1].3, run_start, "each space has its own");
         assert!(
             e(2, 8, 1000, 500).record_key("t", 0) > from,
             "before the next one"
@@ -344,9 +508,26 @@ mod tests {
                               offset in any::<u64>(), at_ms in any::<u64>(), window_ms in any::<u64>()) {
             let entry = Entry { key: DedupKey(key), offset, at_ms, window_ms };
             let k = entry.record_key(&topic, partition);
-            prop_assert!(k.starts_with(&topic_prefix(&topic)));
+            prop_assert!(k.starts_with(&topic_prefix(Space::Event, &topic)));
             let got = Entry::decode(&k, &entry.encode_value()).unwrap();
             prop_assert_eq!(got, (topic.as_str(), partition, entry));
+        }
+
+        #[test]
+        fn runs_round_trip(topic in "[a-z.]{1,40}", partition in any::<u32>(),
+                           keys in proptest::collection::vec(any::<[u8; 16]>(), 1..50),
+                           first_offset in 0..u64::MAX / 2, at_ms in any::<u64>(), window_ms in any::<u64>()) {
+            let run = Record { at_ms, window_ms, first_offset, keys: keys.into_iter().map(DedupKey).collect() };
+            let k = run.run_key(&topic, partition);
+            prop_assert!(k.starts_with(&topic_prefix(Space::Run, &topic)));
+            let got = Record::decode(Space::Run, &k, &run.run_value()).unwrap();
+            prop_assert_eq!(&got, &(topic.as_str(), partition, run.clone()));
+            let entries: Vec<Entry> = got.2.entries().collect();
+            prop_assert_eq!(entries.len(), run.keys.len());
+            for (i, e) in entries.iter().enumerate() {
+                prop_assert_eq!(e.offset, first_offset + i as u64);
+                prop_assert_eq!(e.key, run.keys[i]);
+            }
         }
 
         #[test]
@@ -354,6 +535,7 @@ mod tests {
                                         v in proptest::collection::vec(any::<u8>(), 0..40)) {
             // Random bytes either fail or decode to something; they must not panic.
             let _ = Entry::decode(&k, &v);
+            let _ = Record::decode(Space::Run, &k, &v);
         }
     }
 }

@@ -6,7 +6,8 @@
 //! | `meta` | see `meshd-meta-embedded` (`records/mod.rs`): `s`, `k`+key, `h`+rev, `l`+lease, `a`+lease+key | embedded Meta records | as Meta says |
 //! | `log` | `e` + name(topic) + partition (u32 BE) + offset (u64 BE) | [`crate::log`] event record | until retention or topic deletion |
 //! | `log` | `p` + name(topic) + partition (u32 BE) | partition head: start, end, bytes | with the topic |
-//! | `log` | `u` + name(topic) + partition (u32 BE) + stored-at ms (u64 BE) + offset (u64 BE) | [`crate::dedup`] record: dedup key, window | until its window ends, or topic deletion |
+//! | `log` | `u` + name(topic) + partition (u32 BE) + stored-at ms (u64 BE) + offset (u64 BE) | [`crate::dedup`] record of one event: dedup key, window (written by releases before runs; loaded and swept) | until its window ends, or topic deletion |
+//! | `log` | `r` + name(topic) + partition (u32 BE) + stored-at ms (u64 BE) + first offset (u64 BE) | [`crate::dedup`] run: window, the dedup keys (16 bytes each) of the events one append stored at consecutive offsets from the first | until its window ends, or topic deletion |
 //! | `dlq` | `b` + seq (u64 BE) | dead-letter body record | until its entry is deleted (exempt from retention) |
 //! | `dlq` | `n` | next body seq | forever |
 //! | `offsets` | `o` + name(subscription) + incarnation (u64 BE) + name(topic) + partition (u32 BE) | committed offset record | until the subscription is deleted |
@@ -39,6 +40,7 @@ pub const DELIVERY: u8 = b'd';
 /// Retired: the deadline index of earlier releases, dropped at open.
 pub const DEADLINE: u8 = b'x';
 pub const DEDUP: u8 = b'u';
+pub const DEDUP_RUN: u8 = b'r';
 pub const PARKED: u8 = b'k';
 pub const PARKED_OFFSET: u8 = b'q';
 pub const PARKED_KEY: u8 = b'h';

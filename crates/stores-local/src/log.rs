@@ -269,49 +269,59 @@ fn load_dedup(
     cancel: &AtomicBool,
 ) -> Result<DedupIndex, LogError> {
     let mut index = DedupIndex::default();
-    let dp = dedup::prefix();
-    // Why the load stopped early: a damaged record, or the log closed.
-    let mut stopped = None;
-    let mut current: Option<((String, u32), dedup::Window)> = None;
-    engine
-        .scan_each(CF_LOG, &dp, &keys::end_of(&dp), &mut |k, v| {
-            if cancel.load(Ordering::Relaxed) {
-                stopped = Some(LogError::Unavailable(
-                    "the log closed while its dedup index loaded".into(),
-                ));
-                return false;
-            }
-            let (topic, partition, e) = match dedup::Entry::decode(k, v) {
-                Ok(d) => d,
-                Err(e) => {
-                    stopped = Some(corrupt(k, e));
+    // The per-event records of earlier releases, then the runs (newer: a later entry
+    // for a key replaces an earlier one).
+    for space in dedup::Space::ALL {
+        let dp = dedup::prefix(space);
+        // Why the load stopped early: a damaged record, or the log closed.
+        let mut stopped = None;
+        let mut current: Option<((String, u32), dedup::Window)> = None;
+        engine
+            .scan_each(CF_LOG, &dp, &keys::end_of(&dp), &mut |k, v| {
+                if cancel.load(Ordering::Relaxed) {
+                    stopped = Some(LogError::Unavailable(
+                        "the log closed while its dedup index loaded".into(),
+                    ));
                     return false;
                 }
-            };
-            let window = match &mut current {
-                Some(((t, p), w)) if t == topic && *p == partition => w,
-                _ => {
-                    if let Some(((t, p), w)) = current.take() {
-                        index.put_window(&t, p, w);
+                let (topic, partition, record) = match dedup::Record::decode(space, k, v) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        stopped = Some(corrupt(k, e));
+                        return false;
                     }
-                    let at_most = ends
-                        .get(&(topic.to_string(), partition))
-                        .map_or(0, |end| end.saturating_sub(e.offset));
-                    let w = dedup::Window::with_capacity(at_most.min(DEDUP_RESERVE_MAX) as usize);
-                    &mut current.insert(((topic.to_string(), partition), w)).1
+                };
+                let window = match &mut current {
+                    Some(((t, p), w)) if t == topic && *p == partition => w,
+                    _ => {
+                        if let Some(((t, p), w)) = current.take() {
+                            index.put_window(&t, p, w);
+                        }
+                        let at_most = ends
+                            .get(&(topic.to_string(), partition))
+                            .map_or(0, |end| end.saturating_sub(record.first_offset));
+                        let w = index.take_window(
+                            topic,
+                            partition,
+                            at_most.min(DEDUP_RESERVE_MAX) as usize,
+                        );
+                        &mut current.insert(((topic.to_string(), partition), w)).1
+                    }
+                };
+                if !record.expired(now_ms) {
+                    for e in record.entries() {
+                        window.insert(e);
+                    }
                 }
-            };
-            if !e.expired(now_ms) {
-                window.insert(e);
-            }
-            true
-        })
-        .map_err(read_err)?;
-    if let Some(e) = stopped {
-        return Err(e);
-    }
-    if let Some(((t, p), w)) = current.take() {
-        index.put_window(&t, p, w);
+                true
+            })
+            .map_err(read_err)?;
+        if let Some(e) = stopped {
+            return Err(e);
+        }
+        if let Some(((t, p), w)) = current.take() {
+            index.put_window(&t, p, w);
+        }
     }
     Ok(index)
 }
@@ -510,20 +520,34 @@ impl Inner {
             self.stage_append(topic, fresh, at)
         };
         {
-            let mut ix = self.dedup();
+            // One run record per partition for the keys stored at consecutive offsets
+            // (every partition's share of one append is), in the events' batch.
+            let mut runs: Vec<(u32, dedup::Record)> = Vec::new();
             for (&(partition, offset), key) in assigned.iter().zip(&fresh_keys) {
-                let entry = dedup::Entry {
-                    key: *key,
-                    offset,
-                    at_ms: at,
-                    window_ms,
-                };
-                batch.put(
-                    CF_LOG,
-                    entry.record_key(topic, partition),
-                    entry.encode_value(),
-                );
-                ix.insert(topic, partition, entry);
+                let extends = runs
+                    .iter_mut()
+                    .rev()
+                    .find(|(p, _)| *p == partition)
+                    .filter(|(_, r)| r.first_offset + r.keys.len() as u64 == offset);
+                match extends {
+                    Some((_, run)) => run.keys.push(*key),
+                    None => runs.push((
+                        partition,
+                        dedup::Record {
+                            at_ms: at,
+                            window_ms,
+                            first_offset: offset,
+                            keys: vec![*key],
+                        },
+                    )),
+                }
+            }
+            let mut ix = self.dedup();
+            for (partition, run) in &runs {
+                batch.put(CF_LOG, run.run_key(topic, *partition), run.run_value());
+                for e in run.entries() {
+                    ix.insert(topic, *partition, e);
+                }
             }
         }
         let mut answers = Vec::with_capacity(plan.len());
@@ -836,39 +860,47 @@ impl Inner {
         }
         // Bound first: a guard in the `for` head would live through the loop.
         let starts = self.dedup().sweep_starts();
-        for (topic, partition, mut from) in starts {
-            let end = keys::end_of(&dedup::partition_prefix(&topic, partition));
+        for (topic, partition, space, mut from) in starts {
+            let end = keys::end_of(&dedup::partition_prefix(space, &topic, partition));
             loop {
                 let next = self
                     .group
                     .commit_with(|engine| {
                         let rows = engine.scan(CF_LOG, &from, Some(&end), RETENTION_STEP)?;
-                        let full = rows.len() == RETENTION_STEP;
+                        let mut more = rows.len() == RETENTION_STEP;
                         let mut batch = Batch::new();
                         let mut ix = self.dedup();
                         let mut last = None;
-                        let mut stopped = false;
+                        let mut removed = 0usize;
                         for (k, v) in rows {
-                            let e = match dedup::Entry::decode(&k, &v) {
-                                Ok((_, _, e)) => e,
+                            let record = match dedup::Record::decode(space, &k, &v) {
+                                Ok((_, _, r)) => r,
                                 Err(e) => {
                                     tracing::warn!(store = "log", backend = "rocksdb", topic, partition, key = ?k, error = %e, "a damaged dedup record stops the sweep of its partition");
-                                    stopped = true;
+                                    more = false;
                                     break;
                                 }
                             };
-                            if !e.expired(now_ms) {
-                                stopped = true;
+                            if !record.expired(now_ms) {
+                                more = false;
                                 break;
                             }
-                            ix.remove_expired(&topic, partition, &e);
+                            for e in record.entries() {
+                                ix.remove_expired(&topic, partition, &e);
+                            }
+                            removed += record.keys.len();
                             batch.delete(CF_LOG, k.clone());
                             last = Some(k);
+                            if removed >= RETENTION_STEP {
+                                // Enough keys for one batch (runs hold many).
+                                more = true;
+                                break;
+                            }
                         }
                         if let Some(last) = &last {
-                            ix.swept(&topic, partition, last);
+                            ix.swept(&topic, partition, space, last);
                         }
-                        let next = last.filter(|_| full && !stopped).map(|mut k| {
+                        let next = last.filter(|_| more).map(|mut k| {
                             k.push(0);
                             k
                         });
@@ -891,7 +923,11 @@ impl Inner {
         self.dedup().forget_topic(topic);
         // In chunks, each durable; the heads go last so a crash leaves a topic that is
         // still listed and gets deleted again.
-        for prefix in [dedup::topic_prefix(topic), keys::topic_prefix(topic)] {
+        for prefix in [
+            dedup::topic_prefix(dedup::Space::Event, topic),
+            dedup::topic_prefix(dedup::Space::Run, topic),
+            keys::topic_prefix(topic),
+        ] {
             let end = keys::end_of(&prefix);
             loop {
                 let rows = self

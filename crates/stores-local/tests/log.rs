@@ -582,16 +582,22 @@ async fn given_dedup_entries_when_reopened_and_swept_then_they_answer_until_thei
     assert_eq!((after[0].offset, after[0].duplicate), (2, false));
 }
 
-/// Dedup records on disk.
+/// Dedup records on disk, of both spaces (per event, per run).
 fn dedup_records(stores: &meshd_stores_local::LocalStores) -> usize {
-    let prefix = meshd_stores_local::dedup::prefix();
-    let end = meshd_stores_local::keys::end_of(&prefix);
-    stores
-        .group
-        .engine()
-        .scan(meshd_stores_local::keys::CF_LOG, &prefix, Some(&end), 0)
-        .unwrap()
-        .len()
+    use meshd_stores_local::dedup::{prefix, Space};
+    Space::ALL
+        .iter()
+        .map(|space| {
+            let prefix = prefix(*space);
+            let end = meshd_stores_local::keys::end_of(&prefix);
+            stores
+                .group
+                .engine()
+                .scan(meshd_stores_local::keys::CF_LOG, &prefix, Some(&end), 0)
+                .unwrap()
+                .len()
+        })
+        .sum()
 }
 
 fn now_ms() -> u64 {
@@ -643,7 +649,8 @@ async fn given_more_expired_dedup_records_than_one_sweep_batch_then_all_go_and_l
     let stores = common::open(dir.path());
     stores.log.dedup_loaded().await.unwrap();
     assert_eq!(stores.log.dedup_entries(), 11);
-    assert_eq!(dedup_records(&stores), 25_011);
+    // One run per append: 25 short, the long one, short-0's again.
+    assert_eq!(dedup_records(&stores), 27);
 
     let sweep_at = now_ms() + 1000;
     for _ in 0..2 {
@@ -683,7 +690,7 @@ async fn given_more_expired_dedup_records_than_one_sweep_batch_then_all_go_and_l
         11,
         "the swept records are gone from disk"
     );
-    assert_eq!(dedup_records(&stores), 11);
+    assert_eq!(dedup_records(&stores), 2);
     check(&stores.log, &long, &first).await;
     let a = stores
         .log
@@ -711,7 +718,8 @@ async fn given_a_damaged_dedup_record_when_opened_then_deduplicated_appends_are_
         .await
         .unwrap();
     // A record under the dedup prefix whose value is not a dedup entry.
-    let mut key = meshd_stores_local::dedup::topic_prefix("t");
+    let mut key =
+        meshd_stores_local::dedup::topic_prefix(meshd_stores_local::dedup::Space::Event, "t");
     key.extend_from_slice(&0u32.to_be_bytes());
     key.extend_from_slice(&[0u8; 16]);
     let mut batch = meshd_local::Batch::default();
@@ -762,4 +770,76 @@ async fn given_a_log_dropped_while_its_dedup_index_loads_then_the_data_dir_reope
     let stores = common::open(dir.path());
     stores.log.dedup_loaded().await.unwrap();
     assert_eq!(stores.log.dedup_entries(), 50_000);
+}
+
+/// Per-event records of earlier releases (`u`) load next to this release's runs
+/// (`r`), answer until their window ends, and are swept with them.
+#[tokio::test]
+async fn given_per_event_records_of_an_earlier_release_then_they_load_answer_and_are_swept_with_runs(
+) {
+    use meshd_stores_local::dedup::Entry;
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let runs = stores
+        .log
+        .append_dedup(
+            "t",
+            vec![keyed(0, "a"), keyed(0, "b"), keyed(1, "c")],
+            60_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(dedup_records(&stores), 2, "one run per partition");
+    let at_ms = now_ms();
+    let mut batch = meshd_local::Batch::default();
+    for (i, id) in ["old-1", "old-2"].iter().enumerate() {
+        let e = Entry {
+            key: DedupKey::of("/pc", id),
+            offset: 90 + i as u64,
+            at_ms,
+            window_ms: 60_000,
+        };
+        batch.put(
+            meshd_stores_local::keys::CF_LOG,
+            e.record_key("t", 0),
+            e.encode_value(),
+        );
+    }
+    stores.group.commit(batch).unwrap();
+    drop(stores);
+
+    let stores = common::open(dir.path());
+    stores.log.dedup_loaded().await.unwrap();
+    assert_eq!(stores.log.dedup_entries(), 5);
+    let again = stores
+        .log
+        .append_dedup(
+            "t",
+            vec![
+                keyed(0, "old-2"),
+                keyed(0, "a"),
+                keyed(1, "c"),
+                keyed(0, "old-1"),
+            ],
+            60_000,
+        )
+        .await
+        .unwrap();
+    let got: Vec<(u64, bool)> = again.iter().map(|a| (a.offset, a.duplicate)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (91, true),
+            (runs[0].offset, true),
+            (runs[2].offset, true),
+            (90, true)
+        ]
+    );
+    stores
+        .log
+        .enforce_retention(Retention::default(), now_ms() + 120_000)
+        .await
+        .unwrap();
+    assert_eq!(stores.log.dedup_entries(), 0);
+    assert_eq!(dedup_records(&stores), 0, "both spaces swept");
 }
