@@ -71,7 +71,8 @@ async fn the_console_shows_what_the_api_says_and_its_actions_reach_meshd_in_a_re
         None => dir.path().join("shots"),
     };
     std::fs::create_dir_all(&shots).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console/browser.py");
+    let script = Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
+        .join("tests/console/browser.py");
     let other = cluster.nodes[1].pid().expect("instance 1 runs").to_string();
     let (base, tokenless) = (
         format!("http://{}", cluster.addr(0)),

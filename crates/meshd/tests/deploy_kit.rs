@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    // At run time: a test binary reused from another checkout's build would name
+    // that checkout.
+    Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
         .join("../..")
         .canonicalize()
         .expect("workspace root")

@@ -40,9 +40,9 @@ fn previous_bin() -> PathBuf {
 
 /// The release of the previous binary, as `release/previous` names it.
 fn previous_release() -> String {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../release/previous"
+    let text = std::fs::read_to_string(format!(
+        "{}/../../release/previous",
+        std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")
     ))
     .expect("release/previous");
     text.lines()
@@ -635,7 +635,7 @@ async fn given_dedup_runs_in_a_standalone_data_dir_then_the_previous_release_ser
     let mut old = MeshdProcess::start(&previous, dir.path(), &[])
         .await
         .unwrap();
-    create_topic(&old.addr().to_string(), "t", 3).await;
+    create_topic(old.addr(), "t", 3).await;
     old.kill();
 
     let mut new = MeshdProcess::start(bin(), dir.path(), &[]).await.unwrap();
@@ -665,7 +665,7 @@ async fn given_dedup_runs_in_a_standalone_data_dir_then_the_previous_release_ser
 
     // And this release again: its runs still answer.
     let mut new = MeshdProcess::start(bin(), dir.path(), &[]).await.unwrap();
-    let back = publish_ids(&new.addr().to_string(), &ids(0, 30)).await;
+    let back = publish_ids(new.addr(), &ids(0, 30)).await;
     for (a, f) in back.iter().zip(&first) {
         assert_eq!(*a, (f.0, f.1, true), "after the round trip");
     }

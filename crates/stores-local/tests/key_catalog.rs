@@ -5,7 +5,12 @@ use meshd_meta::keys::KeyKind;
 use meshd_stores_local::keys::COLUMN_FAMILIES;
 
 fn catalog() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/key-catalog.md");
+    // At run time: a test binary reused from another checkout's build would read
+    // that checkout's catalog.
+    let path = format!(
+        "{}/../../docs/key-catalog.md",
+        std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")
+    );
     std::fs::read_to_string(path).expect("docs/key-catalog.md exists")
 }
 
