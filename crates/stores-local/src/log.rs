@@ -846,10 +846,10 @@ impl Inner {
     }
 
     /// Deletes the dedup records whose window ended before `now_ms`, and their keys
-    /// from memory, reading each partition's records in time order from where the
-    /// last sweep stopped up to the first still live: at most [`RETENTION_STEP`] per
-    /// durable batch, so appends wait for one short batch at a time, never for the
-    /// whole sweep. A record that no longer decodes stops its partition's sweep (the
+    /// from memory, reading each partition's records (of both key spaces) in time
+    /// order from where the last sweep stopped up to the first still live: records
+    /// of about [`RETENTION_STEP`] keys per durable batch, so appends wait for one
+    /// short batch at a time, never for the whole sweep. A record that no longer decodes stops its partition's sweep (the
     /// next open reports it). A record stored with a clock that stepped back sorts
     /// before where the sweep goes on from: it stays on disk until the next open's
     /// sweep, answering nothing once its window ended.
@@ -866,37 +866,33 @@ impl Inner {
                 let next = self
                     .group
                     .commit_with(|engine| {
-                        let rows = engine.scan(CF_LOG, &from, Some(&end), RETENTION_STEP)?;
-                        let mut more = rows.len() == RETENTION_STEP;
                         let mut batch = Batch::new();
                         let mut ix = self.dedup();
-                        let mut last = None;
+                        let mut last: Option<Vec<u8>> = None;
                         let mut removed = 0usize;
-                        for (k, v) in rows {
-                            let record = match dedup::Record::decode(space, &k, &v) {
+                        // Whether this batch stopped for its size (the sweep goes on).
+                        let mut more = false;
+                        engine.scan_each(CF_LOG, &from, &end, &mut |k, v| {
+                            let record = match dedup::Record::decode(space, k, v) {
                                 Ok((_, _, r)) => r,
                                 Err(e) => {
                                     tracing::warn!(store = "log", backend = "rocksdb", topic, partition, key = ?k, error = %e, "a damaged dedup record stops the sweep of its partition");
-                                    more = false;
-                                    break;
+                                    return false;
                                 }
                             };
                             if !record.expired(now_ms) {
-                                more = false;
-                                break;
+                                return false;
                             }
                             for e in record.entries() {
                                 ix.remove_expired(&topic, partition, &e);
                             }
                             removed += record.keys.len();
-                            batch.delete(CF_LOG, k.clone());
-                            last = Some(k);
-                            if removed >= RETENTION_STEP {
-                                // Enough keys for one batch (runs hold many).
-                                more = true;
-                                break;
-                            }
-                        }
+                            batch.delete(CF_LOG, k.to_vec());
+                            last = Some(k.to_vec());
+                            // Enough keys for one batch (a run holds many).
+                            more = removed >= RETENTION_STEP;
+                            !more
+                        })?;
                         if let Some(last) = &last {
                             ix.swept(&topic, partition, space, last);
                         }
