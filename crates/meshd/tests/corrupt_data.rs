@@ -211,3 +211,36 @@ async fn given_an_event_record_that_fails_its_own_checksum_when_read_then_500_na
     let log = meshd.log_tail(200);
     assert!(log.contains("damaged record"), "{log}");
 }
+
+/// A publish dedup record that no longer decodes (written in place of a run of the
+/// data dir's own): the index loads on its own thread, and `meshd serve` waits for
+/// it before it listens, so the start stops naming the record, as any damaged
+/// record read at a start does, instead of serving publishes an index missing
+/// entries would store twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_damaged_dedup_record_when_meshd_starts_then_it_refuses_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    data_dir_with_events(dir.path()).await;
+    {
+        use meshd_local::KvEngine;
+        use meshd_stores_local::keys::{end_of, CF_LOG, COLUMN_FAMILIES, DEDUP_RUN};
+        let engine = RocksEngine::open(dir.path(), COLUMN_FAMILIES).unwrap();
+        let runs = engine
+            .scan(CF_LOG, &[DEDUP_RUN], Some(&end_of(&[DEDUP_RUN])), 0)
+            .unwrap();
+        assert_eq!(runs.len(), EVENTS, "one run per single-event publish");
+        let (key, _) = runs[EVENTS / 2].clone();
+        let mut batch = meshd_local::Batch::default();
+        batch.put(CF_LOG, key, b"not a run".to_vec());
+        engine.write(batch, meshd_local::Durability::Sync).unwrap();
+    }
+    let out = MeshdProcess::start_expecting_exit(bin(), dir.path(), &[])
+        .await
+        .unwrap();
+    assert_ne!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("publish dedup index") && out.stderr.contains("corrupt log record"),
+        "{}",
+        out.stderr
+    );
+}
