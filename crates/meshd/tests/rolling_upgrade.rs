@@ -454,22 +454,28 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     assert_eq!(r.status, 201, "{}", r.body);
 }
 
-/// How many entries of the deadline index earlier releases kept in the `deliveries`
-/// column family (`x` keys) the data dir holds (meshd must be stopped).
-fn deadline_index_entries(dir: &std::path::Path) -> usize {
+/// How many keys under the one-byte `prefix` a column family of the data dir holds
+/// (meshd must be stopped).
+fn keys_under(dir: &std::path::Path, cf: &'static str, prefix: u8) -> usize {
     use meshd_local::KvEngine;
     let engine =
         meshd_local::RocksEngine::open(dir, meshd_stores_local::keys::COLUMN_FAMILIES).unwrap();
-    let x = [meshd_stores_local::keys::DEADLINE];
+    let prefix = [prefix];
     engine
         .scan(
-            "deliveries",
-            &x,
-            Some(&meshd_stores_local::keys::end_of(&x)),
+            cf,
+            &prefix,
+            Some(&meshd_stores_local::keys::end_of(&prefix)),
             0,
         )
         .unwrap()
         .len()
+}
+
+/// How many entries of the deadline index earlier releases kept in the `deliveries`
+/// column family (`x` keys) the data dir holds (meshd must be stopped).
+fn deadline_index_entries(dir: &std::path::Path) -> usize {
+    keys_under(dir, "deliveries", meshd_stores_local::keys::DEADLINE)
 }
 
 #[tokio::test]
@@ -572,19 +578,11 @@ async fn nack_delayed(a: &str) -> meshd_test_support::http::Response {
 
 /// How many dedup runs (`r` records) the data dir holds (meshd stopped).
 fn dedup_runs(dir: &std::path::Path) -> usize {
-    use meshd_local::KvEngine;
-    let engine =
-        meshd_local::RocksEngine::open(dir, meshd_stores_local::keys::COLUMN_FAMILIES).unwrap();
-    let prefix = [meshd_stores_local::keys::DEDUP_RUN];
-    engine
-        .scan(
-            meshd_stores_local::keys::CF_LOG,
-            &prefix,
-            Some(&meshd_stores_local::keys::end_of(&prefix)),
-            0,
-        )
-        .unwrap()
-        .len()
+    keys_under(
+        dir,
+        meshd_stores_local::keys::CF_LOG,
+        meshd_stores_local::keys::DEDUP_RUN,
+    )
 }
 
 /// POSTs `ids` to topic `t` as one batch; each answer's (partition, offset,
