@@ -75,10 +75,15 @@ pub struct Record {
     pub keys: Vec<DedupKey>,
 }
 
+/// When an entry stored at `at_ms` with `window_ms` stops answering.
+fn expires_at(at_ms: u64, window_ms: u64) -> u64 {
+    at_ms.saturating_add(window_ms)
+}
+
 impl Record {
     /// Whether its window has ended at `now_ms` (the sweep deletes it).
     pub fn expired(&self, now_ms: u64) -> bool {
-        self.at_ms.saturating_add(self.window_ms) < now_ms
+        expires_at(self.at_ms, self.window_ms) < now_ms
     }
 
     /// Its entries, one per key.
@@ -196,7 +201,7 @@ pub struct Entry {
 
 impl Entry {
     fn expires_at(&self) -> u64 {
-        self.at_ms.saturating_add(self.window_ms)
+        expires_at(self.at_ms, self.window_ms)
     }
 
     /// Whether the entry's window has ended at `now_ms` (the sweep deletes its record).
@@ -321,12 +326,25 @@ impl DedupIndex {
 
     /// Adds an entry (a newer one for the same key replaces it).
     pub fn insert(&mut self, topic: &str, partition: u32, e: Entry) {
+        self.insert_all(topic, partition, std::iter::once(e));
+    }
+
+    /// Adds the entries of one partition (a record's), finding its window once.
+    pub fn insert_all(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        entries: impl IntoIterator<Item = Entry>,
+    ) {
         let partitions = match self.topics.get_mut(topic) {
             Some(p) => p,
             None => self.topics.entry(topic.to_string()).or_default(),
         };
-        if partitions.entry(partition).or_default().insert(e) {
-            self.entries += 1;
+        let window = partitions.entry(partition).or_default();
+        for e in entries {
+            if window.insert(e) {
+                self.entries += 1;
+            }
         }
     }
 
@@ -396,17 +414,19 @@ impl DedupIndex {
         out
     }
 
-    /// The sweep deleted records of a partition's `space` up to `last` (a key).
-    pub fn swept(&mut self, topic: &str, partition: u32, space: Space, last: &[u8]) {
+    /// The sweep deleted records of a partition's `space` up to `last` (a key);
+    /// returns where the sweep goes on from (the smallest key after `last`).
+    pub fn swept(&mut self, topic: &str, partition: u32, space: Space, last: &[u8]) -> Vec<u8> {
+        let mut next = last.to_vec();
+        next.push(0);
         if let Some(w) = self
             .topics
             .get_mut(topic)
             .and_then(|p| p.get_mut(&partition))
         {
-            let mut next = last.to_vec();
-            next.push(0);
-            w.swept_to[space.index()] = Some(next);
+            w.swept_to[space.index()] = Some(next.clone());
         }
+        next
     }
 
     /// Forgets a deleted topic.

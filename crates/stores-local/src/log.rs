@@ -36,8 +36,8 @@ const SEQ_V1: u8 = 1;
 /// At most this many events are removed from one partition per retention pass, so a
 /// pass never holds the append lock for long.
 const RETENTION_STEP: usize = 10_000;
-/// The most dedup entries an open sizes one partition's table for up front (about
-/// 600 MiB); a partition with more grows its table as it loads.
+/// The most dedup entries an open sizes one partition's table for up front (a table
+/// of 32 M slots, about 1.1 GiB); a partition with more grows its table as it loads.
 const DEDUP_RESERVE_MAX: u64 = 16 << 20;
 
 /// Memory for the tail cache of the whole log (payloads and a fixed cost per event).
@@ -545,9 +545,7 @@ impl Inner {
             let mut ix = self.dedup();
             for (partition, run) in &runs {
                 batch.put(CF_LOG, run.run_key(topic, *partition), run.run_value());
-                for e in run.entries() {
-                    ix.insert(topic, *partition, e);
-                }
+                ix.insert_all(topic, *partition, run.entries());
             }
         }
         let mut answers = Vec::with_capacity(plan.len());
@@ -849,8 +847,8 @@ impl Inner {
     /// from memory, reading each partition's records (of both key spaces) in time
     /// order from where the last sweep stopped up to the first still live: records
     /// of about [`RETENTION_STEP`] keys per durable batch, so appends wait for one
-    /// short batch at a time, never for the whole sweep. A record that no longer decodes stops its partition's sweep (the
-    /// next open reports it). A record stored with a clock that stepped back sorts
+    /// short batch at a time, never for the whole sweep. A record that no longer
+    /// decodes stops its partition's sweep (the next open reports it). A record stored with a clock that stepped back sorts
     /// before where the sweep goes on from: it stays on disk until the next open's
     /// sweep, answering nothing once its window ended.
     fn expire_dedup(&self, now_ms: u64) -> Result<(), LogError> {
@@ -893,14 +891,8 @@ impl Inner {
                             more = removed >= RETENTION_STEP;
                             !more
                         })?;
-                        if let Some(last) = &last {
-                            ix.swept(&topic, partition, space, last);
-                        }
-                        let next = last.filter(|_| more).map(|mut k| {
-                            k.push(0);
-                            k
-                        });
-                        Ok((batch, next))
+                        let next = last.map(|last| ix.swept(&topic, partition, space, &last));
+                        Ok((batch, next.filter(|_| more)))
                     })
                     .map_err(write_err)?;
                 match next {

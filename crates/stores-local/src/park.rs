@@ -32,9 +32,6 @@ const ADOPT_PAGE: usize = 500;
 /// Journal puts of one `park_many` in flight at once.
 const JOURNAL_PUTS_AT_ONCE: usize = 64;
 
-/// Keys counted per read when counting a partition's entries.
-const COUNT_PAGE: usize = 4096;
-
 #[derive(Clone)]
 pub struct RocksParkStore {
     group: Arc<GroupCommit>,
@@ -618,20 +615,17 @@ impl ParkIndex for RocksParkStore {
     async fn count(&self, key: &OffsetKey) -> Result<u64, DeliveryError> {
         let prefix = keys::parked_of_partition(key, keys::PARKED_OFFSET);
         self.read(move |engine| {
-            let end = keys::end_of(&prefix);
-            let mut start = prefix.clone();
             let mut n = 0u64;
-            loop {
-                let rows = engine.scan(CF_DELIVERIES, &start, Some(&end), COUNT_PAGE)?;
-                n += rows.len() as u64;
-                match rows.last() {
-                    Some((k, _)) if rows.len() == COUNT_PAGE => {
-                        start = k.clone();
-                        start.push(0);
-                    }
-                    _ => return Ok(n),
-                }
-            }
+            engine.scan_each(
+                CF_DELIVERIES,
+                &prefix,
+                &keys::end_of(&prefix),
+                &mut |_, _| {
+                    n += 1;
+                    true
+                },
+            )?;
+            Ok(n)
         })
         .await
     }
