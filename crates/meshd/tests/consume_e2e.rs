@@ -162,9 +162,17 @@ async fn given_acks_above_an_unacked_offset_when_meshd_is_killed_then_only_that_
         "every offset once"
     );
     // 7 and 6 first, so they are acked while 5 (and, for a moment, 0..4) are in flight.
+    let updates =
+        r#"meshd_store_write_seconds_count{store="deliveries",backend="rocksdb",op="update"}"#;
+    let before = metric(&a, updates).await.unwrap_or(0.0);
     let high = [ds[7].id.clone(), ds[6].id.clone()];
     let r = ack(&a, "s", &high).await.unwrap();
     assert_eq!(set(&r["acked"]), set_of(&high), "{r}");
+    assert_eq!(
+        metric(&a, updates).await,
+        Some(before + 1.0),
+        "the two acks above the gap are recorded in one write, not one each"
+    );
     let low: Vec<Value> = ds[..5].iter().map(|d| d.id.clone()).collect();
     let r = ack(&a, "s", &low).await.unwrap();
     assert_eq!(set(&r["acked"]), set_of(&low), "{r}");

@@ -340,14 +340,18 @@ impl DeliveryStateStore for RocksDeliveryStore {
         rx
     }
 
-    async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError> {
-        crate::on_store_thread(&self.inner.group, Wait::Written, move |_| {
+    async fn update(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError> {
+        let (ticket, ()) = crate::on_store_thread(&self.inner.group, Wait::Written, move |_| {
             let mut batch = Batch::new();
-            RocksDeliveryStore::stage(&record, &mut batch).map_err(Closure::Delivery)?;
+            for record in &records {
+                RocksDeliveryStore::stage(record, &mut batch).map_err(Closure::Delivery)?;
+            }
             Ok::<_, Closure>((batch, ()))
         })
         .await?;
-        self.inner.dirty.store(true, Ordering::SeqCst);
+        if ticket.is_some() {
+            self.inner.dirty.store(true, Ordering::SeqCst);
+        }
         Ok(())
     }
 

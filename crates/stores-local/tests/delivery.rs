@@ -109,7 +109,7 @@ async fn updates_reach_disk_within_the_flush_interval() {
     d.record_attempt(record(0, 1, 1, 500)).await.unwrap();
     let mut acked = record(0, 1, 1, 500);
     acked.state = DeliveryState::AckedAwaitingCommit;
-    d.update(acked.clone()).await.unwrap();
+    d.update(vec![acked.clone()]).await.unwrap();
     assert_eq!(
         d.get(&pkey(0), 1).await.unwrap(),
         Some(acked.clone()),
@@ -345,7 +345,7 @@ async fn a_reschedule_replaces_the_record_in_place_and_each_record_is_one_key() 
     let mut later = record(0, 1, 2, 1_000);
     later.state = DeliveryState::WaitingRetry;
     later.last_reason = Some("nack: busy".into());
-    d.update(later.clone()).await.unwrap();
+    d.update(vec![later.clone()]).await.unwrap();
     d.flush().await.unwrap();
     drop(stores);
     assert_eq!(
@@ -405,6 +405,51 @@ async fn an_earlier_releases_deadline_index_is_dropped_at_open_and_the_records_s
 }
 
 #[tokio::test]
+async fn given_updates_of_several_records_then_they_are_one_write_all_of_them_or_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let d = &stores.deliveries;
+    let attempts: Vec<_> = (0..3).map(|o| record(0, o, 1, 500)).collect();
+    d.record_attempts(attempts.clone()).await.unwrap();
+    let acked: Vec<_> = attempts
+        .iter()
+        .map(|r| DeliveryRecord {
+            state: DeliveryState::AckedAwaitingCommit,
+            ..r.clone()
+        })
+        .collect();
+    // One invalid record (attempt 0) refuses the whole write: nothing of it applied.
+    let mut bad = acked.clone();
+    bad[1].attempt = 0;
+    assert!(matches!(
+        d.update(bad).await,
+        Err(DeliveryError::Invalid(_))
+    ));
+    for r in &attempts {
+        assert_eq!(d.get(&pkey(0), r.offset).await.unwrap().as_ref(), Some(r));
+    }
+    assert!(d.health().is_ok(), "a refused request does not poison");
+    d.update(acked.clone()).await.unwrap();
+    flushed(&power, "the updates").await;
+    let image = power.cut();
+    drop(stores);
+    let rebooted = tempfile::tempdir().unwrap();
+    let stores = common::reboot_from(&image, rebooted.path());
+    for r in &acked {
+        assert_eq!(
+            stores
+                .deliveries
+                .get(&pkey(0), r.offset)
+                .await
+                .unwrap()
+                .as_ref(),
+            Some(r),
+            "every update of the write survived the power cut"
+        );
+    }
+}
+
+#[tokio::test]
 async fn given_a_failed_write_then_the_store_is_poisoned_and_health_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let (stores, power) = common::open_with_power_cut(dir.path());
@@ -421,7 +466,7 @@ async fn given_a_failed_write_then_the_store_is_poisoned_and_health_says_so() {
     let reason = d.health().unwrap_err();
     assert!(reason.contains("injected"), "{reason}");
     assert!(matches!(
-        d.update(record(0, 0, 2, 10)).await,
+        d.update(vec![record(0, 0, 2, 10)]).await,
         Err(DeliveryError::Poisoned(_))
     ));
     assert!(matches!(

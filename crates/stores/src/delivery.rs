@@ -117,7 +117,11 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
         &self,
         records: Vec<DeliveryRecord>,
     ) -> tokio::sync::oneshot::Receiver<Result<(), DeliveryError>>;
-    async fn update(&self, record: DeliveryRecord) -> Result<(), DeliveryError>;
+    /// Writes `records` (each replacing the record of its offset) in one atomic
+    /// write, applied at once and durable within the flush interval: the updates of
+    /// one turn of a partition task (the acks above a gap in the committed prefix
+    /// come a hundred at a time) cost one write, not one each.
+    async fn update(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError>;
     async fn resolve(
         &self,
         remove: Vec<(OffsetKey, u64)>,

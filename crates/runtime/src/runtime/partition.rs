@@ -1146,7 +1146,22 @@ impl PartitionTask {
                             records.push(r);
                         }
                     }
-                    self.record_extends(records, fx).await
+                    self.record_extends(records).await
+                }
+                Command::Update(record) => {
+                    // The updates of one turn (acks above a gap come a batch at a
+                    // time): one write.
+                    let mut records = vec![record];
+                    while let Some(Command::Update(r)) = queue.front() {
+                        if r.state == DeliveryState::InFlight && self.cluster.is_some() {
+                            break;
+                        }
+                        if let Some(Command::Update(r)) = queue.pop_front() {
+                            records.push(r);
+                        }
+                    }
+                    self.update_records(records).await;
+                    vec![]
                 }
                 Command::Park { .. } => {
                     // The delayed (or held) events of one read: one durable write.
@@ -1208,18 +1223,18 @@ impl PartitionTask {
     /// Extends in cluster mode: the ledger first (a failure other than a fence is
     /// logged and counted: the lease holds here, a move before the next record would
     /// end it at its earlier deadline), then the local records.
-    async fn record_extends(
-        &mut self,
-        records: Vec<DeliveryRecord>,
-        fx: &mut Effects,
-    ) -> Vec<Input> {
+    async fn record_extends(&mut self, records: Vec<DeliveryRecord>) -> Vec<Input> {
         let entries = records.iter().map(ledger_entry).collect();
         self.write_ledger(entries, "extend").await;
-        let mut inputs = Vec::new();
-        for r in records {
-            inputs.extend(self.run_one(Command::Update(r), fx).await);
-        }
-        inputs
+        self.update_records(records).await;
+        vec![]
+    }
+
+    /// Writes delivery record updates (one atomic write for all of them).
+    async fn update_records(&self, records: Vec<DeliveryRecord>) {
+        let started = Instant::now();
+        let r = self.deps.deliveries.update(records).await;
+        self.delivery_write_done("update", started, r);
     }
 
     fn fail(&self, store: &'static str, error: String) {
@@ -1414,9 +1429,7 @@ impl PartitionTask {
                 vec![]
             }
             Command::Update(record) => {
-                let started = Instant::now();
-                let r = self.deps.deliveries.update(record).await;
-                self.delivery_write_done("update", started, r);
+                self.update_records(vec![record]).await;
                 vec![]
             }
             Command::Resolve { remove, advance } => {
