@@ -340,29 +340,17 @@ impl DeliveryStateStore for RocksDeliveryStore {
         rx
     }
 
-    async fn update(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError> {
-        let (ticket, ()) = crate::on_store_thread(&self.inner.group, Wait::Written, move |_| {
-            let mut batch = Batch::new();
-            for record in &records {
-                RocksDeliveryStore::stage(record, &mut batch).map_err(Closure::Delivery)?;
-            }
-            Ok::<_, Closure>((batch, ()))
-        })
-        .await?;
-        if ticket.is_some() {
-            self.inner.dirty.store(true, Ordering::SeqCst);
-        }
-        Ok(())
-    }
-
-    async fn resolve(
+    async fn resolve_and_update(
         &self,
         remove: Vec<(OffsetKey, u64)>,
         advance: Option<OffsetAdvance>,
+        updates: Vec<DeliveryRecord>,
     ) -> Result<(), DeliveryError> {
         let inner = self.inner.clone();
         let (ticket, staged) =
             crate::on_store_thread(&self.inner.group, Wait::Written, move |_| {
+                // In the order of the calls this stands for: the resolve, then the
+                // updates.
                 let mut batch = Batch::new();
                 for (key, offset) in &remove {
                     batch.delete(CF_DELIVERIES, keys::delivery_key(key, *offset));
@@ -371,11 +359,14 @@ impl DeliveryStateStore for RocksDeliveryStore {
                     Some(a) => Some(inner.offsets.stage(&a.key, a.to, false, &mut batch)?),
                     None => None,
                 };
+                for record in &updates {
+                    RocksDeliveryStore::stage(record, &mut batch).map_err(Closure::Delivery)?;
+                }
                 Ok::<_, Closure>((batch, staged))
             })
             .await?;
         let Some(ticket) = ticket else {
-            // Nothing written (nothing to remove, the same offset again).
+            // Nothing written (nothing to remove or update, the same offset again).
             return Ok(());
         };
         self.inner.dirty.store(true, Ordering::SeqCst);

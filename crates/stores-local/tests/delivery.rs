@@ -181,6 +181,63 @@ async fn a_resolve_is_one_batch_that_a_power_cut_keeps_whole_or_not_at_all() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolve_with_updates_is_one_batch_that_a_power_cut_keeps_whole_or_not_at_all() {
+    // Cut at once (the flusher may or may not have run) and after the flush: the
+    // records 0 and 1 go, the offset moves to 2 and record 3 is acked, all or none.
+    for flush in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (stores, power) = common::open_with_power_cut(dir.path());
+        let d = &stores.deliveries;
+        for offset in 0..4 {
+            d.record_attempt(record(0, offset, 1, 100 + offset))
+                .await
+                .unwrap();
+        }
+        let mut acked = record(0, 3, 1, 103);
+        acked.state = DeliveryState::AckedAwaitingCommit;
+        d.resolve_and_update(
+            vec![(pkey(0), 0), (pkey(0), 1)],
+            Some(OffsetAdvance {
+                key: pkey(0),
+                to: 2,
+            }),
+            vec![acked.clone()],
+        )
+        .await
+        .unwrap();
+        assert_eq!(d.get(&pkey(0), 3).await.unwrap().as_ref(), Some(&acked));
+        if flush {
+            flushed(&power, "the resolve and its update").await;
+        }
+        let image = power.cut();
+        drop(stores);
+        let rebooted = tempfile::tempdir().unwrap();
+        let stores = common::reboot_from(&image, rebooted.path());
+        let left: Vec<_> = stores.deliveries.load_all().await.unwrap();
+        let committed = stores
+            .offsets
+            .get(&pkey(0))
+            .await
+            .unwrap()
+            .map(|c| c.offset);
+        let states: Vec<_> = left.iter().map(|r| (r.offset, r.state)).collect();
+        let whole = committed == Some(2)
+            && states
+                == vec![
+                    (2, DeliveryState::InFlight),
+                    (3, DeliveryState::AckedAwaitingCommit),
+                ];
+        let none = committed.is_none()
+            && states.len() == 4
+            && states.iter().all(|(_, s)| *s == DeliveryState::InFlight);
+        assert!(
+            whole || (none && !flush),
+            "flushed {flush}: records {states:?}, committed {committed:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resolve_reaches_disk_within_the_flush_interval_without_being_waited_for() {
     let dir = tempfile::tempdir().unwrap();
     let (stores, power) = common::open_with_power_cut(dir.path());

@@ -121,11 +121,24 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
     /// write, applied at once and durable within the flush interval: the updates of
     /// one turn of a partition task (the acks above a gap in the committed prefix
     /// come a hundred at a time) cost one write, not one each.
-    async fn update(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError>;
+    async fn update(&self, records: Vec<DeliveryRecord>) -> Result<(), DeliveryError> {
+        self.resolve_and_update(Vec::new(), None, records).await
+    }
     async fn resolve(
         &self,
         remove: Vec<(OffsetKey, u64)>,
         advance: Option<OffsetAdvance>,
+    ) -> Result<(), DeliveryError> {
+        self.resolve_and_update(remove, advance, Vec::new()).await
+    }
+    /// [`resolve`](Self::resolve) and [`update`](Self::update) in one atomic write
+    /// (an ack turn moves the committed prefix and records the acks above the new
+    /// gap: one write for both).
+    async fn resolve_and_update(
+        &self,
+        remove: Vec<(OffsetKey, u64)>,
+        advance: Option<OffsetAdvance>,
+        updates: Vec<DeliveryRecord>,
     ) -> Result<(), DeliveryError>;
     async fn flush(&self) -> Result<(), DeliveryError>;
     async fn get(

@@ -1152,16 +1152,18 @@ impl PartitionTask {
                     // The updates of one turn (acks above a gap come a batch at a
                     // time): one write.
                     let mut records = vec![record];
-                    while let Some(Command::Update(r)) = queue.front() {
-                        if r.state == DeliveryState::InFlight && self.cluster.is_some() {
-                            break;
-                        }
-                        if let Some(Command::Update(r)) = queue.pop_front() {
-                            records.push(r);
-                        }
-                    }
+                    records.extend(self.take_updates(&mut queue));
                     self.update_records(records).await;
                     vec![]
+                }
+                Command::Resolve {
+                    remove,
+                    advance: Some(advance),
+                } => {
+                    // An ack turn: the committed prefix moves, and the acks above the
+                    // new gap that follow are recorded in the same write.
+                    let updates = self.take_updates(&mut queue);
+                    self.resolve_records(remove, Some(advance), updates).await
                 }
                 Command::Park { .. } => {
                     // The delayed (or held) events of one read: one durable write.
@@ -1227,6 +1229,50 @@ impl PartitionTask {
         let entries = records.iter().map(ledger_entry).collect();
         self.write_ledger(entries, "extend").await;
         self.update_records(records).await;
+        vec![]
+    }
+
+    /// The updates at the front of `queue` that go to the delivery store alone (not
+    /// the extends of cluster mode, which go to the ledger first).
+    fn take_updates(&self, queue: &mut VecDeque<Command>) -> Vec<DeliveryRecord> {
+        let mut records = Vec::new();
+        while let Some(Command::Update(r)) = queue.front() {
+            if r.state == DeliveryState::InFlight && self.cluster.is_some() {
+                break;
+            }
+            if let Some(Command::Update(r)) = queue.pop_front() {
+                records.push(r);
+            }
+        }
+        records
+    }
+
+    /// Removes the records of `remove` (offsets of this partition), advances the
+    /// committed offset and writes `updates`, in one atomic write.
+    async fn resolve_records(
+        &self,
+        remove: Vec<u64>,
+        advance: Option<meshd_stores::delivery::OffsetAdvance>,
+        updates: Vec<DeliveryRecord>,
+    ) -> Vec<Input> {
+        let started = Instant::now();
+        // Without an advance it removes the record of a settled redrive: made durable
+        // at once, or a power cut would bring back the record and repeat a settlement
+        // Meta has already applied (an ack's resolve may wait for the flusher:
+        // repeating an ack costs a redelivery at most).
+        let settles_redrive = advance.is_none();
+        let key = self.key();
+        let remove = remove.into_iter().map(|o| (key.clone(), o)).collect();
+        let r = self
+            .deps
+            .deliveries
+            .resolve_and_update(remove, advance, updates)
+            .await;
+        let ok = r.is_ok();
+        self.delivery_write_done("resolve", started, r);
+        if ok && settles_redrive {
+            self.flush_deliveries("flush_redrive_settled").await;
+        }
         vec![]
     }
 
@@ -1433,20 +1479,7 @@ impl PartitionTask {
                 vec![]
             }
             Command::Resolve { remove, advance } => {
-                let started = Instant::now();
-                // Without an advance it removes the record of a settled redrive: made
-                // durable at once, or a power cut would bring back the record and
-                // repeat a settlement Meta has already applied (an ack's resolve may
-                // wait for the flusher: repeating an ack costs a redelivery at most).
-                let settles_redrive = advance.is_none();
-                let remove = remove.into_iter().map(|o| (key.clone(), o)).collect();
-                let r = self.deps.deliveries.resolve(remove, advance).await;
-                let ok = r.is_ok();
-                self.delivery_write_done("resolve", started, r);
-                if ok && settles_redrive {
-                    self.flush_deliveries("flush_redrive_settled").await;
-                }
-                vec![]
+                self.resolve_records(remove, advance, Vec::new()).await
             }
             Command::DeadLetter(req) => {
                 let offset = req.offset;
