@@ -21,13 +21,14 @@
 //! data dir without it loses nothing (its index served no production read).
 
 use crate::keys::{self, CF_DELIVERIES};
-use crate::offsets::{OffsetErrorOrLocal, RocksOffsetStore};
+use crate::offsets::{OffsetErrorOrLocal, RocksOffsetStore, Staged};
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
 use meshd_stores::delivery::{
-    DeliveryError, DeliveryRecord, DeliveryState, DeliveryStateStore, OffsetAdvance, SessionBinding,
+    Applied, DeliveryError, DeliveryRecord, DeliveryState, DeliveryStateStore, OffsetAdvance,
+    SessionBinding,
 };
 use meshd_stores::offsets::{Committed, OffsetError, OffsetKey};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -340,15 +341,18 @@ impl DeliveryStateStore for RocksDeliveryStore {
         rx
     }
 
-    async fn resolve_and_update(
+    fn submit_resolve_and_update(
         &self,
         remove: Vec<(OffsetKey, u64)>,
         advance: Option<OffsetAdvance>,
         updates: Vec<DeliveryRecord>,
-    ) -> Result<(), DeliveryError> {
+        applied: Applied,
+    ) {
         let inner = self.inner.clone();
-        let (ticket, staged) =
-            crate::on_store_thread(&self.inner.group, Wait::Written, move |_| {
+        let offsets = self.inner.offsets.clone();
+        self.inner.group.submit(
+            Wait::Written,
+            move |_| {
                 // In the order of the calls this stands for: the resolve, then the
                 // updates.
                 let mut batch = Batch::new();
@@ -356,27 +360,34 @@ impl DeliveryStateStore for RocksDeliveryStore {
                     batch.delete(CF_DELIVERIES, keys::delivery_key(key, *offset));
                 }
                 let staged = match &advance {
-                    Some(a) => Some(inner.offsets.stage(&a.key, a.to, false, &mut batch)?),
+                    Some(a) => Some(offsets.stage(&a.key, a.to, false, &mut batch)?),
                     None => None,
                 };
                 for record in &updates {
                     RocksDeliveryStore::stage(record, &mut batch).map_err(Closure::Delivery)?;
                 }
                 Ok::<_, Closure>((batch, staged))
-            })
-            .await?;
-        let Some(ticket) = ticket else {
-            // Nothing written (nothing to remove or update, the same offset again).
-            return Ok(());
-        };
-        self.inner.dirty.store(true, Ordering::SeqCst);
-        if let Some(st) = staged {
-            self.inner.offsets.publish_when_durable(ticket, st);
-        }
-        Ok(())
+            },
+            move |r: Result<(Option<u64>, Option<Staged>), Closure>| {
+                let r = r.map_err(DeliveryError::from).map(|(ticket, staged)| {
+                    // Nothing written: nothing to remove or update, the same offset
+                    // again.
+                    if let Some(ticket) = ticket {
+                        inner.dirty.store(true, Ordering::SeqCst);
+                        if let Some(st) = staged {
+                            inner.offsets.publish_when_durable(ticket, st);
+                        }
+                    }
+                });
+                applied(r)
+            },
+        );
     }
 
     async fn flush(&self) -> Result<(), DeliveryError> {
+        // Every write submitted before this call (an ack's resolve that was not
+        // waited for) is applied first.
+        crate::applied_so_far(&self.inner.group).await;
         self.blocking(|s| {
             s.dirty.store(false, Ordering::SeqCst);
             s.sync().map_err(local)

@@ -64,6 +64,18 @@ impl LocalStores {
     }
 }
 
+/// Returns once every write submitted to the Local committer's store thread before
+/// this call is applied (they are applied in order, and so is the empty one this
+/// queues): a flush or a read that must see the buffered writes a caller submitted
+/// without waiting for them (an ack's resolve) starts here. Its answer, whatever it
+/// is (a fail-stopped committer refuses even an empty write), comes after theirs.
+pub(crate) async fn applied_so_far(group: &Arc<GroupCommit>) {
+    let _ = on_store_thread(group, meshd_local::group::Wait::Written, |_| {
+        Ok::<_, meshd_local::LocalError>((meshd_local::Batch::new(), ()))
+    })
+    .await;
+}
+
 /// Runs a write on the Local committer's store thread
 /// ([`GroupCommit::submit`](meshd_local::group::GroupCommit::submit)) and awaits its
 /// answer: `(ticket, output)`, the ticket `None` for an empty batch.

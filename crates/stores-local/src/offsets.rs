@@ -247,6 +247,10 @@ impl RocksOffsetStore {
     /// Before a read of the keys `which` selects: any of them still pending is made
     /// durable (one fsync for everything written so far) and published.
     async fn settle(&self, which: impl Fn(&OffsetKey) -> bool) -> Result<(), OffsetError> {
+        // An advance submitted before this read and not yet applied (an ack's resolve
+        // is answered without waiting for its write) is applied first, so a client
+        // reads its own acks.
+        crate::applied_so_far(&self.inner.group).await;
         self.catch_up();
         if !lock(&self.inner.pending).iter().any(|(_, k, _)| which(k)) {
             return Ok(());

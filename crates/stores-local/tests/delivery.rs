@@ -506,6 +506,101 @@ async fn given_updates_of_several_records_then_they_are_one_write_all_of_them_or
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_resolves_submitted_without_waiting_then_a_flush_covers_every_one_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let d = &stores.deliveries;
+    const N: u64 = 2000;
+    let attempts: Vec<_> = (0..N).map(|o| record(0, o, 1, 500)).collect();
+    d.record_attempts(attempts).await.unwrap();
+    // One resolve per offset, none waited for (as a partition task submits them);
+    // then a flush at once: it is ordered after every one of them.
+    for o in 0..N {
+        d.submit_resolve_and_update(
+            vec![(pkey(0), o)],
+            Some(OffsetAdvance {
+                key: pkey(0),
+                to: o + 1,
+            }),
+            Vec::new(),
+            Box::new(|r| r.expect("applied")),
+        );
+    }
+    d.flush().await.unwrap();
+    let image = power.cut();
+    drop(stores);
+    assert_eq!(
+        left_and_committed(&image).await,
+        (vec![], Some(N)),
+        "a flush after the submits made all of them durable"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_resolves_submitted_without_waiting_then_a_read_of_committed_shows_the_last_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    let d = &stores.deliveries;
+    const N: u64 = 2000;
+    let attempts: Vec<_> = (0..N).map(|o| record(0, o, 1, 500)).collect();
+    d.record_attempts(attempts).await.unwrap();
+    for o in 0..N {
+        d.submit_resolve_and_update(
+            vec![(pkey(0), o)],
+            Some(OffsetAdvance {
+                key: pkey(0),
+                to: o + 1,
+            }),
+            Vec::new(),
+            Box::new(|r| r.expect("applied")),
+        );
+    }
+    // Read at once, as a client that was just told its ack went through: it reads its
+    // own acks.
+    assert_eq!(
+        stores
+            .offsets
+            .get(&pkey(0))
+            .await
+            .unwrap()
+            .map(|c| c.offset),
+        Some(N)
+    );
+}
+
+#[tokio::test]
+async fn given_a_failed_write_submitted_without_waiting_then_it_is_told_outcome_unknown_and_later_writes_are_refused(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    let d = &stores.deliveries;
+    d.record_attempt(record(0, 0, 1, 10)).await.unwrap();
+    power.fail_writes(true);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    d.submit_resolve_and_update(
+        vec![(pkey(0), 0)],
+        Some(OffsetAdvance {
+            key: pkey(0),
+            to: 1,
+        }),
+        Vec::new(),
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    assert!(matches!(
+        rx.await.expect("told"),
+        Err(DeliveryError::Indeterminate(_))
+    ));
+    power.fail_writes(false);
+    assert!(d.health().is_err());
+    assert!(matches!(
+        d.record_attempt(record(0, 1, 1, 10)).await,
+        Err(DeliveryError::Poisoned(_))
+    ));
+}
+
 #[tokio::test]
 async fn given_a_failed_write_then_the_store_is_poisoned_and_health_says_so() {
     let dir = tempfile::tempdir().unwrap();

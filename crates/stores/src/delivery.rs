@@ -95,6 +95,9 @@ pub struct OffsetAdvance {
 ///   interval like `update`; the OffsetStore reports the advance only once it is
 ///   durable (a read of a key with an advance still pending forces the fsync), so a
 ///   reported committed offset never goes back across a crash.
+/// * `submit_resolve_and_update` queues both in one write without waiting: writes
+///   are applied in submission order, and `flush` and the OffsetStore's reads cover
+///   every write submitted before them (a client reads its own acks).
 /// * A write whose own write or fsync fails answers [`DeliveryError::Indeterminate`];
 ///   the store is then poisoned: every later write fails with
 ///   [`DeliveryError::Poisoned`] (nothing written), and `health` says so.
@@ -139,7 +142,31 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
         remove: Vec<(OffsetKey, u64)>,
         advance: Option<OffsetAdvance>,
         updates: Vec<DeliveryRecord>,
-    ) -> Result<(), DeliveryError>;
+    ) -> Result<(), DeliveryError> {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        self.submit_resolve_and_update(
+            remove,
+            advance,
+            updates,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        submitted(&mut rx).await
+    }
+    /// [`resolve_and_update`](Self::resolve_and_update) submitted before this
+    /// returns: ordered before every write this store is given afterwards and before
+    /// a later [`flush`](Self::flush), so a caller need not wait for it (a partition
+    /// task goes on with its next requests). `applied` is told the outcome once the
+    /// write is applied (buffered), on a thread of the store: keep it short. Dropped
+    /// uncalled, the store went away with the write queued (outcome unknown).
+    fn submit_resolve_and_update(
+        &self,
+        remove: Vec<(OffsetKey, u64)>,
+        advance: Option<OffsetAdvance>,
+        updates: Vec<DeliveryRecord>,
+        applied: Applied,
+    );
     async fn flush(&self) -> Result<(), DeliveryError>;
     async fn get(
         &self,
@@ -175,14 +202,19 @@ pub trait DeliveryStateStore: Send + Sync + 'static {
     fn health(&self) -> Result<(), String>;
 }
 
-/// The outcome a [`DeliveryStateStore::submit_attempts`] receiver brings; a sender
-/// dropped unanswered (the store went away, meshd is stopping) is an unknown outcome.
+/// What a [`DeliveryStateStore::submit_resolve_and_update`] is told once its write
+/// is applied, or failed.
+pub type Applied = Box<dyn FnOnce(Result<(), DeliveryError>) + Send>;
+
+/// The outcome a [`DeliveryStateStore::submit_attempts`] receiver (or one of a
+/// submitted write) brings; a sender dropped unanswered (the store went away, meshd
+/// is stopping) is an unknown outcome.
 pub async fn submitted(
     answer: &mut tokio::sync::oneshot::Receiver<Result<(), DeliveryError>>,
 ) -> Result<(), DeliveryError> {
     answer.await.unwrap_or_else(|_| {
         Err(DeliveryError::Indeterminate(
-            "the store went away with this attempt write queued".into(),
+            "the store went away with this write queued".into(),
         ))
     })
 }

@@ -863,6 +863,7 @@ impl Runtime {
             stats_dirty: false,
             cluster,
             pending: Default::default(),
+            submitted: None,
             attributes: self.attributes.clone(),
             park: partition::ParkState::at_start(parked.count),
         };

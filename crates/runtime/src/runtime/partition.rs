@@ -15,7 +15,7 @@
 
 use super::cluster::{park_error, unavailable};
 use super::{Deps, Handed, RuntimeError};
-use crate::metrics::{Counted, PartCounters, SubCounters};
+use crate::metrics::{Counted, Metrics, PartCounters, SubCounters};
 use crate::runtime::PullBudget;
 use meshd_dispatch::{
     AckOutcome, Command, DeliveryRef, EventMeta, ExtendOutcome, Input, NackOutcome, PartitionCore,
@@ -288,10 +288,54 @@ pub struct PartitionTask {
     /// Pulls whose attempt records were submitted and are not durable yet, in
     /// submission order (see the module doc).
     pub pending: VecDeque<PendingPulls>,
+    /// The last buffered delivery write submitted without waiting for it (an ack's
+    /// resolve, a nack's update): answers that must not say "done" before the writes
+    /// they stand for are applied wait for it (writes are applied in order).
+    pub submitted: Option<Arc<Applied>>,
     /// The attributes of events read, shared by the subscriptions of a topic.
     pub attributes: Arc<super::attributes::AttributeCache>,
     /// The shell's side of parking.
     pub park: ParkState,
+}
+
+/// Whether a write submitted without waiting is applied yet, and what waits for it.
+#[derive(Default)]
+pub struct Applied(std::sync::Mutex<AppliedState>);
+
+#[derive(Default)]
+enum AppliedState {
+    #[default]
+    Pending,
+    Waiting(Vec<Box<dyn FnOnce() + Send>>),
+    Done,
+}
+
+impl Applied {
+    /// The write is applied (or failed): runs what waited for it.
+    fn done(&self) {
+        let state = std::mem::replace(
+            &mut *self.0.lock().unwrap_or_else(PoisonError::into_inner),
+            AppliedState::Done,
+        );
+        if let AppliedState::Waiting(then) = state {
+            for f in then {
+                f();
+            }
+        }
+    }
+
+    /// Runs `f` once the write is applied: now if it is.
+    fn then(&self, f: Box<dyn FnOnce() + Send>) {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut *state {
+            AppliedState::Done => {
+                drop(state);
+                f();
+            }
+            AppliedState::Waiting(then) => then.push(f),
+            AppliedState::Pending => *state = AppliedState::Waiting(vec![f]),
+        }
+    }
 }
 
 /// The shell's side of parking (http-api.md, "Parking"): the park index holds the
@@ -689,7 +733,7 @@ impl PartitionTask {
                         delay_ms,
                     })
                     .await;
-                let _ = reply.send(answer);
+                self.reply_after_writes(reply, answer);
             }
             Msg::Extend {
                 ids,
@@ -702,7 +746,7 @@ impl PartitionTask {
                         ack_timeout_ms,
                     })
                     .await;
-                let _ = reply.send(answer);
+                self.reply_after_writes(reply, answer);
             }
             Msg::Redrive {
                 entry_id,
@@ -959,7 +1003,7 @@ impl PartitionTask {
                 Some(e) => Err(e.clone()),
                 None => self.answer(fx, &mut answers).map(|()| answers),
             };
-            let _ = reply.send(answer);
+            self.reply_after_writes(reply, answer);
         }
     }
 
@@ -1153,7 +1197,7 @@ impl PartitionTask {
                     // time): one write.
                     let mut records = vec![record];
                     records.extend(self.take_updates(&mut queue));
-                    self.update_records(records).await;
+                    self.update_records(records);
                     vec![]
                 }
                 Command::Resolve {
@@ -1228,7 +1272,7 @@ impl PartitionTask {
     async fn record_extends(&mut self, records: Vec<DeliveryRecord>) -> Vec<Input> {
         let entries = records.iter().map(ledger_entry).collect();
         self.write_ledger(entries, "extend").await;
-        self.update_records(records).await;
+        self.update_records(records);
         vec![]
     }
 
@@ -1250,47 +1294,96 @@ impl PartitionTask {
     /// Removes the records of `remove` (offsets of this partition), advances the
     /// committed offset and writes `updates`, in one atomic write.
     async fn resolve_records(
-        &self,
+        &mut self,
         remove: Vec<u64>,
         advance: Option<meshd_stores::delivery::OffsetAdvance>,
         updates: Vec<DeliveryRecord>,
     ) -> Vec<Input> {
-        let started = Instant::now();
+        let key = self.key();
+        let remove = remove.into_iter().map(|o| (key.clone(), o)).collect();
+        if advance.is_some() {
+            self.submit_delivery_write("resolve", remove, advance, updates);
+            return vec![];
+        }
         // Without an advance it removes the record of a settled redrive: made durable
         // at once, or a power cut would bring back the record and repeat a settlement
         // Meta has already applied (an ack's resolve may wait for the flusher:
         // repeating an ack costs a redelivery at most).
-        let settles_redrive = advance.is_none();
-        let key = self.key();
-        let remove = remove.into_iter().map(|o| (key.clone(), o)).collect();
+        let started = Instant::now();
         let r = self
             .deps
             .deliveries
-            .resolve_and_update(remove, advance, updates)
+            .resolve_and_update(remove, None, updates)
             .await;
         let ok = r.is_ok();
         self.delivery_write_done("resolve", started, r);
-        if ok && settles_redrive {
+        if ok {
             self.flush_deliveries("flush_redrive_settled").await;
         }
         vec![]
     }
 
     /// Writes delivery record updates (one atomic write for all of them).
-    async fn update_records(&self, records: Vec<DeliveryRecord>) {
+    fn update_records(&mut self, records: Vec<DeliveryRecord>) {
+        self.submit_delivery_write("update", Vec::new(), None, records);
+    }
+
+    /// Submits a buffered delivery write (durable within the flush interval) without
+    /// waiting for it: the store applies it in order, before any later write and any
+    /// later flush, and this task goes on with its next requests (waiting for each,
+    /// a busy partition spent half its time on these round trips). Its latency and
+    /// a failure are recorded when the store has applied it; a failure fail-stops the
+    /// store, so every later write (an attempt before a hand-out among them) fails
+    /// too, and this partition stops dispatching as with a write it waited for.
+    fn submit_delivery_write(
+        &mut self,
+        op: &'static str,
+        remove: Vec<(OffsetKey, u64)>,
+        advance: Option<meshd_stores::delivery::OffsetAdvance>,
+        updates: Vec<DeliveryRecord>,
+    ) {
         let started = Instant::now();
-        let r = self.deps.deliveries.update(records).await;
-        self.delivery_write_done("update", started, r);
+        let metrics = self.deps.metrics.clone();
+        let shared = self.shared.clone();
+        let key = self.key().clone();
+        let applied = Arc::new(Applied::default());
+        self.submitted = Some(applied.clone());
+        self.deps.deliveries.submit_resolve_and_update(
+            remove,
+            advance,
+            updates,
+            Box::new(move |r| {
+                delivery_write_done(&metrics, &shared, &key, op, started, r);
+                applied.done();
+            }),
+        );
+    }
+
+    /// Sends an ack's, nack's or extend's answer once the delivery writes submitted
+    /// so far are applied: a store that failed on one of them answers the failure,
+    /// never a success the disk did not take (an ack on a full disk is not
+    /// acknowledged).
+    fn reply_after_writes(
+        &self,
+        reply: oneshot::Sender<Result<Answers, RuntimeError>>,
+        answer: Result<Answers, RuntimeError>,
+    ) {
+        let shared = self.shared.clone();
+        let send = move || {
+            let answer = match shared.failed() {
+                Some(e) => Err(RuntimeError::StoreFailed(e)),
+                None => answer,
+            };
+            let _ = reply.send(answer);
+        };
+        match &self.submitted {
+            Some(applied) => applied.then(Box::new(send)),
+            None => send(),
+        }
     }
 
     fn fail(&self, store: &'static str, error: String) {
-        let key = self.key();
-        tracing::error!(store, backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %error, "store write failed; this partition stops dispatching until a restart");
-        *self
-            .shared
-            .failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(format!("{store}: {error}"));
+        fail_partition(&self.shared, self.key(), store, error);
     }
 
     /// Write-ahead: the attempt records of one pull, durable (they share fsyncs)
@@ -1475,7 +1568,7 @@ impl PartitionTask {
                 vec![]
             }
             Command::Update(record) => {
-                self.update_records(vec![record]).await;
+                self.update_records(vec![record]);
                 vec![]
             }
             Command::Resolve { remove, advance } => {
@@ -1574,15 +1667,14 @@ impl PartitionTask {
         started: Instant,
         result: Result<(), meshd_stores::delivery::DeliveryError>,
     ) {
-        self.deps
-            .metrics
-            .write_latency("deliveries", Backend::RocksDb, op, started.elapsed());
-        if let Err(e) = result {
-            self.deps
-                .metrics
-                .store_error("deliveries", Backend::RocksDb, "write_failed");
-            self.fail("deliveries", e.reason());
-        }
+        delivery_write_done(
+            &self.deps.metrics,
+            &self.shared,
+            self.key(),
+            op,
+            started,
+            result,
+        );
     }
 
     fn meta_failure(&self, op: &str, entry_id: &str, e: &DeadLetterError) {
@@ -2371,6 +2463,31 @@ pub fn kind_of(e: &LogError) -> &'static str {
         LogError::Corrupt { .. } => "corrupt",
         LogError::Invalid(_) => "invalid",
         LogError::Unavailable(_) => "unavailable",
+    }
+}
+
+/// A partition's store write failed: logged with the store named, and the partition
+/// stops dispatching until a restart.
+fn fail_partition(shared: &Shared, key: &OffsetKey, store: &'static str, error: String) {
+    tracing::error!(store, backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %error, "store write failed; this partition stops dispatching until a restart");
+    *shared.failed.lock().unwrap_or_else(PoisonError::into_inner) =
+        Some(format!("{store}: {error}"));
+}
+
+/// Records a DeliveryStateStore write's latency; a failed one fail-stops the
+/// partition.
+fn delivery_write_done(
+    metrics: &Metrics,
+    shared: &Shared,
+    key: &OffsetKey,
+    op: &'static str,
+    started: Instant,
+    result: Result<(), meshd_stores::delivery::DeliveryError>,
+) {
+    metrics.write_latency("deliveries", Backend::RocksDb, op, started.elapsed());
+    if let Err(e) = result {
+        metrics.store_error("deliveries", Backend::RocksDb, "write_failed");
+        fail_partition(shared, key, "deliveries", e.reason());
     }
 }
 
