@@ -506,17 +506,15 @@ async fn given_updates_of_several_records_then_they_are_one_write_all_of_them_or
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn given_resolves_submitted_without_waiting_then_a_flush_covers_every_one_of_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let (stores, power) = common::open_with_power_cut(dir.path());
-    let d = &stores.deliveries;
-    const N: u64 = 2000;
-    let attempts: Vec<_> = (0..N).map(|o| record(0, o, 1, 500)).collect();
+/// Resolves submitted without waiting for them (as a partition task submits them).
+const SUBMITTED: u64 = 2000;
+
+/// Records attempts at 0..SUBMITTED, then submits one resolve per offset, each moving
+/// the committed offset past it, and waits for none of them.
+async fn submit_resolves(d: &meshd_stores_local::delivery::RocksDeliveryStore) {
+    let attempts: Vec<_> = (0..SUBMITTED).map(|o| record(0, o, 1, 500)).collect();
     d.record_attempts(attempts).await.unwrap();
-    // One resolve per offset, none waited for (as a partition task submits them);
-    // then a flush at once: it is ordered after every one of them.
-    for o in 0..N {
+    for o in 0..SUBMITTED {
         d.submit_resolve_and_update(
             vec![(pkey(0), o)],
             Some(OffsetAdvance {
@@ -527,12 +525,20 @@ async fn given_resolves_submitted_without_waiting_then_a_flush_covers_every_one_
             Box::new(|r| r.expect("applied")),
         );
     }
-    d.flush().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_resolves_submitted_without_waiting_then_a_flush_covers_every_one_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stores, power) = common::open_with_power_cut(dir.path());
+    submit_resolves(&stores.deliveries).await;
+    // A flush at once: it is ordered after every one of them.
+    stores.deliveries.flush().await.unwrap();
     let image = power.cut();
     drop(stores);
     assert_eq!(
         left_and_committed(&image).await,
-        (vec![], Some(N)),
+        (vec![], Some(SUBMITTED)),
         "a flush after the submits made all of them durable"
     );
 }
@@ -541,21 +547,7 @@ async fn given_resolves_submitted_without_waiting_then_a_flush_covers_every_one_
 async fn given_resolves_submitted_without_waiting_then_a_read_of_committed_shows_the_last_one() {
     let dir = tempfile::tempdir().unwrap();
     let stores = common::open(dir.path());
-    let d = &stores.deliveries;
-    const N: u64 = 2000;
-    let attempts: Vec<_> = (0..N).map(|o| record(0, o, 1, 500)).collect();
-    d.record_attempts(attempts).await.unwrap();
-    for o in 0..N {
-        d.submit_resolve_and_update(
-            vec![(pkey(0), o)],
-            Some(OffsetAdvance {
-                key: pkey(0),
-                to: o + 1,
-            }),
-            Vec::new(),
-            Box::new(|r| r.expect("applied")),
-        );
-    }
+    submit_resolves(&stores.deliveries).await;
     // Read at once, as a client that was just told its ack went through: it reads its
     // own acks.
     assert_eq!(
@@ -565,7 +557,7 @@ async fn given_resolves_submitted_without_waiting_then_a_read_of_committed_shows
             .await
             .unwrap()
             .map(|c| c.offset),
-        Some(N)
+        Some(SUBMITTED)
     );
 }
 

@@ -477,6 +477,30 @@ impl PartitionTask {
     }
 
     pub async fn run(mut self) {
+        self.serve().await;
+        // However it ended (a stop, a fence, its channel closed), the writes it
+        // submitted without waiting are applied before the task is gone: a new task
+        // for the partition (its adoption in cluster mode) or the drop of its
+        // subscription comes after them.
+        self.wait_submitted().await;
+    }
+
+    /// Returns once the buffered writes this task submitted without waiting are
+    /// applied (or failed).
+    async fn wait_submitted(&mut self) {
+        if let Some(applied) = self.submitted.take() {
+            let (tx, rx) = oneshot::channel();
+            applied.then(Box::new(move || {
+                let _ = tx.send(());
+            }));
+            // Only the store's answer holds it now: dropped unanswered (the store
+            // went away with the write), the sender goes with it.
+            drop(applied);
+            let _ = rx.await;
+        }
+    }
+
+    async fn serve(&mut self) {
         // Appends to this partition only (taken before the first look at the log end,
         // so no append is missed in between).
         let mut appends = self.subscribe_appends();
@@ -798,6 +822,7 @@ impl PartitionTask {
             let done = meshd_stores::delivery::submitted(&mut p.write).await;
             self.persisted(p, done).await;
         }
+        self.wait_submitted().await;
     }
 
     /// Requests taken from the queue together, in order; runs of pulls and of acks
