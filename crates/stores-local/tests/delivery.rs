@@ -188,11 +188,8 @@ async fn a_resolve_with_updates_is_one_batch_that_a_power_cut_keeps_whole_or_not
         let dir = tempfile::tempdir().unwrap();
         let (stores, power) = common::open_with_power_cut(dir.path());
         let d = &stores.deliveries;
-        for offset in 0..4 {
-            d.record_attempt(record(0, offset, 1, 100 + offset))
-                .await
-                .unwrap();
-        }
+        let attempts = (0..4).map(|o| record(0, o, 1, 100 + o)).collect();
+        d.record_attempts(attempts).await.unwrap();
         let mut acked = record(0, 3, 1, 103);
         acked.state = DeliveryState::AckedAwaitingCommit;
         d.resolve_and_update(
