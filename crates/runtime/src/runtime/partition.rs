@@ -291,7 +291,7 @@ pub struct PartitionTask {
     /// The last buffered delivery write submitted without waiting for it (an ack's
     /// resolve, a nack's update): answers that must not say "done" before the writes
     /// they stand for are applied wait for it (writes are applied in order).
-    pub submitted: Option<Arc<Applied>>,
+    pub submitted: Option<Arc<SubmittedWrite>>,
     /// The attributes of events read, shared by the subscriptions of a topic.
     pub attributes: Arc<super::attributes::AttributeCache>,
     /// The shell's side of parking.
@@ -300,24 +300,24 @@ pub struct PartitionTask {
 
 /// Whether a write submitted without waiting is applied yet, and what waits for it.
 #[derive(Default)]
-pub struct Applied(std::sync::Mutex<AppliedState>);
+pub struct SubmittedWrite(std::sync::Mutex<SubmittedState>);
 
 #[derive(Default)]
-enum AppliedState {
+enum SubmittedState {
     #[default]
     Pending,
     Waiting(Vec<Box<dyn FnOnce() + Send>>),
     Done,
 }
 
-impl Applied {
+impl SubmittedWrite {
     /// The write is applied (or failed): runs what waited for it.
     fn done(&self) {
         let state = std::mem::replace(
             &mut *self.0.lock().unwrap_or_else(PoisonError::into_inner),
-            AppliedState::Done,
+            SubmittedState::Done,
         );
-        if let AppliedState::Waiting(then) = state {
+        if let SubmittedState::Waiting(then) = state {
             for f in then {
                 f();
             }
@@ -328,12 +328,12 @@ impl Applied {
     fn then(&self, f: Box<dyn FnOnce() + Send>) {
         let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match &mut *state {
-            AppliedState::Done => {
+            SubmittedState::Done => {
                 drop(state);
                 f();
             }
-            AppliedState::Waiting(then) => then.push(f),
-            AppliedState::Pending => *state = AppliedState::Waiting(vec![f]),
+            SubmittedState::Waiting(then) => then.push(f),
+            SubmittedState::Pending => *state = SubmittedState::Waiting(vec![f]),
         }
     }
 }
@@ -1015,7 +1015,6 @@ impl PartitionTask {
         let mut fx = Effects::default();
         self.execute(merge_resolves(cmds), &mut fx).await;
         self.sync_shared();
-        let failed = self.failed_error();
         let mut per_request: Vec<Effects> = waiting.iter().map(|_| Effects::default()).collect();
         for r in fx.replies {
             // Every reply answers an id fed above (the core replies once per id).
@@ -1024,10 +1023,9 @@ impl PartitionTask {
             }
         }
         for ((mut answers, reply), fx) in waiting.into_iter().zip(per_request) {
-            let answer = match &failed {
-                Some(e) => Err(e.clone()),
-                None => self.answer(fx, &mut answers).map(|()| answers),
-            };
+            // A failed partition answers the failure (`answer` and
+            // `reply_after_writes` check).
+            let answer = self.answer(fx, &mut answers).map(|()| answers);
             self.reply_after_writes(reply, answer);
         }
     }
@@ -1201,27 +1199,18 @@ impl PartitionTask {
                     }
                     self.persist(records).await
                 }
-                Command::Update(record)
-                    if record.state == DeliveryState::InFlight && self.cluster.is_some() =>
-                {
+                Command::Update(record) if self.is_extend(&record) => {
                     // Extends: their new deadlines go to the ledger (one record for
                     // the run of them), so a new owner keeps the extended leases.
                     let mut records = vec![record];
-                    while let Some(Command::Update(r)) = queue.front() {
-                        if r.state != DeliveryState::InFlight {
-                            break;
-                        }
-                        if let Some(Command::Update(r)) = queue.pop_front() {
-                            records.push(r);
-                        }
-                    }
+                    records.extend(self.take_updates(&mut queue, true));
                     self.record_extends(records).await
                 }
                 Command::Update(record) => {
                     // The updates of one turn (acks above a gap come a batch at a
                     // time): one write.
                     let mut records = vec![record];
-                    records.extend(self.take_updates(&mut queue));
+                    records.extend(self.take_updates(&mut queue, false));
                     self.update_records(records);
                     vec![]
                 }
@@ -1231,7 +1220,7 @@ impl PartitionTask {
                 } => {
                     // An ack turn: the committed prefix moves, and the acks above the
                     // new gap that follow are recorded in the same write.
-                    let updates = self.take_updates(&mut queue);
+                    let updates = self.take_updates(&mut queue, false);
                     self.resolve_records(remove, Some(advance), updates).await
                 }
                 Command::Park { .. } => {
@@ -1301,12 +1290,18 @@ impl PartitionTask {
         vec![]
     }
 
-    /// The updates at the front of `queue` that go to the delivery store alone (not
-    /// the extends of cluster mode, which go to the ledger first).
-    fn take_updates(&self, queue: &mut VecDeque<Command>) -> Vec<DeliveryRecord> {
+    /// Whether an update is an extend of cluster mode (its new deadline goes to the
+    /// ledger before the delivery store).
+    fn is_extend(&self, r: &DeliveryRecord) -> bool {
+        r.state == DeliveryState::InFlight && self.cluster.is_some()
+    }
+
+    /// The run of updates at the front of `queue` that are extends of cluster mode
+    /// (`extends`), or that go to the delivery store alone (not `extends`).
+    fn take_updates(&self, queue: &mut VecDeque<Command>, extends: bool) -> Vec<DeliveryRecord> {
         let mut records = Vec::new();
         while let Some(Command::Update(r)) = queue.front() {
-            if r.state == DeliveryState::InFlight && self.cluster.is_some() {
+            if self.is_extend(r) != extends {
                 break;
             }
             if let Some(Command::Update(r)) = queue.pop_front() {
@@ -1371,7 +1366,7 @@ impl PartitionTask {
         let metrics = self.deps.metrics.clone();
         let shared = self.shared.clone();
         let key = self.key().clone();
-        let applied = Arc::new(Applied::default());
+        let applied = Arc::new(SubmittedWrite::default());
         self.submitted = Some(applied.clone());
         self.deps.deliveries.submit_resolve_and_update(
             remove,
