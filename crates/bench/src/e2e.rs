@@ -22,7 +22,9 @@
 //! `$JS.API.CONSUMER.MSG.NEXT` request for `batch` messages with `no_wait` (answered by
 //! the messages there are, then a status), each message acked with an ack that waits
 //! for the server's reply (AckSync, what a client does when the ack must be known to
-//! have landed).
+//! have landed). Its workers share one connection, as a NATS application's do (the
+//! client multiplexes them, so one socket read or write carries several workers'
+//! messages); `jetstream-conns-e2e` gives each its own, as every meshd worker has.
 
 use crate::load::Op;
 use crate::procs::{self, JsSync};
@@ -429,7 +431,17 @@ impl JsE2e {
     }
 }
 
-pub async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync) -> Result<Outcome> {
+pub const JS_CONNS_DURABILITY: &str =
+    "as jetstream-e2e (sync_interval: always, AckSync); each worker on a connection of its own";
+
+/// The pull-consumer run; `conn_per_worker` gives each worker a connection of its own
+/// (otherwise all share one, as a NATS application's workers usually do).
+pub async fn run_jetstream(
+    cfg: &Config,
+    binary: &Path,
+    sync: JsSync,
+    conn_per_worker: bool,
+) -> Result<Outcome> {
     let server = procs::start_nats(binary, sync)?;
     let url = format!("nats://{}", server.addr);
     let setup = async {
@@ -457,6 +469,11 @@ pub async fn run_jetstream(cfg: &Config, binary: &Path, sync: JsSync) -> Result<
         )?);
         let mut ops: Vec<Box<dyn Op>> = Vec::new();
         for worker in 0..cfg.concurrency {
+            let client = if conn_per_worker {
+                crate::systems::js_connect(&url).await?
+            } else {
+                client.clone()
+            };
             let inbox = client.new_inbox();
             let messages = client
                 .subscribe(inbox.clone())

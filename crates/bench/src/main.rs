@@ -234,6 +234,7 @@ fn main() -> Result<()> {
                 System::E2eMeshdStream,
                 System::E2eMeshdWs,
                 System::E2eJsAlways,
+                System::E2eJsConns,
                 System::E2eJsPush,
                 System::E2eJsDefault,
             ]

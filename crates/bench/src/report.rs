@@ -211,6 +211,7 @@ impl Report {
             ("meshd", "jetstream-relaxed"),
             ("meshd", "rocksdb"),
             ("meshd-e2e", "jetstream-e2e"),
+            ("meshd-e2e", "jetstream-conns-e2e"),
             ("meshd-e2e", "jetstream-relaxed-e2e"),
             ("meshd-stream-e2e", "jetstream-e2e"),
             ("meshd-stream-e2e", "jetstream-push-e2e"),

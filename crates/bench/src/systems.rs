@@ -37,6 +37,10 @@ pub enum System {
     E2eMeshd,
     E2eJsAlways,
     E2eJsDefault,
+    /// [`System::E2eJsAlways`] with each worker on a connection of its own, as each
+    /// meshd worker has (the NATS client otherwise multiplexes every worker on one
+    /// connection, whose reads and writes then carry several workers' messages).
+    E2eJsConns,
     /// Scenario 2 through streams: meshd's SSE stream (acks over POST), and a
     /// JetStream push consumer at equal durability.
     E2eMeshdStream,
@@ -60,6 +64,7 @@ impl System {
             System::E2eMeshd => "meshd-e2e",
             System::E2eJsAlways => "jetstream-e2e",
             System::E2eJsDefault => "jetstream-relaxed-e2e",
+            System::E2eJsConns => "jetstream-conns-e2e",
             System::E2eMeshdStream => "meshd-stream-e2e",
             System::E2eMeshdWs => "meshd-ws-e2e",
             System::E2eJsPush => "jetstream-push-e2e",
@@ -81,6 +86,7 @@ impl System {
             System::E2eMeshd
             | System::E2eJsAlways
             | System::E2eJsDefault
+            | System::E2eJsConns
             | System::E2eMeshdStream
             | System::E2eMeshdWs
             | System::E2eJsPush => "e2e",
@@ -120,6 +126,7 @@ impl System {
             System::E2eMeshd => crate::e2e::MESHD_DURABILITY,
             System::E2eJsAlways => crate::e2e::js_durability(JsSync::Always),
             System::E2eJsDefault => crate::e2e::js_durability(JsSync::Default),
+            System::E2eJsConns => crate::e2e::JS_CONNS_DURABILITY,
             System::E2eMeshdStream => crate::e2e::MESHD_STREAM_DURABILITY,
             System::E2eMeshdWs => crate::e2e::MESHD_WS_DURABILITY,
             System::E2eJsPush => crate::e2e::JS_PUSH_DURABILITY,
@@ -209,14 +216,14 @@ pub async fn run(
             let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
             crate::e2e::run_jetstream_push(cfg, nats).await
         }
-        System::E2eJsAlways | System::E2eJsDefault => {
+        System::E2eJsAlways | System::E2eJsDefault | System::E2eJsConns => {
             let nats = nats.ok_or_else(|| anyhow!("no nats-server binary"))?;
-            let sync = if system == System::E2eJsAlways {
-                JsSync::Always
-            } else {
+            let sync = if system == System::E2eJsDefault {
                 JsSync::Default
+            } else {
+                JsSync::Always
             };
-            crate::e2e::run_jetstream(cfg, nats, sync).await
+            crate::e2e::run_jetstream(cfg, nats, sync, system == System::E2eJsConns).await
         }
         System::Rocksdb => {
             let (c, b, w, e) = (cfg.concurrency, cfg.batch, cfg.window, cfg.events.clone());

@@ -74,6 +74,7 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
         ("publish", "jetstream-relaxed"),
         ("e2e", "meshd-e2e"),
         ("e2e", "jetstream-e2e"),
+        ("e2e", "jetstream-conns-e2e"),
         ("e2e", "jetstream-relaxed-e2e"),
         ("e2e", "meshd-stream-e2e"),
         ("e2e", "meshd-ws-e2e"),
@@ -104,6 +105,7 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
         "meshd as a fraction of the engine: {ratios:#?}"
     );
     for (num, den) in [
+        ("meshd-e2e", "jetstream-conns-e2e"),
         ("meshd-stream-e2e", "jetstream-e2e"),
         ("meshd-stream-e2e", "jetstream-push-e2e"),
     ] {
@@ -111,7 +113,7 @@ fn given_tiny_flag_when_bench_runs_then_every_scenario_has_a_row_with_throughput
             ratios
                 .iter()
                 .any(|r| r["numerator"] == num && r["denominator"] == den),
-            "the streaming ratio {num} / {den}: {ratios:#?}"
+            "the ratio {num} / {den}: {ratios:#?}"
         );
     }
     for (num, den) in [
