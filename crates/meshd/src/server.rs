@@ -801,6 +801,9 @@ impl Stop {
                 "leaving the cluster took longer than {LEAVE_WITHIN:?}"
             );
         }
+        // A retention pass or dedup sweep on the blocking pool is not cancelled with
+        // its task: it stops before its next batch, so it does not hold the engine open.
+        stores.local.log.stop_housekeeping();
         if let Err(running) = background.stop(BACKGROUND_STOP_WITHIN).await {
             tracing::warn!(
                 tasks = running,

@@ -141,6 +141,9 @@ struct Inner {
     /// That thread, joined when the log is dropped (so the engine it reads is
     /// released with the log: a reopen of the data dir finds it unlocked).
     loader: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set by [`RocksLog::stop_housekeeping`]: retention and the dedup sweep stop
+    /// before their next batch.
+    stopping: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -396,8 +399,18 @@ impl RocksLog {
                 tail: Mutex::new(TailCache::new(TAIL_CACHE_BYTES)),
                 dedup,
                 loader: Mutex::new(loader),
+                stopping: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Ends a retention pass or dedup sweep that is running before its next batch
+    /// (what it removed so far is durable; the next open's pass goes on from there),
+    /// and makes later passes return at once. Called when the instance stops, so a
+    /// long sweep does not hold the engine open past the stop: a sweep of millions of
+    /// expired dedup records is hundreds of batches.
+    pub fn stop_housekeeping(&self) {
+        self.inner.stopping.store(true, Ordering::Relaxed);
     }
 
     /// Waits until the publish dedup index is loaded (an open loads it on its own
@@ -781,6 +794,9 @@ impl Inner {
         let partitions: Vec<(String, u32)> = self.heads().keys().cloned().collect();
         let mut report = RetentionReport::default();
         for (topic, partition) in partitions {
+            if self.stopping.load(Ordering::Relaxed) {
+                break;
+            }
             let (events, bytes) = self
                 .group
                 .commit_with(|engine| {
@@ -861,6 +877,9 @@ impl Inner {
         for (topic, partition, space, mut from) in starts {
             let end = keys::end_of(&dedup::partition_prefix(space, &topic, partition));
             loop {
+                if self.stopping.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
                 let next = self
                     .group
                     .commit_with(|engine| {

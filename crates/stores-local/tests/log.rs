@@ -704,6 +704,61 @@ async fn given_more_expired_dedup_records_than_one_sweep_batch_then_all_go_and_l
     );
 }
 
+/// A stop ends retention and the dedup sweep before their next batch, so a long sweep
+/// (millions of expired records are hundreds of batches on the blocking pool, where
+/// cancelling the task does not reach) cannot hold the engine open past the stop: a
+/// pass after `stop_housekeeping` removes nothing, and the next open's pass goes on
+/// and removes it all.
+#[tokio::test]
+async fn given_housekeeping_stopped_when_retention_runs_then_nothing_goes_until_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = common::open(dir.path());
+    // Three runs of 10 000 keys with a 1 ms window: more than one sweep batch each.
+    for chunk in 0..3 {
+        let events = (0..10_000)
+            .map(|i| keyed(0, &format!("k-{}", chunk * 10_000 + i)))
+            .collect();
+        stores.log.append_dedup("t", events, 1).await.unwrap();
+    }
+    drop(stores);
+    let stores = common::open(dir.path());
+    stores.log.dedup_loaded().await.unwrap();
+    assert_eq!(dedup_records(&stores), 3);
+    let by_age = Retention {
+        max_age_ms: Some(1),
+        max_bytes: None,
+    };
+    let later = now_ms() + 3_600_000;
+
+    stores.log.stop_housekeeping();
+    let report = stores.log.enforce_retention(by_age, later).await.unwrap();
+    assert_eq!(
+        report.events_removed, 0,
+        "no retention batch after the stop"
+    );
+    assert_eq!(dedup_records(&stores), 3, "no sweep batch after the stop");
+    let b = stores.log.bounds("t", 0).await.unwrap();
+    assert_eq!((b.start, b.end), (0, 30_000));
+
+    drop(stores);
+    let stores = common::open(dir.path());
+    stores.log.dedup_loaded().await.unwrap();
+    let mut removed = 0;
+    // Retention takes one batch per partition per pass.
+    for _ in 0..3 {
+        let report = stores.log.enforce_retention(by_age, later).await.unwrap();
+        removed += report.events_removed;
+    }
+    assert_eq!(removed, 30_000);
+    assert_eq!(
+        dedup_records(&stores),
+        0,
+        "the next open's sweep removes them all"
+    );
+    let b = stores.log.bounds("t", 0).await.unwrap();
+    assert_eq!((b.start, b.end), (30_000, 30_000));
+}
+
 /// A dedup record that no longer decodes: the index's load (on its own thread) names
 /// it, deduplicated appends are refused with that error rather than answered from an
 /// index missing entries, and appends without dedup go on.
