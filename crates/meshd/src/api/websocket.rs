@@ -9,9 +9,10 @@
 //! deliveries whatever the credit. With tokens configured, a WebSocket opened without an
 //! `Authorization` header sends `{"token":"..."}` first, within the header timeout.
 //!
-//! Hand-outs are made by a task of their own and passed on through a queue of one
-//! batch, so a client frame never cancels a pull half-way (which would lease events to
-//! nobody). Idle streams get a ping every keep-alive period.
+//! Hand-outs are made and sent by a task of their own (the socket's sending half is
+//! shared with the answers under a lock), so a client frame never cancels a pull
+//! half-way (which would lease events to nobody) and an ack waiting for its write
+//! never holds a hand-out up. Idle streams get a ping every keep-alive period.
 
 use super::consume::{
     answers_json, delivery_json, nack_delay_allowed, ACK_TIMEOUT_MS, MAX_IDS, MAX_ID_LEN,
@@ -33,7 +34,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// The largest client frame (a thousand ids of the longest length, and room).
 const MAX_FRAME_BYTES: usize = 1 << 20;
@@ -255,56 +255,59 @@ async fn serve(
             return;
         }
     }
-    // Hand-outs come from their own task, one batch queued at most.
+    // Hand-outs are made and sent by a task of their own, so an ack that waits for
+    // its write never holds them up, and no client frame cancels a pull half-way.
     let credit = stream.credit_handle();
-    let (tx, mut handed) = mpsc::channel::<Option<Result<StreamItem, Problem>>>(1);
-    let producer_api = api.clone();
-    let producer = tokio::spawn(async move {
-        loop {
-            let item = next_item(&producer_api, &mut stream, idle).await;
-            let end = !matches!(item, Some(Ok(_)));
-            if tx.send(item).await.is_err() || end {
-                return;
+    let out = Arc::new(tokio::sync::Mutex::new(out));
+    let mut producer = tokio::spawn({
+        let (api, name, out) = (api.clone(), name.clone(), out.clone());
+        async move {
+            loop {
+                let item = next_item(&api, &mut stream, idle).await;
+                let mut out = out.lock().await;
+                let sent = match item {
+                    Some(Ok(StreamItem::Deliveries(got))) => {
+                        let items: Vec<String> = got
+                            .into_iter()
+                            .filter_map(|d| delivery_json(&api, &name, d))
+                            .collect();
+                        let frame = format!("{{\"deliveries\":[{}]}}", items.join(","));
+                        out.send(Message::Text(frame.into())).await
+                    }
+                    Some(Ok(StreamItem::Idle)) => out.send(Message::Ping(Default::default())).await,
+                    Some(Err(p)) => {
+                        let _ = out.send(problem_frame(&Value::Null, &p)).await;
+                        close(&mut out, CLOSE_ERROR, "the stream failed").await;
+                        return;
+                    }
+                    // A graceful stop.
+                    None => {
+                        close(&mut out, CLOSE_GOING_AWAY, "meshd is stopping").await;
+                        return;
+                    }
+                };
+                if sent.is_err() {
+                    return;
+                }
             }
         }
     });
     loop {
         tokio::select! {
-            item = handed.recv() => match item {
-                Some(Some(Ok(StreamItem::Deliveries(got)))) => {
-                    let items: Vec<String> = got.into_iter().filter_map(|d| delivery_json(&api, &name, d)).collect();
-                    let frame = format!("{{\"deliveries\":[{}]}}", items.join(","));
-                    if out.send(Message::Text(frame.into())).await.is_err() {
-                        break;
-                    }
-                }
-                Some(Some(Ok(StreamItem::Idle))) => {
-                    if out.send(Message::Ping(Default::default())).await.is_err() {
-                        break;
-                    }
-                }
-                Some(Some(Err(p))) => {
-                    let _ = out.send(problem_frame(&Value::Null, &p)).await;
-                    close(&mut out, CLOSE_ERROR, "the stream failed").await;
-                    break;
-                }
-                // A graceful stop (or the producer ended).
-                Some(None) | None => {
-                    close(&mut out, CLOSE_GOING_AWAY, "meshd is stopping").await;
-                    break;
-                }
-            },
+            // The producer ended: the stream failed or meshd is stopping (the socket
+            // is closed), or the client went away.
+            _ = &mut producer => return,
             frame = input.next() => match frame {
                 Some(Ok(Message::Text(t))) => {
                     if let Some(answer) = answer(&api, &name, &credit, &t).await {
-                        if out.send(Message::Text(answer.into())).await.is_err() {
+                        if out.lock().await.send(Message::Text(answer.into())).await.is_err() {
                             break;
                         }
                     }
                 }
                 Some(Ok(Message::Binary(_))) => {
                     let p = Problem::unsupported_media_type("client frames are JSON text frames");
-                    if out.send(problem_frame(&Value::Null, &p)).await.is_err() {
+                    if out.lock().await.send(problem_frame(&Value::Null, &p)).await.is_err() {
                         break;
                     }
                 }
