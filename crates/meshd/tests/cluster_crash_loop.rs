@@ -1228,6 +1228,24 @@ async fn shortfall(ctx: &Ctx, a: &str) -> anyhow::Result<Option<String>> {
     )))
 }
 
+/// What every instance says of the subscription when the drain gives up: its offsets
+/// (the owner's committed, or the checkpoint) and its stats (forwarded to each
+/// partition's owner: in flight, waiting, dead-lettering, parked), so a partition that
+/// stopped moving shows where its gap is held.
+async fn drain_views(addrs: &[String]) -> String {
+    let mut out = String::new();
+    for a in addrs {
+        for what in ["offsets", "stats"] {
+            let got = match http::get(a, &format!("/v1/subscriptions/{SUB}/{what}")).await {
+                Ok(r) => format!("{} {}", r.status, r.body),
+                Err(e) => format!("no answer: {e:#}"),
+            };
+            out.push_str(&format!("{a} {what}: {got}\n"));
+        }
+    }
+    out
+}
+
 /// Pulls through every instance in turn, acks everything but poison (nacked), until
 /// every 201'd event is delivered or dead-lettered and every partition is committed
 /// to its end (read on each partition's owner: a non-owner shows the checkpoint,
@@ -1241,7 +1259,8 @@ async fn drain(ctx: &Ctx, addrs: &[String]) {
     loop {
         if start.elapsed() > deadline {
             ctx.fail(format!(
-                "the drain did not finish within {deadline:?} ({drained} deliveries drained): {last}"
+                "the drain did not finish within {deadline:?} ({drained} deliveries drained): {last}\n{}",
+                drain_views(addrs).await
             ));
         }
         let a = &addrs[turn % addrs.len()];
