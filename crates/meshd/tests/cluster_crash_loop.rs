@@ -1250,7 +1250,7 @@ async fn drain_views(addrs: &[String]) -> String {
 /// every 201'd event is delivered or dead-lettered and every partition is committed
 /// to its end (read on each partition's owner: a non-owner shows the checkpoint,
 /// which follows within the checkpoint interval).
-async fn drain(ctx: &Ctx, addrs: &[String]) {
+async fn drain(ctx: &Ctx, nodes: &[Node], addrs: &[String]) {
     let start = Instant::now();
     let deadline = DRAIN + DRAIN_PER_ROUND * ctx.rounds;
     let mut last = String::from("nothing checked yet");
@@ -1258,9 +1258,10 @@ async fn drain(ctx: &Ctx, addrs: &[String]) {
     let mut drained = 0;
     loop {
         if start.elapsed() > deadline {
+            let views = drain_views(addrs).await;
             ctx.fail(format!(
-                "the drain did not finish within {deadline:?} ({drained} deliveries drained): {last}\n{}",
-                drain_views(addrs).await
+                "the drain did not finish within {deadline:?} ({drained} deliveries drained): {last}\n{views}each instance's whole log: {}",
+                keep_logs(nodes, ctx.seed)
             ));
         }
         let a = &addrs[turn % addrs.len()];
@@ -1782,6 +1783,19 @@ fn check_settings_history(history: &[HistoryOp]) -> Vec<String> {
     v
 }
 
+/// Copies each running instance's whole log next to the dump, for a failed run's
+/// analysis (the failure message shows only their last lines); says where.
+fn keep_logs(nodes: &[Node], seed: u64) -> String {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    for n in nodes {
+        if let Some(p) = &n.proc {
+            let to = dir.join(format!("cluster-crash-loop-{seed}-{}.log", n.id));
+            let _ = std::fs::copy(p.log_path(), to);
+        }
+    }
+    format!("{}/cluster-crash-loop-{seed}-<instance>.log", dir.display())
+}
+
 /// Writes what the clients were told and etcd's history to a file for a failed run's
 /// analysis; returns its path (or why it could not).
 fn dump(log: &Log, dead: &[Value], seed: u64) -> String {
@@ -2047,7 +2061,7 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
     }
     wait_all_ready(&ctx, &nodes).await;
     let addrs: Vec<String> = nodes.iter().map(|n| n.proc().addr().to_string()).collect();
-    drain(&ctx, &addrs).await;
+    drain(&ctx, &nodes, &addrs).await;
     let dead = dead_letter_entries(&addrs[0], SUB)
         .await
         .unwrap_or_else(|e| ctx.fail(format!("listing dead letters: {e:#}")));
@@ -2132,13 +2146,7 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
             })
             .collect();
         let dump = dump(&log_, &dead, seed);
-        for n in &nodes {
-            if let Some(p) = &n.proc {
-                let to = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-                    .join(format!("cluster-crash-loop-{seed}-{}.log", n.id));
-                let _ = std::fs::copy(p.log_path(), to);
-            }
-        }
+        keep_logs(&nodes, seed);
         let faults: Vec<String> = log_
             .faults
             .iter()
