@@ -600,6 +600,23 @@ fn dedup_records(stores: &meshd_stores_local::LocalStores) -> usize {
         .sum()
 }
 
+/// `runs` deduplicated appends to topic "t", partition 0, of `per_run` keys each
+/// (`{prefix}-0`, `{prefix}-1`, … across the runs) with a 1 ms window: one dedup record
+/// per run, expired a moment later.
+async fn append_expiring_runs(
+    log: &meshd_stores_local::log::RocksLog,
+    prefix: &str,
+    runs: usize,
+    per_run: usize,
+) {
+    for run in 0..runs {
+        let events = (0..per_run)
+            .map(|i| keyed(0, &format!("{prefix}-{}", run * per_run + i)))
+            .collect();
+        log.append_dedup("t", events, 1).await.unwrap();
+    }
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -617,12 +634,7 @@ async fn given_more_expired_dedup_records_than_one_sweep_batch_then_all_go_and_l
     let stores = common::open(dir.path());
     // 25 000 keys with a 1 ms window (more than two sweep batches), then ten with a
     // long one.
-    for chunk in 0..25 {
-        let events = (0..1000)
-            .map(|i| keyed(0, &format!("short-{}", chunk * 1000 + i)))
-            .collect();
-        stores.log.append_dedup("t", events, 1).await.unwrap();
-    }
+    append_expiring_runs(&stores.log, "short", 25, 1000).await;
     let long: Vec<DedupEvent> = (0..10).map(|i| keyed(0, &format!("long-{i}"))).collect();
     let first = stores
         .log
@@ -714,12 +726,7 @@ async fn given_housekeeping_stopped_when_retention_runs_then_nothing_goes_until_
     let dir = tempfile::tempdir().unwrap();
     let stores = common::open(dir.path());
     // Three runs of 10 000 keys with a 1 ms window: more than one sweep batch each.
-    for chunk in 0..3 {
-        let events = (0..10_000)
-            .map(|i| keyed(0, &format!("k-{}", chunk * 10_000 + i)))
-            .collect();
-        stores.log.append_dedup("t", events, 1).await.unwrap();
-    }
+    append_expiring_runs(&stores.log, "k", 3, 10_000).await;
     drop(stores);
     let stores = common::open(dir.path());
     stores.log.dedup_loaded().await.unwrap();
