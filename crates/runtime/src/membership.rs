@@ -68,6 +68,11 @@ impl std::fmt::Display for Release {
 /// partition): while an older one is a member, retries are not parked.
 pub const PARKING_RELEASE: Release = Release(0, 2, 0);
 
+/// The release that first reads an attempt-ledger record carrying its writer's epoch
+/// (`"e"`; 0.1.0 refuses it as corrupt): the owner's epoch is written into the records
+/// only while every member runs this release or a later one.
+pub const LEDGER_EPOCH_RELEASE: Release = Release(0, 2, 0);
+
 /// The oldest release among `members` (this binary's when there are none yet). A
 /// record shape that release R first reads is written only while
 /// `oldest_release(members) >= R`: during a rolling upgrade the old shape stays in use

@@ -427,6 +427,7 @@ impl OffsetStore for RocksOffsetStore {
             v: 1,
             committed: c,
             resolved,
+            owner_epoch: Some(owner.epoch()),
         })
         .map_err(|e| OffsetError::Failed(format!("encoding checkpoint: {e}")))?;
         owner
@@ -478,6 +479,7 @@ impl OffsetStore for RocksOffsetStore {
             v: 1,
             committed: start,
             resolved: Vec::new(),
+            owner_epoch: None,
         })
         .map_err(|e| OffsetError::Failed(format!("encoding checkpoint: {e}")))?;
         match meta
@@ -517,12 +519,22 @@ impl OffsetStore for RocksOffsetStore {
 /// `[from, to)` ranges, so a new owner does not deliver them again. A release that
 /// does not know `resolved` ignores it (it delivers those again: duplicates, never a
 /// loss), and this one reads a record without it as none.
+///
+/// `owner_epoch` is the epoch of the owner that wrote it (the owner key's
+/// `mod_revision` at its acquisition, which the write's fence compared), so etcd's
+/// history shows which tenure each checkpoint belongs to: the cluster crash loop checks
+/// every checkpoint against the owner key at its revision. Absent in the put-if-absent
+/// creation (no owner) and in records of earlier releases; nothing reads it back, and
+/// a release that does not know it ignores it (serde keeps no unknown-field rule here),
+/// so the version stays 1.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct CheckpointRecord {
     v: u32,
     committed: Committed,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     resolved: Vec<(u64, u64)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner_epoch: Option<i64>,
 }
 
 impl From<MetaError> for OffsetErrorOrLocal {

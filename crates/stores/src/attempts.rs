@@ -21,9 +21,13 @@
 //!   knows only version 1 reads this key, finds version 2 and refuses the partition
 //!   by name ("unknown attempt ledger record version 2"), never misreads it as empty.
 //! * `…/{partition}/r/{seq:020}`: one record per pull batch (or extend) with the
-//!   deliveries it started, `{"v":2,"d":[[offset,attempt,deadline_ms],…]}`, a bound
-//!   delivery followed by its session id and epoch. The record with the highest `seq`
-//!   that names an offset is that offset's current state.
+//!   deliveries it started, `{"v":2,"d":[[offset,attempt,deadline_ms],…],"e":epoch}`,
+//!   a bound delivery followed by its session id and epoch, `e` the writing owner's
+//!   epoch (so etcd's history says whose tenure each record belongs to). `e` is
+//!   written only while every member runs 0.2.0 or later
+//!   ([`LedgerWrite::with_owner_epoch`]): 0.1.0 refuses a field it does not know as
+//!   corrupt; this release reads records with and without it. The record with the
+//!   highest `seq` that names an offset is that offset's current state.
 //!
 //! A pull batch is one fenced transaction: one put of its record, plus the deletion
 //! of at most [`PRUNE_MAX`] records that no longer hold a current entry (every offset
@@ -188,6 +192,10 @@ pub struct LedgerWrite {
     pub head: bool,
     pub record: Option<(u64, Vec<LedgerEntry>)>,
     pub prune: Vec<u64>,
+    /// Whether the record carries the writing owner's epoch (`"e"`). Only once every
+    /// member runs a release that reads it: 0.1.0 refuses a record with a field it
+    /// does not know as corrupt, and would refuse the partition on a takeover.
+    pub with_owner_epoch: bool,
 }
 
 impl LedgerWrite {
@@ -395,7 +403,8 @@ impl AttemptLedger for MetaAttemptLedger {
         }
         let mut bytes = 0;
         if let Some((seq, entries)) = &w.record {
-            let value = encode_record(entries).map_err(|e| self.refuse("write", &what, e))?;
+            let value = encode_record(entries, w.with_owner_epoch.then(|| owner.epoch()))
+                .map_err(|e| self.refuse("write", &what, e))?;
             bytes = value.len();
             txn = txn.put(&record_key(key, *seq), &value);
         }
@@ -711,6 +720,7 @@ impl LedgerState {
             head: !self.head && recording,
             record: recording.then_some((self.next_seq, entries)),
             prune,
+            with_owner_epoch: false,
         };
         (!w.is_empty()).then_some(w)
     }
@@ -831,6 +841,13 @@ impl LedgerState {
 struct RecordV2 {
     v: u64,
     d: Vec<EntryV2>,
+    /// The epoch of the owner that wrote the record (the fence its transaction
+    /// compared), for whoever reads etcd's history: the cluster crash loop checks each
+    /// record against the owner key at its revision. Nothing in meshd reads it back;
+    /// records of earlier releases lack it, and a release that does not know it ignores
+    /// it (an unknown field is kept and ignored, so the version stays 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    e: Option<i64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -876,8 +893,12 @@ pub fn decode_head(bytes: &[u8]) -> Result<Head, String> {
 }
 
 /// Encodes a version-2 record: 1 to [`MAX_RECORD_ENTRIES`] entries, offsets distinct
-/// (written in ascending order), attempts at least 1.
-pub fn encode_record(entries: &[LedgerEntry]) -> Result<Vec<u8>, AttemptError> {
+/// (written in ascending order), attempts at least 1, and the writing owner's epoch
+/// (`"e"`, when given).
+pub fn encode_record(
+    entries: &[LedgerEntry],
+    owner_epoch: Option<i64>,
+) -> Result<Vec<u8>, AttemptError> {
     if entries.len() > MAX_RECORD_ENTRIES {
         return Err(AttemptError::TooLarge {
             entries: entries.len(),
@@ -920,6 +941,7 @@ pub fn encode_record(entries: &[LedgerEntry]) -> Result<Vec<u8>, AttemptError> {
                 None => EntryV2::Unbound(e.offset, e.attempt, e.deadline_ms),
             })
             .collect(),
+        e: owner_epoch,
     };
     serde_json::to_vec(&record).map_err(|e| {
         AttemptError::Store(StoreFailure::Failed(format!(
@@ -1246,10 +1268,17 @@ mod tests {
         ];
         let text = r#"{"v":2,"d":[[7,2,1700000000000],[9,1,5,"w",3]]}"#;
         assert_eq!(
-            String::from_utf8(encode_record(&entries).unwrap()).unwrap(),
+            String::from_utf8(encode_record(&entries, None).unwrap()).unwrap(),
             text
         );
         assert_eq!(decode_record(text.as_bytes()).unwrap(), entries);
+        // The writer's epoch rides along; the entries read the same.
+        let with_owner = r#"{"v":2,"d":[[7,2,1700000000000],[9,1,5,"w",3]],"e":41}"#;
+        assert_eq!(
+            String::from_utf8(encode_record(&entries, Some(41)).unwrap()).unwrap(),
+            with_owner
+        );
+        assert_eq!(decode_record(with_owner.as_bytes()).unwrap(), entries);
         for bad in [
             r#"{"v":2,"d":[[7,2,1,"w"]]}"#,
             r#"{"v":2,"d":[[7,2]]}"#,

@@ -341,7 +341,7 @@ proptest! {
         }
         if let Ok(entries) = attempts::decode_record(&bytes) {
             prop_assert!(!entries.is_empty() && entries.iter().all(|e| e.attempt >= 1));
-            let again = attempts::encode_record(&entries).unwrap();
+            let again = attempts::encode_record(&entries, None).unwrap();
             prop_assert_eq!(attempts::decode_record(&again), Ok(entries));
         }
     }

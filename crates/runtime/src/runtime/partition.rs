@@ -1492,9 +1492,10 @@ impl PartitionTask {
             chunks.push(Vec::new());
         }
         for chunk in chunks {
-            let Some(write) = c.ledger_state.stage(chunk) else {
+            let Some(mut write) = c.ledger_state.stage(chunk) else {
                 continue;
             };
+            write.with_owner_epoch = c.ledger_epoch_allowed();
             let started = Instant::now();
             let result = c.ledger.write(&key, &c.owner, &write).await;
             self.deps.metrics.write_latency(
