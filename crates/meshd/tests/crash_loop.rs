@@ -8,7 +8,13 @@
 //!    dead-letter store;
 //! 2. nothing appears that was never published: every delivered or dead-lettered event
 //!    was answered 201 or its publish had an unknown outcome, it is exactly what was
-//!    published, and it sits at the one (partition, offset) its 201 answer named;
+//!    published, and it is stored once: it sits at one (partition, offset), the one its
+//!    201 answer named, also when its publish was sent again after an unknown outcome
+//!    (publishes deduplicate by `source` and `id` within the topic's window, see
+//!    below). The one exemption is the contract's: an event whose sends span more than
+//!    the dedup window less [`DEDUP_MARGIN`] (from its first send to the kill of the
+//!    last process it was sent to) may sit at more positions; the report counts such
+//!    events (none in a run of the default size, which lasts seconds, not minutes);
 //! 3. the committed offset of a partition never goes backwards across the observed
 //!    reads (and no read shows a reset epoch); after the drain it is at the log's end;
 //! 4. attempt counts never go backwards: per (partition, offset) no attempt is handed
@@ -29,8 +35,11 @@
 //! A run must also clear an activity floor ([`ACKS_PER_ROUND`] acks answered `acked`
 //! and as many 201s per round), or it fails: a run where every pull answered 503 proves
 //! nothing. Publishes that fail (no answer, 5xx, 429) are sent again with the same
-//! events until answered 201 (without idempotent publish such a retry may store an
-//! event twice; rule 2 allows that only for events sent more than once).
+//! events until answered 201. The topic keeps the default dedup window
+//! ([`DEDUP_WINDOW`], 2 minutes): a retry inside it is answered with the stored
+//! event's position (`"duplicate": true`) and stores nothing, across restarts and power
+//! cuts too (the dedup record is written in the same RocksDB batch as its events, so
+//! a power cut keeps both or neither), so rule 2 holds retried events to one position.
 //!
 //! meshd's data dir is on the lazy filesystem (`meshd_test_support::lazyfs`): a seeded
 //! third of the kills is followed by a power cut that drops every write the process
@@ -66,6 +75,7 @@ mod common;
 
 use common::oracle::{dead_letter_entries, expect, placed_ids, seed_from, Failure};
 use common::*;
+use meshd_stores::topics::DEFAULT_DEDUP_WINDOW_MS;
 use meshd_test_support::http::{self, request_with, send_json};
 use meshd_test_support::lazyfs::{LazyFs, Torn};
 use meshd_test_support::meshd::MeshdProcess;
@@ -84,6 +94,14 @@ const PARTITIONS: u64 = 3;
 /// Passed to meshd as `--delivery-flush-ms`: rule 6's window.
 const FLUSH: Duration = Duration::from_millis(50);
 const MAX_ATTEMPTS: u64 = 4;
+/// The topic's publish dedup window: the default (the topic is created without one;
+/// the test checks the topic answers no other). Rule 2 is strict for every event whose
+/// sends fall inside it.
+const DEDUP_WINDOW: Duration = Duration::from_millis(DEFAULT_DEDUP_WINDOW_MS);
+/// Rule 2 holds an event's sends inside the window when they span at most the window
+/// less this margin: a kill's time is taken just before the SIGKILL lands, and meshd
+/// stamps its dedup records with its own clock, not the test's.
+const DEDUP_MARGIN: Duration = Duration::from_secs(1);
 /// Short, so dropped and held deliveries come back (and reach the dead-letter store)
 /// within a round; long enough for a pull-then-ack on a loaded debug build.
 const ACK_TIMEOUT_MS: u64 = 300;
@@ -143,9 +161,25 @@ enum Outcome {
 struct Published {
     body: Value,
     outcome: Outcome,
-    /// Sends whose outcome stayed unknown (each may have stored the event: without
-    /// idempotent publish a retried event may sit at more than one position).
+    /// Sends whose outcome stayed unknown (each may have stored the event; the dedup
+    /// window keeps a retry from storing it again).
     unknown_sends: u32,
+    /// When its first send went out: no copy of it can have been stored earlier.
+    first_sent: Duration,
+    /// The generation its last send went to: no send of it can take effect after
+    /// that generation's kill (`Log::kills`).
+    last_gen: u32,
+}
+
+impl Published {
+    /// How long after its first send a send of it may still have stored it: until the
+    /// kill of the last generation it was sent to (`None` when that one was not
+    /// killed: no bound).
+    fn send_span(&self, kills: &[Duration]) -> Option<Duration> {
+        kills
+            .get(self.last_gen as usize)
+            .map(|kill| kill.saturating_sub(self.first_sent))
+    }
 }
 
 /// One delivery a pull answered, with the generation it was sent to and when it was
@@ -330,17 +364,23 @@ fn id_of(event: &Value) -> String {
 
 /// Publishes `events` (one in structured mode, more as a batch) and records the
 /// outcome of each.
-async fn publish_and_record(ctx: &Ctx, a: &str, events: &[Value]) -> Result<(), Failure> {
+async fn publish_and_record(ctx: &Ctx, a: &str, gen: u32, events: &[Value]) -> Result<(), Failure> {
     {
         let mut log = ctx.log();
+        let now = ctx.now();
         for e in events {
-            let unknown_sends = log.published.get(&id_of(e)).map_or(0, |p| p.unknown_sends);
+            let (unknown_sends, first_sent) = log
+                .published
+                .get(&id_of(e))
+                .map_or((0, now), |p| (p.unknown_sends, p.first_sent));
             log.published.insert(
                 id_of(e),
                 Published {
                     body: e.clone(),
                     outcome: Outcome::InFlight,
                     unknown_sends,
+                    first_sent,
+                    last_gen: gen,
                 },
             );
         }
@@ -588,7 +628,7 @@ async fn publisher(n: usize, mut rng: Rng, mut gate: watch::Receiver<Gate>, ctx:
         // A publish that failed (no answer, 5xx, 429) is sent again, as a client
         // that must not lose it would, until it is answered 201 or the run ends.
         let (mut gen, mut a) = (gen, a);
-        while let Err(f) = publish_and_record(&ctx, &a, &events).await {
+        while let Err(f) = publish_and_record(&ctx, &a, gen, &events).await {
             after_failure(&mut gate, gen, &f).await;
             match open(&mut gate).await {
                 Some(next) => (gen, a) = next,
@@ -757,6 +797,12 @@ async fn drain(ctx: &Ctx, a: &str, gen: u32) {
 #[derive(Default, Debug)]
 struct Tally {
     lost_acks_allowed: usize,
+    /// Events sent more than once, all of whose sends fell inside the dedup window
+    /// (held to one position), and those whose did not (rule 2's exemption).
+    retried_inside_window: usize,
+    retried_outside_window: usize,
+    /// The longest send span of a retried event (see [`Published::send_span`]).
+    longest_retry_span: Duration,
 }
 
 /// The oracle: every violation of rules 1-7 (see the module doc) in `log`, given the
@@ -840,12 +886,40 @@ fn violations(log: &Log, dead: &[Value], tally: &mut Tally) -> Vec<String> {
         }
     }
 
-    // Rule 2: one position per event, the one its 201 answer named.
+    // Rule 2: one position per event, the one its 201 answer named. An event sent
+    // once is stored at most once; one sent again after an unknown outcome is stored
+    // once too (publish dedup), unless its sends spanned more than the dedup window
+    // (less the margin).
+    let mut outside_window: BTreeSet<&str> = BTreeSet::new();
+    for (id, p) in &log.published {
+        if p.unknown_sends == 0 {
+            continue;
+        }
+        match p.send_span(&log.kills) {
+            Some(span) if span + DEDUP_MARGIN <= DEDUP_WINDOW => {
+                tally.retried_inside_window += 1;
+                tally.longest_retry_span = tally.longest_retry_span.max(span);
+            }
+            span => {
+                tally.retried_outside_window += 1;
+                if let Some(span) = span {
+                    tally.longest_retry_span = tally.longest_retry_span.max(span);
+                }
+                outside_window.insert(id.as_str());
+            }
+        }
+    }
     for (id, at) in &seen_at {
-        let retried = log.published.get(*id).is_some_and(|p| p.unknown_sends > 0);
-        if at.len() > 1 && !retried {
+        if at.len() > 1 && !outside_window.contains(id) {
+            let sends = log.published.get(*id).map(|p| {
+                format!(
+                    "{} sends without an answer, the first at {:?}, the last to generation {}",
+                    p.unknown_sends, p.first_sent, p.last_gen
+                )
+            });
             v.push(format!(
-                "rule 2: event {id} seen at several positions {at:?}"
+                "rule 2: event {id} stored at several positions {at:?} ({}; dedup window {DEDUP_WINDOW:?})",
+                sends.unwrap_or_else(|| "never published".into())
             ));
         }
         if let Some(placed) = created.get(id) {
@@ -1103,6 +1177,19 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
         .unwrap_or_else(|e| ctx.fail(format!("start meshd: {e:#}")));
     let mut a = m.addr().to_string();
     create_topic(&a, TOPIC, PARTITIONS as u32).await;
+    // Rule 2 holds retries to the window it assumes: the topic must have no other.
+    let topic = http::get(&a, &format!("/v1/topics/{TOPIC}"))
+        .await
+        .and_then(|r| r.json())
+        .unwrap_or_else(|e| ctx.fail(format!("topic: {e:#}")));
+    let window = topic["dedup_window_ms"]
+        .as_u64()
+        .unwrap_or(DEFAULT_DEDUP_WINDOW_MS);
+    if Duration::from_millis(window) != DEDUP_WINDOW {
+        ctx.fail(format!(
+            "the topic's dedup window is {window} ms, not {DEDUP_WINDOW:?}: {topic}"
+        ));
+    }
     create_subscription(
         &a,
         SUB,
@@ -1258,7 +1345,7 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
         .map(|d| (d.partition, d.offset))
         .collect();
     let counts = format!(
-        "{} events answered 201 in {} publishes, {} with an unknown outcome ({} sends without an answer, retried); {} deliveries of {} offsets ({} redeliveries); ack answers {:?} ({} acked after a restart); nack answers {:?}; {} kills, {} of them followed by a power cut dropping {} unsynced bytes (and {} kills during recovery); {} dead letters; {} lost acks allowed by rule 6 (power cuts only); {} committed-offset reads; unanswered requests {:?}",
+        "{} events answered 201 in {} publishes, {} with an unknown outcome ({} sends without an answer, retried); {} deliveries of {} offsets ({} redeliveries); ack answers {:?} ({} acked after a restart); nack answers {:?}; {} kills, {} of them followed by a power cut dropping {} unsynced bytes (and {} kills during recovery); {} dead letters; {} lost acks allowed by rule 6 (power cuts only); {} events sent again after an unknown outcome, {} of them within the dedup window of {:?} (held to one position by rule 2; longest span from first send to last kill {:?}) and {} beyond it (exempt); {} committed-offset reads; unanswered requests {:?}",
         log.published.len() - unknown,
         log.publishes_created,
         unknown,
@@ -1275,6 +1362,11 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
         log.recovery_kills,
         dead.len(),
         tally.lost_acks_allowed,
+        tally.retried_inside_window + tally.retried_outside_window,
+        tally.retried_inside_window,
+        DEDUP_WINDOW,
+        tally.longest_retry_span,
+        tally.retried_outside_window,
         log.committed.len(),
         log.unanswered,
     );
@@ -1294,22 +1386,42 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
     }
 }
 
-/// The oracle itself, on made-up logs: a clean one passes, an ack lost within the flush
-/// window is allowed, and a log that breaks each rule is reported under each rule (so
-/// a green crash loop means the rules were checked, not skipped).
-#[test]
-fn the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_rule() {
-    let ms = Duration::from_millis;
-    let seen = |gen, at: u64, partition, offset, attempt, id: &str| Seen {
+/// A made-up delivery for the oracle's tests: pulled at `at` ms, answered 5 ms later.
+fn made_up_seen(gen: u32, at: u64, partition: u64, offset: u64, attempt: u64, id: &str) -> Seen {
+    Seen {
         gen,
-        sent: ms(at),
-        recv: ms(at + 5),
+        sent: Duration::from_millis(at),
+        recv: Duration::from_millis(at + 5),
         partition,
         offset,
         attempt,
         event_id: id.to_string(),
         event: event(id),
-    };
+    }
+}
+
+/// A made-up publish for the oracle's tests: sent once, at the start, to generation 0.
+fn made_up_published(log: &mut Log, id: &str, outcome: Outcome) {
+    log.published.insert(
+        id.to_string(),
+        Published {
+            body: event(id),
+            outcome,
+            unknown_sends: 0,
+            first_sent: Duration::ZERO,
+            last_gen: 0,
+        },
+    );
+}
+
+/// The oracle itself, on made-up logs: a clean one passes, an ack lost within the flush
+/// window is allowed, and a log that breaks each rule is reported under each rule (so
+/// a green crash loop means the rules were checked, not skipped).
+#[test]
+fn positive_control_the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_rule(
+) {
+    let ms = Duration::from_millis;
+    let seen = made_up_seen;
     let answer = |gen, at: u64, partition, offset, attempt, list: &str| Answer {
         gen,
         sent: ms(at),
@@ -1326,16 +1438,7 @@ fn the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_ru
         recv: ms(at + 5),
         values: BTreeMap::from([(0, (committed, 0))]),
     };
-    let published = |log: &mut Log, id: &str, outcome| {
-        log.published.insert(
-            id.to_string(),
-            Published {
-                body: event(id),
-                outcome,
-                unknown_sends: 0,
-            },
-        );
-    };
+    let published = made_up_published;
     let dead_letter = |partition: u64, offset: u64, id: &str| {
         json!({"subscription": SUB, "topic": TOPIC, "state": "dead", "partition": partition,
                "offset": offset, "attempts": MAX_ATTEMPTS, "event": event(id)})
@@ -1383,18 +1486,6 @@ fn the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_ru
         "{found:#?}"
     );
 
-    // A retried publish (its first send unanswered) may sit at two positions; one
-    // never retried may not.
-    let mut dup = Log::default();
-    published(&mut dup, "r", Outcome::Created(0, 1));
-    dup.published.get_mut("r").unwrap().unknown_sends = 1;
-    dup.deliveries = vec![seen(0, 100, 0, 0, 1, "r"), seen(0, 100, 0, 1, 1, "r")];
-    assert!(violations(&dup, &[], &mut Tally::default()).is_empty());
-    dup.published.get_mut("r").unwrap().unknown_sends = 0;
-    assert!(violations(&dup, &[], &mut Tally::default())
-        .iter()
-        .any(|v| v.starts_with("rule 2:")));
-
     // Each rule broken once.
     let mut bad = Log {
         kills: vec![ms(1000)],
@@ -1428,4 +1519,64 @@ fn the_crash_loop_oracle_given_a_log_that_breaks_each_rule_then_it_names_each_ru
             "rule {rule} not reported: {found:#?}"
         );
     }
+}
+
+/// Rule 2 on made-up logs: an event stored at two positions is a violation whether or
+/// not its publish was sent again after an unknown outcome (publish dedup stores a
+/// retry once), as long as its sends fall inside the dedup window; beyond it (the
+/// contract's bound) it is exempt, and counted.
+#[test]
+fn positive_control_rule_2_given_an_event_stored_twice_then_it_is_a_violation_also_when_its_publish_was_retried_within_the_dedup_window(
+) {
+    let ms = Duration::from_millis;
+    let rule_2 = |log: &Log, tally: &mut Tally| {
+        violations(log, &[], tally)
+            .into_iter()
+            .filter(|v| v.starts_with("rule 2:"))
+            .collect::<Vec<_>>()
+    };
+    // "r": first sent at 90 ms to generation 0, unanswered, sent again to generation
+    // 0 and answered 201 at p0 o1; generation 0 was killed at 1 s.
+    let mut log = Log {
+        kills: vec![ms(1000)],
+        ..Log::default()
+    };
+    made_up_published(&mut log, "r", Outcome::Created(0, 1));
+    let r = log.published.get_mut("r").unwrap();
+    (r.unknown_sends, r.first_sent) = (1, ms(90));
+
+    // Stored once: clean, and counted as a retry inside the window.
+    log.deliveries = vec![made_up_seen(0, 100, 0, 1, 1, "r")];
+    let mut tally = Tally::default();
+    assert_eq!(rule_2(&log, &mut tally), Vec::<String>::new());
+    assert_eq!(
+        (tally.retried_inside_window, tally.retried_outside_window),
+        (1, 0)
+    );
+    assert_eq!(tally.longest_retry_span, ms(910));
+
+    // Stored twice: a violation, retried or not.
+    log.deliveries.push(made_up_seen(0, 100, 0, 0, 1, "r"));
+    let found = rule_2(&log, &mut Tally::default());
+    assert!(
+        found.len() == 1 && found[0].contains("event r stored at several positions"),
+        "{found:#?}"
+    );
+    log.published.get_mut("r").unwrap().unknown_sends = 0;
+    assert_eq!(rule_2(&log, &mut Tally::default()).len(), 1);
+
+    // Retried with sends spanning more than the window less the margin (its last
+    // send's process killed that and a millisecond after the first send): exempt, and
+    // counted.
+    log.published.get_mut("r").unwrap().unknown_sends = 1;
+    log.kills = vec![ms(90) + DEDUP_WINDOW - DEDUP_MARGIN + ms(1)];
+    let mut tally = Tally::default();
+    assert_eq!(rule_2(&log, &mut tally), Vec::<String>::new());
+    assert_eq!(
+        (tally.retried_inside_window, tally.retried_outside_window),
+        (0, 1)
+    );
+    // Exactly the window less the margin: still strict.
+    log.kills = vec![ms(90) + DEDUP_WINDOW - DEDUP_MARGIN];
+    assert_eq!(rule_2(&log, &mut Tally::default()).len(), 1);
 }
