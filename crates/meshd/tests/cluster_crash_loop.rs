@@ -16,17 +16,21 @@
 //!
 //! After the faults every process runs again, the clients drain the subscription, and
 //! an oracle checks what the clients were told and what etcd recorded (a watch of the
-//! whole key space from revision 1, with the time each revision arrived):
+//! whole key space from revision 1, and a sampler asking etcd its revision every 20 ms:
+//! together they say which revision etcd was known to hold at each moment, so client
+//! requests are ordered against etcd's revisions, not against when a lagging watch
+//! happened to report them):
 //!
 //! 1. every event answered 201 was delivered or is in the dead-letter store, and every
 //!    partition's committed offset reaches its end;
 //! 2. nothing appears that was never published, every delivery is exactly what was
 //!    published, at the one (partition, offset) its 201 named (publishes deduplicate,
 //!    so a retried publish is stored once);
-//! 3. no delivery names a (partition, offset) below a checkpoint etcd already held
-//!    when the pull was sent (a new owner resumes from the checkpoint; nothing below it
-//!    is handed out again), and every offset below a checkpoint was named in an ack
-//!    sent before that checkpoint arrived, or is dead-lettered (gap-free);
+//! 3. no delivery names a (partition, offset) a checkpoint covers whose revision etcd
+//!    was known to hold when the pull was sent (a new owner resumes from the
+//!    checkpoint; nothing below it is handed out again), and every offset a checkpoint
+//!    covers was named in an ack sent before etcd was known to hold the checkpoint's
+//!    revision, or is dead-lettered (gap-free);
 //! 4. attempts: none above `max_attempts`; before an offset's first ack no attempt is
 //!    handed out twice and a delivery that certainly came after another has a higher
 //!    attempt; a dead letter carries `max_attempts`; a poison event (always nacked) is
@@ -34,16 +38,23 @@
 //!    partition moved;
 //! 5. no event is dead-lettered twice; an offset answered `dead_lettered` is never
 //!    handed out again;
-//! 6. etcd's history: every write to a checkpoint, attempt-ledger or dead-letter key
-//!    was made while its partition's owner key existed (the fenced transaction compares
-//!    that key's `mod_revision`, the owner's epoch), a dead letter names exactly the
-//!    owner and epoch that held the partition at that revision, and a checkpoint never
-//!    goes backwards;
-//! 7. duplicates (a delivery of an offset after an ack of it was answered `acked`) stay
-//!    within the README's bound: the ack was answered less than a checkpoint interval
-//!    (plus a little slack) before a fault began, so the last checkpoint before the
-//!    partition moved (or its task restarted after an ambiguous Meta write) could not
-//!    carry it; their number per move and per fault is measured and reported;
+//! 6. etcd's history: every write made for a partition's owner carries the epoch its
+//!    fence compared (checkpoints `owner_epoch`, attempt-ledger records `e`, dead
+//!    letters `epoch` and `instance`; the ledger's head and pruned records share their
+//!    transaction's record), and that epoch is exactly the `mod_revision` of the
+//!    partition's owner key at that revision (a dead letter's instance the one that
+//!    key names) — so a stale owner's write during its successor's tenure is caught,
+//!    not only one while nobody held the partition; a write that carries no epoch (a
+//!    ledger clear, deletes only; a checkpoint's deletion) must at least find an owner;
+//!    a checkpoint without an epoch is only its put-if-absent creation; a checkpoint
+//!    never goes backwards;
+//! 7. duplicates (a delivery of an offset after an ack of it was answered `acked`) are
+//!    each explained by one fault: the ack was answered within that fault's window,
+//!    from a checkpoint interval (plus slack) before it began — the last checkpoint
+//!    before the partition moved could not carry it — to a lease TTL (plus slack)
+//!    after it ended — an owner cut off or resumed answers acks it can no longer
+//!    checkpoint, or its task restarts after an ambiguous Meta write; any other is a
+//!    violation; their number per move, per fault and per fault kind is reported;
 //! 8. histories of concurrent clients under the same faults, through every instance,
 //!    checked with [`meshd_test_support::linearizability`]: a subscription's settings,
 //!    written (`PUT`, and compare-and-set with `If-Match`) and read, and tasks,
@@ -51,8 +62,15 @@
 //!    operations must be linearizable; a settings read (served from the instance's
 //!    cache, read-your-writes by contract) only a value that was written.
 //!
-//! A run must clear an activity floor (acks answered `acked`, publishes answered 201,
-//! faults applied) or it fails.
+//! The first fault pauses the owner of partition 0 past its lease, so every run moves
+//! a partition with work in flight. A run must clear an activity floor (acks answered
+//! `acked`, publishes answered 201, settings operations, compare-and-sets that applied,
+//! task operations answered, fenced writes checked against their epoch, at least one
+//! partition move) or it fails: each rule has had something to check.
+//!
+//! Positive controls (`positive_control_*` below): the oracle on a made-up run that
+//! passes, the same run broken once per rule (each must be named), and runs below the
+//! floor.
 //!
 //! `MESHD_CLUSTER_CRASH_SEED` picks the seed (printed; the schedule of faults and every
 //! client choice follow from it), `MESHD_CLUSTER_CRASH_ROUNDS` the number of faults
@@ -114,6 +132,10 @@ const SHOWN: usize = 40;
 /// How late a checkpoint may be written after its interval (a busy partition task on
 /// a loaded 2-core machine, a Meta write in flight).
 const CHECKPOINT_SLACK: Duration = Duration::from_millis(500);
+/// How long after a fault's lease TTL a partition task may still answer an ack it
+/// cannot checkpoint (rule 7): a restart after an ambiguous Meta write once the
+/// fault healed, its Meta client reconnecting through an etcd election.
+const AFTERMATH_SLACK: Duration = Duration::from_millis(1000);
 
 fn seed() -> u64 {
     seed_from("MESHD_CLUSTER_CRASH_SEED")
@@ -179,10 +201,24 @@ struct Answer {
 /// A fault the schedule applied, with when it began and ended.
 #[derive(Clone, Debug)]
 struct Fault {
+    /// Its kind (one of [`FAULT_KINDS`]), for the duplicates per kind.
+    kind: &'static str,
     what: String,
     start: Duration,
     end: Duration,
 }
+
+/// The kinds of fault, in the order of the schedule's roll.
+const FAULT_KINDS: [&str; 8] = [
+    "meshd SIGKILL",
+    "meshd SIGSTOP",
+    "etcd member SIGKILL",
+    "nats-server SIGKILL",
+    "meshd-etcd link",
+    "meshd-meshd link",
+    "meshd-nats link",
+    "meshd clock jump",
+];
 
 /// One revision's changes as etcd's watch reported them.
 #[derive(Clone, Debug)]
@@ -210,6 +246,10 @@ struct Log {
     ack_sends: BTreeMap<(u64, u64), Vec<Duration>>,
     faults: Vec<Fault>,
     changes: Vec<Change>,
+    /// (t, r): etcd was known to hold revision `r` at time `t` (its answer to a
+    /// revision query sent before `t`), from [`revision_sampler`]. With the watch's
+    /// arrivals, this orders client requests against etcd's revisions (rules 3, 7).
+    held: Vec<(Duration, i64)>,
     /// The watch lost history (compacted before it was read): the check of rule 6
     /// would be blind, so the run fails.
     watch_gap: Option<String>,
@@ -953,6 +993,57 @@ async fn etcd_watcher(endpoints: Vec<String>, ctx: Arc<Ctx>, mut stop: watch::Re
     }
 }
 
+/// Asks etcd its revision every few milliseconds (any member that answers) and
+/// records each answer with the time it came, until `stop`: at that time etcd held at
+/// least that revision. The watch's arrivals say the same, but a watch that
+/// reconnects after a member's death reports seconds late; these answers bound how
+/// late a checkpoint may be taken to have been written.
+async fn revision_sampler(endpoints: Vec<String>, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    let eps: Vec<String> = endpoints.iter().map(|e| format!("http://{e}")).collect();
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_timeout(Duration::from_millis(500))
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1));
+    let mut client = None;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        if client.is_none() {
+            client = tokio::time::timeout(
+                Duration::from_secs(2),
+                etcd_client::Client::connect(eps.clone(), Some(options.clone())),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok);
+        }
+        if let Some(c) = client.as_mut() {
+            let asked = tokio::time::timeout(
+                Duration::from_millis(500),
+                c.get(
+                    "meshd/",
+                    Some(etcd_client::GetOptions::new().with_count_only()),
+                ),
+            )
+            .await;
+            match asked {
+                Ok(Ok(r)) => {
+                    if let Some(h) = r.header() {
+                        let at = ctx.now();
+                        ctx.log().held.push((at, h.revision()));
+                    }
+                }
+                _ => client = None,
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
 /// The revision etcd is at now (asked of any member that answers).
 async fn current_revision(endpoints: &[String]) -> anyhow::Result<i64> {
     let eps: Vec<String> = endpoints.iter().map(|e| format!("http://{e}")).collect();
@@ -1067,15 +1158,17 @@ fn publish_gate(tx: &watch::Sender<Gate>, nodes: &[Node]) {
     });
 }
 
-/// Applies one seeded fault, waits its time and heals it. Returns what it did.
+/// Applies one seeded fault (or, with `forced`, that kind to that instance), waits
+/// its time and heals it. Returns its kind and what it did.
 async fn one_fault(
     rng: &mut Rng,
     nodes: &mut [Node],
     etcd: &mut EtcdCluster,
     log: &mut NatsServers,
     gate: &watch::Sender<Gate>,
-) -> String {
-    let i = rng.below(INSTANCES as u64) as usize;
+    forced: Option<(u64, usize)>,
+) -> (&'static str, String) {
+    let mut i = rng.below(INSTANCES as u64) as usize;
     let past_lease = LEASE_TTL + Duration::from_millis(rng.range(200, 1200));
     let short = Duration::from_millis(rng.range(200, 1200));
     let hold = match rng.range(0, 3) {
@@ -1098,7 +1191,11 @@ async fn one_fault(
             }
         }
     };
-    match rng.range(0, 8) {
+    let mut roll = rng.range(0, 8);
+    if let Some((kind, instance)) = forced {
+        (roll, i) = (kind, instance);
+    }
+    let what = match roll {
         0 => {
             nodes[i].proc.take().expect("runs").kill();
             publish_gate(gate, nodes);
@@ -1186,7 +1283,21 @@ async fn one_fault(
                 nodes[i].id
             )
         }
-    }
+    };
+    (
+        FAULT_KINDS[(roll as usize).min(FAULT_KINDS.len() - 1)],
+        what,
+    )
+}
+
+/// The instance that holds `partition` of TOPIC in etcd's history as watched so far
+/// (the owner key's value names it), if any.
+fn owner_now(ctx: &Ctx, partition: u64) -> Option<usize> {
+    let key = owner_key(TOPIC, partition);
+    let log = ctx.log();
+    let change = log.changes.iter().rev().find(|c| c.key == key)?;
+    let holder = String::from_utf8_lossy(change.value.as_ref()?).into_owned();
+    (0..INSTANCES).find(|i| holder.contains(&format!("inst-{i}")))
 }
 
 // ---------------------------------------------------------------------------------
@@ -1320,11 +1431,10 @@ fn owner_key(topic: &str, partition: u64) -> String {
     format!("meshd/v1/owners/partition/{topic}/{partition}")
 }
 
-/// One checkpoint of SUB: when it arrived, its committed offset and the resolved
-/// `[from, to)` ranges above it.
+/// One checkpoint of SUB: its revision, its committed offset and the resolved `[from, to)` ranges above it.
 #[derive(Clone, Debug)]
 struct Checkpoint {
-    arrived: Duration,
+    revision: i64,
     committed: u64,
     resolved: Vec<(u64, u64)>,
 }
@@ -1343,13 +1453,78 @@ impl Checkpoint {
 /// What rule 6 found, with the moves and checkpoints it saw (for rules 3 and 7).
 #[derive(Default)]
 struct History {
-    /// Per partition of TOPIC: SUB's checkpoints as they arrived.
+    /// Per partition of TOPIC: SUB's checkpoints in revision order.
     checkpoints: BTreeMap<u64, Vec<Checkpoint>>,
     /// Per partition: arrival times of owner changes after the first acquisition.
     moves: BTreeMap<u64, Vec<Duration>>,
+    /// Writes made for an owner that rule 6 checked.
     writes_checked: usize,
+    /// Of those, the ones checked against the epoch they carry (dead letters,
+    /// checkpoints, attempt-ledger records and what their transaction wrote with
+    /// them), not only against an owner's existence.
+    epochs_checked: usize,
 }
 
+/// When etcd was known to hold which revision: the revision sampler's answers and the
+/// watch's arrivals, by time, each with the highest revision known by then.
+struct Held(Vec<(Duration, i64)>);
+
+impl Held {
+    fn new(log: &Log) -> Self {
+        let mut known: Vec<(Duration, i64)> = log.held.clone();
+        known.extend(log.changes.iter().map(|c| (c.arrived, c.revision)));
+        known.sort();
+        let mut highest = 0;
+        for (_, r) in known.iter_mut() {
+            highest = highest.max(*r);
+            *r = highest;
+        }
+        Held(known)
+    }
+
+    /// The highest revision etcd is known to have held at `t` (0: none known).
+    fn at(&self, t: Duration) -> i64 {
+        let i = self.0.partition_point(|(at, _)| *at <= t);
+        if i == 0 {
+            0
+        } else {
+            self.0[i - 1].1
+        }
+    }
+}
+
+/// Whether the owner key of `topic`/`p` held exactly `epoch` (and, when given, names
+/// `instance`); otherwise what it held.
+fn check_fence(
+    owners: &BTreeMap<String, (Vec<u8>, i64)>,
+    topic: &str,
+    p: u64,
+    epoch: Option<i64>,
+    instance: Option<&str>,
+) -> Result<(), String> {
+    let owner = owners.get(&owner_key(topic, p));
+    let ok = owner.is_some_and(|(holder, held)| {
+        Some(*held) == epoch
+            && instance.is_none_or(|i| holder.windows(i.len()).any(|w| w == i.as_bytes()))
+    });
+    if ok {
+        return Ok(());
+    }
+    Err(format!(
+        "while the owner of {topic}/{p} was {:?}",
+        owner.map(|(holder, epoch)| (String::from_utf8_lossy(holder).into_owned(), *epoch))
+    ))
+}
+
+/// Rule 6 over etcd's history, revision by revision: every write made for a
+/// partition's owner is checked against the owner key as it was at that revision.
+/// Dead letters, checkpoints and attempt-ledger records carry their writer's epoch
+/// (a dead letter its instance too), which must be exactly the owner key's
+/// `mod_revision` then, so a stale owner's write during its successor's tenure is
+/// caught, not only one while nobody held the partition. The attempt ledger's head
+/// and pruned records go in one transaction with a record, whose epoch they share; a
+/// write with no record (a clear at an offset reset: deletes only) is checked only
+/// for an owner's existence, as is a checkpoint's deletion.
 fn check_etcd_history(changes: &[Change], v: &mut Vec<String>) -> History {
     let mut h = History::default();
     // The owner keys' state: key -> (value, mod_revision).
@@ -1367,68 +1542,97 @@ fn check_etcd_history(changes: &[Change], v: &mut Vec<String>) -> History {
             v.push(format!("rule 6: revision {revision} reported out of order"));
         }
         expected = revision + 1;
+        // The epoch each partition's ledger record in this transaction carries.
+        let mut ledger_epoch: BTreeMap<(String, String, u64), i64> = BTreeMap::new();
+        for c in group {
+            if let (Some(subject), Some(bytes), true) =
+                (partition_of_key(&c.key), &c.value, c.key.contains("/r/"))
+            {
+                let record: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+                match record["e"].as_i64() {
+                    Some(e) => {
+                        ledger_epoch.insert(subject, e);
+                    }
+                    None => v.push(format!(
+                        "rule 6: attempt-ledger record {} at revision {revision} carries no owner epoch: {record}",
+                        c.key
+                    )),
+                }
+            }
+        }
         // Checked against the owners as they were before this revision (a fenced
         // transaction compares the owner key and does not change it).
         for c in group {
-            let subject = if let Some((sub, topic, p)) = partition_of_key(&c.key) {
-                Some((sub, topic, p))
-            } else if c.key.starts_with("meshd/v1/deadletters/entries/") {
-                match &c.value {
-                    Some(bytes) => {
-                        let e: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
-                        let (Some(topic), Some(p)) = (e["topic"].as_str(), e["partition"].as_u64())
-                        else {
-                            v.push(format!("rule 6: dead letter {} at revision {revision} without topic/partition: {e}", c.key));
-                            continue;
-                        };
-                        let owner = owners.get(&owner_key(topic, p));
-                        let ok = owner.is_some_and(|(holder, epoch)| {
-                            Some(*epoch) == e["epoch"].as_i64()
-                                && e["instance"].as_str().is_some_and(|i| {
-                                    holder.windows(i.len()).any(|w| w == i.as_bytes())
-                                })
-                        });
-                        h.writes_checked += 1;
-                        if !ok {
-                            v.push(format!(
-                                "rule 6: dead letter {} written at revision {revision} by {} epoch {} while the owner of {topic}/{p} was {:?}",
-                                c.key, e["instance"], e["epoch"],
-                                owner.map(|(holder, epoch)| (String::from_utf8_lossy(holder).into_owned(), *epoch))
-                            ));
-                        }
-                        continue;
-                    }
-                    // Deleting an entry (redrive, retention) is not the owner's.
-                    None => None,
+            if c.key.starts_with("meshd/v1/deadletters/entries/") {
+                // Deleting an entry (redrive, retention) is not the owner's.
+                let Some(bytes) = &c.value else { continue };
+                let e: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+                let (Some(topic), Some(p)) = (e["topic"].as_str(), e["partition"].as_u64()) else {
+                    v.push(format!("rule 6: dead letter {} at revision {revision} without topic/partition: {e}", c.key));
+                    continue;
+                };
+                h.writes_checked += 1;
+                h.epochs_checked += 1;
+                if let Err(owner) = check_fence(
+                    &owners,
+                    topic,
+                    p,
+                    e["epoch"].as_i64(),
+                    Some(e["instance"].as_str().unwrap_or("(none)")),
+                ) {
+                    v.push(format!(
+                        "rule 6: dead letter {} written at revision {revision} by {} epoch {} {owner}",
+                        c.key, e["instance"], e["epoch"]
+                    ));
                 }
-            } else {
-                None
-            };
-            let Some((sub, topic, p)) = subject else {
+                continue;
+            }
+            let Some((sub, topic, p)) = partition_of_key(&c.key) else {
                 continue;
             };
             let is_checkpoint = c.key.starts_with("meshd/v1/checkpoints/");
-            // A checkpoint's creation is a put-if-absent by whoever needs it first (the
-            // subscription's creator, or an owner): it can never overwrite an owner's.
-            let creation =
-                is_checkpoint && c.value.is_some() && !last_checkpoint.contains_key(&c.key);
+            let cp: Option<Value> = match (&c.value, is_checkpoint) {
+                (Some(bytes), true) => Some(serde_json::from_slice(bytes).unwrap_or(Value::Null)),
+                _ => None,
+            };
+            let carried = match &cp {
+                Some(cp) => cp["owner_epoch"].as_i64(),
+                None => ledger_epoch.get(&(sub.clone(), topic.clone(), p)).copied(),
+            };
             h.writes_checked += 1;
-            if !creation && !owners.contains_key(&owner_key(&topic, p)) {
-                v.push(format!(
-                    "rule 6: {} {} at revision {revision} while {topic}/{p} had no owner",
-                    c.key,
-                    if c.value.is_some() {
-                        "written"
-                    } else {
-                        "deleted"
+            let written = if c.value.is_some() {
+                "written"
+            } else {
+                "deleted"
+            };
+            match carried {
+                Some(epoch) => {
+                    h.epochs_checked += 1;
+                    if let Err(owner) = check_fence(&owners, &topic, p, Some(epoch), None) {
+                        v.push(format!(
+                            "rule 6: {} {written} at revision {revision} by epoch {epoch} {owner}",
+                            c.key
+                        ));
                     }
-                ));
+                }
+                // A checkpoint's creation is a put-if-absent by whoever needs it first
+                // (the subscription's creator, or an owner), with no owner: it can
+                // never overwrite an owner's. Any later put carries its writer.
+                None if cp.is_some() && !last_checkpoint.contains_key(&c.key) => {}
+                None if cp.is_some() => v.push(format!(
+                    "rule 6: checkpoint {} written at revision {revision} carries no owner epoch",
+                    c.key
+                )),
+                None => {
+                    if !owners.contains_key(&owner_key(&topic, p)) {
+                        v.push(format!(
+                            "rule 6: {} {written} at revision {revision} while {topic}/{p} had no owner",
+                            c.key
+                        ));
+                    }
+                }
             }
-            if !is_checkpoint {
-                continue;
-            }
-            let Some(bytes) = &c.value else { continue };
-            let cp: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+            let Some(cp) = cp else { continue };
             let (Some(offset), Some(epoch)) = (
                 cp["committed"]["offset"].as_u64(),
                 cp["committed"]["epoch"].as_u64(),
@@ -1457,7 +1661,7 @@ fn check_etcd_history(changes: &[Change], v: &mut Vec<String>) -> History {
                     .filter_map(|r| Some((r[0].as_u64()?, r[1].as_u64()?)))
                     .collect();
                 h.checkpoints.entry(p).or_default().push(Checkpoint {
-                    arrived: c.arrived,
+                    revision: *revision,
                     committed: offset,
                     resolved,
                 });
@@ -1492,11 +1696,26 @@ fn check_etcd_history(changes: &[Change], v: &mut Vec<String>) -> History {
 struct Tally {
     duplicates: usize,
     duplicates_by_partition: BTreeMap<u64, usize>,
+    /// Duplicates by the kind of the first fault whose window holds their ack.
+    duplicates_by_fault_kind: BTreeMap<&'static str, usize>,
     poison_dead_lettered: usize,
     /// Duplicates with a move of their partition (an owner key changed in etcd)
     /// between the ack and the redelivery; the others came from a partition task that
     /// restarted on the same owner after an ambiguous Meta write.
     after_a_move: usize,
+}
+
+/// The window of acks a fault may explain a duplicate of (rule 7): from a checkpoint
+/// interval (plus slack) before it began, which the last checkpoint before the
+/// partition moved could not carry, to a lease TTL (plus slack) after it ended, while
+/// an owner cut off from etcd or resumed from a pause may still answer acks it can no
+/// longer checkpoint, or its task restarts after an ambiguous Meta write.
+fn duplicate_window(f: &Fault) -> (Duration, Duration) {
+    (
+        f.start
+            .saturating_sub(Duration::from_millis(CHECKPOINT_MS) + CHECKPOINT_SLACK),
+        f.end + LEASE_TTL + AFTERMATH_SLACK,
+    )
 }
 
 fn violations(log: &Log, dead: &[Value], hist: &History, tally: &mut Tally) -> Vec<String> {
@@ -1667,18 +1886,21 @@ fn violations(log: &Log, dead: &[Value], hist: &History, tally: &mut Tally) -> V
         }
     }
 
-    // Rule 3: nothing delivered that a checkpoint etcd held when the pull was sent
-    // covers; gap-free checkpoints.
+    // Rule 3, in etcd's revision order: nothing delivered that a checkpoint etcd held
+    // when the pull was sent covers; gap-free checkpoints (an ack of each offset sent
+    // before etcd held the checkpoint's revision).
+    let held = Held::new(log);
     for d in &log.deliveries {
         let Some(cps) = hist.checkpoints.get(&d.partition) else {
             continue;
         };
+        let at_send = held.at(d.sent);
         if let Some(cp) = cps
             .iter()
-            .find(|cp| cp.arrived <= d.sent && cp.covers(d.offset))
+            .find(|cp| cp.revision <= at_send && cp.covers(d.offset))
         {
             v.push(format!(
-                "rule 3: {d} pulled after checkpoint {cp:?} arrived"
+                "rule 3: {d} pulled when etcd held revision {at_send}, after checkpoint {cp:?}"
             ));
         }
     }
@@ -1693,7 +1915,7 @@ fn violations(log: &Log, dead: &[Value], hist: &History, tally: &mut Tally) -> V
                 let acked_before = log
                     .ack_sends
                     .get(&(*p, o))
-                    .is_some_and(|sends| sends.iter().any(|s| *s <= cp.arrived));
+                    .is_some_and(|sends| sends.iter().any(|s| held.at(*s) < cp.revision));
                 if !acked_before && !dead_at.contains_key(&(*p, o)) {
                     v.push(format!(
                         "rule 3: checkpoint {cp:?} of p{p} covers o{o}, which no ack named before and is not dead-lettered"
@@ -1703,7 +1925,7 @@ fn violations(log: &Log, dead: &[Value], hist: &History, tally: &mut Tally) -> V
         }
     }
 
-    // Rule 7: duplicates only with a move in between.
+    // Rule 7: duplicates only near a fault.
     for a in &log.acked {
         for d in by_offset
             .get(&(a.partition, a.offset))
@@ -1725,23 +1947,107 @@ fn violations(log: &Log, dead: &[Value], hist: &History, tally: &mut Tally) -> V
             {
                 tally.after_a_move += 1;
             }
-            // The bound: acked within a checkpoint interval before a fault began (what
-            // the last checkpoint before the partition moved, or before its task
-            // restarted after an ambiguous Meta write, could not carry).
-            let recent = log.faults.iter().any(|f| {
-                f.start <= d.recv
-                    && a.recv + Duration::from_millis(CHECKPOINT_MS) + CHECKPOINT_SLACK >= f.start
+            // The bound: a fault whose window holds the ack's answer explains it; none
+            // other does.
+            let explained = log.faults.iter().find(|f| {
+                let (from, to) = duplicate_window(f);
+                from <= a.recv && a.recv <= to
             });
-            if !recent {
-                v.push(format!(
-                    "rule 7: {d} delivered again after its ack (attempt {}) was answered acked at {:?}, more than a checkpoint interval before any fault",
+            match explained {
+                Some(f) => *tally.duplicates_by_fault_kind.entry(f.kind).or_default() += 1,
+                None => v.push(format!(
+                    "rule 7: {d} delivered again after its ack (attempt {}) was answered acked at {:?}, outside every fault's window (a checkpoint interval before its start to a lease TTL after its end)",
                     a.attempt, a.recv
-                ));
+                )),
             }
             break;
         }
     }
     v
+}
+
+/// What a run did, for the activity floor.
+#[derive(Debug, Default)]
+struct Activity {
+    acked: usize,
+    cas_applied: usize,
+    task_answers: usize,
+    moves: usize,
+}
+
+/// The oracle's verdict on a run.
+struct Judgement {
+    violations: Vec<String>,
+    hist: History,
+    tally: Tally,
+    activity: Activity,
+}
+
+fn faults_by_kind(faults: &[Fault]) -> BTreeMap<&'static str, usize> {
+    let mut by: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for f in faults {
+        *by.entry(f.kind).or_default() += 1;
+    }
+    by
+}
+
+/// Every rule over what the clients were told, etcd's history and the dead-letter
+/// store, and the activity floor: a run of `rounds` faults must have given each rule
+/// something to check (acks, publishes, settings operations, compare-and-sets that
+/// applied, task operations answered, fenced writes checked against their epoch, and
+/// at least one partition move), or it fails.
+fn judge(log: &Log, dead: &[Value], rounds: u32) -> Judgement {
+    let mut v = Vec::new();
+    let hist = check_etcd_history(&log.changes, &mut v);
+    let mut tally = Tally::default();
+    v.extend(violations(log, dead, &hist, &mut tally));
+    // Rule 8.
+    v.extend(check_settings_history(&log.history));
+    if let Err((id, verdict)) = check_by_key(&TaskModel, &log.tasks, |c| c.id().to_string()) {
+        let ops: Vec<&TaskOp> = log.tasks.iter().filter(|op| op.input.id() == id).collect();
+        v.push(format!(
+            "rule 8: the history of task {id} is not linearizable: {verdict:?}\n{ops:#?}"
+        ));
+    }
+    let activity = Activity {
+        acked: log.acked.len(),
+        cas_applied: log
+            .history
+            .iter()
+            .filter(|op| matches!(op.ret, Some((_, RegisterOutput::Cas(true)))))
+            .count(),
+        task_answers: log.tasks.iter().filter(|op| op.ret.is_some()).count(),
+        moves: hist.moves.values().map(Vec::len).sum(),
+    };
+    let floor = rounds as usize * 5;
+    // A run of 8 faults applies about 5 (three clients, each reading before its
+    // compare-and-set, while the others write): one is asked for.
+    let cas_floor = 1;
+    if activity.acked < floor
+        || log.created < floor
+        || log.history.len() < floor
+        || activity.task_answers < floor
+        || hist.epochs_checked < floor
+        || activity.cas_applied < cas_floor
+        || activity.moves == 0
+    {
+        v.push(format!(
+            "activity floor: {} acks, {} publishes, {} settings operations, {} task operations answered, {} etcd writes checked against their epoch (each must be at least {floor}), {} compare-and-sets applied (at least {cas_floor}), {} partition moves (at least 1)",
+            activity.acked,
+            log.created,
+            log.history.len(),
+            activity.task_answers,
+            hist.epochs_checked,
+            activity.cas_applied,
+            activity.moves
+        ));
+    }
+    Judgement {
+        violations: v,
+        hist,
+        tally,
+        activity,
+    }
 }
 
 /// Rule 8. Writes and compare-and-sets go to Meta (conditional on revision), so
@@ -1762,10 +2068,15 @@ fn check_settings_history(history: &[HistoryOp]) -> Vec<String> {
             "rule 8: the writes and compare-and-sets of the settings are not linearizable: {verdict:?}"
         ));
     }
+    // A value counts as written by a plain write, or by a compare-and-set that applied
+    // or whose answer never came; one that answered 412 wrote nothing.
     let written: BTreeMap<u64, u64> = writes
         .iter()
-        .filter_map(|op| match op.input {
-            RegisterInput::Write(x) | RegisterInput::Cas { new: x, .. } => Some((x, op.call)),
+        .filter_map(|op| match (&op.input, &op.ret) {
+            (RegisterInput::Write(x), _)
+            | (RegisterInput::Cas { new: x, .. }, None | Some((_, RegisterOutput::Cas(true)))) => {
+                Some((*x, op.call))
+            }
             _ => None,
         })
         .collect();
@@ -1964,7 +2275,12 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
     wait_all_ready(&ctx, &nodes).await;
     let endpoints: Vec<String> = etcd.members.iter().map(|m| m.endpoint()).collect();
     let (stop_watch, stop_rx) = watch::channel(false);
-    let watcher = tokio::spawn(etcd_watcher(endpoints.clone(), ctx.clone(), stop_rx));
+    let watcher = tokio::spawn(etcd_watcher(
+        endpoints.clone(),
+        ctx.clone(),
+        stop_rx.clone(),
+    ));
+    let sampler = tokio::spawn(revision_sampler(endpoints.clone(), ctx.clone(), stop_rx));
 
     let a0 = nodes[0].proc().addr().to_string();
     create_topic(&a0, TOPIC, PARTITIONS as u32).await;
@@ -2047,11 +2363,24 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
 
     for round in 0..rounds {
         tokio::time::sleep(Duration::from_millis(rng.range(300, 1500))).await;
+        // The first fault pauses the owner of partition 0 past its lease, so every
+        // run moves a partition with work in flight (rules 3 and 7 have moves to
+        // check; the floor asks for one).
+        let forced = (round == 0)
+            .then(|| owner_now(&ctx, 0))
+            .flatten()
+            .map(|i| (1, i));
         let start = ctx.now();
-        let what = one_fault(&mut rng, &mut nodes, &mut etcd, &mut log, &gate_tx).await;
+        let (kind, what) =
+            one_fault(&mut rng, &mut nodes, &mut etcd, &mut log, &gate_tx, forced).await;
         let end = ctx.now();
         eprintln!("round {round}: {what} ({start:?}..{end:?})");
-        ctx.log().faults.push(Fault { what, start, end });
+        ctx.log().faults.push(Fault {
+            kind,
+            what,
+            start,
+            end,
+        });
     }
     // Let the clients run on a healed cluster for a while, then stop them and drain.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -2085,51 +2414,39 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
     .unwrap_or_else(|e| ctx.fail(format!("{e:#}")));
     let _ = stop_watch.send(true);
     let _ = watcher.await;
+    let _ = sampler.await;
 
     let log_ = ctx.log();
-    let mut v = Vec::new();
-    let hist = check_etcd_history(&log_.changes, &mut v);
-    let mut tally = Tally::default();
-    v.extend(violations(&log_, &dead, &hist, &mut tally));
-    // Rule 8.
-    v.extend(check_settings_history(&log_.history));
-    if let Err((id, verdict)) = check_by_key(&TaskModel, &log_.tasks, |c| c.id().to_string()) {
-        let ops: Vec<&TaskOp> = log_.tasks.iter().filter(|op| op.input.id() == id).collect();
-        v.push(format!(
-            "rule 8: the history of task {id} is not linearizable: {verdict:?}\n{ops:#?}"
-        ));
-    }
+    let Judgement {
+        violations: v,
+        hist,
+        tally,
+        activity,
+    } = judge(&log_, &dead, rounds);
     let moves: usize = hist.moves.values().map(Vec::len).sum();
-    let acked = log_.acked.len();
     eprintln!(
-        "cluster crash loop: seed {seed}: {} publishes 201 ({} events), {} deliveries, {acked} acked, {} nacks, {} dead letters ({} poison), {} history operations, {} etcd writes checked, {moves} moves, {} duplicates ({} after a move; {:.1} per move, {:.1} per fault; by partition {:?}); unanswered {:?}",
+        "cluster crash loop: seed {seed}: {} publishes 201 ({} events), {} deliveries, {} acked, {} nacks, {} dead letters ({} poison), {} settings operations ({} compare-and-sets applied), {} task operations answered, {} etcd writes checked ({} against their writer's epoch), {moves} moves, {} duplicates ({} after a move; {:.1} per move, {:.1} per fault; by partition {:?}; by fault kind {:?}); faults by kind {:?}; unanswered {:?}",
         log_.created,
         log_.published.len(),
         log_.deliveries.len(),
+        activity.acked,
         log_.nacked.len(),
         dead.len(),
         tally.poison_dead_lettered,
-        log_.history.len() + log_.tasks.len(),
+        log_.history.len(),
+        activity.cas_applied,
+        activity.task_answers,
         hist.writes_checked,
+        hist.epochs_checked,
         tally.duplicates,
         tally.after_a_move,
         tally.duplicates as f64 / moves.max(1) as f64,
         tally.duplicates as f64 / log_.faults.len().max(1) as f64,
         tally.duplicates_by_partition,
+        tally.duplicates_by_fault_kind,
+        faults_by_kind(&log_.faults),
         log_.unanswered,
     );
-    // The activity floor.
-    let floor = rounds as usize * 5;
-    if acked < floor
-        || log_.created < floor
-        || log_.history.len() < floor
-        || hist.writes_checked < floor
-    {
-        v.push(format!(
-            "activity floor: {acked} acks, {} publishes, {} history operations, {} etcd writes checked (each must be at least {floor})",
-            log_.created, log_.history.len(), hist.writes_checked
-        ));
-    }
     if !v.is_empty() {
         let n = v.len();
         // The first few of each kind (by rule).
@@ -2159,4 +2476,497 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
             faults.join("\n")
         ));
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Positive controls: the oracle on made-up runs.
+
+/// A made-up run that passes every rule and the floor (one fault): partition 0 of
+/// TOPIC held by inst-0 (epoch 2), six events acked and checkpointed, inst-0 paused
+/// past its lease, inst-1 taking over (epoch 6), a poison event dead-lettered by it,
+/// one ack answered just before the pause delivered again by inst-1 (a duplicate the
+/// pause explains), settings and task histories that are linearizable.
+fn clean_run() -> (Log, Vec<Value>) {
+    let ms = Duration::from_millis;
+    let mut log = Log::default();
+    let body = |id: &str| json!({"id": id, "type": "t", "source": "s"});
+    let publish = |log: &mut Log, id: &str, offset: u64| {
+        log.published.insert(
+            id.to_string(),
+            Published {
+                body: body(id),
+                outcome: Outcome::Created(0, offset),
+            },
+        );
+        log.created += 1;
+    };
+    let deliver = |log: &mut Log, id: &str, offset: u64, attempt: u64, at: u64| {
+        log.deliveries.push(Seen {
+            sent: ms(at),
+            recv: ms(at + 5),
+            partition: 0,
+            offset,
+            attempt,
+            event_id: id.to_string(),
+            event: body(id),
+        });
+    };
+    let settle = |log: &mut Log, offset: u64, attempt: u64, at: u64, list: &str| {
+        let a = Answer {
+            sent: ms(at),
+            recv: ms(at + 5),
+            partition: 0,
+            offset,
+            attempt,
+            list: list.to_string(),
+        };
+        if list == "acked" {
+            log.first_ack_sent.entry((0, offset)).or_insert(a.sent);
+            log.ack_sends.entry((0, offset)).or_default().push(a.sent);
+            log.acked.push(a);
+        } else {
+            log.nacked.push(a);
+        }
+    };
+    for o in 0..6 {
+        let id = format!("e{o}");
+        publish(&mut log, &id, o);
+        deliver(&mut log, &id, o, 1, 100);
+    }
+    for o in 0..5 {
+        settle(&mut log, o, 1, 200, "acked");
+    }
+    // Acked 45 ms before the pause, after the last checkpoint: delivered again.
+    settle(&mut log, 5, 1, 950, "acked");
+    deliver(&mut log, "e5", 5, 2, 3100);
+    settle(&mut log, 5, 2, 3200, "acked");
+    publish(&mut log, "poison-1", 6);
+    for (attempt, at) in [(1, 500), (2, 700), (3, 900), (4, 2650)] {
+        deliver(&mut log, "poison-1", 6, attempt, at);
+        let list = if attempt == MAX_ATTEMPTS {
+            "dead_lettered"
+        } else {
+            "retrying"
+        };
+        settle(&mut log, 6, attempt, at + 6, list);
+    }
+    log.faults.push(Fault {
+        kind: FAULT_KINDS[1],
+        what: "SIGSTOP inst-0 for 2s".into(),
+        start: ms(1000),
+        end: ms(3000),
+    });
+    let change = |revision, key: &str, value: Option<Value>, at| Change {
+        revision,
+        key: key.to_string(),
+        value: value.map(|v| v.to_string().into_bytes()),
+        arrived: ms(at),
+    };
+    let owner = owner_key(TOPIC, 0);
+    let checkpoint = format!("meshd/v1/checkpoints/{SUB}/1/{TOPIC}/0");
+    let head = format!("meshd/v1/attempts/{SUB}/1/{TOPIC}/0");
+    log.changes = vec![
+        change(2, &owner, Some(json!({"instance": "inst-0"})), 50),
+        change(
+            3,
+            &checkpoint,
+            Some(json!({"v": 1, "committed": {"offset": 0, "epoch": 0, "at_ms": 1}})),
+            60,
+        ),
+        change(4, &head, Some(json!({"v": 2, "layout": "records"})), 90),
+        change(
+            4,
+            &format!("{head}/r/00000000000000000001"),
+            Some(json!({"v": 2, "d": [[0, 1, 9], [1, 1, 9]], "e": 2})),
+            90,
+        ),
+        change(
+            5,
+            &checkpoint,
+            Some(
+                json!({"v": 1, "committed": {"offset": 5, "epoch": 0, "at_ms": 2}, "owner_epoch": 2}),
+            ),
+            400,
+        ),
+        change(6, &owner, Some(json!({"instance": "inst-1"})), 2600),
+        change(
+            7,
+            "meshd/v1/deadletters/entries/x",
+            Some(json!({"topic": TOPIC, "partition": 0, "epoch": 6, "instance": "inst-1"})),
+            2700,
+        ),
+        change(
+            8,
+            &checkpoint,
+            Some(
+                json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 3}, "owner_epoch": 6}),
+            ),
+            3300,
+        ),
+    ];
+    log.held = vec![(ms(20), 1), (ms(3290), 8)];
+    let ns = |at: u64| at * 1_000_000;
+    log.history = vec![
+        Operation::answered(
+            0,
+            RegisterInput::Write(1),
+            ns(1),
+            ns(2),
+            RegisterOutput::Written,
+        ),
+        Operation::answered(
+            1,
+            RegisterInput::Read,
+            ns(3),
+            ns(4),
+            RegisterOutput::Read(Some(1)),
+        ),
+        Operation::answered(
+            1,
+            RegisterInput::Cas {
+                expect: Some(1),
+                new: 2,
+            },
+            ns(5),
+            ns(6),
+            RegisterOutput::Cas(true),
+        ),
+        Operation::answered(
+            0,
+            RegisterInput::Read,
+            ns(7),
+            ns(8),
+            RegisterOutput::Read(Some(2)),
+        ),
+        Operation::answered(
+            0,
+            RegisterInput::Write(3),
+            ns(9),
+            ns(10),
+            RegisterOutput::Written,
+        ),
+    ];
+    let task = |input, at: u64, out| Operation::answered(2, input, ns(at), ns(at + 1), out);
+    let t = || "task-0".to_string();
+    log.tasks = vec![
+        task(TaskCall::Submit(t()), 1, TaskAnswer::Done),
+        task(
+            TaskCall::Read(t()),
+            3,
+            TaskAnswer::Read(TaskState::Submitted),
+        ),
+        task(TaskCall::Claim(t()), 5, TaskAnswer::Done),
+        task(TaskCall::Cancel(t()), 7, TaskAnswer::Done),
+        task(
+            TaskCall::Read(t()),
+            9,
+            TaskAnswer::Read(TaskState::Canceled),
+        ),
+    ];
+    let dead = vec![
+        json!({"partition": 0, "offset": 6, "attempts": MAX_ATTEMPTS, "event": body("poison-1")}),
+    ];
+    (log, dead)
+}
+
+/// The rules named in `found`, as "rule N" / "activity floor".
+fn rules_named(found: &[String]) -> BTreeSet<String> {
+    found
+        .iter()
+        .filter_map(|v| v.split(':').next().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn positive_control_the_cluster_oracle_passes_a_clean_run_and_explains_its_duplicate() {
+    let (log, dead) = clean_run();
+    let j = judge(&log, &dead, 1);
+    assert!(j.violations.is_empty(), "{:#?}", j.violations);
+    assert_eq!(j.tally.duplicates, 1);
+    assert_eq!(
+        j.tally.duplicates_by_fault_kind,
+        BTreeMap::from([(FAULT_KINDS[1], 1)])
+    );
+    assert_eq!(
+        j.hist.epochs_checked, 5,
+        "record, head, 2 checkpoints, dead letter"
+    );
+    assert_eq!(j.activity.moves, 1);
+}
+
+/// Each rule broken on its own in the clean run: the oracle names that rule.
+#[test]
+fn positive_control_the_cluster_oracle_names_each_rule_a_made_up_run_breaks() {
+    let ms = Duration::from_millis;
+    type Break = Box<dyn Fn(&mut Log, &mut Vec<Value>)>;
+    let seen = move |id: &str, offset, attempt, at: u64| Seen {
+        sent: ms(at),
+        recv: ms(at + 5),
+        partition: 0,
+        offset,
+        attempt,
+        event_id: id.to_string(),
+        event: json!({"id": id, "type": "t", "source": "s"}),
+    };
+    let cases: Vec<(&str, &str, Break)> = vec![
+        (
+            "rule 1",
+            "an event answered 201 that nobody ever saw",
+            Box::new(move |log, _| {
+                log.published.insert(
+                    "lost".into(),
+                    Published {
+                        body: json!({"id": "lost"}),
+                        outcome: Outcome::Created(1, 0),
+                    },
+                );
+            }),
+        ),
+        (
+            "rule 2",
+            "a delivery of an event never published",
+            Box::new(move |log, _| log.deliveries.push(seen("ghost", 40, 1, 100))),
+        ),
+        (
+            "rule 3",
+            "a delivery of an offset a checkpoint etcd already held covers",
+            Box::new(move |log, _| log.deliveries.push(seen("e1", 1, 2, 3150))),
+        ),
+        (
+            "rule 3",
+            "a checkpoint covering an offset no ack named before it",
+            Box::new(move |log, _| {
+                log.ack_sends.remove(&(0, 3));
+            }),
+        ),
+        (
+            "rule 4",
+            "one attempt handed out twice",
+            Box::new(move |log, _| log.deliveries.push(seen("e2", 2, 1, 150))),
+        ),
+        (
+            "rule 4",
+            "a poison event that was not dead-lettered",
+            Box::new(move |log, dead| {
+                dead.clear();
+                // Its nack answered dead_lettered is then rule 5's too.
+                log.nacked.retain(|n| n.list != "dead_lettered");
+            }),
+        ),
+        (
+            "rule 5",
+            "an event dead-lettered twice",
+            Box::new(move |_, dead| {
+                let again = dead[0].clone();
+                dead.push(again);
+            }),
+        ),
+        (
+            "rule 5",
+            "a delivery after dead_lettered",
+            Box::new(move |log, _| log.deliveries.push(seen("poison-1", 6, 4, 2900))),
+        ),
+        (
+            "rule 6",
+            "the old owner's checkpoint during its successor's tenure",
+            Box::new(move |log, _| {
+                let key = format!("meshd/v1/checkpoints/{SUB}/1/{TOPIC}/0");
+                log.changes.push(Change {
+                    revision: 9,
+                    key,
+                    value: Some(
+                        json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 4}, "owner_epoch": 2})
+                            .to_string()
+                            .into_bytes(),
+                    ),
+                    arrived: ms(3400),
+                });
+            }),
+        ),
+        (
+            "rule 6",
+            "the old owner's attempt-ledger record during its successor's tenure",
+            Box::new(move |log, _| {
+                log.changes.push(Change {
+                    revision: 9,
+                    key: format!("meshd/v1/attempts/{SUB}/1/{TOPIC}/0/r/00000000000000000002"),
+                    value: Some(
+                        json!({"v": 2, "d": [[7, 1, 9]], "e": 2})
+                            .to_string()
+                            .into_bytes(),
+                    ),
+                    arrived: ms(3400),
+                });
+            }),
+        ),
+        (
+            "rule 6",
+            "a dead letter by an instance that did not own the partition",
+            Box::new(move |log, _| {
+                let c = log
+                    .changes
+                    .iter_mut()
+                    .find(|c| c.key.starts_with("meshd/v1/deadletters/"))
+                    .expect("the dead letter");
+                c.value = Some(
+                    json!({"topic": TOPIC, "partition": 0, "epoch": 6, "instance": "inst-0"})
+                        .to_string()
+                        .into_bytes(),
+                );
+            }),
+        ),
+        (
+            "rule 6",
+            "a checkpoint going backwards",
+            Box::new(move |log, _| {
+                log.changes.push(Change {
+                    revision: 9,
+                    key: format!("meshd/v1/checkpoints/{SUB}/1/{TOPIC}/0"),
+                    value: Some(
+                        json!({"v": 1, "committed": {"offset": 6, "epoch": 0, "at_ms": 4}, "owner_epoch": 6})
+                            .to_string()
+                            .into_bytes(),
+                    ),
+                    arrived: ms(3400),
+                });
+            }),
+        ),
+        (
+            "rule 7",
+            "a duplicate of an ack answered long after every fault's window",
+            Box::new(move |log, _| {
+                log.published.insert(
+                    "late".into(),
+                    Published {
+                        body: json!({"id": "late", "type": "t", "source": "s"}),
+                        outcome: Outcome::Created(0, 7),
+                    },
+                );
+                log.deliveries.push(seen("late", 7, 1, 9000));
+                log.acked.push(Answer {
+                    sent: ms(9100),
+                    recv: ms(9105),
+                    partition: 0,
+                    offset: 7,
+                    attempt: 1,
+                    list: "acked".into(),
+                });
+                log.deliveries.push(seen("late", 7, 2, 9500));
+            }),
+        ),
+        (
+            "rule 7",
+            "a duplicate of an ack answered before the fault's window",
+            Box::new(move |log, _| {
+                // The pause began 1 000 ms after o5's ack was answered at 955 ms,
+                // more than a checkpoint interval plus slack.
+                log.faults[0].start = Duration::from_millis(1700);
+            }),
+        ),
+        (
+            "rule 8",
+            "a compare-and-set applied against a value the register never held",
+            Box::new(move |log, _| {
+                log.history.push(Operation::answered(
+                    2,
+                    RegisterInput::Cas {
+                        expect: Some(9),
+                        new: 4,
+                    },
+                    20_000_000,
+                    21_000_000,
+                    RegisterOutput::Cas(true),
+                ));
+            }),
+        ),
+        (
+            "rule 8",
+            "a settings read of a value nobody wrote",
+            Box::new(move |log, _| {
+                log.history.push(Operation::answered(
+                    2,
+                    RegisterInput::Read,
+                    20_000_000,
+                    21_000_000,
+                    RegisterOutput::Read(Some(77)),
+                ));
+            }),
+        ),
+        (
+            "rule 8",
+            "a settings read of the value of a compare-and-set answered 412",
+            Box::new(move |log, _| {
+                log.history.push(Operation::answered(
+                    2,
+                    RegisterInput::Cas {
+                        expect: Some(1),
+                        new: 55,
+                    },
+                    20_000_000,
+                    21_000_000,
+                    RegisterOutput::Cas(false),
+                ));
+                log.history.push(Operation::answered(
+                    2,
+                    RegisterInput::Read,
+                    22_000_000,
+                    23_000_000,
+                    RegisterOutput::Read(Some(55)),
+                ));
+            }),
+        ),
+        (
+            "rule 8",
+            "a claim of a canceled task answered as done",
+            Box::new(move |log, _| {
+                log.tasks.push(Operation::answered(
+                    2,
+                    TaskCall::Claim("task-0".into()),
+                    20_000_000,
+                    21_000_000,
+                    TaskAnswer::Done,
+                ));
+            }),
+        ),
+        (
+            "rule 8",
+            "a submit answered as created twice",
+            Box::new(move |log, _| {
+                log.tasks.push(Operation::answered(
+                    2,
+                    TaskCall::Submit("task-0".into()),
+                    20_000_000,
+                    21_000_000,
+                    TaskAnswer::Done,
+                ));
+            }),
+        ),
+    ];
+    for (rule, what, break_it) in cases {
+        let (mut log, mut dead) = clean_run();
+        break_it(&mut log, &mut dead);
+        let found = judge(&log, &dead, 1).violations;
+        assert!(
+            rules_named(&found).contains(rule),
+            "{what}: {rule} not named: {found:#?}"
+        );
+    }
+}
+
+/// The floor: a run with too little of anything fails, however clean.
+#[test]
+fn positive_control_the_cluster_oracle_fails_a_run_below_its_activity_floor() {
+    let (log, dead) = clean_run();
+    let found = judge(&log, &dead, 2).violations;
+    assert!(rules_named(&found).contains("activity floor"), "{found:#?}");
+    let (mut log, dead) = clean_run();
+    log.changes
+        .retain(|c| !(c.key == owner_key(TOPIC, 0) && c.revision == 6));
+    let found = judge(&log, &dead, 1).violations;
+    assert!(
+        found
+            .iter()
+            .any(|v| v.starts_with("activity floor") && v.contains("0 partition moves")),
+        "no move: {found:#?}"
+    );
 }
