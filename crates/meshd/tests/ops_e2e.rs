@@ -149,10 +149,22 @@ async fn given_a_normal_sigterm_on_embedded_defaults_then_meshd_stops_without_a_
         let a = a.clone();
         async move { pull(&a, "s", &json!({"max_events": 1, "wait_ms": 20000})).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_long_polls(&a, 1).await;
     let code = m.terminate(Duration::from_secs(20)).await.unwrap();
     assert_eq!(code, Some(0));
-    let _ = waiting.await;
+    // A graceful stop ends a waiting long poll at once with what it has (http-api.md,
+    // "Graceful stop"; the pull loop returns when meshd is stopping): 200 with no
+    // delivery, both in-flight deliveries being leased. Its own wait (20 s) is longer
+    // than the client's timeout (10 s), so only the stop can have answered it.
+    let answer = waiting
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the waiting long poll got no answer at the stop: {e:#}"));
+    assert!(
+        answer.is_empty(),
+        "the stop answered the long poll with deliveries: {:?}",
+        summary(&answer)
+    );
     let log = std::fs::read_to_string(m.log_path()).unwrap();
     assert!(log.contains("stores closed"), "{log}");
     let found = alarms(&log);

@@ -1,6 +1,6 @@
-//! The DeliveryStateStore: attempts durable before the hand-out, acks within the flush
-//! interval, resolve atomic with the offset, one key per record (an earlier release's
-//! deadline index dropped at open), and fail-stop.
+//! The DeliveryStateStore: attempts durable before the hand-out, acks made durable by
+//! the flusher without being waited for, resolve atomic with the offset, one key per
+//! record (an earlier release's deadline index dropped at open), and fail-stop.
 
 mod common;
 
@@ -36,15 +36,26 @@ fn record(p: u32, offset: u64, attempt: u32, deadline_ms: u64) -> DeliveryRecord
     }
 }
 
-/// Waits until the flusher has synced every buffered write; the bound follows from
-/// the configured flush interval (plus slack for a busy machine).
-async fn flushed(power: &meshd_local::testing::PowerCut, what: &str) {
-    let deadline = std::time::Instant::now() + common::FLUSH * 20;
+/// How many flusher ticks [`synced_by_the_flusher`] waits at most.
+const FLUSHER_TICKS: u32 = 20;
+
+/// Waits until the flusher alone has synced every buffered write: the caller makes no
+/// further write, sync or read that would sync them. A liveness bound, not a speed
+/// check: the flusher (`flusher` in `src/delivery.rs`) sleeps one flush interval and
+/// then fsyncs whatever is dirty, so a write marked dirty is synced by its next tick;
+/// failing here means it was still not durable after [`FLUSHER_TICKS`] of them.
+///
+/// Not "within one flush interval": the interval bounds when the flusher *starts*
+/// its fsync, but the fsync is a real one (the power-cut engine wraps a real
+/// RocksDB), and how long it takes on a busy disk is bounded by no setting. Holding
+/// it to the interval plus a slack would be a timed assertion on the disk's speed.
+async fn synced_by_the_flusher(power: &meshd_local::testing::PowerCut, what: &str) {
+    let bound = common::FLUSH * FLUSHER_TICKS;
+    let deadline = std::time::Instant::now() + bound;
     while power.pending_batches() > 0 {
         assert!(
             std::time::Instant::now() < deadline,
-            "{what} was not flushed within {:?}",
-            common::FLUSH * 20
+            "{what} was not synced by the flusher within {FLUSHER_TICKS} of its ticks ({bound:?})"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -101,8 +112,11 @@ async fn given_attempts_recorded_when_power_is_cut_then_no_attempt_count_goes_ba
     }
 }
 
+/// An update is answered once written, not once durable; the flusher makes it durable
+/// with nothing else from the caller, so it survives a power cut (see
+/// [`synced_by_the_flusher`] for why this is not a timed "within the interval" check).
 #[tokio::test]
-async fn updates_reach_disk_within_the_flush_interval() {
+async fn updates_reach_disk_by_the_flusher_without_being_waited_for() {
     let dir = tempfile::tempdir().unwrap();
     let (stores, power) = common::open_with_power_cut(dir.path());
     let d = &stores.deliveries;
@@ -115,7 +129,7 @@ async fn updates_reach_disk_within_the_flush_interval() {
         Some(acked.clone()),
         "visible at once"
     );
-    flushed(&power, "the update").await;
+    synced_by_the_flusher(&power, "the update").await;
     let image = power.cut();
     drop(stores);
     let rebooted = tempfile::tempdir().unwrap();
@@ -204,7 +218,7 @@ async fn a_resolve_with_updates_is_one_batch_that_a_power_cut_keeps_whole_or_not
         .unwrap();
         assert_eq!(d.get(&pkey(0), 3).await.unwrap().as_ref(), Some(&acked));
         if flush {
-            flushed(&power, "the resolve and its update").await;
+            synced_by_the_flusher(&power, "the resolve and its update").await;
         }
         let image = power.cut();
         drop(stores);
@@ -235,11 +249,11 @@ async fn a_resolve_with_updates_is_one_batch_that_a_power_cut_keeps_whole_or_not
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resolve_reaches_disk_within_the_flush_interval_without_being_waited_for() {
+async fn a_resolve_reaches_disk_by_the_flusher_without_being_waited_for() {
     let dir = tempfile::tempdir().unwrap();
     let (stores, power) = common::open_with_power_cut(dir.path());
     resolve_two_of_three(&stores.deliveries).await;
-    flushed(&power, "the resolve").await;
+    synced_by_the_flusher(&power, "the resolve").await;
     let image = power.cut();
     drop(stores);
     assert_eq!(left_and_committed(&image).await, (vec![2], Some(2)));
@@ -484,7 +498,7 @@ async fn given_updates_of_several_records_then_they_are_one_write_all_of_them_or
     }
     assert!(d.health().is_ok(), "a refused request does not poison");
     d.update(acked.clone()).await.unwrap();
-    flushed(&power, "the updates").await;
+    synced_by_the_flusher(&power, "the updates").await;
     let image = power.cut();
     drop(stores);
     let rebooted = tempfile::tempdir().unwrap();

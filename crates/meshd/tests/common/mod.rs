@@ -165,6 +165,24 @@ pub async fn assert_no_delivery(a: &str, sub: &str, wait_ms: u64, why: &str) {
     assert!(got.is_empty(), "{why}: {:?}", summary(&got));
 }
 
+/// Waits (bounded) until the meshd at `a` shows exactly `n` long polls waiting on its
+/// `meshd_http_long_polls` gauge: the long-poll slots held by pulls with `wait_ms` >
+/// 0, taken once the request is read and admitted and held until it is answered. A
+/// long poll spawned before this call is then in meshd's hands, not on its way.
+pub async fn wait_long_polls(a: &str, n: u64) {
+    wait_until(
+        Duration::from_secs(10),
+        &format!("{n} long polls waiting on {a}"),
+        || async {
+            let now = http::metric(a, "meshd_http_long_polls").await?;
+            ensure!(now == n as f64, "meshd_http_long_polls {now}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// Long-polls until at least `n` deliveries arrived in total (bounded by `deadline`).
 pub async fn pull_until(a: &str, sub: &str, n: usize, deadline: Duration) -> Vec<Delivery> {
     let got: Arc<Mutex<Vec<Delivery>>> = Arc::default();
