@@ -2,21 +2,23 @@
 //! fence, but a resumed owner stops at its local lease deadline before it writes, so
 //! the fence was probably never reached). Here the owner's attempt-ledger write is
 //! already on the wire when the owner stops: its requests to etcd are held in a
-//! blackhole and the process is paused, the lease runs out, another instance takes the
-//! partition, and only then does the held write reach etcd, carrying the old epoch.
+//! blackhole and the process is paused, its lease ends in etcd (revoked: what etcd does
+//! when it runs out, without waiting as long as the write's own request timeout),
+//! another instance takes the partition, and only then does the held write reach etcd,
+//! carrying the old epoch.
 //!
 //! Checked: etcd refused it (no record it carried is in etcd's history: after the
 //! takeover no (offset, attempt) of the partition is written twice, which a stale
-//! record and the new owner's own would do), the old owner counted the failure and
-//! handed out nothing of the partition, and the deliveries it had in flight before the
-//! pause are honoured by the new owner (their acks answered `acked`), while every event
-//! is delivered in the end.
+//! record and the new owner's own would do), the old owner got etcd's refusal (its
+//! write counted `fenced`) and handed out nothing of the partition, and the deliveries
+//! it had in flight before the pause are honoured by the new owner (their acks
+//! answered `acked`), while every event is delivered in the end.
 
 mod common;
 
 use common::*;
 use meshd_test_support::etcd::EtcdProcess;
-use meshd_test_support::http::{get, metric};
+use meshd_test_support::http::{get, sample_of};
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::nats::NatsProcess;
 use meshd_test_support::proxy::{Hold, TcpProxy};
@@ -226,6 +228,16 @@ async fn given_an_owners_ledger_write_held_on_the_wire_past_its_lease_when_it_ar
     .await
     .unwrap();
     a.pause();
+    // Its lease ends in etcd now (revoked, as etcd does when it runs out: every key
+    // on it goes, its owner keys too), so B takes over well within the held write's
+    // request timeout (2 s, which also runs while A is paused): on resume the write's
+    // answer is etcd's, not A's own timeout. Waiting for the lease to run out would
+    // take as long as that timeout, and A would then give up first (`indeterminate`).
+    let mut admin = etcd.admin_client().await.unwrap();
+    let member = admin.get("meshd/v1/members/inst-a", None).await.unwrap();
+    let lease = member.kvs().first().map(|kv| kv.lease()).unwrap_or(0);
+    assert!(lease != 0, "A's member key is on its lease: {member:?}");
+    admin.lease_revoke(lease).await.unwrap();
 
     // Its lease runs out in etcd; B takes every partition, under new epochs.
     let after = wait_until(DEADLINE, "B owns every partition", || async {
@@ -254,26 +266,36 @@ async fn given_an_owners_ledger_write_held_on_the_wire_past_its_lease_when_it_ar
             "the old owner handed out a lost partition: {ds:?}"
         );
     }
-    // A learned it: its ledger write failed (fenced, or an unknown outcome if its
-    // timeout fired first on resume); either way it stopped acting on the partition.
-    wait_until(DEADLINE, "A counted the failed ledger write", || async {
-        let mut n = 0.0;
-        for kind in ["fenced", "indeterminate"] {
-            n += metric(
-                &aa,
-                &format!(
-                    "meshd_store_errors_total{{store=\"attempts\",backend=\"etcd\",kind=\"{kind}\"}}"
-                ),
-            )
-            .await
-            .unwrap_or(0.0);
-        }
-        anyhow::ensure!(n >= 1.0, "{n}");
-        eprintln!("the old owner's failed attempt-ledger writes (fenced + indeterminate): {n}");
-        Ok(())
-    })
-    .await
-    .unwrap();
+    // A learned it from etcd: its held ledger write was refused by the fence (counted
+    // `fenced`), and it stopped acting on the partition. (An `indeterminate` count,
+    // a write whose answer A's request timeout gave up on, is reported but proves
+    // nothing about the fence.)
+    let (fenced, indeterminate) =
+        wait_until(DEADLINE, "A counted a fenced ledger write", || async {
+            let page = get(&aa, "/metrics").await?;
+            anyhow::ensure!(page.status == 200, "/metrics answered {}", page.status);
+            // A kind is absent from the page until its first error.
+            let count = |kind: &str| {
+                sample_of(
+                    &page.body,
+                    &format!(
+                        "meshd_store_errors_total{{store=\"attempts\",backend=\"etcd\",kind=\"{kind}\"}}"
+                    ),
+                )
+                .unwrap_or(0.0)
+            };
+            let (fenced, indeterminate) = (count("fenced"), count("indeterminate"));
+            anyhow::ensure!(
+                fenced >= 1.0,
+                "attempt-ledger writes failed fenced {fenced}, indeterminate {indeterminate}"
+            );
+            Ok((fenced, indeterminate))
+        })
+        .await
+        .unwrap();
+    eprintln!(
+        "the old owner's failed attempt-ledger writes: fenced {fenced}, indeterminate {indeterminate}"
+    );
 
     // The deliveries A had in flight are honoured by B.
     let r = ack(&ba, "s", &ids(&in_flight)).await.unwrap();
