@@ -152,6 +152,21 @@ async fn boot(
     listen: Listen,
     shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 ) -> anyhow::Result<()> {
+    if meshd_meta::fence::unfenced_for_tests() {
+        tracing::error!(
+            store = "owners",
+            variable = meshd_meta::fence::UNFENCED_VAR,
+            "FENCING IS OFF: this debug build runs as the fencing tests' positive control; a stale owner's writes are applied"
+        );
+    }
+    if meshd_local::no_sync_for_tests() {
+        tracing::error!(
+            store = "local",
+            backend = "rocksdb",
+            variable = meshd_local::NO_SYNC_VAR,
+            "SYNCS ARE OFF: this debug build runs as the power-cut tests' positive control; a power cut loses what was answered as durable"
+        );
+    }
     let preflight = Preflight::load(&config).await?;
     let stores = Stores::open(&config).await?;
     let started = start(&config, &preflight, stores).await?;

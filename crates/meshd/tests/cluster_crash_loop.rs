@@ -209,7 +209,7 @@ struct Fault {
 }
 
 /// The kinds of fault, in the order of the schedule's roll.
-const FAULT_KINDS: [&str; 8] = [
+const FAULT_KINDS: [&str; 9] = [
     "meshd SIGKILL",
     "meshd SIGSTOP",
     "etcd member SIGKILL",
@@ -218,7 +218,11 @@ const FAULT_KINDS: [&str; 8] = [
     "meshd-meshd link",
     "meshd-nats link",
     "meshd clock jump",
+    "meshd SIGSTOP with a write held",
 ];
+
+/// The roll of a pause with a fenced write on the wire (see [`one_fault`]).
+const HELD_WRITE: u64 = 8;
 
 /// One revision's changes as etcd's watch reported them.
 #[derive(Clone, Debug)]
@@ -1166,6 +1170,7 @@ async fn one_fault(
     etcd: &mut EtcdCluster,
     log: &mut NatsServers,
     gate: &watch::Sender<Gate>,
+    ctx: &Ctx,
     forced: Option<(u64, usize)>,
 ) -> (&'static str, String) {
     let mut i = rng.below(INSTANCES as u64) as usize;
@@ -1271,6 +1276,60 @@ async fn one_fault(
                 "{} between {} and nats for {past_lease:?}",
                 hold_name(hold),
                 nodes[i].id
+            )
+        }
+        HELD_WRITE => {
+            // The fence reached for real (as fencing_e2e.rs does): the instance's
+            // requests to etcd stop on the wire, one of its writes goes out into the
+            // blackhole, then it is paused (so no timeout of its own cancels the
+            // write), its lease runs out and the others take its partitions; only then
+            // does the held write reach etcd, carrying the old epoch. A fenced etcd
+            // refuses it; an unfenced one applies it, and rule 6 names it.
+            let owned: Vec<u64> = (0..PARTITIONS)
+                .filter(|p| owner_now(ctx, *p) == Some(i))
+                .collect();
+            let ps: Vec<&TcpProxy> = nodes[i].etcd.iter().collect();
+            let sent = |ps: &[&TcpProxy]| ps.iter().map(|p| p.bytes_sent()).sum::<u64>();
+            let before = sent(&ps);
+            ps.iter().for_each(|p| p.hold(Hold::Requests));
+            // A transaction with a record is a few hundred bytes; a lease keep-alive
+            // a few dozen.
+            let on_wire = wait_until(Duration::from_secs(3), "a write on the wire", || {
+                let now = sent(&ps);
+                async move {
+                    anyhow::ensure!(now - before >= 200, "{} bytes", now - before);
+                    Ok(())
+                }
+            })
+            .await
+            .is_ok();
+            nodes[i].proc().pause();
+            let paused = Instant::now();
+            let moved = wait_until(Duration::from_secs(15), "its partitions moved", || {
+                let left: Vec<u64> = owned
+                    .iter()
+                    .copied()
+                    .filter(|p| owner_now(ctx, *p).is_none_or(|o| o == i))
+                    .collect();
+                async move {
+                    anyhow::ensure!(left.is_empty(), "still held: {left:?}");
+                    Ok(())
+                }
+            })
+            .await
+            .is_ok();
+            ps.iter().for_each(|p| p.restore());
+            nodes[i].proc().resume();
+            format!(
+                "SIGSTOP {} for {:?} with {} held on the wire to etcd, {}",
+                nodes[i].id,
+                paused.elapsed(),
+                if on_wire { "a write" } else { "no write" },
+                if moved {
+                    format!("after partitions {owned:?} moved")
+                } else {
+                    format!("partitions {owned:?} not all moved within 15 s")
+                }
             )
         }
         _ => {
@@ -2166,13 +2225,49 @@ fn dump(log: &Log, dead: &[Value], seed: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknowledged_is_lost_and_every_write_was_fenced(
 ) {
-    let seed = seed();
     let rounds =
         env_number("MESHD_CLUSTER_CRASH_ROUNDS").map_or(DEFAULT_ROUNDS, |n| n.max(1) as u32);
     let three_nats = env_number("MESHD_CLUSTER_CRASH_NATS") == Some(3);
+    cluster_crash_loop(seed(), rounds, three_nats, false).await;
+}
+
+/// The positive control of the fence (issue 45): the same loop on a debug build with
+/// fencing switched off (`meshd_meta::fence::unfenced_for_tests`), two pauses of
+/// partition 0's owner with a write held on the wire. Its oracle must name the stale
+/// owner's writes that etcd then applied (rule 6); with fencing on, the same faults
+/// pass (the first fault of every run above is one of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn positive_control_an_unfenced_build_fails_the_cluster_crash_loop_on_rule_6() {
+    let found = cluster_crash_loop(seed(), UNFENCED_ROUNDS, false, true).await;
+    assert!(
+        found.iter().any(|v| v.starts_with("rule 6:")),
+        "the unfenced loop passed rule 6: {found:#?}"
+    );
     eprintln!(
-        "cluster crash loop: seed {seed} ({seed:#x}), {rounds} rounds, {} nats-server(s)",
-        if three_nats { 3 } else { 1 }
+        "unfenced control: {} violations of rule 6, the first: {}",
+        found.iter().filter(|v| v.starts_with("rule 6:")).count(),
+        found.first().map(String::as_str).unwrap_or_default()
+    );
+}
+
+/// Faults of the unfenced control.
+const UNFENCED_ROUNDS: u32 = 2;
+
+/// One run of the loop. With `unfenced`, every meshd runs with fencing switched off
+/// and every fault is a pause of partition 0's owner with a write held on the wire;
+/// the run ends after the faults and returns rule 6's violations over etcd's history
+/// (no drain: without a fence nothing else need hold). Otherwise every rule is
+/// checked and any violation fails the test here.
+async fn cluster_crash_loop(
+    seed: u64,
+    rounds: u32,
+    three_nats: bool,
+    unfenced: bool,
+) -> Vec<String> {
+    eprintln!(
+        "cluster crash loop: seed {seed} ({seed:#x}), {rounds} rounds, {} nats-server(s){}",
+        if three_nats { 3 } else { 1 },
+        if unfenced { ", UNFENCED" } else { "" }
     );
     let ctx = Arc::new(Ctx {
         t0: Instant::now(),
@@ -2257,6 +2352,10 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
             ("FAKETIME_CACHE_DURATION".to_string(), "1".to_string()),
             ("DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
         ];
+        let mut env = env;
+        if unfenced {
+            env.push((meshd_meta::fence::UNFENCED_VAR.to_string(), "1".to_string()));
+        }
         let mut node = Node {
             id: format!("inst-{i}"),
             proc: None,
@@ -2363,16 +2462,19 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
 
     for round in 0..rounds {
         tokio::time::sleep(Duration::from_millis(rng.range(300, 1500))).await;
-        // The first fault pauses the owner of partition 0 past its lease, so every
-        // run moves a partition with work in flight (rules 3 and 7 have moves to
-        // check; the floor asks for one).
-        let forced = (round == 0)
+        // The first fault pauses the owner of partition 0 past its lease with a write
+        // held on the wire, so every run moves a partition with work in flight (rules
+        // 3 and 7 have moves to check; the floor asks for one) and reaches the fence.
+        // The unfenced control does only that, to partition 0's owner of the moment.
+        let forced = (round == 0 || unfenced)
             .then(|| owner_now(&ctx, 0))
             .flatten()
-            .map(|i| (1, i));
+            .map(|i| (HELD_WRITE, i));
         let start = ctx.now();
-        let (kind, what) =
-            one_fault(&mut rng, &mut nodes, &mut etcd, &mut log, &gate_tx, forced).await;
+        let (kind, what) = one_fault(
+            &mut rng, &mut nodes, &mut etcd, &mut log, &gate_tx, &ctx, forced,
+        )
+        .await;
         let end = ctx.now();
         eprintln!("round {round}: {what} ({start:?}..{end:?})");
         ctx.log().faults.push(Fault {
@@ -2388,12 +2490,15 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
     for c in clients {
         let _ = c.await;
     }
-    wait_all_ready(&ctx, &nodes).await;
-    let addrs: Vec<String> = nodes.iter().map(|n| n.proc().addr().to_string()).collect();
-    drain(&ctx, &nodes, &addrs).await;
-    let dead = dead_letter_entries(&addrs[0], SUB)
-        .await
-        .unwrap_or_else(|e| ctx.fail(format!("listing dead letters: {e:#}")));
+    let mut dead = Vec::new();
+    if !unfenced {
+        wait_all_ready(&ctx, &nodes).await;
+        let addrs: Vec<String> = nodes.iter().map(|n| n.proc().addr().to_string()).collect();
+        drain(&ctx, &nodes, &addrs).await;
+        dead = dead_letter_entries(&addrs[0], SUB)
+            .await
+            .unwrap_or_else(|e| ctx.fail(format!("listing dead letters: {e:#}")));
+    }
 
     // etcd's history up to now.
     let now_rev = current_revision(&endpoints)
@@ -2417,6 +2522,14 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
     let _ = sampler.await;
 
     let log_ = ctx.log();
+    if unfenced {
+        let mut v = Vec::new();
+        check_etcd_history(&log_.changes, &mut v);
+        for f in &log_.faults {
+            eprintln!("unfenced control fault: {}", f.what);
+        }
+        return v;
+    }
     let Judgement {
         violations: v,
         hist,
@@ -2476,6 +2589,7 @@ async fn given_faults_of_every_process_and_link_in_a_cluster_then_nothing_acknow
             faults.join("\n")
         ));
     }
+    Vec::new()
 }
 
 // ---------------------------------------------------------------------------------

@@ -284,6 +284,63 @@ async fn given_a_power_cut_then_every_201_and_every_ack_older_than_the_flush_int
     m.kill();
 }
 
+/// The positive control of the test above: the same publishes and cut on a debug
+/// build whose engine skips its syncs (`meshd_local::no_sync_for_tests`): the cut must
+/// lose 201'd events, and the check of the test above must see it. Without this, a green power-cut
+/// test could not tell a missing fsync from a present one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn positive_control_a_build_without_syncs_loses_201d_events_at_a_power_cut_and_the_check_sees_it(
+) {
+    let mut fs = LazyFs::mount().unwrap();
+    let dir = data_dir(&fs);
+    let flush = FLUSH_MS.to_string();
+    let env = [(meshd_local::NO_SYNC_VAR.to_string(), "1".to_string())];
+    let mut m = MeshdProcess::start_with_env(bin(), &dir, &["--delivery-flush-ms", &flush], &env)
+        .await
+        .unwrap();
+    assert!(
+        m.log_tail(200).contains("SYNCS ARE OFF"),
+        "the switch is on: {}",
+        m.log_tail(40)
+    );
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 3).await;
+    let placed = publish_batches(&a, "t", "e", 120).await;
+
+    // (No restart in between: a restart's recovery flushes what the WAL holds to
+    // synced table files, which would make these durable after all.)
+    m.kill();
+    let report = fs.power_cut(Torn::Lost).unwrap();
+    assert!(report.unsynced_bytes > 0, "{report:?}");
+    m.start_again().await.unwrap();
+    let a = m.addr().to_string();
+    // The topic itself (embedded Meta, same engine) may be gone too.
+    let topic = get(&a, "/v1/topics/t").await.unwrap();
+    let found = if topic.status == 200 {
+        browse_all(&a, "t", 3).await
+    } else {
+        assert_eq!(topic.status, 404, "{}", topic.body);
+        BTreeMap::new()
+    };
+    let lost: Vec<&String> = placed
+        .iter()
+        .filter(|(id, at)| found.get(*id) != Some(at))
+        .map(|(id, _)| id)
+        .collect();
+    eprintln!(
+        "without syncs: {} of {} events answered 201 lost at the cut ({} unsynced bytes dropped; topic {})",
+        lost.len(),
+        placed.len(),
+        report.unsynced_bytes,
+        topic.status
+    );
+    assert!(
+        !lost.is_empty(),
+        "a build without syncs lost nothing at a power cut: the check cannot see a missing fsync"
+    );
+    m.kill();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_torn_power_cuts_then_a_strict_start_opens_or_names_the_damage_and_point_in_time_keeps_every_201(
 ) {
@@ -332,6 +389,74 @@ async fn given_torn_power_cuts_then_a_strict_start_opens_or_names_the_damage_and
     }
     eprintln!("torn cuts: {refused} of 4 strict starts refused, {torn} torn bytes kept");
     assert!(torn > 0, "no cut tore anything: the test proved nothing");
+}
+
+/// The refusal path, run: the disk wrote its cache out of order and lost power in an
+/// earlier sector, so the write-ahead log holds a damaged record (the unsynced acks
+/// above a gap) with intact ones after it. No tail-tolerant recovery may take that for
+/// a torn tail: `--wal-recovery strict` (the default) must refuse to start, naming
+/// `Corruption` and the data dir; `point-in-time` then opens, dropping the log from the
+/// damaged record on, and keeps every 201 (synced before any of it), with the
+/// committed offset where the last synced state had it (the gap at offset 0 never
+/// moved, so 0) and every event delivered again but those acks that were synced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_garbled_write_before_intact_ones_then_a_strict_start_refuses_naming_corruption_and_point_in_time_keeps_every_201(
+) {
+    let mut refused = 0;
+    for seed in 0..4u64 {
+        let mut fs = LazyFs::mount().unwrap();
+        let dir = data_dir(&fs);
+        let mut m = start_on(&dir, &[]).await;
+        let a = m.addr().to_string();
+        create_topic(&a, "t", 1).await;
+        create_subscription(&a, "s", json!({"topic": "t", "start": "earliest"})).await;
+        let placed = publish_batches(&a, "t", "e", 50).await;
+        // Acks above a gap (offset 0 stays unacked), in separate requests: each is
+        // its own unsynced write-ahead-log record until the flush.
+        let ds = pull_exactly(&a, "s", 50).await;
+        for chunk in ds[1..].chunks(7) {
+            ack(&a, "s", &ids(chunk)).await.unwrap();
+        }
+        m.kill();
+        let report = fs.power_cut(Torn::Garbled(seed)).unwrap();
+        let flush = FLUSH_MS.to_string();
+        let strict = MeshdProcess::start(bin(), &dir, &["--delivery-flush-ms", &flush]).await;
+        let m = match strict {
+            Ok(m) => {
+                eprintln!("seed {seed}: the strict start opened ({report:?})");
+                m
+            }
+            Err(e) => {
+                refused += 1;
+                let e = format!("{e:#}");
+                assert!(
+                    e.contains("Corruption") && e.contains(&dir.display().to_string()),
+                    "seed {seed}: a strict start that fails names the damage and the data dir: {e}"
+                );
+                start_on(&dir, &["--wal-recovery", "point-in-time"]).await
+            }
+        };
+        let a = m.addr().to_string();
+        let found = browse_all(&a, "t", 1).await;
+        for (id, at) in &placed {
+            assert_eq!(
+                found.get(id),
+                Some(at),
+                "seed {seed}: event {id} answered 201"
+            );
+        }
+        assert_eq!(
+            committed(&a, "s").await.get(&0),
+            Some(&0),
+            "seed {seed}: the gap at offset 0 holds the committed offset"
+        );
+        drop(m);
+    }
+    eprintln!("garbled cuts: {refused} of 4 strict starts refused");
+    assert!(
+        refused > 0,
+        "no garbled cut made the strict start refuse: the refusal path did not run"
+    );
 }
 
 /// JetStream on the same filesystem: `n` publishes acknowledged by nats-server, a

@@ -77,8 +77,12 @@ impl Ownership {
         self.lease
     }
 
-    /// Adds the fence compare to `txn`.
+    /// Adds the fence compare to `txn` (none in a debug build under
+    /// [`unfenced_for_tests`]).
     pub fn fence(&self, txn: Txn) -> Txn {
+        if unfenced_for_tests() {
+            return txn;
+        }
         txn.fence(Compare::ModRevision {
             key: self.key.clone(),
             revision: self.epoch,
@@ -103,6 +107,29 @@ impl Ownership {
             .map(|_| ())
     }
 }
+
+/// The positive control of the fencing tests: in a **debug build** (tests build meshd
+/// so) with `MESHD_TEST_UNFENCED=1` in its environment, [`Ownership::fence`] adds no
+/// compare, so a stale owner's writes are applied as a design without fencing would
+/// apply them. The cluster crash loop runs a short loop under it and expects its
+/// oracle to name the stale writes; without that, a green loop could not tell a
+/// working fence from none. A release build (`cfg(not(debug_assertions))`) has no
+/// such switch: the function is a constant `false` there and the variable is never
+/// read. `meshd serve` logs an error at start while it is on.
+#[cfg(debug_assertions)]
+pub fn unfenced_for_tests() -> bool {
+    static UNFENCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *UNFENCED.get_or_init(|| std::env::var_os(UNFENCED_VAR).is_some_and(|v| v == "1"))
+}
+
+/// Always `false` in a release build: fencing cannot be switched off.
+#[cfg(not(debug_assertions))]
+pub const fn unfenced_for_tests() -> bool {
+    false
+}
+
+/// The environment variable of [`unfenced_for_tests`] (read by debug builds only).
+pub const UNFENCED_VAR: &str = "MESHD_TEST_UNFENCED";
 
 /// When an owner must stop acting: the lease's TTL, counted from the moment the last
 /// successful keep-alive (or the grant) was *sent*, minus a safety margin for clock

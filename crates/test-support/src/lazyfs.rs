@@ -36,6 +36,13 @@ pub enum Torn {
     /// Per file, a prefix of them (chosen from the seed) reached the disk, the last
     /// one possibly only in part: the torn tail a real disk can leave.
     Prefix(u64),
+    /// Per file with two or more, every one reached the disk but one before the last
+    /// (chosen from the seed), whose second half came back as garbage (those bytes
+    /// inverted): a disk that wrote its cache out of order and lost power in the middle
+    /// of an earlier write's last sectors. A log then holds a record whose header is
+    /// intact and whose body fails its checksum, with intact records after it, which
+    /// no tail-tolerant recovery may take for a torn tail.
+    Garbled(u64),
 }
 
 /// When a directory entry (a create, rename, unlink) becomes durable.
@@ -57,8 +64,10 @@ pub struct CutReport {
     pub files_with_unsynced_writes: usize,
     /// Bytes written but not synced (all of them, lost or kept as a torn prefix).
     pub unsynced_bytes: u64,
-    /// Of those, bytes kept as a torn prefix.
+    /// Of those, bytes kept as a torn prefix (or, with [`Torn::Garbled`], kept).
     pub torn_bytes_kept: u64,
+    /// With [`Torn::Garbled`]: bytes of the writes that came back as garbage.
+    pub garbled_bytes: u64,
     /// Directory entries whose create, rename or removal was undone (their directory
     /// was not fsynced after the change).
     pub entries_undone: usize,
@@ -423,8 +432,9 @@ impl Disk {
         let mut report = CutReport::default();
         let mut rng = match torn {
             Torn::Lost => None,
-            Torn::Prefix(seed) => Some(crate::rng::Rng(seed)),
+            Torn::Prefix(seed) | Torn::Garbled(seed) => Some(crate::rng::Rng(seed)),
         };
+        let garbled = matches!(torn, Torn::Garbled(_));
         // Files in a fixed order, so a seed always tears the same way.
         let mut inos: Vec<u64> = self.nodes.keys().copied().collect();
         inos.sort_unstable();
@@ -442,7 +452,46 @@ impl Disk {
                     if !pending.is_empty() {
                         report.files_with_unsynced_writes += 1;
                         report.unsynced_bytes += written_bytes(pending);
-                        if let Some(rng) = rng.as_mut() {
+                        let writes: Vec<usize> = pending
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, op)| matches!(op, Op::Write { .. }))
+                            .map(|(i, _)| i)
+                            .collect();
+                        if let (true, Some(rng), true) = (garbled, rng.as_mut(), writes.len() >= 2)
+                        {
+                            let bad = writes[rng.below(writes.len() as u64 - 1) as usize];
+                            for (i, op) in pending.iter().enumerate() {
+                                match op {
+                                    Op::Write { offset, data } if i == bad => {
+                                        report.garbled_bytes +=
+                                            (data.len() - data.len() / 2) as u64;
+                                        let half = data.len() / 2;
+                                        let garbage: Vec<u8> = data
+                                            .iter()
+                                            .enumerate()
+                                            .map(|(i, b)| if i < half { *b } else { !b })
+                                            .collect();
+                                        apply(
+                                            durable,
+                                            &Op::Write {
+                                                offset: *offset,
+                                                data: garbage,
+                                            },
+                                        );
+                                    }
+                                    op => {
+                                        if let Op::Write { data, .. } = op {
+                                            report.torn_bytes_kept += data.len() as u64;
+                                        }
+                                        apply(durable, op);
+                                    }
+                                }
+                            }
+                        } else if garbled {
+                            // One write or none: nothing comes after it to garble
+                            // before; lost, as without power.
+                        } else if let Some(rng) = rng.as_mut() {
                             let kept = rng.below(pending.len() as u64 + 1) as usize;
                             for op in &pending[..kept] {
                                 if let Op::Write { data, .. } = op {
@@ -1174,6 +1223,39 @@ mod tests {
             lost_any |= got.len() < want.len();
         }
         assert!(kept_any && lost_any, "seeds tear at different points");
+    }
+
+    #[test]
+    fn a_garbled_cut_keeps_every_unsynced_write_but_one_earlier_one_half_garbage() {
+        let mut fs = LazyFs::mount().unwrap();
+        let root = fs.path().to_path_buf();
+        let p = root.join("log");
+        let mut f = File::create(&p).unwrap();
+        sync_dir(&root);
+        f.sync_all().unwrap();
+        for i in 0..10u8 {
+            f.write_all(&[b'a' + i; 100]).unwrap();
+        }
+        drop(f);
+        let report = fs.power_cut(Torn::Garbled(3)).unwrap();
+        assert_eq!(report.garbled_bytes, 50, "{report:?}");
+        let got = fs::read(&p).unwrap();
+        assert_eq!(got.len(), 1000, "every write is there");
+        let bad: Vec<usize> = (0..10)
+            .filter(|i| got[i * 100..(i + 1) * 100] != [b'a' + *i as u8; 100])
+            .collect();
+        assert_eq!(bad.len(), 1, "exactly one write garbled: {bad:?}");
+        assert!(
+            bad[0] < 9,
+            "never the last: a damaged record with intact ones after it"
+        );
+        let c = b'a' + bad[0] as u8;
+        let write = &got[bad[0] * 100..(bad[0] + 1) * 100];
+        assert!(write[..50].iter().all(|b| *b == c), "its first half intact");
+        assert!(
+            write[50..].iter().all(|b| *b == !c),
+            "its second half garbage"
+        );
     }
 
     #[test]
