@@ -341,116 +341,111 @@ async fn positive_control_a_build_without_syncs_loses_201d_events_at_a_power_cut
     m.kill();
 }
 
+/// What a cut right after acks above a gap left: meshd started on it (strict, or
+/// `point-in-time` once the strict start refused, which must then have named
+/// `Corruption` and the data dir), with the 201s it answered before.
+struct AfterCut {
+    m: MeshdProcess,
+    placed: BTreeMap<String, (u64, u64)>,
+    refused: bool,
+    report: meshd_test_support::lazyfs::CutReport,
+    /// Mounted while `m` runs on it.
+    _fs: LazyFs,
+}
+
+/// Publishes 50 events to a one-partition topic, pulls them all and acks all but
+/// offset 0 in requests of `acks_per_request`: acks above a gap are records written to
+/// the write-ahead log at once and fsynced within the flush interval, so killed right
+/// after them the log has an unsynced tail. Then SIGKILL, the cut `torn`, and a start.
+async fn cut_after_acks_above_a_gap(torn: Torn, acks_per_request: usize) -> AfterCut {
+    let fs = LazyFs::mount().unwrap();
+    let dir = data_dir(&fs);
+    let mut m = start_on(&dir, &[]).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(&a, "s", json!({"topic": "t", "start": "earliest"})).await;
+    let placed = publish_batches(&a, "t", "e", 50).await;
+    let ds = pull_exactly(&a, "s", 50).await;
+    for chunk in ds[1..].chunks(acks_per_request) {
+        ack(&a, "s", &ids(chunk)).await.unwrap();
+    }
+    m.kill();
+    let mut fs = fs;
+    let report = fs.power_cut(torn).unwrap();
+    let flush = FLUSH_MS.to_string();
+    let strict = MeshdProcess::start(bin(), &dir, &["--delivery-flush-ms", &flush]).await;
+    let (m, refused) = match strict {
+        // Nothing acknowledged was damaged in a way it refuses: it opens as it is.
+        Ok(m) => (m, false),
+        Err(e) => {
+            let e = format!("{e:#}");
+            assert!(
+                e.contains("Corruption") && e.contains(&dir.display().to_string()),
+                "{torn:?}: a strict start that fails names the damage and the data dir: {e}"
+            );
+            (
+                start_on(&dir, &["--wal-recovery", "point-in-time"]).await,
+                true,
+            )
+        }
+    };
+    AfterCut {
+        m,
+        placed,
+        refused,
+        report,
+        _fs: fs,
+    }
+}
+
+/// Every 201 of `cut` is where its answer said.
+async fn every_201_kept(cut: &AfterCut, what: &str) {
+    let found = browse_all(cut.m.addr(), "t", 1).await;
+    for (id, at) in &cut.placed {
+        assert_eq!(found.get(id), Some(at), "{what}: event {id} answered 201");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_torn_power_cuts_then_a_strict_start_opens_or_names_the_damage_and_point_in_time_keeps_every_201(
 ) {
     let mut refused = 0;
     let mut torn = 0;
     for seed in 0..4u64 {
-        let mut fs = LazyFs::mount().unwrap();
-        let dir = data_dir(&fs);
-        let mut m = start_on(&dir, &[]).await;
-        let a = m.addr().to_string();
-        create_topic(&a, "t", 1).await;
-        create_subscription(&a, "s", json!({"topic": "t", "start": "earliest"})).await;
-        let placed = publish_batches(&a, "t", "e", 50).await;
-        // Acks above a gap (offset 0 stays unacked) are records written to the
-        // write-ahead log at once and fsynced within the flush interval: killed right
-        // after them, the log has an unsynced tail to tear.
-        let ds = pull_exactly(&a, "s", 50).await;
-        ack(&a, "s", &ids(&ds[1..])).await.unwrap();
-        m.kill();
-        let report = fs.power_cut(Torn::Prefix(seed)).unwrap();
-        torn += report.torn_bytes_kept;
-        let flush = FLUSH_MS.to_string();
-        let strict = MeshdProcess::start(bin(), &dir, &["--delivery-flush-ms", &flush]).await;
-        let m = match strict {
-            // Nothing acknowledged was torn: it opens as it is.
-            Ok(m) => m,
-            Err(e) => {
-                refused += 1;
-                let e = format!("{e:#}");
-                assert!(
-                    e.contains("Corruption") && e.contains(&dir.display().to_string()),
-                    "seed {seed}: a strict start that fails names the damage and the data dir: {e}"
-                );
-                start_on(&dir, &["--wal-recovery", "point-in-time"]).await
-            }
-        };
-        let found = browse_all(m.addr(), "t", 1).await;
-        for (id, at) in &placed {
-            assert_eq!(
-                found.get(id),
-                Some(at),
-                "seed {seed}: event {id} answered 201"
-            );
-        }
-        drop(m);
+        let cut = cut_after_acks_above_a_gap(Torn::Prefix(seed), 49).await;
+        torn += cut.report.torn_bytes_kept;
+        refused += cut.refused as usize;
+        every_201_kept(&cut, &format!("seed {seed}")).await;
     }
     eprintln!("torn cuts: {refused} of 4 strict starts refused, {torn} torn bytes kept");
     assert!(torn > 0, "no cut tore anything: the test proved nothing");
 }
 
 /// The refusal path, run: the disk wrote its cache out of order and lost power in an
-/// earlier sector, so the write-ahead log holds a damaged record (the unsynced acks
-/// above a gap) with intact ones after it. No tail-tolerant recovery may take that for
-/// a torn tail: `--wal-recovery strict` (the default) must refuse to start, naming
-/// `Corruption` and the data dir; `point-in-time` then opens, dropping the log from the
-/// damaged record on, and keeps every 201 (synced before any of it), with the
-/// committed offset where the last synced state had it (the gap at offset 0 never
-/// moved, so 0) and every event delivered again but those acks that were synced.
+/// earlier write's last sectors, so the write-ahead log holds a damaged record (among
+/// the unsynced acks above a gap) with intact ones after it. No tail-tolerant recovery
+/// may take that for a torn tail: `--wal-recovery strict` (the default) must refuse to
+/// start, naming `Corruption` and the data dir; `point-in-time` then opens, dropping
+/// the log from the damaged record on, and keeps every 201 (synced before any of it),
+/// with the committed offset where the last synced state had it (the gap at offset 0
+/// never moved, so 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_a_garbled_write_before_intact_ones_then_a_strict_start_refuses_naming_corruption_and_point_in_time_keeps_every_201(
 ) {
     let mut refused = 0;
     for seed in 0..4u64 {
-        let mut fs = LazyFs::mount().unwrap();
-        let dir = data_dir(&fs);
-        let mut m = start_on(&dir, &[]).await;
-        let a = m.addr().to_string();
-        create_topic(&a, "t", 1).await;
-        create_subscription(&a, "s", json!({"topic": "t", "start": "earliest"})).await;
-        let placed = publish_batches(&a, "t", "e", 50).await;
-        // Acks above a gap (offset 0 stays unacked), in separate requests: each is
-        // its own unsynced write-ahead-log record until the flush.
-        let ds = pull_exactly(&a, "s", 50).await;
-        for chunk in ds[1..].chunks(7) {
-            ack(&a, "s", &ids(chunk)).await.unwrap();
+        // Acks in requests of 7: each its own unsynced record until the flush.
+        let cut = cut_after_acks_above_a_gap(Torn::Garbled(seed), 7).await;
+        if !cut.refused {
+            eprintln!("seed {seed}: the strict start opened ({:?})", cut.report);
         }
-        m.kill();
-        let report = fs.power_cut(Torn::Garbled(seed)).unwrap();
-        let flush = FLUSH_MS.to_string();
-        let strict = MeshdProcess::start(bin(), &dir, &["--delivery-flush-ms", &flush]).await;
-        let m = match strict {
-            Ok(m) => {
-                eprintln!("seed {seed}: the strict start opened ({report:?})");
-                m
-            }
-            Err(e) => {
-                refused += 1;
-                let e = format!("{e:#}");
-                assert!(
-                    e.contains("Corruption") && e.contains(&dir.display().to_string()),
-                    "seed {seed}: a strict start that fails names the damage and the data dir: {e}"
-                );
-                start_on(&dir, &["--wal-recovery", "point-in-time"]).await
-            }
-        };
-        let a = m.addr().to_string();
-        let found = browse_all(&a, "t", 1).await;
-        for (id, at) in &placed {
-            assert_eq!(
-                found.get(id),
-                Some(at),
-                "seed {seed}: event {id} answered 201"
-            );
-        }
+        refused += cut.refused as usize;
+        every_201_kept(&cut, &format!("seed {seed}")).await;
         assert_eq!(
-            committed(&a, "s").await.get(&0),
+            committed(cut.m.addr(), "s").await.get(&0),
             Some(&0),
             "seed {seed}: the gap at offset 0 holds the committed offset"
         );
-        drop(m);
     }
     eprintln!("garbled cuts: {refused} of 4 strict starts refused");
     assert!(

@@ -1200,21 +1200,27 @@ mod tests {
         fs.power_cut(Torn::Lost).unwrap();
     }
 
+    /// A synced empty file `log` on `fs` with ten unsynced writes of 100 bytes after
+    /// it (`a…`, `b…`, …).
+    fn ten_unsynced_writes(fs: &LazyFs) -> std::path::PathBuf {
+        let root = fs.path().to_path_buf();
+        let p = root.join("log");
+        let mut f = File::create(&p).unwrap();
+        sync_dir(&root);
+        f.sync_all().unwrap();
+        for i in 0..10u8 {
+            f.write_all(&[b'a' + i; 100]).unwrap();
+        }
+        p
+    }
+
     #[test]
     fn a_torn_cut_keeps_a_prefix_of_the_unsynced_writes() {
         let mut kept_any = false;
         let mut lost_any = false;
         for seed in 0..8 {
             let mut fs = LazyFs::mount().unwrap();
-            let root = fs.path().to_path_buf();
-            let p = root.join("log");
-            let mut f = File::create(&p).unwrap();
-            sync_dir(&root);
-            f.sync_all().unwrap();
-            for i in 0..10u8 {
-                f.write_all(&[b'a' + i; 100]).unwrap();
-            }
-            drop(f);
+            let p = ten_unsynced_writes(&fs);
             fs.power_cut(Torn::Prefix(seed)).unwrap();
             let got = fs::read(&p).unwrap();
             let want: Vec<u8> = (0..10u8).flat_map(|i| [b'a' + i; 100]).collect();
@@ -1228,15 +1234,7 @@ mod tests {
     #[test]
     fn a_garbled_cut_keeps_every_unsynced_write_but_one_earlier_one_half_garbage() {
         let mut fs = LazyFs::mount().unwrap();
-        let root = fs.path().to_path_buf();
-        let p = root.join("log");
-        let mut f = File::create(&p).unwrap();
-        sync_dir(&root);
-        f.sync_all().unwrap();
-        for i in 0..10u8 {
-            f.write_all(&[b'a' + i; 100]).unwrap();
-        }
-        drop(f);
+        let p = ten_unsynced_writes(&fs);
         let report = fs.power_cut(Torn::Garbled(3)).unwrap();
         assert_eq!(report.garbled_bytes, 50, "{report:?}");
         let got = fs::read(&p).unwrap();
