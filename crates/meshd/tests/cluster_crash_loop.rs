@@ -39,11 +39,11 @@
 //! 5. no event is dead-lettered twice; an offset answered `dead_lettered` is never
 //!    handed out again;
 //! 6. etcd's history: every write made for a partition's owner carries the epoch its
-//!    fence compared (checkpoints `owner_epoch`, attempt-ledger records `e`, dead
-//!    letters `epoch` and `instance`; the ledger's head and pruned records share their
-//!    transaction's record), and that epoch is exactly the `mod_revision` of the
-//!    partition's owner key at that revision (a dead letter's instance the one that
-//!    key names) — so a stale owner's write during its successor's tenure is caught,
+//!    fence compared and its writer's instance (checkpoints `owner_epoch` and
+//!    `owner_instance`, attempt-ledger records `e` and `i`, dead letters `epoch` and
+//!    `instance`; the ledger's head and pruned records share their transaction's
+//!    record), and that epoch is exactly the `mod_revision` of the partition's owner
+//!    key at that revision, the instance the one that key names — so a stale owner's write during its successor's tenure is caught,
 //!    not only one while nobody held the partition; a write that carries no epoch (a
 //!    ledger clear, deletes only; a checkpoint's deletion) must at least find an owner;
 //!    a checkpoint without an epoch is only its put-if-absent creation; a checkpoint
@@ -1606,8 +1606,10 @@ fn check_etcd_history(changes: &[Change], v: &mut Vec<String>) -> History {
             v.push(format!("rule 6: revision {revision} reported out of order"));
         }
         expected = revision + 1;
-        // The epoch each partition's ledger record in this transaction carries.
-        let mut ledger_epoch: BTreeMap<(String, String, u64), i64> = BTreeMap::new();
+        // The epoch (and instance) each partition's ledger record in this
+        // transaction carries.
+        let mut ledger_epoch: BTreeMap<(String, String, u64), (i64, Option<String>)> =
+            BTreeMap::new();
         for c in group {
             if let (Some(subject), Some(bytes), true) =
                 (partition_of_key(&c.key), &c.value, c.key.contains("/r/"))
@@ -1615,7 +1617,8 @@ fn check_etcd_history(changes: &[Change], v: &mut Vec<String>) -> History {
                 let record: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
                 match record["e"].as_i64() {
                     Some(e) => {
-                        ledger_epoch.insert(subject, e);
+                        let instance = record["i"].as_str().map(str::to_string);
+                        ledger_epoch.insert(subject, (e, instance));
                     }
                     None => v.push(format!(
                         "rule 6: attempt-ledger record {} at revision {revision} carries no owner epoch: {record}",
@@ -1660,8 +1663,10 @@ fn check_etcd_history(changes: &[Change], v: &mut Vec<String>) -> History {
                 _ => None,
             };
             let carried = match &cp {
-                Some(cp) => cp["owner_epoch"].as_i64(),
-                None => ledger_epoch.get(&(sub.clone(), topic.clone(), p)).copied(),
+                Some(cp) => cp["owner_epoch"]
+                    .as_i64()
+                    .map(|e| (e, cp["owner_instance"].as_str().map(str::to_string))),
+                None => ledger_epoch.get(&(sub.clone(), topic.clone(), p)).cloned(),
             };
             h.writes_checked += 1;
             let written = if c.value.is_some() {
@@ -1670,12 +1675,15 @@ fn check_etcd_history(changes: &[Change], v: &mut Vec<String>) -> History {
                 "deleted"
             };
             match carried {
-                Some(epoch) => {
+                Some((epoch, instance)) => {
                     h.epochs_checked += 1;
-                    if let Err(owner) = check_fence(&owners, &topic, p, Some(epoch), None) {
+                    if let Err(owner) =
+                        check_fence(&owners, &topic, p, Some(epoch), instance.as_deref())
+                    {
                         v.push(format!(
-                            "rule 6: {} {written} at revision {revision} by epoch {epoch} {owner}",
-                            c.key
+                            "rule 6: {} {written} at revision {revision} by {} epoch {epoch} {owner}",
+                            c.key,
+                            instance.as_deref().unwrap_or("(instance not recorded)")
                         ));
                     }
                 }
@@ -2696,14 +2704,14 @@ fn clean_run() -> (Log, Vec<Value>) {
         change(
             4,
             &format!("{head}/r/00000000000000000001"),
-            Some(json!({"v": 2, "d": [[0, 1, 9], [1, 1, 9]], "e": 2})),
+            Some(json!({"v": 2, "d": [[0, 1, 9], [1, 1, 9]], "e": 2, "i": "inst-0"})),
             90,
         ),
         change(
             5,
             &checkpoint,
             Some(
-                json!({"v": 1, "committed": {"offset": 5, "epoch": 0, "at_ms": 2}, "owner_epoch": 2}),
+                json!({"v": 1, "committed": {"offset": 5, "epoch": 0, "at_ms": 2}, "owner_epoch": 2, "owner_instance": "inst-0"}),
             ),
             400,
         ),
@@ -2718,7 +2726,7 @@ fn clean_run() -> (Log, Vec<Value>) {
             8,
             &checkpoint,
             Some(
-                json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 3}, "owner_epoch": 6}),
+                json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 3}, "owner_epoch": 6, "owner_instance": "inst-1"}),
             ),
             3300,
         ),
@@ -2899,7 +2907,7 @@ fn positive_control_the_cluster_oracle_names_each_rule_a_made_up_run_breaks() {
                     revision: 9,
                     key,
                     value: Some(
-                        json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 4}, "owner_epoch": 2})
+                        json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 4}, "owner_epoch": 2, "owner_instance": "inst-0"})
                             .to_string()
                             .into_bytes(),
                     ),
@@ -2915,7 +2923,7 @@ fn positive_control_the_cluster_oracle_names_each_rule_a_made_up_run_breaks() {
                     revision: 9,
                     key: format!("meshd/v1/attempts/{SUB}/1/{TOPIC}/0/r/00000000000000000002"),
                     value: Some(
-                        json!({"v": 2, "d": [[7, 1, 9]], "e": 2})
+                        json!({"v": 2, "d": [[7, 1, 9]], "e": 2, "i": "inst-0"})
                             .to_string()
                             .into_bytes(),
                     ),
@@ -2941,13 +2949,29 @@ fn positive_control_the_cluster_oracle_names_each_rule_a_made_up_run_breaks() {
         ),
         (
             "rule 6",
+            "a checkpoint in the right epoch naming another instance",
+            Box::new(move |log, _| {
+                let c = log
+                    .changes
+                    .iter_mut()
+                    .find(|c| c.revision == 8)
+                    .expect("the new owner's checkpoint");
+                c.value = Some(
+                    json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 3}, "owner_epoch": 6, "owner_instance": "inst-0"})
+                        .to_string()
+                        .into_bytes(),
+                );
+            }),
+        ),
+        (
+            "rule 6",
             "a checkpoint going backwards",
             Box::new(move |log, _| {
                 log.changes.push(Change {
                     revision: 9,
                     key: format!("meshd/v1/checkpoints/{SUB}/1/{TOPIC}/0"),
                     value: Some(
-                        json!({"v": 1, "committed": {"offset": 6, "epoch": 0, "at_ms": 4}, "owner_epoch": 6})
+                        json!({"v": 1, "committed": {"offset": 6, "epoch": 0, "at_ms": 4}, "owner_epoch": 6, "owner_instance": "inst-1"})
                             .to_string()
                             .into_bytes(),
                     ),

@@ -20,12 +20,26 @@ use crate::Meta;
 use std::time::{Duration, Instant};
 
 /// Proof of ownership: the owner key and the epoch it was acquired at.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Ownership {
     key: Vec<u8>,
     epoch: i64,
     lease: Option<LeaseId>,
+    /// What the owner key holds (the instance id, for a partition), when this
+    /// ownership was acquired here; empty when rebuilt from its parts. Written into
+    /// records beside the epoch, for whoever reads the history; never compared.
+    holder: Vec<u8>,
 }
+
+/// Two ownerships are the same when their key, epoch and lease are: the holder is
+/// what the key held, known or not.
+impl PartialEq for Ownership {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.key, self.epoch, self.lease) == (&other.key, other.epoch, other.lease)
+    }
+}
+
+impl Eq for Ownership {}
 
 impl Ownership {
     /// Acquires `key` if nobody holds it. `Conflict { current }` names the holder.
@@ -40,6 +54,7 @@ impl Ownership {
             key: key.to_vec(),
             epoch: r.revision,
             lease,
+            holder: holder.to_vec(),
         })
     }
 
@@ -56,13 +71,32 @@ impl Ownership {
             key: key.to_vec(),
             epoch: r.revision,
             lease,
+            holder: holder.to_vec(),
         })
     }
 
     /// Rebuilds a known ownership (for example one recorded with a delivery), to
     /// make fenced writes with it.
     pub fn from_parts(key: Vec<u8>, epoch: i64, lease: Option<LeaseId>) -> Self {
-        Self { key, epoch, lease }
+        Self {
+            key,
+            epoch,
+            lease,
+            holder: Vec::new(),
+        }
+    }
+
+    /// What the owner key held when this ownership was acquired (empty when rebuilt
+    /// from its parts).
+    pub fn holder(&self) -> &[u8] {
+        &self.holder
+    }
+
+    /// The holder as text, when known and UTF-8 (an instance id).
+    pub fn holder_text(&self) -> Option<&str> {
+        std::str::from_utf8(&self.holder)
+            .ok()
+            .filter(|h| !h.is_empty())
     }
 
     pub fn key(&self) -> &[u8] {

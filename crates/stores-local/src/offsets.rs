@@ -428,6 +428,7 @@ impl OffsetStore for RocksOffsetStore {
             committed: c,
             resolved,
             owner_epoch: Some(owner.epoch()),
+            owner_instance: owner.holder_text().map(str::to_string),
         })
         .map_err(|e| OffsetError::Failed(format!("encoding checkpoint: {e}")))?;
         owner
@@ -480,6 +481,7 @@ impl OffsetStore for RocksOffsetStore {
             committed: start,
             resolved: Vec::new(),
             owner_epoch: None,
+            owner_instance: None,
         })
         .map_err(|e| OffsetError::Failed(format!("encoding checkpoint: {e}")))?;
         match meta
@@ -521,8 +523,9 @@ impl OffsetStore for RocksOffsetStore {
 /// loss), and this one reads a record without it as none.
 ///
 /// `owner_epoch` is the epoch of the owner that wrote it (the owner key's
-/// `mod_revision` at its acquisition, which the write's fence compared), so etcd's
-/// history shows which tenure each checkpoint belongs to: the cluster crash loop checks
+/// `mod_revision` at its acquisition, which the write's fence compared) and
+/// `owner_instance` the instance (what the owner key held), so etcd's history shows
+/// which tenure each checkpoint belongs to: the cluster crash loop checks
 /// every checkpoint against the owner key at its revision. Absent in the put-if-absent
 /// creation (no owner) and in records of earlier releases; nothing reads it back, and
 /// a release that does not know it ignores it (serde keeps no unknown-field rule here),
@@ -535,6 +538,8 @@ struct CheckpointRecord {
     resolved: Vec<(u64, u64)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     owner_epoch: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner_instance: Option<String>,
 }
 
 impl From<MetaError> for OffsetErrorOrLocal {

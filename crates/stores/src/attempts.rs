@@ -21,9 +21,11 @@
 //!   knows only version 1 reads this key, finds version 2 and refuses the partition
 //!   by name ("unknown attempt ledger record version 2"), never misreads it as empty.
 //! * `…/{partition}/r/{seq:020}`: one record per pull batch (or extend) with the
-//!   deliveries it started, `{"v":2,"d":[[offset,attempt,deadline_ms],…],"e":epoch}`,
-//!   a bound delivery followed by its session id and epoch, `e` the writing owner's
-//!   epoch (so etcd's history says whose tenure each record belongs to). `e` is
+//!   deliveries it started,
+//!   `{"v":2,"d":[[offset,attempt,deadline_ms],…],"e":epoch,"i":"instance"}`, a bound
+//!   delivery followed by its session id and epoch, `e` and `i` the writing owner's
+//!   epoch and instance (so etcd's history says whose tenure each record belongs
+//!   to). `e` and `i` are
 //!   written only while every member runs 0.2.0 or later
 //!   ([`LedgerWrite::with_owner_epoch`]): 0.1.0 refuses a field it does not know as
 //!   corrupt; this release reads records with and without it. The record with the
@@ -192,7 +194,8 @@ pub struct LedgerWrite {
     pub head: bool,
     pub record: Option<(u64, Vec<LedgerEntry>)>,
     pub prune: Vec<u64>,
-    /// Whether the record carries the writing owner's epoch (`"e"`). Only once every
+    /// Whether the record carries the writing owner's epoch and instance (`"e"`,
+    /// `"i"`). Only once every
     /// member runs a release that reads it: 0.1.0 refuses a record with a field it
     /// does not know as corrupt, and would refuse the partition on a takeover.
     pub with_owner_epoch: bool,
@@ -403,7 +406,8 @@ impl AttemptLedger for MetaAttemptLedger {
         }
         let mut bytes = 0;
         if let Some((seq, entries)) = &w.record {
-            let value = encode_record(entries, w.with_owner_epoch.then(|| owner.epoch()))
+            let writer = (owner.epoch(), owner.holder_text());
+            let value = encode_record(entries, w.with_owner_epoch.then_some(writer))
                 .map_err(|e| self.refuse("write", &what, e))?;
             bytes = value.len();
             txn = txn.put(&record_key(key, *seq), &value);
@@ -848,6 +852,9 @@ struct RecordV2 {
     /// it (an unknown field is kept and ignored, so the version stays 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     e: Option<i64>,
+    /// The writing owner's instance (what its owner key held), with `e`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    i: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -893,11 +900,11 @@ pub fn decode_head(bytes: &[u8]) -> Result<Head, String> {
 }
 
 /// Encodes a version-2 record: 1 to [`MAX_RECORD_ENTRIES`] entries, offsets distinct
-/// (written in ascending order), attempts at least 1, and the writing owner's epoch
-/// (`"e"`, when given).
+/// (written in ascending order), attempts at least 1, and the writing owner (`"e"` its
+/// epoch, `"i"` its instance, when given).
 pub fn encode_record(
     entries: &[LedgerEntry],
-    owner_epoch: Option<i64>,
+    owner: Option<(i64, Option<&str>)>,
 ) -> Result<Vec<u8>, AttemptError> {
     if entries.len() > MAX_RECORD_ENTRIES {
         return Err(AttemptError::TooLarge {
@@ -941,7 +948,8 @@ pub fn encode_record(
                 None => EntryV2::Unbound(e.offset, e.attempt, e.deadline_ms),
             })
             .collect(),
-        e: owner_epoch,
+        e: owner.map(|(epoch, _)| epoch),
+        i: owner.and_then(|(_, instance)| instance.map(str::to_string)),
     };
     serde_json::to_vec(&record).map_err(|e| {
         AttemptError::Store(StoreFailure::Failed(format!(
@@ -1273,9 +1281,10 @@ mod tests {
         );
         assert_eq!(decode_record(text.as_bytes()).unwrap(), entries);
         // The writer's epoch rides along; the entries read the same.
-        let with_owner = r#"{"v":2,"d":[[7,2,1700000000000],[9,1,5,"w",3]],"e":41}"#;
+        let with_owner = r#"{"v":2,"d":[[7,2,1700000000000],[9,1,5,"w",3]],"e":41,"i":"inst-0"}"#;
         assert_eq!(
-            String::from_utf8(encode_record(&entries, Some(41)).unwrap()).unwrap(),
+            String::from_utf8(encode_record(&entries, Some((41, Some("inst-0")))).unwrap())
+                .unwrap(),
             with_owner
         );
         assert_eq!(decode_record(with_owner.as_bytes()).unwrap(), entries);
