@@ -511,3 +511,86 @@ async fn given_a_cluster_then_the_instances_share_the_rate_and_each_keeps_max_co
         );
     }
 }
+
+/// Stored push credentials stay with their receiver (http-api.md, "Security rules
+/// (third round)"): a PUT that moves the push URL to another scheme, host or port
+/// while sending `"***"` for a secret or a header value is a 400 naming the field,
+/// and changes nothing; the same origin keeps them; fresh values go to the new
+/// receiver, which never sees the old ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_stored_push_credentials_when_a_put_moves_the_url_to_another_receiver_then_redacted_values_are_refused(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    let hook = endpoint(vec![204]).await;
+    let other = endpoint(vec![204]).await;
+    create_subscription(
+        &a,
+        "s",
+        json!({"topic": "t", "push": signed_push(&hook.url, &[OLD])}),
+    )
+    .await;
+    let put = |push: Value| {
+        let a = a.clone();
+        async move {
+            send_json(
+                &a,
+                "PUT",
+                "/v1/subscriptions/s",
+                &json!({"topic": "t", "push": push}),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    for (push, field) in [
+        (
+            json!({"url": other.url, "secrets": ["***"],
+                   "headers": {"authorization": TOKEN, "x-tenant": "acme"}}),
+            "push.secrets",
+        ),
+        (
+            json!({"url": other.url, "secrets": [NEW],
+                   "headers": {"authorization": "***", "x-tenant": "acme"}}),
+            "push.headers",
+        ),
+    ] {
+        let r = put(push).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains(field), "{field}: {}", r.body);
+        assert!(r.body.contains("send the value again"), "{}", r.body);
+    }
+    let shown = bare(&a, "GET", "/v1/subscriptions/s").await.json().unwrap();
+    assert_eq!(
+        shown["push"]["url"],
+        json!(hook.url),
+        "nothing changed: {shown}"
+    );
+
+    // The same receiver at another path keeps them.
+    let same = format!("{}?v=2", hook.url);
+    let r = put(json!({"url": same, "secrets": ["***"],
+                       "headers": {"authorization": "***", "x-tenant": "***"}}))
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    publish(&a, "t", &event("kept")).await.unwrap();
+    let got = wait_received(&hook, 1).await;
+    assert!(verifies(OLD, &got[0]) && got[0].headers["authorization"] == TOKEN);
+
+    // Fresh values to the new receiver: it gets only those.
+    let r = put(json!({"url": other.url, "secrets": [NEW],
+                       "headers": {"authorization": "Bearer other"}}))
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    publish(&a, "t", &event("moved")).await.unwrap();
+    let got = wait_received(&other, 1).await;
+    assert!(verifies(NEW, &got[0]) && !verifies(OLD, &got[0]));
+    assert_eq!(got[0].headers["authorization"], "Bearer other");
+    assert!(
+        !got[0].headers.contains_key("x-tenant"),
+        "{:?}",
+        got[0].headers
+    );
+}

@@ -86,6 +86,45 @@ impl std::fmt::Debug for Push {
     }
 }
 
+/// A push URL's origin: scheme, host and port (80 / 443 when not given), lower-cased;
+/// what a kept credential is bound to. `None` for what is not an http(s) URL (the
+/// URL's own validation names that).
+pub fn origin(url: &str) -> Option<(String, String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match host_port.strip_prefix('[') {
+        Some(v6) => {
+            let (host, after) = v6.split_once(']')?;
+            (host, after.strip_prefix(':'))
+        }
+        None => match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        },
+    };
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => default_port,
+    };
+    Some((scheme, host.to_ascii_lowercase(), port))
+}
+
+/// `scheme://host:port` of an [`origin`], for messages.
+fn show_origin(o: &Option<(String, String, u16)>) -> String {
+    match o {
+        Some((scheme, host, port)) if host.contains(':') => format!("{scheme}://[{host}]:{port}"),
+        Some((scheme, host, port)) => format!("{scheme}://{host}:{port}"),
+        None => "an unparsable URL".to_string(),
+    }
+}
+
 impl Push {
     /// A push to `url` with the defaults: unsigned, no headers, 16 at once, no rate.
     pub fn new(url: impl Into<String>) -> Self {
@@ -113,9 +152,35 @@ impl Push {
     /// "***"]` rotates in a new secret next to the old one), a [`REDACTED`] header
     /// value for that header's stored value. A marker with nothing stored behind it
     /// is `Invalid`: it would silently drop a credential the caller thinks is kept.
+    /// So is a marker while the URL's origin (scheme, host, port) changes: the stored
+    /// signing secrets and header values were given for the stored receiver, and a
+    /// marker would hand them to another one (http-api.md, "Security rules (third
+    /// round)"); the caller sends them again.
     pub fn resolve(&mut self, stored: Option<&Push>) -> Result<(), SubscriptionError> {
         let invalid =
             |field: &'static str, reason: String| Err(SubscriptionError::Invalid { field, reason });
+        if let Some(old) = stored {
+            let (from, to) = (origin(&old.url), origin(&self.url));
+            if from != to {
+                let marked = |field: &'static str| {
+                    invalid(
+                        field,
+                        format!(
+                            "\"{REDACTED}\" keeps a stored credential only for the same receiver; \
+                             this PUT moves the push from {} to {}: send the value again",
+                            show_origin(&from),
+                            show_origin(&to)
+                        ),
+                    )
+                };
+                if self.secrets().iter().any(|s| s == REDACTED) {
+                    return marked("push.secrets");
+                }
+                if self.headers().iter().any(|(_, v)| v == REDACTED) {
+                    return marked("push.headers");
+                }
+            }
+        }
         let stored_secrets = stored.map(Push::secrets).unwrap_or_default();
         match &mut self.secrets {
             None => self.secrets = Some(stored_secrets.to_vec()),
@@ -283,6 +348,54 @@ mod tests {
             }),
             ..Push::new("http://hook/x")
         }
+    }
+
+    #[test]
+    fn origins_compare_scheme_host_and_port_with_default_ports() {
+        let o = |u: &str| origin(u);
+        assert_eq!(o("http://Hook/x"), o("http://hook:80/y?q=1"));
+        assert_eq!(o("https://hook/x"), o("https://user:pw@hook:443"));
+        assert_eq!(
+            o("http://[::1]:8080/x"),
+            Some(("http".into(), "::1".into(), 8080))
+        );
+        assert_ne!(o("http://hook/x"), o("https://hook/x"));
+        assert_ne!(o("http://hook/x"), o("http://hook:8080/x"));
+        assert_ne!(o("http://hook/x"), o("http://other/x"));
+        assert_eq!(o("ftp://hook/x"), None);
+        assert_eq!(o("http://hook:99999/x"), None);
+    }
+
+    #[test]
+    fn a_redacted_value_is_refused_when_the_url_moves_to_another_origin() {
+        let stored = push(Some(&[SECRET]), Some(&[("authorization", "Bearer t")]));
+        for url in ["https://hook/x", "http://hook:8080/x", "http://elsewhere/x"] {
+            for (mut p, field) in [
+                (push(Some(&[REDACTED]), Some(&[])), "push.secrets"),
+                (
+                    push(Some(&[]), Some(&[("authorization", REDACTED)])),
+                    "push.headers",
+                ),
+            ] {
+                p.url = url.to_string();
+                let e = p.resolve(Some(&stored)).unwrap_err();
+                assert!(
+                    matches!(&e, SubscriptionError::Invalid { field: f, .. } if *f == field),
+                    "{url}: {e}"
+                );
+                assert!(e.to_string().contains("http://hook:80"), "{e}");
+            }
+        }
+        // The same origin (another path, the default port spelt out) keeps them.
+        let mut p = push(Some(&[REDACTED]), Some(&[("authorization", REDACTED)]));
+        p.url = "http://HOOK:80/other?x=1".into();
+        p.resolve(Some(&stored)).unwrap();
+        assert_eq!(p.secrets(), [SECRET]);
+        // Fresh values to the new origin are taken.
+        let mut p = push(Some(&[OTHER]), Some(&[("authorization", "Bearer u")]));
+        p.url = "http://elsewhere/x".into();
+        p.resolve(Some(&stored)).unwrap();
+        assert_eq!(p.secrets(), [OTHER]);
     }
 
     #[test]
