@@ -16,7 +16,9 @@ pub struct Target {
     pub path: String,
     /// `https://`: TLS, the certificate checked for `host`.
     pub https: bool,
-    /// As written, for messages.
+    /// For messages (errors, logs, dead-letter reasons): `scheme://host:port/path`,
+    /// never the query or userinfo, where a webhook URL's credentials
+    /// (`?apikey=…`) would sit ([`shown`]).
     pub shown: String,
 }
 
@@ -40,7 +42,7 @@ impl Target {
 
     fn parse_with(url: &str, lenient: bool) -> Result<Self, Error> {
         let s = url.trim();
-        let bad = |why: &str| Error::Invalid(format!("{s}: {why}"));
+        let bad = |why: &str| Error::Invalid(format!("{}: {why}", shown(s)));
         let (rest, https) = if let Some(r) = s.strip_prefix("http://") {
             (r, false)
         } else if let Some(r) = s.strip_prefix("https://") {
@@ -88,7 +90,7 @@ impl Target {
             port,
             path: path.to_string(),
             https,
-            shown: s.to_string(),
+            shown: shown(s),
         })
     }
 
@@ -113,6 +115,28 @@ impl Target {
             p if p.starts_with('?') => format!("/{p}"),
             p => p.to_string(),
         }
+    }
+}
+
+/// A URL as messages show it: without its query and fragment, and without userinfo
+/// (`user:password@`), so a credential in a webhook URL never reaches a log line, a
+/// metric or a dead-letter reason. `http://h:9/p?apikey=s` shows as `http://h:9/p`.
+pub fn shown(url: &str) -> String {
+    let url = url.trim();
+    let end = url.find(['?', '#']).unwrap_or(url.len());
+    let url = &url[..end];
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let slash = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(slash);
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    match scheme {
+        Some(scheme) => format!("{scheme}://{authority}{path}"),
+        None => format!("{authority}{path}"),
     }
 }
 
@@ -160,6 +184,25 @@ mod tests {
 
     fn hp(t: &Target) -> (&str, u16, &str) {
         (t.host.as_str(), t.port, t.path.as_str())
+    }
+
+    #[test]
+    fn a_url_is_shown_without_its_query_fragment_or_userinfo() {
+        assert_eq!(shown("http://h:9/p?apikey=s3cret"), "http://h:9/p");
+        assert_eq!(shown("https://u:pw@h/p#frag"), "https://h/p");
+        assert_eq!(shown("http://h?token=x"), "http://h");
+        assert_eq!(shown("h:1/mesh"), "h:1/mesh");
+        let t = Target::parse("http://127.0.0.1:9/hook?apikey=s3cret").unwrap();
+        assert_eq!(t.shown, "http://127.0.0.1:9/hook");
+        assert_eq!(
+            t.request_path(),
+            "/hook?apikey=s3cret",
+            "the request keeps it"
+        );
+        let e = Target::parse("http://u:s3cret@h/x")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cret"), "{e}");
     }
 
     #[test]

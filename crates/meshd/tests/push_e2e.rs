@@ -135,6 +135,53 @@ async fn given_a_push_endpoint_that_fails_once_then_answers_204_then_the_event_i
     assert!(dead_letters(a, "p").await.is_empty());
 }
 
+/// A credential in the push URL's query stays out of what an operator (or the
+/// console) reads: the dead-letter reason, meshd's log and its metrics show the target
+/// as `scheme://host:port/path` (http-api.md, "Security rules (third round)").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_push_url_with_a_credential_in_its_query_then_reasons_logs_and_metrics_never_show_it(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = free.local_addr().unwrap();
+    drop(free);
+    let url = format!("http://{at}/hook?apikey=S3CRET-KEY");
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "p", push_subscription("t", &url)).await;
+    publish(a, "t", &event("nobody-home")).await.unwrap();
+    let entries = wait_until(DEADLINE, "a dead letter", || async {
+        let e = dead_letters(a, "p").await;
+        anyhow::ensure!(e.len() == 1, "{e:?}");
+        Ok(e)
+    })
+    .await
+    .unwrap();
+    let reason = entries[0]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        reason.contains(&format!("http://{at}/hook")) && !reason.contains("S3CRET"),
+        "the reason names the target without its query: {reason}"
+    );
+    let metrics = meshd_test_support::http::get(a, "/metrics").await.unwrap();
+    assert!(
+        !metrics.body.contains("S3CRET"),
+        "metrics show the credential"
+    );
+    let log = std::fs::read_to_string(m.log_path()).unwrap();
+    assert!(
+        !log.contains("S3CRET"),
+        "the log shows the credential: {}",
+        log.lines()
+            .filter(|l| l.contains("S3CRET"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_a_push_endpoint_that_refuses_connections_then_the_reason_says_so() {
     let dir = tempfile::tempdir().unwrap();
