@@ -90,6 +90,72 @@ fn written_bytes(ops: &[Op]) -> u64 {
         .sum()
 }
 
+/// What of a file's unsynced `pending` changes reaches its `durable` bytes at a cut
+/// of kind `torn` (see [`Torn`]), counted in `report`.
+fn reach_the_disk(
+    durable: &mut Vec<u8>,
+    pending: &[Op],
+    torn: Torn,
+    rng: &mut crate::rng::Rng,
+    report: &mut CutReport,
+) {
+    let keep = |durable: &mut Vec<u8>, op: &Op, report: &mut CutReport| {
+        if let Op::Write { data, .. } = op {
+            report.torn_bytes_kept += data.len() as u64;
+        }
+        apply(durable, op);
+    };
+    match torn {
+        Torn::Lost => {}
+        Torn::Prefix(_) => {
+            let kept = rng.below(pending.len() as u64 + 1) as usize;
+            for op in &pending[..kept] {
+                keep(durable, op, report);
+            }
+            // The next write, torn inside.
+            if let Some(Op::Write { offset, data }) = pending.get(kept) {
+                let part = rng.below(data.len() as u64 + 1) as usize;
+                report.torn_bytes_kept += part as u64;
+                let torn_write = Op::Write {
+                    offset: *offset,
+                    data: data[..part].to_vec(),
+                };
+                apply(durable, &torn_write);
+            }
+        }
+        Torn::Garbled(_) => {
+            let writes: Vec<usize> = (0..pending.len())
+                .filter(|i| matches!(pending[*i], Op::Write { .. }))
+                .collect();
+            // One write or none: nothing comes after it to garble before; lost, as
+            // without power.
+            if writes.len() < 2 {
+                return;
+            }
+            let bad = writes[rng.below(writes.len() as u64 - 1) as usize];
+            for (i, op) in pending.iter().enumerate() {
+                match op {
+                    Op::Write { offset, data } if i == bad => {
+                        let half = data.len() / 2;
+                        report.garbled_bytes += (data.len() - half) as u64;
+                        let garbage = data
+                            .iter()
+                            .enumerate()
+                            .map(|(j, b)| if j < half { *b } else { !b })
+                            .collect();
+                        let garbled_write = Op::Write {
+                            offset: *offset,
+                            data: garbage,
+                        };
+                        apply(durable, &garbled_write);
+                    }
+                    op => keep(durable, op, report),
+                }
+            }
+        }
+    }
+}
+
 fn apply(bytes: &mut Vec<u8>, op: &Op) {
     match op {
         Op::Write { offset, data } => {
@@ -430,11 +496,12 @@ impl Disk {
 
     fn power_cut(&mut self, torn: Torn) -> CutReport {
         let mut report = CutReport::default();
+        // One generator for the whole cut (files in the fixed order below; a cut that
+        // loses everything draws nothing from it).
         let mut rng = match torn {
-            Torn::Lost => None,
-            Torn::Prefix(seed) | Torn::Garbled(seed) => Some(crate::rng::Rng(seed)),
+            Torn::Lost => crate::rng::Rng(0),
+            Torn::Prefix(seed) | Torn::Garbled(seed) => crate::rng::Rng(seed),
         };
-        let garbled = matches!(torn, Torn::Garbled(_));
         // Files in a fixed order, so a seed always tears the same way.
         let mut inos: Vec<u64> = self.nodes.keys().copied().collect();
         inos.sort_unstable();
@@ -452,66 +519,7 @@ impl Disk {
                     if !pending.is_empty() {
                         report.files_with_unsynced_writes += 1;
                         report.unsynced_bytes += written_bytes(pending);
-                        let writes: Vec<usize> = pending
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, op)| matches!(op, Op::Write { .. }))
-                            .map(|(i, _)| i)
-                            .collect();
-                        if let (true, Some(rng), true) = (garbled, rng.as_mut(), writes.len() >= 2)
-                        {
-                            let bad = writes[rng.below(writes.len() as u64 - 1) as usize];
-                            for (i, op) in pending.iter().enumerate() {
-                                match op {
-                                    Op::Write { offset, data } if i == bad => {
-                                        report.garbled_bytes +=
-                                            (data.len() - data.len() / 2) as u64;
-                                        let half = data.len() / 2;
-                                        let garbage: Vec<u8> = data
-                                            .iter()
-                                            .enumerate()
-                                            .map(|(i, b)| if i < half { *b } else { !b })
-                                            .collect();
-                                        apply(
-                                            durable,
-                                            &Op::Write {
-                                                offset: *offset,
-                                                data: garbage,
-                                            },
-                                        );
-                                    }
-                                    op => {
-                                        if let Op::Write { data, .. } = op {
-                                            report.torn_bytes_kept += data.len() as u64;
-                                        }
-                                        apply(durable, op);
-                                    }
-                                }
-                            }
-                        } else if garbled {
-                            // One write or none: nothing comes after it to garble
-                            // before; lost, as without power.
-                        } else if let Some(rng) = rng.as_mut() {
-                            let kept = rng.below(pending.len() as u64 + 1) as usize;
-                            for op in &pending[..kept] {
-                                if let Op::Write { data, .. } = op {
-                                    report.torn_bytes_kept += data.len() as u64;
-                                }
-                                apply(durable, op);
-                            }
-                            // The next write, torn inside.
-                            if let Some(Op::Write { offset, data }) = pending.get(kept) {
-                                let part = rng.below(data.len() as u64 + 1) as usize;
-                                report.torn_bytes_kept += part as u64;
-                                apply(
-                                    durable,
-                                    &Op::Write {
-                                        offset: *offset,
-                                        data: data[..part].to_vec(),
-                                    },
-                                );
-                            }
-                        }
+                        reach_the_disk(durable, pending, torn, &mut rng, &mut report);
                         pending.clear();
                     }
                     *data = durable.clone();
