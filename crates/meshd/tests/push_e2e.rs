@@ -38,6 +38,24 @@ fn tls_acceptor(certs: &meshd_test_support::certs::TestCerts) -> tokio_rustls::T
     tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
+/// A port that was free a moment ago: nothing listens there.
+async fn nothing_listening() -> std::net::SocketAddr {
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    free.local_addr().unwrap()
+}
+
+/// Waits for the one dead letter of subscription `sub` (exactly one, bounded).
+async fn the_dead_letter(a: &str, sub: &str) -> Value {
+    let mut entries = wait_until(DEADLINE, "a dead letter", || async {
+        let e = dead_letters(a, sub).await;
+        anyhow::ensure!(e.len() == 1, "{e:?}");
+        Ok(e)
+    })
+    .await
+    .unwrap();
+    entries.remove(0)
+}
+
 fn push_subscription(topic: &str, url: &str) -> Value {
     json!({"topic": topic, "max_attempts": 3, "ack_timeout_ms": 5000,
            "backoff": {"initial_ms": 1, "max_ms": 5}, "push": {"url": url}})
@@ -55,14 +73,7 @@ async fn given_a_push_endpoint_answering_500_three_times_then_the_event_is_dead_
     let e = event("poison");
     publish(a, "t", &e).await.unwrap();
 
-    let entries = wait_until(DEADLINE, "a dead letter", || async {
-        let e = dead_letters(a, "p").await;
-        anyhow::ensure!(e.len() == 1, "{e:?}");
-        Ok(e)
-    })
-    .await
-    .unwrap();
-    let entry = &entries[0];
+    let entry = the_dead_letter(a, "p").await;
     assert_eq!(entry["attempts"], 3, "{entry}");
     assert!(
         entry["reason"].as_str().is_some_and(|r| r.contains("500")),
@@ -144,24 +155,13 @@ async fn given_a_push_url_with_a_credential_in_its_query_then_reasons_logs_and_m
     let dir = tempfile::tempdir().unwrap();
     let m = start(dir.path()).await;
     let a = m.addr();
-    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let at = free.local_addr().unwrap();
-    drop(free);
+    let at = nothing_listening().await;
     let url = format!("http://{at}/hook?apikey=S3CRET-KEY");
     create_topic(a, "t", 1).await;
     create_subscription(a, "p", push_subscription("t", &url)).await;
     publish(a, "t", &event("nobody-home")).await.unwrap();
-    let entries = wait_until(DEADLINE, "a dead letter", || async {
-        let e = dead_letters(a, "p").await;
-        anyhow::ensure!(e.len() == 1, "{e:?}");
-        Ok(e)
-    })
-    .await
-    .unwrap();
-    let reason = entries[0]["reason"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let entry = the_dead_letter(a, "p").await;
+    let reason = entry["reason"].as_str().unwrap_or_default().to_string();
     assert!(
         reason.contains(&format!("http://{at}/hook")) && !reason.contains("S3CRET"),
         "the reason names the target without its query: {reason}"
@@ -187,26 +187,17 @@ async fn given_a_push_endpoint_that_refuses_connections_then_the_reason_says_so(
     let dir = tempfile::tempdir().unwrap();
     let m = start(dir.path()).await;
     let a = m.addr();
-    // A port that was free a moment ago: nothing listens there.
-    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", free.local_addr().unwrap());
-    drop(free);
+    let url = format!("http://{}/hook", nothing_listening().await);
     create_topic(a, "t", 1).await;
     create_subscription(a, "p", push_subscription("t", &url)).await;
     publish(a, "t", &event("nobody-home")).await.unwrap();
-    let entries = wait_until(DEADLINE, "a dead letter", || async {
-        let e = dead_letters(a, "p").await;
-        anyhow::ensure!(e.len() == 1, "{e:?}");
-        Ok(e)
-    })
-    .await
-    .unwrap();
+    let entry = the_dead_letter(a, "p").await;
     assert!(
-        entries[0]["reason"]
+        entry["reason"]
             .as_str()
             .is_some_and(|r| r.contains("connection")),
         "{}",
-        entries[0]
+        entry
     );
 }
 
@@ -254,17 +245,8 @@ async fn given_an_https_push_endpoint_with_a_certificate_meshd_does_not_trust_th
     create_topic(a, "t", 1).await;
     create_subscription(a, "p", push_subscription("t", &hook.url)).await;
     publish(a, "t", &event("untrusted")).await.unwrap();
-    let entries = wait_until(DEADLINE, "a dead letter", || async {
-        let e = dead_letters(a, "p").await;
-        anyhow::ensure!(e.len() == 1, "{e:?}");
-        Ok(e)
-    })
-    .await
-    .unwrap();
-    let reason = entries[0]["reason"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let entry = the_dead_letter(a, "p").await;
+    let reason = entry["reason"].as_str().unwrap_or_default().to_string();
     assert!(
         reason.contains("TLS") || reason.contains("https push without a CA"),
         "{reason}"
