@@ -2353,7 +2353,7 @@ async fn cluster_crash_loop(
             "--advertise".to_string(),
             peer.addr().to_string(),
         ];
-        let env = vec![
+        let mut env = vec![
             (
                 "LD_PRELOAD".to_string(),
                 faketime.to_string_lossy().into_owned(),
@@ -2365,7 +2365,6 @@ async fn cluster_crash_loop(
             ("FAKETIME_CACHE_DURATION".to_string(), "1".to_string()),
             ("DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
         ];
-        let mut env = env;
         if unfenced {
             env.push((meshd_meta::fence::UNFENCED_VAR.to_string(), "1".to_string()));
         }
@@ -2608,6 +2607,22 @@ async fn cluster_crash_loop(
 // ---------------------------------------------------------------------------------
 // Positive controls: the oracle on made-up runs.
 
+/// A made-up change in etcd's history: `value` at `key` (`None`: deleted) at
+/// `revision`, reported by the watch at `at_ms`.
+fn change(revision: i64, key: &str, value: Option<Value>, at_ms: u64) -> Change {
+    Change {
+        revision,
+        key: key.to_string(),
+        value: value.map(|v| v.to_string().into_bytes()),
+        arrived: Duration::from_millis(at_ms),
+    }
+}
+
+/// The made-up run's checkpoint key of partition 0.
+fn made_up_checkpoint_key() -> String {
+    format!("meshd/v1/checkpoints/{SUB}/1/{TOPIC}/0")
+}
+
 /// A made-up run that passes every rule and the floor (one fault): partition 0 of
 /// TOPIC held by inst-0 (epoch 2), six events acked and checkpointed, inst-0 paused
 /// past its lease, inst-1 taking over (epoch 6), a poison event dead-lettered by it,
@@ -2683,14 +2698,8 @@ fn clean_run() -> (Log, Vec<Value>) {
         start: ms(1000),
         end: ms(3000),
     });
-    let change = |revision, key: &str, value: Option<Value>, at| Change {
-        revision,
-        key: key.to_string(),
-        value: value.map(|v| v.to_string().into_bytes()),
-        arrived: ms(at),
-    };
     let owner = owner_key(TOPIC, 0);
-    let checkpoint = format!("meshd/v1/checkpoints/{SUB}/1/{TOPIC}/0");
+    let checkpoint = made_up_checkpoint_key();
     let head = format!("meshd/v1/attempts/{SUB}/1/{TOPIC}/0");
     log.changes = vec![
         change(2, &owner, Some(json!({"instance": "inst-0"})), 50),
@@ -2902,33 +2911,26 @@ fn positive_control_the_cluster_oracle_names_each_rule_a_made_up_run_breaks() {
             "rule 6",
             "the old owner's checkpoint during its successor's tenure",
             Box::new(move |log, _| {
-                let key = format!("meshd/v1/checkpoints/{SUB}/1/{TOPIC}/0");
-                log.changes.push(Change {
-                    revision: 9,
-                    key,
-                    value: Some(
-                        json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 4}, "owner_epoch": 2, "owner_instance": "inst-0"})
-                            .to_string()
-                            .into_bytes(),
+                log.changes.push(change(
+                    9,
+                    &made_up_checkpoint_key(),
+                    Some(
+                        json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 4}, "owner_epoch": 2, "owner_instance": "inst-0"}),
                     ),
-                    arrived: ms(3400),
-                });
+                    3400,
+                ));
             }),
         ),
         (
             "rule 6",
             "the old owner's attempt-ledger record during its successor's tenure",
             Box::new(move |log, _| {
-                log.changes.push(Change {
-                    revision: 9,
-                    key: format!("meshd/v1/attempts/{SUB}/1/{TOPIC}/0/r/00000000000000000002"),
-                    value: Some(
-                        json!({"v": 2, "d": [[7, 1, 9]], "e": 2, "i": "inst-0"})
-                            .to_string()
-                            .into_bytes(),
-                    ),
-                    arrived: ms(3400),
-                });
+                log.changes.push(change(
+                    9,
+                    &format!("meshd/v1/attempts/{SUB}/1/{TOPIC}/0/r/00000000000000000002"),
+                    Some(json!({"v": 2, "d": [[7, 1, 9]], "e": 2, "i": "inst-0"})),
+                    3400,
+                ));
             }),
         ),
         (
@@ -2940,10 +2942,11 @@ fn positive_control_the_cluster_oracle_names_each_rule_a_made_up_run_breaks() {
                     .iter_mut()
                     .find(|c| c.key.starts_with("meshd/v1/deadletters/"))
                     .expect("the dead letter");
-                c.value = Some(
-                    json!({"topic": TOPIC, "partition": 0, "epoch": 6, "instance": "inst-0"})
-                        .to_string()
-                        .into_bytes(),
+                *c = change(
+                    c.revision,
+                    &c.key,
+                    Some(json!({"topic": TOPIC, "partition": 0, "epoch": 6, "instance": "inst-0"})),
+                    2700,
                 );
             }),
         ),
@@ -2956,10 +2959,13 @@ fn positive_control_the_cluster_oracle_names_each_rule_a_made_up_run_breaks() {
                     .iter_mut()
                     .find(|c| c.revision == 8)
                     .expect("the new owner's checkpoint");
-                c.value = Some(
-                    json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 3}, "owner_epoch": 6, "owner_instance": "inst-0"})
-                        .to_string()
-                        .into_bytes(),
+                *c = change(
+                    8,
+                    &made_up_checkpoint_key(),
+                    Some(
+                        json!({"v": 1, "committed": {"offset": 7, "epoch": 0, "at_ms": 3}, "owner_epoch": 6, "owner_instance": "inst-0"}),
+                    ),
+                    3300,
                 );
             }),
         ),
@@ -2967,16 +2973,14 @@ fn positive_control_the_cluster_oracle_names_each_rule_a_made_up_run_breaks() {
             "rule 6",
             "a checkpoint going backwards",
             Box::new(move |log, _| {
-                log.changes.push(Change {
-                    revision: 9,
-                    key: format!("meshd/v1/checkpoints/{SUB}/1/{TOPIC}/0"),
-                    value: Some(
-                        json!({"v": 1, "committed": {"offset": 6, "epoch": 0, "at_ms": 4}, "owner_epoch": 6, "owner_instance": "inst-1"})
-                            .to_string()
-                            .into_bytes(),
+                log.changes.push(change(
+                    9,
+                    &made_up_checkpoint_key(),
+                    Some(
+                        json!({"v": 1, "committed": {"offset": 6, "epoch": 0, "at_ms": 4}, "owner_epoch": 6, "owner_instance": "inst-1"}),
                     ),
-                    arrived: ms(3400),
-                });
+                    3400,
+                ));
             }),
         ),
         (

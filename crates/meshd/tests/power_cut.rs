@@ -358,7 +358,7 @@ struct AfterCut {
 /// the write-ahead log at once and fsynced within the flush interval, so killed right
 /// after them the log has an unsynced tail. Then SIGKILL, the cut `torn`, and a start.
 async fn cut_after_acks_above_a_gap(torn: Torn, acks_per_request: usize) -> AfterCut {
-    let fs = LazyFs::mount().unwrap();
+    let mut fs = LazyFs::mount().unwrap();
     let dir = data_dir(&fs);
     let mut m = start_on(&dir, &[]).await;
     let a = m.addr().to_string();
@@ -370,7 +370,6 @@ async fn cut_after_acks_above_a_gap(torn: Torn, acks_per_request: usize) -> Afte
         ack(&a, "s", &ids(chunk)).await.unwrap();
     }
     m.kill();
-    let mut fs = fs;
     let report = fs.power_cut(torn).unwrap();
     let flush = FLUSH_MS.to_string();
     let strict = MeshdProcess::start(bin(), &dir, &["--delivery-flush-ms", &flush]).await;
