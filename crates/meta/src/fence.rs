@@ -86,13 +86,8 @@ impl Ownership {
         }
     }
 
-    /// What the owner key held when this ownership was acquired (empty when rebuilt
-    /// from its parts).
-    pub fn holder(&self) -> &[u8] {
-        &self.holder
-    }
-
-    /// The holder as text, when known and UTF-8 (an instance id).
+    /// What the owner key held when this ownership was acquired, as text (an
+    /// instance id); `None` when rebuilt from its parts or not UTF-8.
     pub fn holder_text(&self) -> Option<&str> {
         std::str::from_utf8(&self.holder)
             .ok()

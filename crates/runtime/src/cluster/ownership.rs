@@ -252,6 +252,12 @@ pub struct Directory {
 }
 
 impl Directory {
+    /// Whether attempt-ledger records may carry their writer's epoch and instance:
+    /// every member reads them ([`crate::membership::LEDGER_EPOCH_RELEASE`]).
+    pub fn ledger_epoch_allowed(&self) -> bool {
+        self.oldest_release >= crate::membership::LEDGER_EPOCH_RELEASE
+    }
+
     /// Who holds each partition of `topic` (and where they listen): what a waiting
     /// pull of that topic depends on.
     pub fn topic_view(&self, topic: &str) -> Vec<(u32, String, Option<String>)> {

@@ -254,12 +254,6 @@ impl PartitionCluster {
         self.directory.borrow().oldest_release >= crate::membership::PARKING_RELEASE
     }
 
-    /// Whether the attempt-ledger records may carry this owner's epoch (every member
-    /// reads them; [`crate::membership::LEDGER_EPOCH_RELEASE`]).
-    pub fn ledger_epoch_allowed(&self) -> bool {
-        self.directory.borrow().oldest_release >= crate::membership::LEDGER_EPOCH_RELEASE
-    }
-
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
@@ -1031,8 +1025,7 @@ impl Runtime {
         if let Some(mut w) = migrate {
             // A version-1 map: rewritten in this release's form before anything
             // is handed out (a release that reads only version 1 then refuses it).
-            w.with_owner_epoch = cluster.directory.borrow().oldest_release
-                >= crate::membership::LEDGER_EPOCH_RELEASE;
+            w.with_owner_epoch = cluster.directory.borrow().ledger_epoch_allowed();
             cluster
                 .ledger
                 .write(&key, &owner, &w)

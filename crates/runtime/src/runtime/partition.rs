@@ -1495,7 +1495,7 @@ impl PartitionTask {
             let Some(mut write) = c.ledger_state.stage(chunk) else {
                 continue;
             };
-            write.with_owner_epoch = c.ledger_epoch_allowed();
+            write.with_owner_epoch = c.directory.borrow().ledger_epoch_allowed();
             let started = Instant::now();
             let result = c.ledger.write(&key, &c.owner, &write).await;
             self.deps.metrics.write_latency(
