@@ -16,6 +16,10 @@
 //!   `--insecure-listen`), a `Host` that is not a loopback name or address (or one of
 //!   `--allowed-hosts`) is 403: a rebinding page's requests carry its own host name.
 //!
+//! - **Fetch metadata**: a `/v1` request whose `Sec-Fetch-Site` is `cross-site` or
+//!   `same-site` is 403 unless its `Origin` is listed: a no-cors `fetch` sends no
+//!   `Origin`, but a browser always says where it comes from.
+//!
 //! `/internal` routes are exempt (the gate checks the cluster secret there). Requests
 //! without `Origin` (the CLI, curl, other servers) pass the Origin rule.
 
@@ -45,6 +49,8 @@ pub enum Refusal {
     Host,
     Origin,
     ContentType,
+    /// `Sec-Fetch-Site: cross-site` or `same-site` without an allowed `Origin`.
+    FetchSite,
 }
 
 impl Refusal {
@@ -53,6 +59,7 @@ impl Refusal {
             Refusal::Host => "host",
             Refusal::Origin => "origin",
             Refusal::ContentType => "content_type",
+            Refusal::FetchSite => "fetch_site",
         }
     }
 }
@@ -122,11 +129,37 @@ impl BrowserRules {
                 cors = Some(origin.clone());
             }
         }
+        if cors.is_none() {
+            if let Some(site) = foreign_fetch_site(req) {
+                return Verdict::Refuse(
+                    Refusal::FetchSite,
+                    Problem::forbidden(format!(
+                        "a browser sent this request from a page of another site (Sec-Fetch-Site: {site}) without an allowed Origin: list the page's origin in --allowed-origins"
+                    ))
+                    .into_response(),
+                );
+            }
+        }
         if let Err(p) = content_type_allowed(req) {
             return Verdict::Refuse(Refusal::ContentType, p.into_response());
         }
         Verdict::Pass(cors)
     }
+}
+
+/// The `Sec-Fetch-Site` of a `/v1` request a browser sent from a page of another
+/// site (`cross-site`) or of a sibling (`same-site`): a no-cors `fetch` sends no
+/// `Origin` but cannot hide this header, so a page elsewhere cannot open a stream
+/// (which leases events) or read on a tokenless meshd. Other clients send no
+/// `Sec-Fetch-Site`; the console's own requests are `same-origin`.
+fn foreign_fetch_site(req: &Request) -> Option<&str> {
+    let path = req.uri().path();
+    if !(path == "/v1" || path.starts_with("/v1/")) {
+        return None;
+    }
+    let site = req.headers().get("sec-fetch-site")?.to_str().ok()?.trim();
+    (site.eq_ignore_ascii_case("cross-site") || site.eq_ignore_ascii_case("same-site"))
+        .then_some(site)
 }
 
 /// The CORS headers of an answer to a listed origin.

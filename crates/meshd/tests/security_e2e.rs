@@ -11,11 +11,12 @@
 mod common;
 
 use common::disk::metric;
-use common::{bin, problem};
+use common::{bin, create_subscription, create_topic, event, problem, publish, pull};
 use meshd_test_support::etcd::EtcdProcess;
 use meshd_test_support::http::{self, request_with};
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::nats::NatsProcess;
+use serde_json::json;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -460,6 +461,87 @@ async fn given_a_tokenless_loopback_meshd_then_simple_cross_origin_writes_foreig
             "{reason}"
         );
     }
+}
+
+/// A page of another site on a tokenless meshd: a no-cors `fetch` sends no `Origin`
+/// and may ask for `text/event-stream`, so before the Fetch Metadata rule it opened a
+/// stream that leased events to nobody (they ended dead-lettered after their ack
+/// timeouts). A browser says where a request comes from in `Sec-Fetch-Site`; a
+/// `cross-site` or `same-site` one is 403 unless its `Origin` is listed, and nothing
+/// is leased. Requests without the header (curl, SDKs), `same-origin` (the console)
+/// and `none` (typed in the address bar) are served as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_tokenless_meshd_when_a_page_of_another_site_fetches_without_an_origin_then_it_is_refused_and_nothing_is_leased(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MeshdProcess::start(
+        bin(),
+        dir.path(),
+        &["--allowed-origins", "https://console.example"],
+    )
+    .await
+    .unwrap();
+    let a = m.addr();
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "s", json!({"topic": "t", "start": "earliest"})).await;
+    publish(a, "t", &event("e1")).await.unwrap();
+
+    for site in ["cross-site", "same-site", "Cross-Site"] {
+        let stream = tokio::time::timeout(
+            Duration::from_secs(10),
+            raw(
+                a,
+                "GET",
+                "/v1/subscriptions/s/stream",
+                &[("accept", "text/event-stream"), ("sec-fetch-site", site)],
+                b"",
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("a {site} stream request was served (a stream opened)"));
+        let p = problem(&stream, 403);
+        assert!(
+            p["detail"].as_str().unwrap().contains("Sec-Fetch-Site"),
+            "{p}"
+        );
+        let r = raw(a, "GET", "/v1/topics", &[("sec-fetch-site", site)], b"").await;
+        problem(&r, 403);
+    }
+    // Nothing was leased: the event is still there for the first pull.
+    let got = pull(a, "s", &json!({"max_events": 10})).await.unwrap();
+    assert_eq!(got.len(), 1, "a refused stream leased the event");
+    assert_eq!(got[0].attempt, 1);
+    // A listed origin may read cross-site (with CORS); other clients are unaffected.
+    let r = raw(
+        a,
+        "GET",
+        "/v1/topics",
+        &[
+            ("sec-fetch-site", "cross-site"),
+            ("origin", "https://console.example"),
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://console.example")
+    );
+    for site in [None, Some("same-origin"), Some("none")] {
+        let headers: Vec<(&str, &str)> = site.map(|s| ("sec-fetch-site", s)).into_iter().collect();
+        let r = raw(a, "GET", "/v1/topics", &headers, b"").await;
+        assert_eq!(r.status, 200, "{site:?}: {}", r.body);
+    }
+    // The console page itself (not /v1) loads from anywhere.
+    let r = raw(a, "GET", "/", &[("sec-fetch-site", "cross-site")], b"").await;
+    assert_ne!(r.status, 403, "{}", r.body);
+    assert_eq!(
+        metric(a, "meshd_http_refused_total{reason=\"fetch_site\"}")
+            .await
+            .unwrap(),
+        6.0
+    );
 }
 
 /// With tokens the Host check is off (a rebinding page has no token), the Origin and
