@@ -244,6 +244,7 @@ struct Refused {
     host: AtomicU64,
     origin: AtomicU64,
     content_type: AtomicU64,
+    fetch_site: AtomicU64,
 }
 
 impl Gate {
@@ -278,6 +279,7 @@ impl Gate {
                     Refusal::Host => &self.refused.host,
                     Refusal::Origin => &self.refused.origin,
                     Refusal::ContentType => &self.refused.content_type,
+                    Refusal::FetchSite => &self.refused.fetch_site,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
                 return Verdict::Answer(answer);
@@ -296,11 +298,6 @@ impl Gate {
         let Some(access) = &self.access else {
             return false;
         };
-        let path = req.uri().path();
-        let is_stream = path
-            .strip_prefix("/v1/subscriptions/")
-            .and_then(|rest| rest.strip_suffix("/stream"))
-            .is_some_and(|name| !name.is_empty() && !name.contains('/'));
         let upgrade = req
             .headers()
             .get(header::UPGRADE)
@@ -308,23 +305,33 @@ impl Gate {
             .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
         access.tokens().guard_v1()
             && req.method() == Method::GET
-            && is_stream
+            && is_stream_path(req.uri().path())
             && upgrade
             && !req.headers().contains_key(header::AUTHORIZATION)
     }
 
-    /// A WebSocket's first-frame token: whether it may stream (the client role);
-    /// a wrong token counts as an unauthorized refusal.
-    pub fn first_frame_token(&self, token: &str) -> bool {
-        let ok = self.access.as_ref().is_some_and(|a| {
-            a.tokens()
-                .roles_of(token.trim().as_bytes())
-                .may(Role::Client)
-        });
+    /// A WebSocket's first-frame token: who it is, when it may stream (the client
+    /// role); a wrong token counts as an unauthorized refusal.
+    pub fn first_frame_token(&self, token: &str) -> Option<StreamToken> {
+        let token = token.trim().as_bytes();
+        let ok = self
+            .access
+            .as_ref()
+            .is_some_and(|a| a.tokens().roles_of(token).may(Role::Client));
         if !ok {
             self.refused.unauthorized.fetch_add(1, Ordering::Relaxed);
+            return None;
         }
-        ok
+        Some(StreamToken::of(token))
+    }
+
+    /// Who a stream that passed the gate with its `Authorization` header is: `None`
+    /// when `/v1` needs no token (nothing to tell clients apart by).
+    fn stream_token(&self, req: &Request) -> Option<StreamToken> {
+        let guarded = self.access.as_ref()?.tokens().guard_v1();
+        (guarded && is_stream_path(req.uri().path()))
+            .then(|| bearer(req).map(StreamToken::of))
+            .flatten()
     }
 
     /// The token check of `/v1` and `/metrics`; `None` when the request may go on.
@@ -401,6 +408,7 @@ impl Gate {
             (Refusal::Host.label(), &r.host),
             (Refusal::Origin.label(), &r.origin),
             (Refusal::ContentType.label(), &r.content_type),
+            (Refusal::FetchSite.label(), &r.fetch_site),
         ] {
             let _ = writeln!(
                 out,
@@ -415,6 +423,25 @@ impl Gate {
 #[derive(Clone)]
 pub struct FirstFrameAuth(pub Arc<Gate>);
 
+/// Which client token opened a stream, for `--max-streams-per-token`: a SHA-256 of
+/// the token, so the token itself is not kept beside the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StreamToken([u8; 32]);
+
+impl StreamToken {
+    fn of(token: &[u8]) -> Self {
+        use sha2::Digest;
+        Self(sha2::Sha256::digest(token).into())
+    }
+}
+
+/// `GET /v1/subscriptions/{name}/stream`, the one route a token's stream share counts.
+fn is_stream_path(path: &str) -> bool {
+    path.strip_prefix("/v1/subscriptions/")
+        .and_then(|rest| rest.strip_suffix("/stream"))
+        .is_some_and(|name| !name.is_empty() && !name.contains('/'))
+}
+
 /// The middleware (see the module docs): refusals are answered here, before
 /// admission, never naming a token or the secret.
 pub async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: Next) -> Response {
@@ -423,8 +450,13 @@ pub async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: Next) -
     }
     match gate.decide(&req) {
         Verdict::Refuse(_, answer) | Verdict::Answer(answer) => answer,
-        Verdict::Pass(None) => next.run(req).await,
-        Verdict::Pass(Some(origin)) => {
+        Verdict::Pass(cors) => {
+            if let Some(token) = gate.stream_token(&req) {
+                req.extensions_mut().insert(token);
+            }
+            let Some(origin) = cors else {
+                return next.run(req).await;
+            };
             let mut answer = next.run(req).await;
             add_cors(&mut answer, origin);
             answer

@@ -10,12 +10,18 @@
 //!   is answered.
 //! - A body must arrive within `body_timeout` (408 otherwise): a client that trickles
 //!   its body cannot hold a reservation forever.
-//! - Long polls (`pull` with `wait_ms` > 0) are capped separately
-//!   ([`Admission::long_poll`]), since each holds a request for up to 30 s.
+//! - Long polls (`pull` with `wait_ms` > 0) and streams are capped separately
+//!   ([`Admission::long_poll`]), since each holds a request for up to 30 s (a
+//!   stream for its life); `max_streams_per_token` bounds one client token's share
+//!   of those slots ([`Admission::stream_slot`]).
+//! - A WebSocket waiting for its first-frame token holds none of that, only one of
+//!   [`MAX_PENDING_AUTH`] places ([`Admission::pending_auth`]) for at most
+//!   [`TOKEN_FRAME_DEADLINE`].
 //!
 //! `/healthz`, `/readyz` and `/metrics` are never shed: an overloaded instance stays
 //! observable.
 
+use crate::access::StreamToken;
 use crate::api::MAX_BODY_BYTES;
 use crate::problem::Problem;
 use axum::body::Body;
@@ -23,6 +29,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,14 +44,52 @@ pub struct AdmissionConfig {
     /// The longest a long poll waits: half a second under the idle timeout, so a
     /// waiting pull answers (empty) before its connection counts as idle.
     pub max_wait: Duration,
+    /// Streams one client token may hold at a time (`None`: no cap).
+    pub max_streams_per_token: Option<usize>,
 }
+
+/// WebSockets waiting for their first-frame token at a time: a place is held from
+/// the upgrade until the token frame is read, which a client sends at once, so a
+/// small cap serves bursts of honest clients and bounds what tokenless sockets hold.
+pub const MAX_PENDING_AUTH: usize = 64;
+/// How long a WebSocket has to send its token frame (http-api.md "Security rules
+/// (third round)").
+pub const TOKEN_FRAME_DEADLINE: Duration = Duration::from_secs(3);
 
 pub struct Admission {
     config: AdmissionConfig,
     requests: Arc<Semaphore>,
     body_bytes: Arc<Semaphore>,
     long_polls: Arc<Semaphore>,
+    pending_auth: Arc<Semaphore>,
+    /// Streams open per client token (only tokens with one open).
+    token_streams: Arc<std::sync::Mutex<HashMap<StreamToken, usize>>>,
     counters: AdmissionCounters,
+}
+
+/// What a stream holds while it lives: its long-poll slot and, with
+/// `--max-streams-per-token`, its place in its token's share.
+pub struct StreamSlot {
+    _long_poll: OwnedSemaphorePermit,
+    _share: Option<TokenShare>,
+}
+
+/// One stream of a token's share, given back when dropped.
+struct TokenShare {
+    token: StreamToken,
+    streams: Arc<std::sync::Mutex<HashMap<StreamToken, usize>>>,
+}
+
+impl Drop for TokenShare {
+    fn drop(&mut self) {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = streams.get_mut(&self.token) {
+            *n -= 1;
+            if *n == 0 {
+                streams.remove(&self.token);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -52,7 +97,30 @@ struct AdmissionCounters {
     shed_requests: AtomicU64,
     shed_body_memory: AtomicU64,
     shed_long_polls: AtomicU64,
+    shed_streams_per_token: AtomicU64,
+    shed_pending_auth: AtomicU64,
     body_timeouts: AtomicU64,
+    websocket_closes: [AtomicU64; 2],
+}
+
+/// Why meshd closed a WebSocket stream on its client (`meshd_http_websocket_closes_total`).
+#[derive(Clone, Copy, Debug)]
+pub enum WsClose {
+    /// No valid token frame within [`TOKEN_FRAME_DEADLINE`].
+    NoToken = 0,
+    /// A frame waited longer than the idle timeout for the client to read it.
+    WriteStalled = 1,
+}
+
+impl WsClose {
+    const ALL: [WsClose; 2] = [WsClose::NoToken, WsClose::WriteStalled];
+
+    fn label(self) -> &'static str {
+        match self {
+            WsClose::NoToken => "no_token",
+            WsClose::WriteStalled => "write_stalled",
+        }
+    }
 }
 
 impl Admission {
@@ -61,6 +129,8 @@ impl Admission {
             requests: Arc::new(Semaphore::new(config.max_requests)),
             body_bytes: Arc::new(Semaphore::new(config.body_budget)),
             long_polls: Arc::new(Semaphore::new(config.max_long_polls)),
+            pending_auth: Arc::new(Semaphore::new(MAX_PENDING_AUTH)),
+            token_streams: Arc::default(),
             counters: AdmissionCounters::default(),
             config,
         }
@@ -77,6 +147,54 @@ impl Admission {
         })
     }
 
+    /// What a stream holds while it lives: a long-poll slot and, for a token with
+    /// `max_streams_per_token` streams open already, 429 instead. The token's share
+    /// is checked first, so a token at its cap never takes a slot, even briefly.
+    pub fn stream_slot(&self, token: Option<StreamToken>) -> Result<StreamSlot, Problem> {
+        let share = match (token, self.config.max_streams_per_token) {
+            (Some(token), Some(cap)) => {
+                let mut streams = self.token_streams.lock().unwrap_or_else(|p| p.into_inner());
+                let open = streams.entry(token).or_default();
+                if *open >= cap {
+                    if *open == 0 {
+                        streams.remove(&token);
+                    }
+                    self.counters
+                        .shed_streams_per_token
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(overloaded(format!(
+                        "this token holds {cap} streams already (--max-streams-per-token); close one or retry"
+                    )));
+                }
+                *open += 1;
+                Some(TokenShare {
+                    token,
+                    streams: self.token_streams.clone(),
+                })
+            }
+            _ => None,
+        };
+        Ok(StreamSlot {
+            _long_poll: self.long_poll()?,
+            _share: share,
+        })
+    }
+
+    /// A place for a WebSocket waiting for its first-frame token; 429 when
+    /// [`MAX_PENDING_AUTH`] wait already.
+    pub fn pending_auth(&self) -> Result<OwnedSemaphorePermit, Problem> {
+        self.pending_auth.clone().try_acquire_owned().map_err(|_| {
+            self.counters.shed_pending_auth.fetch_add(1, Ordering::Relaxed);
+            overloaded(format!(
+                "{MAX_PENDING_AUTH} WebSockets are waiting for their token frame already; retry, or send Authorization with the upgrade"
+            ))
+        })
+    }
+
+    pub fn websocket_closed(&self, why: WsClose) {
+        self.counters.websocket_closes[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn max_wait(&self) -> Duration {
         self.config.max_wait
     }
@@ -88,13 +206,25 @@ impl Admission {
         let _ = writeln!(out, "# HELP meshd_http_requests_in_flight Requests being handled (/v1 and /internal).\n# TYPE meshd_http_requests_in_flight gauge\nmeshd_http_requests_in_flight {}", self.config.max_requests - self.requests.available_permits());
         let _ = writeln!(out, "# HELP meshd_http_body_bytes_reserved Request body bytes reserved against --max-body-memory.\n# TYPE meshd_http_body_bytes_reserved gauge\nmeshd_http_body_bytes_reserved {}", self.config.body_budget - self.body_bytes.available_permits());
         let _ = writeln!(out, "# HELP meshd_http_long_polls Long polls waiting.\n# TYPE meshd_http_long_polls gauge\nmeshd_http_long_polls {}", self.config.max_long_polls - self.long_polls.available_permits());
+        let _ = writeln!(out, "# HELP meshd_http_websockets_awaiting_token WebSockets waiting for their first-frame token (at most {MAX_PENDING_AUTH}).\n# TYPE meshd_http_websockets_awaiting_token gauge\nmeshd_http_websockets_awaiting_token {}", MAX_PENDING_AUTH - self.pending_auth.available_permits());
         let _ = writeln!(out, "# HELP meshd_http_shed_total Requests refused with 429 because a limit was reached, by limit.\n# TYPE meshd_http_shed_total counter");
         for (limit, n) in [
             ("requests", &c.shed_requests),
             ("body_memory", &c.shed_body_memory),
             ("long_polls", &c.shed_long_polls),
+            ("streams_per_token", &c.shed_streams_per_token),
+            ("websocket_auth", &c.shed_pending_auth),
         ] {
             let _ = writeln!(out, "meshd_http_shed_total{{limit=\"{limit}\"}} {}", get(n));
+        }
+        let _ = writeln!(out, "# HELP meshd_http_websocket_closes_total WebSocket streams meshd closed on their client, by reason.\n# TYPE meshd_http_websocket_closes_total counter");
+        for why in WsClose::ALL {
+            let _ = writeln!(
+                out,
+                "meshd_http_websocket_closes_total{{reason=\"{}\"}} {}",
+                why.label(),
+                get(&c.websocket_closes[why as usize])
+            );
         }
         let _ = writeln!(out, "# HELP meshd_http_body_timeouts_total Requests answered 408 because the body did not arrive in time.\n# TYPE meshd_http_body_timeouts_total counter\nmeshd_http_body_timeouts_total {}", get(&c.body_timeouts));
     }
@@ -250,6 +380,7 @@ mod tests {
             body_timeout: Duration::from_secs(1),
             max_long_polls: 2,
             max_wait: Duration::from_secs(30),
+            max_streams_per_token: None,
         });
         let one = a.long_poll().unwrap();
         let _two = a.long_poll().unwrap();

@@ -100,6 +100,14 @@ pub struct ServeArgs {
     /// below --max-requests).
     #[arg(long, env = "MESHD_MAX_LONG_POLLS")]
     pub max_long_polls: Option<u64>,
+    /// Streams (SSE and WebSocket) one client token may hold at a time; more get 429
+    /// (0: off, the default; at most --max-long-polls).
+    #[arg(long, env = "MESHD_MAX_STREAMS_PER_TOKEN")]
+    pub max_streams_per_token: Option<u64>,
+    /// Publish-dedup entries held at a time; at the cap a deduplicated publish gets
+    /// 429 dedup-full until the oldest entry expires (1-1000000000).
+    #[arg(long, env = "MESHD_MAX_DEDUP_ENTRIES")]
+    pub max_dedup_entries: Option<u64>,
     /// Bytes of request bodies held at a time; a body that does not fit gets 429.
     #[arg(long, env = "MESHD_MAX_BODY_MEMORY")]
     pub max_body_memory: Option<u64>,
@@ -226,6 +234,8 @@ struct FileConfig {
     max_connections: Option<u64>,
     max_requests: Option<u64>,
     max_long_polls: Option<u64>,
+    max_streams_per_token: Option<u64>,
+    max_dedup_entries: Option<u64>,
     max_body_memory: Option<u64>,
     max_response_bytes: Option<u64>,
     max_tasks: Option<u64>,
@@ -308,6 +318,9 @@ pub struct Config {
     pub max_connections: u64,
     pub max_requests: u64,
     pub max_long_polls: u64,
+    /// 0: off.
+    pub max_streams_per_token: u64,
+    pub max_dedup_entries: u64,
     pub max_body_memory: u64,
     /// Answer bounds and quotas on what clients create.
     pub limits: Limits,
@@ -463,6 +476,9 @@ pub const DEFAULT_DEADLETTER_RETENTION_HOURS: u64 = 336;
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
 pub const DEFAULT_MAX_REQUESTS: u64 = 1024;
 pub const DEFAULT_MAX_LONG_POLLS: u64 = 512;
+/// Publish-dedup entries held at most by default (http-api.md "Security rules (third
+/// round)").
+pub const DEFAULT_MAX_DEDUP_ENTRIES: u64 = 10_000_000;
 pub const DEFAULT_MAX_BODY_MEMORY: u64 = 256 * 1024 * 1024;
 pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_TASKS: u64 = 100_000;
@@ -654,6 +670,14 @@ impl Config {
                 .max_long_polls
                 .or(file.max_long_polls)
                 .unwrap_or(DEFAULT_MAX_LONG_POLLS),
+            max_streams_per_token: args
+                .max_streams_per_token
+                .or(file.max_streams_per_token)
+                .unwrap_or(0),
+            max_dedup_entries: args
+                .max_dedup_entries
+                .or(file.max_dedup_entries)
+                .unwrap_or(DEFAULT_MAX_DEDUP_ENTRIES),
             max_body_memory: args
                 .max_body_memory
                 .or(file.max_body_memory)
@@ -831,6 +855,16 @@ impl Config {
             ("--max-connections", self.max_connections, 1..=1_000_000),
             ("--max-requests", self.max_requests, 1..=100_000),
             ("--max-long-polls", self.max_long_polls, 1..=100_000),
+            (
+                "--max-streams-per-token",
+                self.max_streams_per_token,
+                0..=self.max_long_polls,
+            ),
+            (
+                "--max-dedup-entries",
+                self.max_dedup_entries,
+                1..=1_000_000_000,
+            ),
             (
                 "--max-body-memory",
                 self.max_body_memory,

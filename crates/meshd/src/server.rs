@@ -597,6 +597,8 @@ impl Started {
                 body_timeout: Duration::from_millis(config.body_timeout_ms),
                 max_long_polls: config.max_long_polls as usize,
                 max_wait: Duration::from_millis(config.idle_timeout_ms.saturating_sub(500)),
+                max_streams_per_token: (config.max_streams_per_token > 0)
+                    .then_some(config.max_streams_per_token as usize),
             },
         ));
         let http = Arc::new(crate::listen::HttpCounters::default());
@@ -653,7 +655,7 @@ impl Started {
             admission: admission.clone(),
             limits: config.limits,
             quotas,
-            header_timeout: Duration::from_millis(config.header_timeout_ms),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             log_retention_ms: config.retention().max_age_ms,
         });
         let http_requests = Arc::new(crate::http_metrics::HttpMetrics::default());

@@ -760,3 +760,325 @@ async fn a_graceful_stop_closes_a_websocket_stream_at_once_and_its_unacked_deliv
         "the unacked two, with attempt 2"
     );
 }
+
+/// A WebSocket upgrade to `sub`'s stream, with `Authorization` when `auth` is given:
+/// the socket, or the HTTP status the upgrade was refused with.
+async fn ws_open(a: &str, sub: &str, auth: Option<&str>) -> Result<Ws, u16> {
+    let mut req = format!("ws://{a}/v1/subscriptions/{sub}/stream")
+        .into_client_request()
+        .unwrap();
+    if let Some(t) = auth {
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("the upgrade failed below HTTP: {e}"),
+    }
+}
+
+/// Reads a socket to its end: the problem frame meshd sent before closing and the
+/// close code.
+async fn ws_refusal(ws: &mut Ws) -> (Value, u16) {
+    let problem = ws_next(ws).await;
+    let end = tokio::time::timeout(DRAIN, ws.next()).await.unwrap();
+    let code = match &end {
+        Some(Ok(Message::Close(Some(f)))) => u16::from(f.code),
+        other => panic!("expected a close frame after {problem}, got {other:?}"),
+    };
+    (problem["problem"].clone(), code)
+}
+
+/// Client and admin token files on `dir` (two client tokens) and the flags naming them.
+fn token_flags(dir: &std::path::Path) -> Vec<String> {
+    let client = dir.join("client-tokens");
+    let admin = dir.join("admin-tokens");
+    std::fs::write(
+        &client,
+        "client-token-0123456789\nclient-token-other-98765\n",
+    )
+    .unwrap();
+    std::fs::write(&admin, "admin-token-0123456789\n").unwrap();
+    vec![
+        "--client-token-file".into(),
+        client.to_str().unwrap().into(),
+        "--admin-token-file".into(),
+        admin.to_str().unwrap().into(),
+    ]
+}
+
+/// Topic `t` and subscription `s` through the admin token.
+async fn admin_topic_and_subscription(a: &str) {
+    for (path, body) in [
+        ("/v1/topics/t", json!({"partitions": 1})),
+        (
+            "/v1/subscriptions/s",
+            json!({"topic": "t", "start": "earliest"}),
+        ),
+    ] {
+        let r = request_with(
+            a,
+            "PUT",
+            path,
+            &[
+                ("Authorization", "Bearer admin-token-0123456789"),
+                ("Content-Type", "application/json"),
+            ],
+            body.to_string().as_bytes(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+}
+
+/// http-api.md "Security rules (third round)": a WebSocket waiting for its token frame
+/// holds no long-poll slot and resolves no name, so a flood of them cannot starve
+/// authenticated streams or tell which subscriptions exist; each is closed 3 s after
+/// its upgrade, and at most 64 wait at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_tokens_when_websockets_never_send_their_token_then_they_hold_no_slot_name_nothing_and_close_within_3_s(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = token_flags(dir.path());
+    args.extend(["--max-long-polls".into(), "2".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let m = MeshdProcess::start(bin(), &dir.path().join("data"), &args)
+        .await
+        .unwrap();
+    let a = m.addr();
+    admin_topic_and_subscription(a).await;
+
+    // Sockets to a subscription that exists and to one that does not upgrade alike,
+    // and hold nothing.
+    let opened = std::time::Instant::now();
+    let mut waiting = Vec::new();
+    for sub in ["s", "s", "no-such-subscription"] {
+        waiting.push(ws_open(a, sub, None).await.unwrap_or_else(|status| {
+            panic!("an unauthenticated upgrade to {sub} was answered {status} before its token")
+        }));
+    }
+    assert_eq!(metric(a, "meshd_http_long_polls").await.unwrap(), 0.0);
+    assert_eq!(
+        metric(a, "meshd_http_websockets_awaiting_token")
+            .await
+            .unwrap(),
+        3.0
+    );
+    // Both slots remain for authenticated streams.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            ws_open(a, "s", Some("client-token-0123456789"))
+                .await
+                .unwrap(),
+        );
+    }
+    wait_long_polls(a, 2).await;
+    // Each waiting socket is told and closed by the deadline.
+    for ws in &mut waiting {
+        let (p, code) = ws_refusal(ws).await;
+        assert_eq!((p["status"].as_u64(), code), (Some(401), 4401), "{p}");
+    }
+    let took = opened.elapsed();
+    assert!(
+        took < Duration::from_secs(3) + Duration::from_secs(2),
+        "the sockets waiting for a token were closed only after {took:?}"
+    );
+    assert_eq!(
+        metric(a, "meshd_http_websocket_closes_total{reason=\"no_token\"}")
+            .await
+            .unwrap(),
+        3.0
+    );
+    assert_eq!(
+        metric(a, "meshd_http_websockets_awaiting_token")
+            .await
+            .unwrap(),
+        0.0
+    );
+    // Once authenticated, an unknown name is told as such (a problem frame and 4404),
+    // when a slot is free (the slot is taken before the name is looked up).
+    let one = held.pop().unwrap();
+    drop(one);
+    wait_long_polls(a, 1).await;
+    let mut ws = ws_open(a, "no-such-subscription", None).await.unwrap();
+    ws_send(&mut ws, json!({"token": "client-token-0123456789"})).await;
+    let (p, code) = ws_refusal(&mut ws).await;
+    assert_eq!((p["status"].as_u64(), code), (Some(404), 4404), "{p}");
+    // With both slots held, an authenticated socket is refused in band (429), not
+    // left waiting.
+    held.push(
+        ws_open(a, "s", Some("client-token-0123456789"))
+            .await
+            .unwrap(),
+    );
+    wait_long_polls(a, 2).await;
+    let mut ws = ws_open(a, "s", None).await.unwrap();
+    ws_send(&mut ws, json!({"token": "client-token-0123456789"})).await;
+    let (p, code) = ws_refusal(&mut ws).await;
+    assert_eq!((p["status"].as_u64(), code), (Some(429), 4429), "{p}");
+
+    // At most 64 wait for their token; the 65th upgrade is 429 before it upgrades.
+    let mut flood = Vec::new();
+    for _ in 0..64 {
+        flood.push(
+            ws_open(a, "s", None)
+                .await
+                .expect("one of 64 waiting sockets"),
+        );
+    }
+    assert_eq!(ws_open(a, "s", None).await.err(), Some(429));
+    assert_eq!(
+        metric(a, "meshd_http_shed_total{limit=\"websocket_auth\"}")
+            .await
+            .unwrap(),
+        1.0
+    );
+    drop(flood);
+    drop(held);
+}
+
+/// `--max-streams-per-token`: one client token holds at most that many streams (SSE
+/// and WebSocket, header or first frame); another token is unaffected, and a closed
+/// stream gives its place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_max_streams_per_token_then_one_token_cannot_take_every_stream_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = token_flags(dir.path());
+    args.extend(["--max-streams-per-token".into(), "1".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let m = MeshdProcess::start(bin(), &dir.path().join("data"), &args)
+        .await
+        .unwrap();
+    let a = m.addr();
+    admin_topic_and_subscription(a).await;
+    let one = "client-token-0123456789";
+    let first = ws_open(a, "s", Some(one)).await.unwrap();
+    wait_long_polls(a, 1).await;
+    assert_eq!(ws_open(a, "s", Some(one)).await.err(), Some(429));
+    let r = request_with(
+        a,
+        "GET",
+        "/v1/subscriptions/s/stream",
+        &[
+            ("Accept", "text/event-stream"),
+            ("Authorization", "Bearer client-token-0123456789"),
+        ],
+        b"",
+    )
+    .await
+    .unwrap();
+    let p = problem(&r, 429);
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--max-streams-per-token"),
+        "{p}"
+    );
+    let mut ws = ws_open(a, "s", None).await.unwrap();
+    ws_send(&mut ws, json!({"token": one})).await;
+    let (p, code) = ws_refusal(&mut ws).await;
+    assert_eq!((p["status"].as_u64(), code), (Some(429), 4429), "{p}");
+    assert_eq!(
+        metric(a, "meshd_http_shed_total{limit=\"streams_per_token\"}")
+            .await
+            .unwrap(),
+        3.0
+    );
+    // Another client token streams.
+    let other = ws_open(a, "s", Some("client-token-other-98765"))
+        .await
+        .unwrap();
+    wait_long_polls(a, 2).await;
+    // A closed stream gives its place back.
+    drop(first);
+    wait_long_polls(a, 1).await;
+    let again = ws_open(a, "s", Some(one)).await.unwrap();
+    wait_long_polls(a, 2).await;
+    drop((other, again));
+}
+
+/// A client that keeps sending frames but never reads what meshd sends holds its
+/// stream no longer than the idle timeout: the frame meshd cannot hand over closes the
+/// stream, its slot comes back, and its leases run out as any dropped stream's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_that_sends_but_never_reads_is_closed_after_the_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MeshdProcess::start(bin(), dir.path(), &["--idle-timeout-ms", "1500"])
+        .await
+        .unwrap();
+    let a = m.addr().to_string();
+    let a = a.as_str();
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "s", json!({"topic": "t", "start": "earliest"})).await;
+    // 100 events of 128 KiB: more than the socket buffers of a reader that never reads.
+    let big = "x".repeat(128 * 1024);
+    for batch in 0..4 {
+        let events: Vec<Value> = (0..25)
+            .map(|i| {
+                let mut e = event(&format!("b{batch}-{i}"));
+                e["data"] = json!(big);
+                e
+            })
+            .collect();
+        let r = request_with(
+            a,
+            "POST",
+            "/v1/topics/t/events",
+            &[("Content-Type", "application/cloudevents-batch+json")],
+            Value::Array(events).to_string().as_bytes(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    // A small receive buffer, so what meshd writes backs up soon.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let tcp = sock.connect(a.parse().unwrap()).await.unwrap();
+    let req = format!("ws://{a}/v1/subscriptions/s/stream")
+        .into_client_request()
+        .unwrap();
+    let (ws, _) = tokio_tungstenite::client_async(req, tcp).await.unwrap();
+    let (mut tx, _never_read) = ws.split();
+    tx.send(Message::Text(json!({"credit": 10000}).to_string().into()))
+        .await
+        .unwrap();
+    wait_long_polls(a, 1).await;
+    // Keep sending (so the connection is never idle on its reads) and never read.
+    let sender = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            let credit = Message::Text(json!({"credit": 1}).to_string().into());
+            if tx.send(credit).await.is_err() {
+                return;
+            }
+        }
+    });
+    // Idle timeout plus slack.
+    wait_until(
+        Duration::from_secs(10),
+        "the stream of a client that never reads is closed",
+        || async move {
+            let n = metric(a, "meshd_http_long_polls").await?;
+            anyhow::ensure!(n == 0.0, "meshd_http_long_polls {n}");
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        metric(
+            a,
+            "meshd_http_websocket_closes_total{reason=\"write_stalled\"}"
+        )
+        .await
+        .unwrap(),
+        1.0
+    );
+    sender.abort();
+}

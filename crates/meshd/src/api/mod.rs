@@ -53,8 +53,9 @@ pub struct Api {
     /// Answer bounds and client quotas.
     pub limits: crate::config::Limits,
     pub quotas: Arc<crate::quota::Quotas>,
-    /// `--header-timeout-ms`: also how long a WebSocket has for its token frame.
-    pub header_timeout: std::time::Duration,
+    /// `--idle-timeout-ms`: also how long a frame to a WebSocket client may wait for
+    /// the client to read it before the stream is closed.
+    pub idle_timeout: std::time::Duration,
     /// `--log-retention-hours` in ms: a topic's dedup window is at most this.
     pub log_retention_ms: Option<u64>,
 }

@@ -12,7 +12,10 @@
 //! sent as `event: problem` with the problem+json document, and the stream ends.
 
 use super::consume::{delivery_json, runtime_problem, session_binding, MAX_ID_LEN};
+use super::websocket::WsAuth;
 use super::{valid_name_or_400, Api};
+use crate::access::{FirstFrameAuth, StreamToken};
+use crate::admission::StreamSlot;
 use crate::problem::Problem;
 use crate::runtime::stats::PartitionView;
 use crate::runtime::stream::{Stream, StreamItem};
@@ -27,7 +30,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::OwnedSemaphorePermit;
 
 /// `max_in_flight` of a stream: 1–10000, default 100.
 pub const MAX_IN_FLIGHT: std::ops::RangeInclusive<u64> = 1..=10_000;
@@ -99,16 +101,18 @@ pub fn is_websocket(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
-/// Opens a stream for a handler: name, session and the long-poll slot checked, in
-/// that order, before anything is leased.
+/// Opens a stream for a handler, once its client is authenticated (`token`: which
+/// client token it came with, if tokens are configured): name, session, the token's
+/// share and the long-poll slot checked, in that order, before anything is leased.
 pub async fn open(
     api: &Arc<Api>,
     name: &str,
     ask: StreamAsk,
-) -> Result<(Stream, OwnedSemaphorePermit), Problem> {
+    token: Option<StreamToken>,
+) -> Result<(Stream, StreamSlot), Problem> {
     valid_name_or_400("subscription", name)?;
     let session = session_binding(api, ask.session).await?;
-    let slot = api.admission.long_poll()?;
+    let slot = api.admission.stream_slot(token)?;
     let stream = api
         .runtime
         .open_stream(
@@ -157,12 +161,16 @@ pub async fn stream(
     req: Request,
 ) -> Result<Response, Problem> {
     let (mut parts, _) = req.into_parts();
+    let token = parts.extensions.remove::<StreamToken>();
     if is_websocket(&parts.headers) {
-        let first_frame = parts.extensions.remove::<crate::access::FirstFrameAuth>();
+        let auth = match parts.extensions.remove::<FirstFrameAuth>() {
+            Some(FirstFrameAuth(gate)) => WsAuth::FirstFrame(gate),
+            None => WsAuth::Done(token),
+        };
         let ws = WebSocketUpgrade::from_request_parts(&mut parts, &())
             .await
             .map_err(|e| Problem::bad_request(format!("WebSocket upgrade: {e}")))?;
-        return super::websocket::upgrade(api, name, query, ws, first_frame).await;
+        return super::websocket::upgrade(api, name, query, ws, auth).await;
     }
     let headers = parts.headers;
     if !accepts_event_stream(&headers) {
@@ -173,7 +181,7 @@ pub async fn stream(
         ));
     }
     let ask = parse_stream_query(query)?;
-    let (stream, slot) = open(&api, &name, ask).await?;
+    let (stream, slot) = open(&api, &name, ask, token).await?;
     let idle = keep_alive(&api);
     let state = Sse {
         api,
@@ -233,8 +241,8 @@ struct Sse {
     api: Arc<Api>,
     name: String,
     stream: Stream,
-    /// The long-poll slot, held until the stream ends.
-    _slot: OwnedSemaphorePermit,
+    /// The long-poll slot (and token share), held until the stream ends.
+    _slot: StreamSlot,
     opened: bool,
 }
 

@@ -7,7 +7,9 @@
 //! stream goes on. Nothing is handed out before the client grants credit: `credit`
 //! frames add up, each hand-out uses one, and `max_in_flight` bounds the unsettled
 //! deliveries whatever the credit. With tokens configured, a WebSocket opened without an
-//! `Authorization` header sends `{"token":"..."}` first, within the header timeout.
+//! `Authorization` header sends `{"token":"..."}` first, within 3 s, and holds
+//! nothing before (see [`upgrade`]). A frame the client does not take within the idle
+//! timeout closes the stream.
 //!
 //! Hand-outs are made and sent by a task of their own (the socket's sending half is
 //! shared with the answers under a lock), so a client frame never cancels a pull
@@ -20,7 +22,8 @@ use super::consume::{
 };
 use super::stream::{keep_alive, next_item, open, parse_stream_query, StreamQuery};
 use super::Api;
-use crate::access::FirstFrameAuth;
+use crate::access::{Gate, StreamToken};
+use crate::admission::{StreamSlot, WsClose, TOKEN_FRAME_DEADLINE};
 use crate::problem::Problem;
 use crate::runtime::stream::{Credit, StreamItem};
 use crate::runtime::{Answers, Outcome, Reach};
@@ -28,12 +31,12 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::Query;
 use axum::response::Response;
+use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use meshd_stores::deadletters::MAX_REASON_BYTES;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The largest client frame (a thousand ids of the longest length, and room).
 const MAX_FRAME_BYTES: usize = 1 << 20;
@@ -188,29 +191,82 @@ fn read_op(f: ClientFrame) -> Result<Op, Problem> {
     }
 }
 
-/// The upgrade: everything that can be refused with an HTTP answer is checked first
-/// (name, query, session, the long-poll slot).
+/// How a WebSocket stream is authenticated.
+pub enum WsAuth {
+    /// By the gate (its `Authorization` header, or `/v1` needs no token), with the
+    /// client token it came with.
+    Done(Option<StreamToken>),
+    /// By its first frame, `{"token":"..."}`, within [`TOKEN_FRAME_DEADLINE`].
+    FirstFrame(Arc<Gate>),
+}
+
+/// The upgrade. Authenticated by the gate, everything that can be refused with an
+/// HTTP answer is checked first (name, query, session, the slot). Authenticating by
+/// its first frame, a socket holds nothing but a place among the sockets waiting for
+/// their token, and no name is looked up before the token is read: a known and an
+/// unknown subscription answer alike until then (http-api.md "Security rules (third
+/// round)"); what is refused after it comes as a problem frame and a close code
+/// 4000 + the HTTP status.
 pub async fn upgrade(
     api: Arc<Api>,
     name: String,
     query: Result<Query<StreamQuery>, QueryRejection>,
     ws: WebSocketUpgrade,
-    first_frame: Option<FirstFrameAuth>,
+    auth: WsAuth,
 ) -> Result<Response, Problem> {
     let ask = parse_stream_query(query)?;
-    let (stream, slot) = open(&api, &name, ask).await?;
-    let idle = keep_alive(&api);
-    let auth_within = api.header_timeout;
-    Ok(ws
+    let ws = ws
         .max_message_size(MAX_FRAME_BYTES)
-        .max_frame_size(MAX_FRAME_BYTES)
-        .on_upgrade(move |socket| async move {
-            let _slot = slot;
-            serve(api, name, stream, socket, idle, first_frame, auth_within).await
-        }))
+        .max_frame_size(MAX_FRAME_BYTES);
+    match auth {
+        WsAuth::Done(token) => {
+            let opened = open(&api, &name, ask, token).await?;
+            Ok(ws.on_upgrade(move |socket| async move {
+                let (out, input) = socket.split();
+                serve(api, name, opened, out, input).await
+            }))
+        }
+        WsAuth::FirstFrame(gate) => {
+            let waiting = api.admission.pending_auth()?;
+            Ok(ws.on_upgrade(move |socket| async move {
+                let (mut out, mut input) = socket.split();
+                let token = first_frame_token(&gate, &mut input).await;
+                drop(waiting);
+                let Some(token) = token else {
+                    api.admission.websocket_closed(WsClose::NoToken);
+                    let p = Problem::unauthorized(
+                        "a WebSocket without an Authorization header sends {\"token\":\"...\"} as its first frame, within 3 s",
+                    );
+                    let _ = out.send(problem_frame(&Value::Null, &p)).await;
+                    close(&mut out, CLOSE_POLICY, "unauthorized").await;
+                    return;
+                };
+                match open(&api, &name, ask, Some(token)).await {
+                    Ok(opened) => serve(api, name, opened, out, input).await,
+                    Err(p) => {
+                        let _ = out.send(problem_frame(&Value::Null, &p)).await;
+                        let code = 4000 + p.status.as_u16();
+                        close(&mut out, code, p.status.canonical_reason().unwrap_or("refused")).await;
+                    }
+                }
+            }))
+        }
+    }
 }
 
-async fn close(socket: &mut futures::stream::SplitSink<WebSocket, Message>, code: u16, why: &str) {
+/// The client token of a socket's first frame, if it sends a valid one in time.
+async fn first_frame_token(gate: &Gate, input: &mut SplitStream<WebSocket>) -> Option<StreamToken> {
+    let first = tokio::time::timeout(TOKEN_FRAME_DEADLINE, input.next()).await;
+    match first {
+        Ok(Some(Ok(Message::Text(t)))) => match parse_frame(&t) {
+            (_, Ok(Op::Token(t))) => gate.first_frame_token(&t),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+async fn close(socket: &mut SplitSink<WebSocket, Message>, code: u16, why: &str) {
     let _ = socket
         .send(Message::Close(Some(CloseFrame {
             code,
@@ -227,34 +283,37 @@ fn problem_frame(reference: &Value, p: &Problem) -> Message {
     )
 }
 
+/// Sends one frame, or gives up when the client has not taken it within the idle
+/// timeout (a client that sends but never reads would otherwise hold its stream, and
+/// the frames queued for it, forever).
+async fn send_within(
+    api: &Api,
+    out: &mut SplitSink<WebSocket, Message>,
+    frame: Message,
+) -> Result<(), ()> {
+    match tokio::time::timeout(api.idle_timeout, out.send(frame)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(()),
+        Err(_) => {
+            api.admission.websocket_closed(WsClose::WriteStalled);
+            tracing::info!(
+                idle_timeout_ms = api.idle_timeout.as_millis() as u64,
+                "a WebSocket stream's client did not read a frame within the idle timeout: closed"
+            );
+            Err(())
+        }
+    }
+}
+
 async fn serve(
     api: Arc<Api>,
     name: String,
-    mut stream: crate::runtime::stream::Stream,
-    socket: WebSocket,
-    idle: Duration,
-    first_frame: Option<FirstFrameAuth>,
-    auth_within: Duration,
+    (mut stream, slot): (crate::runtime::stream::Stream, StreamSlot),
+    out: SplitSink<WebSocket, Message>,
+    mut input: SplitStream<WebSocket>,
 ) {
-    let (mut out, mut input) = socket.split();
-    if let Some(FirstFrameAuth(gate)) = first_frame {
-        let first = tokio::time::timeout(auth_within, input.next()).await;
-        let token = match first {
-            Ok(Some(Ok(Message::Text(t)))) => match parse_frame(&t) {
-                (_, Ok(Op::Token(t))) => Some(t),
-                _ => None,
-            },
-            _ => None,
-        };
-        if !token.is_some_and(|t| gate.first_frame_token(&t)) {
-            let p = Problem::unauthorized(
-                "a WebSocket without an Authorization header sends {\"token\":\"...\"} as its first frame",
-            );
-            let _ = out.send(problem_frame(&Value::Null, &p)).await;
-            close(&mut out, CLOSE_POLICY, "unauthorized").await;
-            return;
-        }
-    }
+    let _slot = slot;
+    let idle = keep_alive(&api);
     // Hand-outs are made and sent by a task of their own, so an ack that waits for
     // its write never holds them up, and no client frame cancels a pull half-way.
     let credit = stream.credit_handle();
@@ -272,9 +331,11 @@ async fn serve(
                             .filter_map(|d| delivery_json(&api, &name, d))
                             .collect();
                         let frame = format!("{{\"deliveries\":[{}]}}", items.join(","));
-                        out.send(Message::Text(frame.into())).await
+                        send_within(&api, &mut *out, Message::Text(frame.into())).await
                     }
-                    Some(Ok(StreamItem::Idle)) => out.send(Message::Ping(Default::default())).await,
+                    Some(Ok(StreamItem::Idle)) => {
+                        send_within(&api, &mut *out, Message::Ping(Default::default())).await
+                    }
                     Some(Err(p)) => {
                         let _ = out.send(problem_frame(&Value::Null, &p)).await;
                         close(&mut out, CLOSE_ERROR, "the stream failed").await;
@@ -300,14 +361,16 @@ async fn serve(
             frame = input.next() => match frame {
                 Some(Ok(Message::Text(t))) => {
                     if let Some(answer) = answer(&api, &name, &credit, &t).await {
-                        if out.lock().await.send(Message::Text(answer.into())).await.is_err() {
+                        let frame = Message::Text(answer.into());
+                        if send_within(&api, &mut *out.lock().await, frame).await.is_err() {
                             break;
                         }
                     }
                 }
                 Some(Ok(Message::Binary(_))) => {
                     let p = Problem::unsupported_media_type("client frames are JSON text frames");
-                    if out.lock().await.send(problem_frame(&Value::Null, &p)).await.is_err() {
+                    let frame = problem_frame(&Value::Null, &p);
+                    if send_within(&api, &mut *out.lock().await, frame).await.is_err() {
                         break;
                     }
                 }
