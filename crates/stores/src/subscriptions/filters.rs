@@ -22,6 +22,15 @@
 //! ([`MAX_FILTER_NODES`], [`MAX_FILTER_DEPTH`], [`MAX_FILTER_VALUE_LEN`]) so a record
 //! stays small in Meta and evaluation is cheap and cannot recurse without bound.
 //!
+//! **Bounds on a write, not on a read.** One `exact` could hold any number of pairs
+//! (20 000 pairs took 1.6 s to filter one event with as many extensions, every event,
+//! on the partition's task). A write ([`check_write_bounds`], run by the API with
+//! paths and by the store on every put) takes at most [`MAX_EXPRESSION_PAIRS`] pairs
+//! per top-level expression and [`MAX_FILTERS_BYTES`] of filters. Records written
+//! before those bounds are still read ([`FilterExpr::parse_list`] does not apply
+//! them): a stored subscription is never lost, and it filters as before (its cost is
+//! bounded by the request size it came in with); the next `PUT` of it must fit.
+//!
 //! Evaluation is pure: it takes a lookup from attribute name to string value, so the
 //! delivery core evaluates it without I/O over the attributes the shell extracted (once
 //! per event for all subscriptions of a topic: `meshd_runtime::runtime::attributes`).
@@ -36,6 +45,13 @@ pub const MAX_FILTER_DEPTH: usize = 8;
 pub const MAX_FILTER_VALUE_LEN: usize = super::MAX_FILTER_LEN;
 /// The longest attribute name (CloudEvents asks for at most 20; some producers use more).
 pub const MAX_ATTRIBUTE_NAME_LEN: usize = 64;
+/// The most attribute pairs in one top-level expression of a write, the pairs of the
+/// `all`/`any`/`not` inside it included (http-api.md, "Security rules (third round)").
+pub const MAX_EXPRESSION_PAIRS: usize = 64;
+/// The most bytes of a subscription's filters on a write: `filters` plus the shorthand
+/// `filter`, each in the compact JSON form meshd stores and `GET` shows (the request's
+/// whitespace and escapes do not count).
+pub const MAX_FILTERS_BYTES: usize = 16 * 1024;
 
 /// One filter expression.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,6 +209,79 @@ impl FilterExpr {
             FilterExpr::Any(fs) => fs.iter().any(|f| f.matches(attr)),
             FilterExpr::Not(f) => !f.matches(attr),
         }
+    }
+}
+
+/// The bounds a subscription's filters must keep when written (not when a stored
+/// record is read: see the module docs): at most [`MAX_EXPRESSION_PAIRS`] attribute
+/// pairs per top-level expression, counting the pairs of every `all`/`any`/`not` inside
+/// it, and at most [`MAX_FILTERS_BYTES`] for `filters` and the shorthand `filter`
+/// together. A pair count over the bound names the expression where the count passes
+/// it (`filters[1].any[0]`, in document order); a size over the bound names `filters`.
+pub fn check_write_bounds(
+    filter: Option<&super::Filter>,
+    filters: &[FilterExpr],
+) -> Result<(), FilterError> {
+    for (i, f) in filters.iter().enumerate() {
+        let top = format!("filters[{i}]");
+        let mut pairs = 0usize;
+        f.count_pairs(&top, &top, &mut pairs)?;
+    }
+    let shorthand = filter.map_or(0, |f| {
+        let mut m = Map::new();
+        if let Some(t) = &f.event_type {
+            m.insert("type".into(), Value::String(t.clone()));
+        }
+        if let Some(s) = &f.source {
+            m.insert("source".into(), Value::String(s.clone()));
+        }
+        Value::Object(m).to_string().len()
+    });
+    let listed = if filters.is_empty() {
+        0
+    } else {
+        FilterExpr::list_to_json(filters).to_string().len()
+    };
+    let bytes = listed + shorthand;
+    if bytes > MAX_FILTERS_BYTES {
+        return Err(FilterError {
+            path: "filters".into(),
+            reason: format!(
+                "the filters take {bytes} bytes of JSON (filter and filters, compact), at most {MAX_FILTERS_BYTES}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl FilterExpr {
+    /// Adds this expression's pairs to `pairs` (pre-order, as written), failing at the
+    /// expression (`path`) where the count of the top-level expression `top` passes
+    /// [`MAX_EXPRESSION_PAIRS`]. Recursion is bounded by [`MAX_FILTER_DEPTH`], which
+    /// parsing enforces.
+    fn count_pairs(&self, top: &str, path: &str, pairs: &mut usize) -> Result<(), FilterError> {
+        let (dialect, subs): (&str, &[FilterExpr]) = match self {
+            FilterExpr::Exact(ps) | FilterExpr::Prefix(ps) | FilterExpr::Suffix(ps) => {
+                *pairs += ps.len();
+                if *pairs > MAX_EXPRESSION_PAIRS {
+                    return Err(FilterError {
+                        path: path.to_owned(),
+                        reason: format!(
+                            "{top} holds more than {MAX_EXPRESSION_PAIRS} attribute pairs \
+                             (the pairs inside all, any and not count); split it or narrow it"
+                        ),
+                    });
+                }
+                return Ok(());
+            }
+            FilterExpr::All(fs) => ("all", fs),
+            FilterExpr::Any(fs) => ("any", fs),
+            FilterExpr::Not(f) => return f.count_pairs(top, &format!("{path}.not"), pairs),
+        };
+        for (i, f) in subs.iter().enumerate() {
+            f.count_pairs(top, &format!("{path}.{dialect}[{i}]"), pairs)?;
+        }
+        Ok(())
     }
 }
 
@@ -415,6 +504,80 @@ mod tests {
             deep = json!({"not": deep});
         }
         parse(json!([deep])).unwrap();
+    }
+
+    /// `n` distinct pairs `{"a0": "v", "a1": "v", ...}`.
+    fn pairs(n: usize) -> Value {
+        Value::Object((0..n).map(|i| (format!("a{i}"), json!("v"))).collect())
+    }
+
+    fn bounds(filters: Value) -> Result<(), FilterError> {
+        check_write_bounds(None, &parse(filters).unwrap())
+    }
+
+    #[test]
+    fn an_expression_holds_at_most_64_pairs_counting_those_nested_inside_it() {
+        bounds(json!([{"exact": pairs(MAX_EXPRESSION_PAIRS)}])).unwrap();
+        let e = bounds(json!([{"exact": pairs(MAX_EXPRESSION_PAIRS + 1)}])).unwrap_err();
+        assert_eq!(e.path, "filters[0]");
+        assert!(e.reason.contains("64 attribute pairs"), "{e}");
+        // Nested: 40 + 24 is the bound, one more in a later branch passes it there.
+        let nested = |last: usize| {
+            json!([{"exact": {"type": "t"}}, {"all": [
+                {"prefix": pairs(40)},
+                {"any": [{"exact": {"x": "1"}}, {"not": {"suffix": pairs(last)}}]}
+            ]}])
+        };
+        bounds(nested(23)).unwrap();
+        let e = bounds(nested(24)).unwrap_err();
+        assert_eq!(e.path, "filters[1].all[1].any[1].not");
+        assert!(e.reason.starts_with("filters[1] holds"), "{e}");
+        // Each top-level expression has its own 64.
+        bounds(json!([{"exact": pairs(64)}, {"exact": pairs(64)}])).unwrap();
+    }
+
+    #[test]
+    fn the_filters_take_at_most_16_kib_with_the_shorthand_counted() {
+        // 17 expressions of one pair each, whose values make the compact list exactly
+        // `len` bytes (each value at most MAX_FILTER_VALUE_LEN).
+        let sized = |len: usize| {
+            const N: usize = 17;
+            let empty = |n: usize| {
+                Value::Array(vec![json!({"exact": {"a": ""}}); n])
+                    .to_string()
+                    .len()
+            };
+            let mut left = len - empty(N);
+            let list: Vec<Value> = (0..N)
+                .map(|i| {
+                    let take = left.div_ceil(N - i);
+                    left -= take;
+                    json!({"exact": {"a": "x".repeat(take)}})
+                })
+                .collect();
+            let v = Value::Array(list);
+            assert_eq!(v.to_string().len(), len);
+            v
+        };
+        bounds(sized(MAX_FILTERS_BYTES)).unwrap();
+        let e = bounds(sized(MAX_FILTERS_BYTES + 1)).unwrap_err();
+        assert_eq!(e.path, "filters");
+        assert!(
+            e.reason.contains(&format!("{}", MAX_FILTERS_BYTES + 1)),
+            "{e}"
+        );
+        // The shorthand counts too: `{"type":"t"}` is 12 bytes.
+        let list = parse(sized(MAX_FILTERS_BYTES - 12)).unwrap();
+        let t = super::super::Filter {
+            event_type: Some("t".into()),
+            source: None,
+        };
+        check_write_bounds(Some(&t), &list).unwrap();
+        let list = parse(sized(MAX_FILTERS_BYTES - 11)).unwrap();
+        assert_eq!(
+            check_write_bounds(Some(&t), &list).unwrap_err().path,
+            "filters"
+        );
     }
 
     #[test]
