@@ -28,7 +28,7 @@ pub mod filters;
 pub mod push;
 pub mod record;
 
-pub use filters::{check_write_bounds, FilterError, FilterExpr, Selector};
+pub use filters::{check_write_bounds, AttributeIndex, FilterError, FilterExpr, Selector};
 pub use push::{Push, Rate, REDACTED};
 
 pub use cache::{CacheConfig, CacheHealth};

@@ -29,13 +29,17 @@
 //! per top-level expression and [`MAX_FILTERS_BYTES`] of filters. Records written
 //! before those bounds are still read ([`FilterExpr::parse_list`] does not apply
 //! them): a stored subscription is never lost, and it filters as before (its cost is
-//! bounded by the request size it came in with); the next `PUT` of it must fit.
+//! bounded by the request size it came in with, and each pair is a lookup, below);
+//! the next `PUT` of it must fit.
 //!
 //! Evaluation is pure: it takes a lookup from attribute name to string value, so the
 //! delivery core evaluates it without I/O over the attributes the shell extracted (once
-//! per event for all subscriptions of a topic: `meshd_runtime::runtime::attributes`).
+//! per event for all subscriptions of a topic: `meshd_runtime::runtime::attributes`),
+//! held as an [`AttributeIndex`] so each pair is a binary search, not a scan of the
+//! event's attributes.
 
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 /// The most expressions (every node, leaves included) in one subscription's filters.
 pub const MAX_FILTER_NODES: usize = 64;
@@ -285,6 +289,63 @@ impl FilterExpr {
     }
 }
 
+/// An event's attributes by name, each in its string form: what filters look up.
+///
+/// Sorted by name once, when built (once per event for every subscription of a
+/// topic), so each pair of a filter is a binary search: a filter no longer scans the
+/// event's attributes for every pair (an event may carry thousands of extensions).
+/// Names are unique in an event; should a list repeat one, the first wins, as a scan
+/// would find it. Cloning shares the list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttributeIndex(Arc<[(String, String)]>);
+
+impl AttributeIndex {
+    pub fn new(mut pairs: Vec<(String, String)>) -> Self {
+        // Stable: of equal names the first stays first, and `dedup_by` keeps it.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        pairs.dedup_by(|later, earlier| later.0 == earlier.0);
+        Self(pairs.into())
+    }
+
+    /// The string form of attribute `name`, `None` when the event lacks it.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_str().cmp(name))
+            .ok()
+            .map(|i| self.0[i].1.as_str())
+    }
+
+    /// Every attribute, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether both are the same list (not only equal ones).
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
+}
+
+impl From<Vec<(String, String)>> for AttributeIndex {
+    fn from(pairs: Vec<(String, String)>) -> Self {
+        Self::new(pairs)
+    }
+}
+
+impl FromIterator<(String, String)> for AttributeIndex {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+        Self::new(iter.into_iter().collect())
+    }
+}
+
 /// Which events a subscription receives: its shorthand `filter` (one `exact` over
 /// `type` and `source`) and its `filters`, all of which must match. The empty selector
 /// takes everything.
@@ -322,6 +383,11 @@ impl Selector {
     /// Whether an event with these attributes is delivered.
     pub fn matches<'a>(&self, attr: &dyn Fn(&str) -> Option<&'a str>) -> bool {
         self.exprs.iter().all(|f| f.matches(attr))
+    }
+
+    /// [`Selector::matches`] over an event's [`AttributeIndex`].
+    pub fn matches_index(&self, attributes: &AttributeIndex) -> bool {
+        self.matches(&|name| attributes.get(name))
     }
 }
 
@@ -578,6 +644,53 @@ mod tests {
             check_write_bounds(Some(&t), &list).unwrap_err().path,
             "filters"
         );
+    }
+
+    #[test]
+    fn a_stored_list_past_the_write_bounds_still_parses_and_matches() {
+        // Written before the bounds: read back as it was (never lost), evaluated by
+        // lookups.
+        let mut big = pairs(MAX_EXPRESSION_PAIRS * 4);
+        big["type"] = json!("t");
+        let stored = json!([{"exact": big}]);
+        let parsed = parse(stored).unwrap();
+        assert!(check_write_bounds(None, &parsed).is_err());
+        let mut attrs: Vec<(String, String)> = (0..MAX_EXPRESSION_PAIRS * 4)
+            .map(|i| (format!("a{i}"), "v".to_string()))
+            .collect();
+        attrs.push(("type".into(), "t".into()));
+        let index = AttributeIndex::new(attrs.clone());
+        assert!(Selector::new(None, &parsed).matches_index(&index));
+        attrs[7].1 = "w".into();
+        assert!(!Selector::new(None, &parsed).matches_index(&AttributeIndex::new(attrs)));
+    }
+
+    #[test]
+    fn the_attribute_index_finds_what_a_scan_finds() {
+        let list = vec![
+            ("type".to_string(), "t".to_string()),
+            ("a".to_string(), "1".to_string()),
+            ("zz".to_string(), "last".to_string()),
+            ("a".to_string(), "second a".to_string()),
+            ("".to_string(), "empty name".to_string()),
+        ];
+        let scan = |name: &str| {
+            list.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let index = AttributeIndex::from(list.clone());
+        for name in ["type", "a", "zz", "", "b", "typ", "types", "A"] {
+            assert_eq!(index.get(name), scan(name), "{name:?}");
+        }
+        assert_eq!(
+            index.len(),
+            4,
+            "a repeated name is kept once (its first value)"
+        );
+        assert!(AttributeIndex::default().get("type").is_none());
+        let again = index.clone();
+        assert!(AttributeIndex::ptr_eq(&index, &again));
     }
 
     #[test]
