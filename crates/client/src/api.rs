@@ -9,6 +9,7 @@ use crate::transport::{Request, Response, Transport};
 use crate::{query, Error, Target};
 use http::Method;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -54,19 +55,92 @@ pub struct Pull {
 }
 
 /// One leased delivery.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+///
+/// Its event is decoded on its own, after the answer around it: an event this client
+/// cannot decode (nested deeper than serde_json's limit of 128, stored before meshd
+/// refused such events at publish) is an `Err` for that delivery alone, with its
+/// `delivery_id` there to ack or nack it. It never fails the pull or the stream
+/// that carries it: a failed pull acks nothing, so its whole batch would come back
+/// until `max_attempts` dead-lettered every innocent neighbour with it.
+///
+/// Serialized, it is the contract's delivery object again (an undecodable event as
+/// the text meshd sent); use `serde_json::to_string`, not `to_value`, which would
+/// have to decode that text.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(from = "WireDelivery")]
 pub struct Delivery {
     pub delivery_id: String,
     pub partition: u32,
     pub offset: u64,
     pub attempt: u32,
-    /// The CloudEvent, structured mode.
-    pub event: Value,
+    /// The CloudEvent, structured mode, or why this client could not decode it.
+    pub event: Result<Value, UndecodableEvent>,
 }
 
+/// A delivery's event that this client could not decode into a [`Value`].
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the event could not be decoded: {reason}")]
+pub struct UndecodableEvent {
+    /// serde_json's message (`recursion limit exceeded at line 1 column 140`, ...).
+    pub reason: String,
+    /// The event exactly as meshd sent it (valid JSON syntax: it was read as such).
+    pub raw: Box<RawValue>,
+}
+
+/// A delivery as it is on the wire, its event not decoded yet: the answer decodes
+/// whatever its events hold (a raw value is skipped without recursion).
+#[derive(Deserialize)]
+struct WireDelivery {
+    delivery_id: String,
+    partition: u32,
+    offset: u64,
+    attempt: u32,
+    event: Box<RawValue>,
+}
+
+impl From<WireDelivery> for Delivery {
+    fn from(w: WireDelivery) -> Self {
+        let event = serde_json::from_str(w.event.get()).map_err(|e| UndecodableEvent {
+            reason: e.to_string(),
+            raw: w.event,
+        });
+        Delivery {
+            delivery_id: w.delivery_id,
+            partition: w.partition,
+            offset: w.offset,
+            attempt: w.attempt,
+            event,
+        }
+    }
+}
+
+impl Serialize for Delivery {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("Delivery", 5)?;
+        s.serialize_field("delivery_id", &self.delivery_id)?;
+        s.serialize_field("partition", &self.partition)?;
+        s.serialize_field("offset", &self.offset)?;
+        s.serialize_field("attempt", &self.attempt)?;
+        match &self.event {
+            Ok(event) => s.serialize_field("event", event)?,
+            Err(undecodable) => s.serialize_field("event", &undecodable.raw)?,
+        }
+        s.end()
+    }
+}
+
+/// A pull answer.
 #[derive(Deserialize)]
 struct Deliveries {
     deliveries: Vec<Delivery>,
+}
+
+/// The deliveries of a pull answer (`{"deliveries": [...]}`), each event decoded on
+/// its own (see [`Delivery`]): only an answer that is not a list of deliveries is an
+/// error ([`Error::Malformed`]).
+pub fn deliveries_of(answer: &Response) -> Result<Vec<Delivery>, Error> {
+    Ok(answer.json::<Deliveries>()?.deliveries)
 }
 
 /// The answer to an ack.
@@ -376,7 +450,7 @@ impl Client {
         let req = Request::post(paths::subscription_action(name, "pull"))
             .json(&body)
             .timeout(wait + ANSWER_SLACK);
-        Ok(self.ok(req).await?.json::<Deliveries>()?.deliveries)
+        deliveries_of(&self.ok(req).await?)
     }
 
     /// Opens a stream of deliveries (Server-Sent Events); read it with
@@ -584,5 +658,95 @@ impl Client {
         self.ok(Request::post(paths::task_action(id, "cancel")))
             .await?
             .json()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(body: String) -> Response {
+        Response {
+            status: 200,
+            headers: Default::default(),
+            body: body.into(),
+        }
+    }
+
+    fn delivery(n: u32, event: &str) -> String {
+        format!(
+            r#"{{"delivery_id":"d{n}","partition":0,"offset":{n},"attempt":1,"event":{event}}}"#
+        )
+    }
+
+    fn event(id: &str, data: &str) -> String {
+        format!(r#"{{"specversion":"1.0","id":"{id}","source":"/s","type":"t","data":{data}}}"#)
+    }
+
+    /// The story: a pull answer decoded as one document failed whole on one event
+    /// deeper than serde_json's limit (128), so the caller acked nothing and every
+    /// event of the batch went back, again and again, into the dead-letter store.
+    #[test]
+    fn one_undecodable_event_fails_only_its_own_delivery_never_the_batch() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let events = [event("a", "{}"), event("deep", &deep), event("c", "[1,2]")];
+        let body = format!(
+            r#"{{"deliveries":[{}]}}"#,
+            events
+                .iter()
+                .zip(0..)
+                .map(|(e, n)| delivery(n, e))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        // What decoding the answer as one document does.
+        assert!(serde_json::from_str::<Value>(&body).is_err());
+
+        let got = deliveries_of(&answer(body)).unwrap();
+        let ids: Vec<&str> = got.iter().map(|d| d.delivery_id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["d0", "d1", "d2"],
+            "every delivery is there to ack or nack"
+        );
+        assert_eq!(got[0].event.as_ref().unwrap()["id"], "a");
+        assert_eq!(
+            got[2].event.as_ref().unwrap()["data"],
+            serde_json::json!([1, 2])
+        );
+        let undecodable = got[1].event.as_ref().unwrap_err();
+        assert!(
+            undecodable.reason.contains("recursion limit"),
+            "{undecodable}"
+        );
+        assert_eq!(undecodable.raw.get(), events[1], "kept exactly as sent");
+        assert_eq!((got[1].offset, got[1].attempt), (1, 1));
+
+        // Serialized, each delivery is the contract's object again, byte for byte.
+        for (d, e) in got.iter().zip(&events) {
+            let n = d.offset as u32;
+            let text = serde_json::to_string(d).unwrap();
+            if d.event.is_ok() {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(v, serde_json::from_str::<Value>(&delivery(n, e)).unwrap());
+            } else {
+                assert_eq!(text, delivery(n, e));
+            }
+        }
+    }
+
+    #[test]
+    fn an_answer_that_is_not_a_list_of_deliveries_is_malformed() {
+        for body in [
+            r#"{"deliveries":{}}"#.to_owned(),
+            format!(r#"{{"deliveries":[{}]}}"#, delivery(0, "[[[")),
+            r#"{"deliveries":[{"delivery_id":"d","partition":0,"offset":0,"attempt":1}]}"#
+                .to_owned(),
+        ] {
+            match deliveries_of(&answer(body.clone())) {
+                Err(Error::Malformed(_)) => {}
+                other => panic!("{body}: {other:?}"),
+            }
+        }
     }
 }

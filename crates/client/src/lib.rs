@@ -22,7 +22,11 @@
 //!     .await?;
 //! let pull = Pull { max_events: Some(10), wait_ms: Some(1000), ..Pull::default() };
 //! for d in meshd.pull("billing", &pull).await? {
-//!     println!("{} attempt {}: {}", d.delivery_id, d.attempt, d.event);
+//!     match &d.event {
+//!         Ok(event) => println!("{} attempt {}: {event}", d.delivery_id, d.attempt),
+//!         // One event this client cannot decode; the others are unaffected.
+//!         Err(e) => eprintln!("{}: {e}", d.delivery_id),
+//!     }
 //!     meshd.ack("billing", &[d.delivery_id]).await?;
 //! }
 //! # Ok(()) }
@@ -37,7 +41,8 @@ pub mod tls;
 pub mod transport;
 
 pub use api::{
-    Acked, Client, Delivery, Extended, Nacked, Offset, Pull, Session, Stored, Topic, TopicSummary,
+    deliveries_of, Acked, Client, Delivery, Extended, Nacked, Offset, Pull, Session, Stored, Topic,
+    TopicSummary, UndecodableEvent,
 };
 pub use error::{shorten, Error, Problem};
 pub use http::Method;

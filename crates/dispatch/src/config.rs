@@ -148,7 +148,7 @@ impl Config {
 
     /// Whether an event with these attributes is delivered (see [`Selector`]).
     pub fn matches(&self, event: &EventMeta) -> bool {
-        self.selector.matches(&|name| event.attribute(name))
+        self.selector.matches_index(&event.attributes)
     }
 }
 

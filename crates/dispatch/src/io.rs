@@ -16,7 +16,7 @@ pub struct EventMeta {
     /// subscription's selector (the shell fills them only for a subscription with a
     /// filter, shared with the other subscriptions that read the event). An attribute
     /// the event lacks is absent.
-    pub attributes: std::sync::Arc<[(String, String)]>,
+    pub attributes: meshd_stores::subscriptions::AttributeIndex,
     /// The event's stored size in bytes: what a pull's byte budget counts.
     pub size: u64,
     /// Not to be handed out before this (unix ms; the event's `deliverat`): a later
@@ -34,10 +34,7 @@ pub struct EventMeta {
 impl EventMeta {
     /// An attribute's string form, `None` when the event (or the extraction) lacks it.
     pub fn attribute(&self, name: &str) -> Option<&str> {
-        self.attributes
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.attributes.get(name)
     }
 }
 

@@ -243,10 +243,20 @@ impl Event {
     /// form as [`Event::attribute`] gives it (`specversion` first, extensions last in
     /// stored order).
     pub fn attributes(&self) -> impl Iterator<Item = (&str, std::borrow::Cow<'_, str>)> {
-        CONTEXT_ATTRIBUTES
+        use std::borrow::Cow;
+        let context = CONTEXT_ATTRIBUTES
             .into_iter()
-            .chain(self.attributes.extensions.iter().map(|(k, _)| k.as_str()))
-            .filter_map(|name| self.attribute(name).map(|v| (name, v)))
+            .filter_map(|name| self.attribute(name).map(|v| (name, v)));
+        // Each extension as it is (looking it up by name would scan the list once per
+        // extension: quadratic for an event with thousands of them).
+        let extensions = self.attributes.extensions.iter().map(|(k, v)| {
+            let v = match v {
+                ExtensionValue::String(s) => Cow::Borrowed(s.as_str()),
+                other => Cow::Owned(other.to_canonical_string()),
+            };
+            (k.as_str(), v)
+        });
+        context.chain(extensions)
     }
 
     /// The payload: `data` as its JSON text, or `data_base64` decoded.

@@ -31,6 +31,10 @@
 //! * `data` and `data_base64` are mutually exclusive; `data_base64` is valid base64.
 //! * One event's stored form is at most [`Limits::max_event_bytes`]; a batch holds
 //!   1..=[`Limits::max_batch`] events.
+//! * An event nests at most [`MAX_JSON_DEPTH`] (64) levels, the event object being
+//!   level 1 (so `data` may nest 63); a batch's own array does not count, and a
+//!   binary-mode event is measured on its structured form (the body as `data`): see
+//!   [`depth`]. A 400 names the member (`data`, `events[3].data`).
 //!
 //! ## Partitions and delivery
 //!
@@ -40,6 +44,7 @@
 //! for push delivery in HTTP binary mode, the inverse of a binary-mode publish.
 
 mod binary;
+pub mod depth;
 mod error;
 mod event;
 mod partition;
@@ -47,6 +52,7 @@ mod publish;
 mod rfc3339;
 
 pub use binary::to_binary_mode;
+pub use depth::{nested_deeper_than, TooDeep, MAX_JSON_DEPTH};
 pub use error::EventError;
 pub use event::{
     deliver_at_of, may_deliver_later, Event, EventData, ExtensionValue, DELIVER_AT, SPEC_VERSION,

@@ -6,6 +6,7 @@ use base64::Engine as _;
 use percent_encoding::percent_decode_str;
 use serde_json::value::RawValue;
 
+use crate::depth::{nested_deeper_than, MAX_JSON_DEPTH};
 use crate::error::EventError;
 use crate::event::{is_attribute_name, is_json_media_type, Event};
 
@@ -166,6 +167,7 @@ fn event_from_object(raw: &RawValue, limits: &Limits) -> Result<Event, EventErro
         ));
     }
     check_size(raw.get().len(), limits)?;
+    check_depth(raw.get())?;
     if has_lone_surrogate(raw.get()) {
         return Err(EventError::bad_request(
             None,
@@ -253,6 +255,25 @@ pub(crate) fn has_lone_surrogate(text: &str) -> bool {
     false
 }
 
+/// An event (its stored form, the event object) nests at most [`MAX_JSON_DEPTH`]
+/// levels, the event object being level 1 (see [`crate::depth`]): a 400 naming the
+/// member that nests deeper (`data` in practice: attributes are scalars). Judged at
+/// publish only; a stored event is never re-judged.
+fn check_depth(event: &str) -> Result<(), EventError> {
+    let Some(deep) = nested_deeper_than(event.as_bytes(), MAX_JSON_DEPTH) else {
+        return Ok(());
+    };
+    let detail = |name: &str| {
+        format!(
+            "{name}nests deeper than {MAX_JSON_DEPTH} levels (the event object is level 1): consumers' JSON parsers refuse such a document, so no consumer could read it"
+        )
+    };
+    Err(match deep.member {
+        Some(member) => EventError::invalid(&member, detail(&format!("{member} "))),
+        None => EventError::bad_request(None, detail("the event ")),
+    })
+}
+
 fn check_size(len: usize, limits: &Limits) -> Result<(), EventError> {
     if len > limits.max_event_bytes {
         return Err(EventError::too_large(
@@ -276,7 +297,10 @@ fn ce_attribute(header_name: &str) -> Option<String> {
 /// headers and the body, then validated like any structured event (so the same rules
 /// and field names apply). Member order: `specversion`, `id`, `source`, `type`,
 /// `datacontenttype`, `dataschema`, `subject`, `time`, the other attributes by name,
-/// then `data` or `data_base64`.
+/// then `data` or `data_base64`. A JSON body nested 64 levels or more makes that
+/// object deeper than [`MAX_JSON_DEPTH`]: a 400 naming `data`, as for the same event
+/// in structured mode (unlike a lone surrogate, it is not kept as `data_base64`: the
+/// sender declared JSON, and the bound is the contract's).
 fn parse_binary(
     content_type: Option<&str>,
     headers: &[(String, String)],
@@ -370,6 +394,8 @@ fn parse_binary(
     json.push('}');
 
     check_size(json.len(), limits)?;
+    // The same bound as a structured event's, on the same form: the body is `data`.
+    check_depth(&json)?;
     let raw = RawValue::from_string(json).map_err(|e| {
         // Unreachable: the object above is built from escaped strings and a value that
         // parsed as JSON.

@@ -670,12 +670,68 @@ fn an_event_serializes_as_its_stored_json() {
     assert_eq!(answer, format!("[{object}]"));
 }
 
+/// `levels` nested arrays around `1`.
+fn nested(levels: usize) -> String {
+    format!("{}1{}", "[".repeat(levels), "]".repeat(levels))
+}
+
+/// The depth rule (http-api.md, "Security rules (third round)"): the event object is
+/// level 1, so `data` may nest 63 levels; the same event is accepted or refused alike
+/// alone, in a batch (whose array does not count) and in binary mode (where the body is
+/// `data`).
 #[test]
-fn deeply_nested_data_is_stored_without_recursion() {
+fn an_event_nests_at_most_64_levels_alone_in_a_batch_and_in_binary_mode() {
+    let ok = with(&format!(r#""data":{}"#, nested(63)));
+    let deep = with(&format!(r#""data":{}"#, nested(64)));
+    assert_eq!(
+        meshd_events::nested_deeper_than(ok.as_bytes(), usize::MAX),
+        None
+    );
+    structured(&ok).unwrap();
+    let err = structured_err(&deep);
+    assert_400(&err, "data");
+    assert!(err.detail.contains("64 levels"), "{err:?}");
+
+    let limits = Limits::default();
+    let batch = format!("[{ok},{ok}]");
+    let events = parse_publish(Some(BATCH), &[], batch.as_bytes(), &limits).unwrap();
+    assert_eq!(events.len(), 2, "the batch's own array does not count");
+    let batch = format!("[{ok},{deep},{ok}]");
+    let err = parse_publish(Some(BATCH), &[], batch.as_bytes(), &limits).unwrap_err();
+    assert_400(&err, "events[1].data");
+    assert!(err.detail.starts_with("events[1]: "), "{err:?}");
+
+    let e = binary(Some("application/json"), &REQUIRED, nested(63).as_bytes()).unwrap();
+    assert_eq!(e.data(), Some(EventData::Json(nested(63).as_str())));
+    let err = binary(Some("application/json"), &REQUIRED, nested(64).as_bytes()).unwrap_err();
+    assert_400(&err, "data");
+    // A body that is not declared JSON is bytes (`data_base64`): no depth to judge.
+    let e = binary(Some("text/plain"), &REQUIRED, nested(64).as_bytes()).unwrap();
+    assert_eq!(e.data(), Some(EventData::Binary(nested(64).into_bytes())));
+
+    // Any member is named, before its own rules are applied; brackets inside strings
+    // do not count.
+    assert_400(
+        &structured_err(&with(&format!(r#""ext":{}"#, nested(64)))),
+        "ext",
+    );
+    structured(&with(&format!(r#""data":{{"s":"{}"}}"#, "[".repeat(1000)))).unwrap();
+}
+
+#[test]
+fn deeply_nested_data_is_refused_without_recursion_and_a_stored_one_still_reads_back() {
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-    let e = structured(&with(&format!(r#""data":{deep}"#))).unwrap();
+    let event = with(&format!(r#""data":{deep}"#));
+    assert_400(&structured_err(&event), "data");
+    let batch = format!("[{},{event}]", with(""));
+    let err = parse_publish(Some(BATCH), &[], batch.as_bytes(), &Limits::default()).unwrap_err();
+    assert_400(&err, "events[1].data");
+    let err = binary(Some("application/json"), &REQUIRED, deep.as_bytes()).unwrap_err();
+    assert_400(&err, "data");
+    // An event stored before the rule is never re-judged: it reads back, without
+    // recursion, and renders for push.
+    let e = Event::from_stored(event.as_bytes()).unwrap();
     assert_eq!(e.data(), Some(EventData::Json(deep.as_str())));
-    let e = binary(Some("application/json"), &REQUIRED, deep.as_bytes()).unwrap();
     let (_, body) = to_binary_mode(&e);
     assert_eq!(body, deep.as_bytes());
     // Unbalanced: a 400, not a stack overflow.

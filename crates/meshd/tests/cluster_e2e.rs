@@ -1113,7 +1113,12 @@ async fn stream_until(
             .expect("the stream goes on")
             .expect("the stream is not ended");
         partitions.insert(d.partition);
-        got.insert(d.event["id"].as_str().unwrap().to_string());
+        got.insert(
+            d.event.as_ref().unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
         // An ack may be `unknown` when the partition moved since the hand-out; the
         // event then comes again (at least once), which this loop accepts. While the
         // partition is changing owners the ack is answered 503 with Retry-After, which
@@ -1312,7 +1317,12 @@ async fn given_a_stream_whose_deliveries_are_acked_on_other_instances_then_its_c
         if elsewhere.contains(&u64::from(d.partition)) {
             from_elsewhere += 1;
         }
-        got.insert(d.event["id"].as_str().unwrap().to_string());
+        got.insert(
+            d.event.as_ref().unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
         // Acked on instance 1 or 2, never on the stream's instance.
         let r = others[n % 2]
             .ack("s", std::slice::from_ref(&d.delivery_id))

@@ -167,6 +167,138 @@ async fn given_malformed_filters_then_the_put_is_a_400_naming_the_expression_and
     assert_eq!(r.status, 404, "nothing was stored: {}", r.body);
 }
 
+/// `{"x0": "v", "x1": "v", ...}`: `n` attribute pairs.
+fn pairs(n: usize) -> serde_json::Map<String, Value> {
+    (0..n).map(|i| (format!("x{i}"), json!("v"))).collect()
+}
+
+/// A `filters` list whose compact JSON (as meshd stores it) is exactly `len` bytes:
+/// 17 one-pair expressions, each value at most 1024 bytes.
+fn filters_of_bytes(len: usize) -> Value {
+    const N: usize = 17;
+    let empty = Value::Array(vec![json!({"exact": {"a": ""}}); N])
+        .to_string()
+        .len();
+    let mut left = len - empty;
+    let list: Vec<Value> = (0..N)
+        .map(|i| {
+            let take = left.div_ceil(N - i);
+            left -= take;
+            json!({"exact": {"a": "x".repeat(take)}})
+        })
+        .collect();
+    let v = Value::Array(list);
+    assert_eq!(v.to_string().len(), len);
+    v
+}
+
+/// The cost bound (http-api.md, "Security rules (third round)"): one `exact` held any
+/// number of pairs, and 20 000 of them took 1.6 s to filter one event, every event.
+/// Now an expression holds at most 64 pairs, nested ones counted, and the filters at
+/// most 16 KiB; 64 pairs still filter exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_filters_past_64_pairs_or_16_kib_then_the_put_is_a_400_naming_the_path_and_64_pairs_filter_exactly(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path()).await;
+    let a = m.addr();
+    create_topic(a, "t", 1).await;
+    let mut nested_left = pairs(40);
+    nested_left.insert("type".into(), json!("t.cost"));
+    let refused = [
+        (json!([{"exact": pairs(65)}]), "filters[0]"),
+        (
+            json!([{"prefix": {"type": "t."}}, {"any": [{"exact": nested_left}, {"not": {"exact": pairs(24)}}]}]),
+            "filters[1].any[1].not",
+        ),
+        (filters_of_bytes(16 * 1024 + 1), "filters"),
+    ];
+    for (filters, path) in refused {
+        let r = send_json(
+            a,
+            "PUT",
+            "/v1/subscriptions/s",
+            &json!({"topic": "t", "filters": filters}),
+        )
+        .await
+        .unwrap();
+        let p = problem_naming(&r, path);
+        let detail = p["detail"].as_str().unwrap_or("");
+        assert!(detail.contains(path), "the detail names {path}: {p}");
+        assert!(
+            detail.contains("64 attribute pairs") || detail.contains("16384"),
+            "the detail gives the bound: {p}"
+        );
+    }
+    // The shorthand `filter` counts toward the 16 KiB: `{"type":"t"}` is 12 bytes.
+    let r = send_json(
+        a,
+        "PUT",
+        "/v1/subscriptions/s",
+        &json!({"topic": "t", "filter": {"type": "t"}, "filters": filters_of_bytes(16 * 1024 - 11)}),
+    )
+    .await
+    .unwrap();
+    problem_naming(&r, "filters");
+    let r = bare(a, "GET", "/v1/subscriptions/s").await;
+    assert_eq!(r.status, 404, "nothing was stored: {}", r.body);
+    // Exactly at the bounds: taken.
+    create_subscription(
+        a,
+        "sized",
+        json!({"topic": "t", "filter": {"type": "t"}, "filters": filters_of_bytes(16 * 1024 - 12)}),
+    )
+    .await;
+
+    // 64 pairs: type, source and 62 extensions, all of which must match.
+    let mut want = pairs(62);
+    want.insert("type".into(), json!("t.cost"));
+    want.insert("source".into(), json!("/cost"));
+    let created = create_subscription(
+        a,
+        "s",
+        json!({"topic": "t", "filters": [{"exact": want.clone()}]}),
+    )
+    .await;
+    assert_eq!(created["filters"], json!([{"exact": want}]), "{created}");
+    let event = |id: &str, edit: &dyn Fn(&mut Value)| {
+        let mut e = json!({"specversion": "1.0", "id": id, "source": "/cost", "type": "t.cost"});
+        for i in 0..62 {
+            e[format!("x{i}")] = json!("v");
+        }
+        edit(&mut e);
+        e
+    };
+    let published = [
+        (event("all", &|_| {}), true),
+        (event("one-differs", &|e| e["x61"] = json!("w")), false),
+        (
+            event("one-missing", &|e| {
+                e.as_object_mut().unwrap().remove("x0");
+            }),
+            false,
+        ),
+        (
+            event("other-type", &|e| e["type"] = json!("t.other")),
+            false,
+        ),
+        (event("all-again", &|e| e["extra"] = json!(7)), true),
+    ];
+    for (e, _) in &published {
+        publish(a, "t", e).await.unwrap();
+    }
+    let taken: BTreeSet<String> = published
+        .iter()
+        .filter(|(_, take)| *take)
+        .map(|(e, _)| e["id"].as_str().unwrap().to_string())
+        .collect();
+    let got = pull_until(a, "s", taken.len(), DRAIN).await;
+    assert_eq!(event_ids(&got), taken, "{:?}", summary(&got));
+    ack(a, "s", &ids(&got)).await.unwrap();
+    wait_committed(a, "s", 0, published.len() as u64).await;
+    assert_no_delivery(a, "s", 300, "an event that does not match was delivered").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_filters_when_meshd_is_sigkilled_mid_delivery_then_only_matches_are_ever_delivered_and_committed_passes_the_rest(
 ) {

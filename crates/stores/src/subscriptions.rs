@@ -28,7 +28,7 @@ pub mod filters;
 pub mod push;
 pub mod record;
 
-pub use filters::{FilterError, FilterExpr, Selector};
+pub use filters::{check_write_bounds, AttributeIndex, FilterError, FilterExpr, Selector};
 pub use push::{Push, Rate, REDACTED};
 
 pub use cache::{CacheConfig, CacheHealth};
@@ -628,6 +628,14 @@ impl MetaSubscriptionStore {
         // Bad input is refused before Meta is asked (markers that keep stored push
         // credentials are checked once they are resolved, below).
         spec.with_redacted_as_placeholders().validate()?;
+        // A write's filter bounds (records older than them still load: not in
+        // `validate`, which decoding runs too).
+        check_write_bounds(spec.filter.as_ref(), &spec.filters).map_err(|e| {
+            SubscriptionError::Invalid {
+                field: "filters",
+                reason: e.to_string(),
+            }
+        })?;
         let name = spec.name.as_str();
         let key = record::key(name);
         let started = Instant::now();

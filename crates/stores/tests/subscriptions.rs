@@ -515,6 +515,14 @@ mod suite {
                 })
             }),
             ("push.url", |x| x.push = Some(Push::new("ftp://x"))),
+            // The write bounds of filters hold for every way in, not only the API's.
+            ("filters", |x| {
+                x.filters = vec![meshd_stores::subscriptions::FilterExpr::Exact(
+                    (0..65)
+                        .map(|i| (format!("a{i}"), "v".to_string()))
+                        .collect(),
+                )]
+            }),
         ];
         for (field, edit) in cases {
             let mut x = spec("v");

@@ -23,6 +23,7 @@ use axum::http::{header, HeaderMap};
 use axum::routing::delete;
 use axum::routing::{get, post, put};
 use axum::Router;
+use meshd_events::MAX_JSON_DEPTH;
 use meshd_stores::deadletters::DeadLetterStore;
 use meshd_stores::sessions::SessionStore;
 use meshd_stores::subscriptions::MetaSubscriptionStore;
@@ -269,13 +270,27 @@ pub fn require_json_content_type(headers: &HeaderMap) -> Result<(), Problem> {
 }
 
 /// Parses a JSON request body: 413 when it is too large, 415 for a non-JSON content
-/// type, 400 naming what is wrong otherwise.
+/// type, 400 naming what is wrong otherwise, a body nested deeper than
+/// [`MAX_JSON_DEPTH`] levels included (the outermost array or object is level 1; the
+/// `field` is the top-level member holding the deep value). The depth is measured on
+/// the raw text before anything is parsed, without recursion: serde_json alone would
+/// refuse only beyond 128, and what such a body stores (a task's `input`) would make
+/// every answer that carries it unreadable to clients with that limit.
 pub fn json_body<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, Problem> {
     let body = body.map_err(body_problem)?;
     require_json_content_type(headers)?;
+    if let Some(deep) = meshd_events::nested_deeper_than(&body, MAX_JSON_DEPTH) {
+        let detail = |place: &str| {
+            format!("invalid JSON body: nested deeper than {MAX_JSON_DEPTH} levels{place}")
+        };
+        return Err(match deep.member {
+            Some(m) => Problem::invalid_field(&m, detail(&format!(" in {m}"))),
+            None => Problem::bad_request(detail("")),
+        });
+    }
     serde_json::from_slice(&body).map_err(|e| {
         let field = missing_or_unknown_field(&e.to_string());
         let p = Problem::bad_request(format!("invalid JSON body: {e}"));

@@ -11,8 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_meta::Backend;
 use meshd_stores::subscriptions::{
-    Backoff, Filter, FilterExpr, Ordering, Precondition, Push, Rate, StartPosition, Subscription,
-    SubscriptionError, SubscriptionSpec, SubscriptionStore, REDACTED,
+    check_write_bounds, Backoff, Filter, FilterError, FilterExpr, Ordering, Precondition, Push,
+    Rate, StartPosition, Subscription, SubscriptionError, SubscriptionSpec, SubscriptionStore,
+    REDACTED,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -141,14 +142,21 @@ fn spec_of(name: &str, body: PutSubscription) -> Result<SubscriptionSpec, Proble
         event_type: f.event_type,
         source: f.source,
     });
+    // `FilterError` reads "filters[1].any[0]: why".
+    let filter_problem = |e: FilterError| {
+        let detail = if e.path == "filters" {
+            e.to_string()
+        } else {
+            format!("filter expression {e}")
+        };
+        Problem::invalid_field(&e.path, detail)
+    };
     if let Some(v) = &body.filters {
-        spec.filters = FilterExpr::parse_list(v).map_err(|e| {
-            Problem::invalid_field(
-                &e.path,
-                format!("filter expression {}: {}", e.path, e.reason),
-            )
-        })?;
+        spec.filters = FilterExpr::parse_list(v).map_err(filter_problem)?;
     }
+    // The write bounds (pairs per expression, bytes), here with the expression's path;
+    // the store checks them again for every other way in.
+    check_write_bounds(spec.filter.as_ref(), &spec.filters).map_err(filter_problem)?;
     spec.push = body.push.map(push_of).transpose()?;
     spec.start = match body.start.as_deref() {
         None | Some("latest") => StartPosition::Latest,

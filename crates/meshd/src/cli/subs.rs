@@ -87,6 +87,15 @@ fn data_of(e: &Value) -> String {
     }
 }
 
+/// A delivery's event for the table cells, and its data column; an event this CLI
+/// cannot decode has no cells (`-`) and says so in the data column.
+fn event_and_data(d: &meshd_client::Delivery) -> (Value, String) {
+    match &d.event {
+        Ok(e) => (e.clone(), data_of(e)),
+        Err(u) => (Value::Null, format!("(undecodable event: {})", u.reason)),
+    }
+}
+
 fn row_of(s: &Value) -> Vec<String> {
     let filter = match s.get("filter") {
         Some(Value::Object(f)) if !f.is_empty() => f
@@ -254,8 +263,9 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
     // A long poll may legitimately take `wait_ms` before the answer starts.
     req.timeout = REQUEST_TIMEOUT + Duration::from_millis(a.wait_ms.unwrap_or(0).min(3_600_000));
     let answer = ctx.client.ok(req)?;
-    let v = super::http::json(&answer)?;
-    let deliveries = list(&v, "deliveries")?;
+    // Each event is decoded on its own: one this CLI cannot read is shown as such and
+    // does not hide (or leave unacked) the others.
+    let deliveries = meshd_client::deliveries_of(&answer)?;
     // With --json the pull answer is printed exactly as it came, before acking, so the
     // events are shown even if the ack then fails.
     if ctx.json {
@@ -271,28 +281,34 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
             "DATA",
             "DELIVERY_ID",
         ]);
-        for d in deliveries {
-            let e = d.get("event").cloned().unwrap_or(Value::Null);
-            let data = data_of(&e);
+        for d in &deliveries {
+            let (e, data) = event_and_data(d);
             t.row(vec![
-                cell(d, &["partition"]),
-                cell(d, &["offset"]),
-                cell(d, &["attempt"]),
+                d.partition.to_string(),
+                d.offset.to_string(),
+                d.attempt.to_string(),
                 cell(&e, &["id"]),
                 cell(&e, &["type"]),
                 cell(&e, &["source"]),
                 shorten(&data, 60),
-                cell(d, &["delivery_id"]),
+                d.delivery_id.clone(),
             ]);
         }
         t.print(&ctx.out, "no deliveries")?;
+    }
+    let undecodable = deliveries.iter().filter(|d| d.event.is_err()).count();
+    if undecodable > 0 {
+        note(&format!(
+            "{undecodable} of {} deliveries carry an event this CLI cannot decode (see DATA; --json prints them as sent)",
+            deliveries.len()
+        ));
     }
     if !a.ack || deliveries.is_empty() {
         return Ok(());
     }
     let ids: Vec<Value> = deliveries
         .iter()
-        .filter_map(|d| d.get("delivery_id").cloned())
+        .map(|d| Value::String(d.delivery_id.clone()))
         .collect();
     let acked = ctx
         .client
@@ -384,18 +400,20 @@ pub fn tail(ctx: &Ctx, a: TailArgs) -> Result<(), CliError> {
             };
             seen += 1;
             if ctx.json {
-                ctx.out.json(&serde_json::to_value(&d).unwrap_or(Value::Null))?;
+                // As text: an undecodable event is written as meshd sent it.
+                let line = serde_json::to_string(&d)
+                    .map_err(|e| CliError::Failed(format!("cannot print a delivery: {e}")))?;
+                ctx.out.line(&line)?;
             } else {
-                let e = &d.event;
-                let data = data_of(e);
+                let (e, data) = event_and_data(&d);
                 ctx.out.line(&format!(
                     "{}:{} attempt {} {} {} {} {}",
                     d.partition,
                     d.offset,
                     d.attempt,
-                    cell(e, &["id"]),
-                    cell(e, &["type"]),
-                    cell(e, &["source"]),
+                    cell(&e, &["id"]),
+                    cell(&e, &["type"]),
+                    cell(&e, &["source"]),
                     shorten(&data, 120)
                 ))?;
             }

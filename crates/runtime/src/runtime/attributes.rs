@@ -14,17 +14,18 @@
 //! once the attributes held pass the budget.
 
 use meshd_events::Event;
+use meshd_stores::subscriptions::AttributeIndex;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// The attributes of one event in their string forms (context attributes and
-/// extensions, `specversion` included); empty for a stored event that does not parse
-/// (it was validated at publish, so only damage does this): a filter then treats every
-/// attribute as absent and skips or delivers it accordingly, it is not dead-lettered
-/// (a known gap).
-pub type Attributes = Arc<[(String, String)]>;
+/// extensions, `specversion` included), indexed by name for the filters' lookups;
+/// empty for a stored event that does not parse (it was validated at publish, so only
+/// damage does this): a filter then treats every attribute as absent and skips or
+/// delivers it accordingly, it is not dead-lettered (a known gap).
+pub type Attributes = AttributeIndex;
 
 /// What the cache holds by default (attribute strings plus a fixed cost per entry).
 pub const DEFAULT_BUDGET_BYTES: usize = 16 << 20;
@@ -169,7 +170,7 @@ fn parse(stored: &[u8]) -> Attributes {
             .attributes()
             .map(|(k, v)| (k.to_string(), v.into_owned()))
             .collect(),
-        Err(_) => Arc::from([]),
+        Err(_) => AttributeIndex::default(),
     }
 }
 
@@ -182,7 +183,7 @@ mod tests {
     }
 
     fn attribute<'a>(a: &'a Attributes, name: &str) -> Option<&'a str> {
-        a.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        a.get(name)
     }
 
     #[test]
@@ -191,7 +192,7 @@ mod tests {
         let e = event("1", "order.created");
         let a = cache.get("t", 0, 7, &e);
         let b = cache.get("t", 0, 7, &e);
-        assert!(Arc::ptr_eq(&a, &b));
+        assert!(AttributeIndex::ptr_eq(&a, &b));
         assert_eq!(attribute(&a, "type"), Some("order.created"));
         assert_eq!(attribute(&a, "region"), Some("eu"));
         assert_eq!(attribute(&a, "specversion"), Some("1.0"));
@@ -210,7 +211,7 @@ mod tests {
         assert_eq!(attribute(&new, "type"), Some("new"));
         // And another topic or partition at that offset is another event.
         let other = cache.get("u", 0, 0, &event("1", "old"));
-        assert!(!Arc::ptr_eq(&old, &other));
+        assert!(!AttributeIndex::ptr_eq(&old, &other));
         assert_eq!(cache.stats().parses, 3);
     }
 

@@ -1894,18 +1894,16 @@ impl PartitionTask {
             });
             let deliver_at_ms = match (&attributes, delayed) {
                 (Some(a), true) => a
-                    .iter()
-                    .find(|(k, _)| k == meshd_events::DELIVER_AT)
-                    .and_then(|(_, v)| meshd_events::deliver_at_of(v))
+                    .get(meshd_events::DELIVER_AT)
+                    .and_then(meshd_events::deliver_at_of)
                     .map(|ms| u64::try_from(ms).unwrap_or(0)),
                 _ => None,
             };
             let size = e.payload.len() as u64;
             let ordering_key = match (&attributes, ordered) {
                 (Some(a), true) => a
-                    .iter()
-                    .find(|(k, _)| k == "partitionkey")
-                    .map(|(_, v)| meshd_events::fnv1a64(v.as_bytes())),
+                    .get("partitionkey")
+                    .map(|v| meshd_events::fnv1a64(v.as_bytes())),
                 _ => None,
             };
             if deliver_at_ms.is_some_and(|at| at > now) || ordering_key.is_some() {
@@ -2109,9 +2107,8 @@ impl PartitionTask {
             .attributes
             .get(&key.topic, key.partition, offset, &body);
         let Some(hash) = attributes
-            .iter()
-            .find(|(k, _)| k == "partitionkey")
-            .map(|(_, v)| meshd_events::fnv1a64(v.as_bytes()))
+            .get("partitionkey")
+            .map(|v| meshd_events::fnv1a64(v.as_bytes()))
         else {
             return Ok(false);
         };

@@ -22,11 +22,24 @@
 //! ([`MAX_FILTER_NODES`], [`MAX_FILTER_DEPTH`], [`MAX_FILTER_VALUE_LEN`]) so a record
 //! stays small in Meta and evaluation is cheap and cannot recurse without bound.
 //!
+//! **Bounds on a write, not on a read.** One `exact` could hold any number of pairs
+//! (20 000 pairs took 1.6 s to filter one event with as many extensions, every event,
+//! on the partition's task). A write ([`check_write_bounds`], run by the API with
+//! paths and by the store on every put) takes at most [`MAX_EXPRESSION_PAIRS`] pairs
+//! per top-level expression and [`MAX_FILTERS_BYTES`] of filters. Records written
+//! before those bounds are still read ([`FilterExpr::parse_list`] does not apply
+//! them): a stored subscription is never lost, and it filters as before (its cost is
+//! bounded by the request size it came in with, and each pair is a lookup, below);
+//! the next `PUT` of it must fit.
+//!
 //! Evaluation is pure: it takes a lookup from attribute name to string value, so the
 //! delivery core evaluates it without I/O over the attributes the shell extracted (once
-//! per event for all subscriptions of a topic: `meshd_runtime::runtime::attributes`).
+//! per event for all subscriptions of a topic: `meshd_runtime::runtime::attributes`),
+//! held as an [`AttributeIndex`] so each pair is a binary search, not a scan of the
+//! event's attributes.
 
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 /// The most expressions (every node, leaves included) in one subscription's filters.
 pub const MAX_FILTER_NODES: usize = 64;
@@ -36,6 +49,13 @@ pub const MAX_FILTER_DEPTH: usize = 8;
 pub const MAX_FILTER_VALUE_LEN: usize = super::MAX_FILTER_LEN;
 /// The longest attribute name (CloudEvents asks for at most 20; some producers use more).
 pub const MAX_ATTRIBUTE_NAME_LEN: usize = 64;
+/// The most attribute pairs in one top-level expression of a write, the pairs of the
+/// `all`/`any`/`not` inside it included (http-api.md, "Security rules (third round)").
+pub const MAX_EXPRESSION_PAIRS: usize = 64;
+/// The most bytes of a subscription's filters on a write: `filters` plus the shorthand
+/// `filter`, each in the compact JSON form meshd stores and `GET` shows (the request's
+/// whitespace and escapes do not count).
+pub const MAX_FILTERS_BYTES: usize = 16 * 1024;
 
 /// One filter expression.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,6 +216,136 @@ impl FilterExpr {
     }
 }
 
+/// The bounds a subscription's filters must keep when written (not when a stored
+/// record is read: see the module docs): at most [`MAX_EXPRESSION_PAIRS`] attribute
+/// pairs per top-level expression, counting the pairs of every `all`/`any`/`not` inside
+/// it, and at most [`MAX_FILTERS_BYTES`] for `filters` and the shorthand `filter`
+/// together. A pair count over the bound names the expression where the count passes
+/// it (`filters[1].any[0]`, in document order); a size over the bound names `filters`.
+pub fn check_write_bounds(
+    filter: Option<&super::Filter>,
+    filters: &[FilterExpr],
+) -> Result<(), FilterError> {
+    for (i, f) in filters.iter().enumerate() {
+        let top = format!("filters[{i}]");
+        let mut pairs = 0usize;
+        f.count_pairs(&top, &top, &mut pairs)?;
+    }
+    let shorthand = filter.map_or(0, |f| {
+        let mut m = Map::new();
+        if let Some(t) = &f.event_type {
+            m.insert("type".into(), Value::String(t.clone()));
+        }
+        if let Some(s) = &f.source {
+            m.insert("source".into(), Value::String(s.clone()));
+        }
+        Value::Object(m).to_string().len()
+    });
+    let listed = if filters.is_empty() {
+        0
+    } else {
+        FilterExpr::list_to_json(filters).to_string().len()
+    };
+    let bytes = listed + shorthand;
+    if bytes > MAX_FILTERS_BYTES {
+        return Err(FilterError {
+            path: "filters".into(),
+            reason: format!(
+                "the filters take {bytes} bytes of JSON (filter and filters, compact), at most {MAX_FILTERS_BYTES}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl FilterExpr {
+    /// Adds this expression's pairs to `pairs` (pre-order, as written), failing at the
+    /// expression (`path`) where the count of the top-level expression `top` passes
+    /// [`MAX_EXPRESSION_PAIRS`]. Recursion is bounded by [`MAX_FILTER_DEPTH`], which
+    /// parsing enforces.
+    fn count_pairs(&self, top: &str, path: &str, pairs: &mut usize) -> Result<(), FilterError> {
+        let (dialect, subs): (&str, &[FilterExpr]) = match self {
+            FilterExpr::Exact(ps) | FilterExpr::Prefix(ps) | FilterExpr::Suffix(ps) => {
+                *pairs += ps.len();
+                if *pairs > MAX_EXPRESSION_PAIRS {
+                    return Err(FilterError {
+                        path: path.to_owned(),
+                        reason: format!(
+                            "{top} holds more than {MAX_EXPRESSION_PAIRS} attribute pairs \
+                             (the pairs inside all, any and not count); split it or narrow it"
+                        ),
+                    });
+                }
+                return Ok(());
+            }
+            FilterExpr::All(fs) => ("all", fs),
+            FilterExpr::Any(fs) => ("any", fs),
+            FilterExpr::Not(f) => return f.count_pairs(top, &format!("{path}.not"), pairs),
+        };
+        for (i, f) in subs.iter().enumerate() {
+            f.count_pairs(top, &format!("{path}.{dialect}[{i}]"), pairs)?;
+        }
+        Ok(())
+    }
+}
+
+/// An event's attributes by name, each in its string form: what filters look up.
+///
+/// Sorted by name once, when built (once per event for every subscription of a
+/// topic), so each pair of a filter is a binary search: a filter no longer scans the
+/// event's attributes for every pair (an event may carry thousands of extensions).
+/// Names are unique in an event; should a list repeat one, the first wins, as a scan
+/// would find it. Cloning shares the list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttributeIndex(Arc<[(String, String)]>);
+
+impl AttributeIndex {
+    pub fn new(mut pairs: Vec<(String, String)>) -> Self {
+        // Stable: of equal names the first stays first, and `dedup_by` keeps it.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        pairs.dedup_by(|later, earlier| later.0 == earlier.0);
+        Self(pairs.into())
+    }
+
+    /// The string form of attribute `name`, `None` when the event lacks it.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_str().cmp(name))
+            .ok()
+            .map(|i| self.0[i].1.as_str())
+    }
+
+    /// Every attribute, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether both are the same list (not only equal ones).
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
+}
+
+impl From<Vec<(String, String)>> for AttributeIndex {
+    fn from(pairs: Vec<(String, String)>) -> Self {
+        Self::new(pairs)
+    }
+}
+
+impl FromIterator<(String, String)> for AttributeIndex {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+        Self::new(iter.into_iter().collect())
+    }
+}
+
 /// Which events a subscription receives: its shorthand `filter` (one `exact` over
 /// `type` and `source`) and its `filters`, all of which must match. The empty selector
 /// takes everything.
@@ -233,6 +383,11 @@ impl Selector {
     /// Whether an event with these attributes is delivered.
     pub fn matches<'a>(&self, attr: &dyn Fn(&str) -> Option<&'a str>) -> bool {
         self.exprs.iter().all(|f| f.matches(attr))
+    }
+
+    /// [`Selector::matches`] over an event's [`AttributeIndex`].
+    pub fn matches_index(&self, attributes: &AttributeIndex) -> bool {
+        self.matches(&|name| attributes.get(name))
     }
 }
 
@@ -415,6 +570,127 @@ mod tests {
             deep = json!({"not": deep});
         }
         parse(json!([deep])).unwrap();
+    }
+
+    /// `n` distinct pairs `{"a0": "v", "a1": "v", ...}`.
+    fn pairs(n: usize) -> Value {
+        Value::Object((0..n).map(|i| (format!("a{i}"), json!("v"))).collect())
+    }
+
+    fn bounds(filters: Value) -> Result<(), FilterError> {
+        check_write_bounds(None, &parse(filters).unwrap())
+    }
+
+    #[test]
+    fn an_expression_holds_at_most_64_pairs_counting_those_nested_inside_it() {
+        bounds(json!([{"exact": pairs(MAX_EXPRESSION_PAIRS)}])).unwrap();
+        let e = bounds(json!([{"exact": pairs(MAX_EXPRESSION_PAIRS + 1)}])).unwrap_err();
+        assert_eq!(e.path, "filters[0]");
+        assert!(e.reason.contains("64 attribute pairs"), "{e}");
+        // Nested: 40 + 24 is the bound, one more in a later branch passes it there.
+        let nested = |last: usize| {
+            json!([{"exact": {"type": "t"}}, {"all": [
+                {"prefix": pairs(40)},
+                {"any": [{"exact": {"x": "1"}}, {"not": {"suffix": pairs(last)}}]}
+            ]}])
+        };
+        bounds(nested(23)).unwrap();
+        let e = bounds(nested(24)).unwrap_err();
+        assert_eq!(e.path, "filters[1].all[1].any[1].not");
+        assert!(e.reason.starts_with("filters[1] holds"), "{e}");
+        // Each top-level expression has its own 64.
+        bounds(json!([{"exact": pairs(64)}, {"exact": pairs(64)}])).unwrap();
+    }
+
+    #[test]
+    fn the_filters_take_at_most_16_kib_with_the_shorthand_counted() {
+        // 17 expressions of one pair each, whose values make the compact list exactly
+        // `len` bytes (each value at most MAX_FILTER_VALUE_LEN).
+        let sized = |len: usize| {
+            const N: usize = 17;
+            let empty = |n: usize| {
+                Value::Array(vec![json!({"exact": {"a": ""}}); n])
+                    .to_string()
+                    .len()
+            };
+            let mut left = len - empty(N);
+            let list: Vec<Value> = (0..N)
+                .map(|i| {
+                    let take = left.div_ceil(N - i);
+                    left -= take;
+                    json!({"exact": {"a": "x".repeat(take)}})
+                })
+                .collect();
+            let v = Value::Array(list);
+            assert_eq!(v.to_string().len(), len);
+            v
+        };
+        bounds(sized(MAX_FILTERS_BYTES)).unwrap();
+        let e = bounds(sized(MAX_FILTERS_BYTES + 1)).unwrap_err();
+        assert_eq!(e.path, "filters");
+        assert!(
+            e.reason.contains(&format!("{}", MAX_FILTERS_BYTES + 1)),
+            "{e}"
+        );
+        // The shorthand counts too: `{"type":"t"}` is 12 bytes.
+        let list = parse(sized(MAX_FILTERS_BYTES - 12)).unwrap();
+        let t = super::super::Filter {
+            event_type: Some("t".into()),
+            source: None,
+        };
+        check_write_bounds(Some(&t), &list).unwrap();
+        let list = parse(sized(MAX_FILTERS_BYTES - 11)).unwrap();
+        assert_eq!(
+            check_write_bounds(Some(&t), &list).unwrap_err().path,
+            "filters"
+        );
+    }
+
+    #[test]
+    fn a_stored_list_past_the_write_bounds_still_parses_and_matches() {
+        // Written before the bounds: read back as it was (never lost), evaluated by
+        // lookups.
+        let mut big = pairs(MAX_EXPRESSION_PAIRS * 4);
+        big["type"] = json!("t");
+        let stored = json!([{"exact": big}]);
+        let parsed = parse(stored).unwrap();
+        assert!(check_write_bounds(None, &parsed).is_err());
+        let mut attrs: Vec<(String, String)> = (0..MAX_EXPRESSION_PAIRS * 4)
+            .map(|i| (format!("a{i}"), "v".to_string()))
+            .collect();
+        attrs.push(("type".into(), "t".into()));
+        let index = AttributeIndex::new(attrs.clone());
+        assert!(Selector::new(None, &parsed).matches_index(&index));
+        attrs[7].1 = "w".into();
+        assert!(!Selector::new(None, &parsed).matches_index(&AttributeIndex::new(attrs)));
+    }
+
+    #[test]
+    fn the_attribute_index_finds_what_a_scan_finds() {
+        let list = vec![
+            ("type".to_string(), "t".to_string()),
+            ("a".to_string(), "1".to_string()),
+            ("zz".to_string(), "last".to_string()),
+            ("a".to_string(), "second a".to_string()),
+            ("".to_string(), "empty name".to_string()),
+        ];
+        let scan = |name: &str| {
+            list.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let index = AttributeIndex::from(list.clone());
+        for name in ["type", "a", "zz", "", "b", "typ", "types", "A"] {
+            assert_eq!(index.get(name), scan(name), "{name:?}");
+        }
+        assert_eq!(
+            index.len(),
+            4,
+            "a repeated name is kept once (its first value)"
+        );
+        assert!(AttributeIndex::default().get("type").is_none());
+        let again = index.clone();
+        assert!(AttributeIndex::ptr_eq(&index, &again));
     }
 
     #[test]

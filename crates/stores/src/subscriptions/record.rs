@@ -355,6 +355,28 @@ mod tests {
         assert!(e.reason.contains("filters[0]"), "{e:?}");
     }
 
+    /// A record written before the write bounds on filters (64 pairs per expression,
+    /// 16 KiB) still decodes, to what it said: a stored subscription is never lost to
+    /// a tighter rule for new writes.
+    #[test]
+    fn a_record_with_filters_past_the_write_bounds_still_decodes() {
+        let pairs: Vec<String> = (0..200)
+            .map(|i| format!(r#""a{i:03}":"{}""#, "v".repeat(100)))
+            .collect();
+        let text = format!(
+            r#"{{"v":1,"name":"eu","topic":"orders","max_attempts":5,"ack_timeout_ms":30000,"backoff":{{"initial_ms":1000,"max_ms":60000}},"filters":[{{"exact":{{{}}}}}],"start":"latest"}}"#,
+            pairs.join(",")
+        );
+        assert!(text.len() > crate::subscriptions::filters::MAX_FILTERS_BYTES);
+        let s = decode("eu", &kv("eu", text.as_bytes())).unwrap();
+        let FilterExpr::Exact(got) = &s.spec.filters[0] else {
+            panic!("{:?}", s.spec.filters)
+        };
+        assert_eq!(got.len(), 200);
+        assert!(crate::subscriptions::check_write_bounds(None, &s.spec.filters).is_err());
+        assert_eq!(encode(&s.spec).unwrap(), text.into_bytes());
+    }
+
     /// Pins the version 1 format: this exact text must keep decoding to this value.
     #[test]
     fn pinned_version_1_record() {
