@@ -726,6 +726,21 @@ async fn given_push_urls_aimed_at_meshds_own_backends_then_they_are_refused_and_
             "http://192.0.2.10:8080/hook".to_string(),
             "--push-deny-cidr",
         ),
+        // Literals in the forms the resolver reads too (127.1, one 32-bit number,
+        // hexadecimal, octal): the same addresses, refused alike.
+        (format!("http://127.1:{etcd_port}/v3/kv/put"), "Meta (etcd)"),
+        (
+            format!("http://2130706433:{etcd_port}/v3/kv/put"),
+            "Meta (etcd)",
+        ),
+        (
+            format!("http://0x7f000001:{etcd_port}/v3/kv/put"),
+            "Meta (etcd)",
+        ),
+        (
+            "http://0251.0376.0251.0376/latest/meta-data".to_string(),
+            "link-local",
+        ),
     ] {
         let r = send_json(
             a,

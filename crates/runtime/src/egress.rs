@@ -192,13 +192,74 @@ impl Egress {
     }
 
     /// The check of a URL host that is a literal address (for `PUT`); `Ok` for a name
-    /// (checked at every connect instead).
+    /// (checked at every connect instead). A literal is read as the resolver reads it,
+    /// so `127.1`, `2130706433` and `0x7f000001` are 127.0.0.1 here too.
     pub fn check_literal(&self, host: &str, port: u16) -> Result<(), String> {
-        match host.parse::<IpAddr>() {
-            Ok(ip) => self.check(SocketAddr::new(ip, port)),
-            Err(_) => Ok(()),
+        let ip = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .ok()
+            .or_else(|| inet_aton(host).map(IpAddr::V4));
+        match ip {
+            Some(ip) => self.check(SocketAddr::new(ip, port)).map_err(|e| {
+                if ip.to_string() == host {
+                    e
+                } else {
+                    format!("{host} is the address {ip}: {e}")
+                }
+            }),
+            None => Ok(()),
         }
     }
+}
+
+/// An IPv4 address in any form the C resolver accepts (`inet_aton`): one to four
+/// dot-separated numbers, each decimal, octal (a leading `0`) or hexadecimal (`0x`),
+/// the last filling the bytes left (`127.1` is 127.0.0.1, `2130706433` too). `None`
+/// for anything else, which is then a host name.
+pub fn inet_aton(text: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<&str> = text.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let mut numbers = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let (digits, radix) =
+            if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+                (hex, 16)
+            } else if part.len() > 1 && part.starts_with('0') {
+                (&part[1..], 8)
+            } else {
+                (*part, 10)
+            };
+        if digits.is_empty() && radix != 16 {
+            return None;
+        }
+        // `0x` alone is 0 to inet_aton.
+        let n = if digits.is_empty() {
+            0
+        } else {
+            if !digits.chars().all(|c| c.is_digit(radix)) {
+                return None;
+            }
+            u64::from_str_radix(digits, radix).ok()?
+        };
+        numbers.push(n);
+    }
+    let (last, leading) = numbers.split_last()?;
+    if leading.iter().any(|n| *n > 0xff) {
+        return None;
+    }
+    let room = 8 * (4 - leading.len() as u32);
+    if *last >= 1u64 << room {
+        return None;
+    }
+    let mut value = *last as u32;
+    for (i, n) in leading.iter().enumerate() {
+        value |= (*n as u32) << (24 - 8 * i as u32);
+    }
+    Some(std::net::Ipv4Addr::from(value))
 }
 
 #[cfg(test)]
@@ -207,6 +268,49 @@ mod tests {
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn ipv4_literals_are_read_as_the_resolver_reads_them() {
+        let ip = |s: &str| inet_aton(s).map(|a| a.to_string());
+        for (text, want) in [
+            ("127.0.0.1", "127.0.0.1"),
+            ("127.1", "127.0.0.1"),
+            ("127.0.1", "127.0.0.1"),
+            ("2130706433", "127.0.0.1"),
+            ("0x7f000001", "127.0.0.1"),
+            ("0X7F.1", "127.0.0.1"),
+            ("0177.0.0.1", "127.0.0.1"),
+            ("017700000001", "127.0.0.1"),
+            ("169.254.169.254", "169.254.169.254"),
+            ("0xa9fea9fe", "169.254.169.254"),
+            ("0", "0.0.0.0"),
+            ("4294967295", "255.255.255.255"),
+        ] {
+            assert_eq!(ip(text).as_deref(), Some(want), "{text}");
+        }
+        for name in [
+            "example.com",
+            "4294967296",
+            "256.1",
+            "1.2.3.4.5",
+            "08",
+            "1..2",
+            "",
+            "0xg",
+            "1.2.3.256",
+            "localhost",
+        ] {
+            assert_eq!(ip(name), None, "{name}");
+        }
+        let e = Egress::new(vec![], vec![]);
+        e.add_own("meshd's listen address", [sa("127.0.0.1:7070")]);
+        for host in ["127.1", "2130706433", "0x7f000001"] {
+            let err = e.check_literal(host, 7070).unwrap_err();
+            assert!(err.contains("127.0.0.1"), "{host}: {err}");
+        }
+        assert!(e.check_literal("0xa9fea9fe", 80).is_err());
+        assert!(e.check_literal("example.com", 7070).is_ok());
     }
 
     #[test]
