@@ -23,7 +23,7 @@ pub struct Problem {
     /// Whether the answer carries `Retry-After`: every 503 and 429 does, except a
     /// [fail-stop](Problem::fail_stopped), which only a restart cures.
     /// `Retry-After` seconds (503 and 429 only).
-    pub retry_after: Option<&'static str>,
+    pub retry_after: Option<std::borrow::Cow<'static, str>>,
 }
 
 impl Problem {
@@ -37,7 +37,7 @@ impl Problem {
                 status,
                 StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
             )
-            .then_some(RETRY_AFTER_SECS),
+            .then_some(RETRY_AFTER_SECS.into()),
         }
     }
 
@@ -114,7 +114,7 @@ impl Problem {
                 "the {store} store ({backend}) has fail-stopped (a failed disk write, or damaged data found on disk) and stays stopped until meshd is restarted; this request was not applied: {reason}"
             ),
         );
-        p.retry_after = Some(FAIL_STOP_RETRY_AFTER_SECS);
+        p.retry_after = Some(FAIL_STOP_RETRY_AFTER_SECS.into());
         p
     }
 
@@ -182,8 +182,11 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if let Some(secs) = self.retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static(secs));
+        if let Some(secs) = self
+            .retry_after
+            .and_then(|s| HeaderValue::try_from(s.as_ref()).ok())
+        {
+            headers.insert(header::RETRY_AFTER, secs);
         }
         response
     }

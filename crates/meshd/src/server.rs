@@ -320,6 +320,9 @@ impl Stores {
             &instance_id,
             Duration::from_millis(config.delivery_flush_ms),
         )?;
+        local
+            .log
+            .set_max_dedup_entries(usize::try_from(config.max_dedup_entries).unwrap_or(usize::MAX));
         let mut embedded = None;
         let meta: Arc<dyn Meta> = match config.etcd_connection()? {
             None => {
@@ -1248,6 +1251,13 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
         "gauge",
         "Keys in the Local log's publish dedup index (events stored within their topic's dedup window, 37-75 bytes of memory each; JetStream keeps its own in cluster mode).",
         &[(ROCKSDB, state.local.log.dedup_entries() as u64)],
+    );
+    render_metric(
+        &mut out,
+        "meshd_dedup_full_total",
+        "counter",
+        "Publishes with dedup refused 429 dedup-full because the Local log's dedup index held --max-dedup-entries entries (none is dropped early).",
+        &[(ROCKSDB, state.local.log.dedup_full_refusals())],
     );
     render_metric(
         &mut out,

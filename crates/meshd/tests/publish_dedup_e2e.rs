@@ -395,3 +395,86 @@ async fn given_a_publish_whose_answer_is_lost_then_meshd_publish_sends_the_batch
     assert!(stderr.contains("sending it again"), "stderr: {stderr}");
     assert_stored_once(&a, &["c1", "c2"]).await;
 }
+
+/// `--max-dedup-entries` (http-api.md "Security rules (third round)"): the dedup
+/// index's memory is bounded without ever dropping an entry early. At the cap a
+/// publish that would add keys is 429 `dedup-full` with `Retry-After` (the time until
+/// the oldest entry expires) and stores nothing; a duplicate is still answered as one
+/// (the guarantee holds at the cap); once the oldest entries expire, publishing goes
+/// on. A topic with dedup off is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_the_dedup_index_at_its_cap_then_new_keys_wait_for_expiry_and_duplicates_are_still_answered(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MeshdProcess::start(bin(), dir.path(), &["--max-dedup-entries", "3"])
+        .await
+        .unwrap();
+    let a = m.addr();
+    for (topic, window) in [("t", 3000), ("plain", 0)] {
+        let r = send_json(
+            a,
+            "PUT",
+            &format!("/v1/topics/{topic}"),
+            &json!({"partitions": 1, "dedup_window_ms": window}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let (status, body) = publish_batch(a, "t", &[ev("e1"), ev("e2")]).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    // Two new keys do not fit beside two: the whole batch is refused, nothing stored.
+    let r = request_with(
+        a,
+        "POST",
+        "/v1/topics/t/events",
+        &[("Content-Type", "application/cloudevents-batch+json")],
+        json!([ev("e3"), ev("e4")]).to_string().as_bytes(),
+    )
+    .await
+    .unwrap();
+    let p = problem(&r, 429);
+    assert!(p["type"].as_str().unwrap().ends_with("/dedup-full"), "{p}");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=3).contains(&retry), "Retry-After {retry}");
+    let (status, body) = publish_batch(a, "t", &[ev("e3")]).await.unwrap();
+    assert_eq!(status, 201, "one more fits: {body}");
+    // At the cap: a new key waits, a duplicate is answered as a duplicate, and a
+    // topic without dedup publishes.
+    let (status, body) = publish_batch(a, "t", &[ev("e4")]).await.unwrap();
+    assert_eq!(status, 429, "{body}");
+    let (status, body) = publish_batch(a, "t", &[ev("e1"), ev("e3")]).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert!(
+        body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["duplicate"] == true),
+        "{body}"
+    );
+    let (status, body) = publish_batch(a, "plain", &[ev("x")]).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        stored_ids(a, "t").await,
+        BTreeMap::from([("e1".into(), 1), ("e2".into(), 1), ("e3".into(), 1)])
+    );
+    // Once the oldest entries' window ends, new keys are taken again (before the
+    // periodic sweep: the append at the cap sweeps what expired).
+    let stored = meshd_test_support::wait::wait_until(
+        Duration::from_secs(15),
+        "e4 published once the oldest dedup entries expired",
+        || async {
+            let (status, body) = publish_batch(a, "t", &[ev("e4")]).await?;
+            anyhow::ensure!(status == 201, "{status}: {body}");
+            Ok(body)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(stored["events"][0].get("duplicate").is_none(), "{stored}");
+    let refused = metric(a, r#"meshd_dedup_full_total{backend="rocksdb"}"#)
+        .await
+        .unwrap();
+    assert!(refused >= 2.0, "meshd_dedup_full_total {refused}");
+}

@@ -310,6 +310,9 @@ pub struct DedupIndex {
     /// Per topic, per partition: looked up by `&str`, no key built per call.
     topics: HashMap<String, HashMap<u32, Window>>,
     entries: usize,
+    /// When the oldest entry expires, once asked ([`oldest_expiry`](Self::oldest_expiry),
+    /// only at the cap): kept through inserts, forgotten by anything that removes.
+    oldest: Option<u64>,
 }
 
 impl DedupIndex {
@@ -342,10 +345,32 @@ impl DedupIndex {
         };
         let window = partitions.entry(partition).or_default();
         for e in entries {
+            if let Some(oldest) = &mut self.oldest {
+                *oldest = (*oldest).min(e.expires_at());
+            }
             if window.insert(e) {
                 self.entries += 1;
+            } else {
+                // It replaced an expired entry, which may have been the oldest.
+                self.oldest = None;
             }
         }
+    }
+
+    /// When the oldest entry held expires (it may have already: expired entries stay
+    /// until the sweep). A scan of every entry the first time after a removal, so it
+    /// is asked only at the cap.
+    pub fn oldest_expiry(&mut self) -> Option<u64> {
+        if self.oldest.is_none() {
+            self.oldest = self
+                .topics
+                .values()
+                .flat_map(|ps| ps.values())
+                .flat_map(|w| w.keys.values())
+                .map(|s| s.expires_at)
+                .min();
+        }
+        self.oldest
     }
 
     /// Takes a partition's window out to load more records into it (an open reads
@@ -357,6 +382,7 @@ impl DedupIndex {
             .and_then(|p| p.remove(&partition))
         {
             Some(mut w) => {
+                self.oldest = None;
                 self.entries -= w.keys.len();
                 w.keys.reserve(capacity);
                 w
@@ -367,6 +393,7 @@ impl DedupIndex {
 
     /// Puts back a window taken with [`take_window`](Self::take_window).
     pub fn put_window(&mut self, topic: &str, partition: u32, w: Window) {
+        self.oldest = None;
         self.entries += w.keys.len();
         if let Some(old) = self
             .topics
@@ -395,6 +422,7 @@ impl DedupIndex {
         {
             window.keys.remove(&e.key);
             self.entries -= 1;
+            self.oldest = None;
         }
     }
 
@@ -432,6 +460,7 @@ impl DedupIndex {
     /// Forgets a deleted topic.
     pub fn forget_topic(&mut self, topic: &str) {
         if let Some(partitions) = self.topics.remove(topic) {
+            self.oldest = None;
             self.entries -= partitions.values().map(|w| w.keys.len()).sum::<usize>();
         }
     }
@@ -458,6 +487,23 @@ mod tests {
             at_ms,
             window_ms,
         }
+    }
+
+    #[test]
+    fn the_oldest_expiry_follows_inserts_and_is_found_again_after_removals() {
+        let mut ix = DedupIndex::default();
+        assert_eq!(ix.oldest_expiry(), None);
+        ix.insert("t", 0, e(1, 0, 1000, 500));
+        ix.insert("u", 3, e(2, 0, 900, 1000));
+        assert_eq!(ix.oldest_expiry(), Some(1500));
+        // Kept through an insert: an older expiry lowers it.
+        ix.insert("t", 1, e(3, 0, 100, 100));
+        assert_eq!(ix.oldest_expiry(), Some(200));
+        ix.remove_expired("t", 1, &e(3, 0, 100, 100));
+        assert_eq!(ix.oldest_expiry(), Some(1500));
+        ix.forget_topic("t");
+        assert_eq!(ix.oldest_expiry(), Some(1900));
+        assert_eq!(ix.len(), 1);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use meshd_stores::log::{
     PartitionBounds, PartitionLog, Retention, RetentionReport,
 };
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
@@ -166,6 +166,13 @@ struct Dedup {
     load: watch::Sender<DedupLoad>,
     /// Set when the log is dropped: a load still running stops.
     cancel: AtomicBool,
+    /// The most entries appends may take the index to (`--max-dedup-entries`); an open
+    /// loads every live record whatever it holds.
+    max_entries: AtomicUsize,
+    /// Deduplicated appends refused at the cap.
+    refused: AtomicU64,
+    /// Whether a sweep asked for by an append at the cap is running.
+    sweeping: AtomicBool,
 }
 
 impl Dedup {
@@ -372,6 +379,9 @@ impl RocksLog {
             index: Mutex::new(DedupIndex::default()),
             load: watch::channel(DedupLoad::Loading).0,
             cancel: AtomicBool::new(false),
+            max_entries: AtomicUsize::new(usize::MAX),
+            refused: AtomicU64::new(0),
+            sweeping: AtomicBool::new(false),
         });
         let load = {
             let (dedup, engine, log_id) = (dedup.clone(), engine.clone(), log_id.to_string());
@@ -413,6 +423,32 @@ impl RocksLog {
         self.inner.stopping.store(true, Ordering::Relaxed);
     }
 
+    /// One deduplicated append on the store thread: the outer error is the write's,
+    /// the inner one a refusal at the cap (nothing written).
+    #[allow(clippy::type_complexity)]
+    async fn stage_dedup(
+        &self,
+        topic: &str,
+        events: Vec<DedupEvent>,
+        window_ms: u64,
+    ) -> Result<Result<(Vec<Appended>, Vec<(u32, u64)>), (LogError, Vec<DedupEvent>)>, LogError>
+    {
+        let at = now_ms();
+        let inner = self.inner.clone();
+        let owned = topic.to_string();
+        let (_, staged) = crate::on_store_thread(&self.inner.group, Wait::Durable, move |_| {
+            Ok::<_, LocalError>(
+                match inner.stage_append_dedup(&owned, events, window_ms, at) {
+                    Ok((batch, answers, assigned)) => (batch, Ok((answers, assigned))),
+                    Err(refused) => (Batch::new(), Err(refused)),
+                },
+            )
+        })
+        .await
+        .map_err(write_err)?;
+        Ok(staged)
+    }
+
     /// Waits until the publish dedup index is loaded (an open loads it on its own
     /// thread); its error if loading failed (a damaged record).
     pub async fn dedup_loaded(&self) -> Result<(), LogError> {
@@ -436,6 +472,18 @@ impl RocksLog {
     /// Live keys in the publish dedup index (the `meshd_dedup_entries` gauge).
     pub fn dedup_entries(&self) -> usize {
         self.inner.dedup().len()
+    }
+
+    /// Caps the publish dedup index (`--max-dedup-entries`): a deduplicated append
+    /// that would store keys past `max` is refused ([`LogError::DedupFull`]) until
+    /// entries expire; none is ever dropped to make room.
+    pub fn set_max_dedup_entries(&self, max: usize) {
+        self.inner.dedup.max_entries.store(max, Ordering::Relaxed);
+    }
+
+    /// Deduplicated appends refused at the cap (`meshd_dedup_full_total`).
+    pub fn dedup_full_refusals(&self) -> u64 {
+        self.inner.dedup.refused.load(Ordering::Relaxed)
     }
 
     /// A read (or anything that writes nothing) on the blocking pool: a task that
@@ -500,33 +548,54 @@ impl Inner {
     /// in the same batch. When only duplicates remain and one of their originals may
     /// not be durable yet, the batch rewrites a partition head unchanged, so this
     /// call's answer waits for an fsync that covers the original.
+    ///
+    /// Refused whole ([`LogError::DedupFull`], nothing staged) when its new keys would
+    /// take the index past its cap; an append of duplicates only is always answered.
+    #[allow(clippy::type_complexity)]
     fn stage_append_dedup(
         &self,
         topic: &str,
         events: Vec<DedupEvent>,
         window_ms: u64,
         at: u64,
-    ) -> (Batch, Vec<Appended>, Vec<(u32, u64)>) {
-        let mut fresh: Vec<(u32, Vec<u8>)> = Vec::new();
+    ) -> Result<(Batch, Vec<Appended>, Vec<(u32, u64)>), (LogError, Vec<DedupEvent>)> {
         let mut fresh_keys = Vec::new();
+        // Whether each event is stored now (its payload moves into the batch).
+        let mut is_fresh = vec![false; events.len()];
         // Per event: Ok(index into fresh) or Err(the original's offset).
         let mut plan: Vec<(u32, Result<usize, u64>)> = Vec::with_capacity(events.len());
         let mut in_call: HashMap<(u32, meshd_stores::log::DedupKey), usize> = HashMap::new();
         {
-            let ix = self.dedup();
-            for e in events {
+            let mut ix = self.dedup();
+            for (n, e) in events.iter().enumerate() {
                 if let Some(offset) = ix.lookup(topic, e.partition, &e.key, at) {
                     plan.push((e.partition, Err(offset)));
                 } else if let Some(&i) = in_call.get(&(e.partition, e.key)) {
                     plan.push((e.partition, Ok(i)));
                 } else {
-                    in_call.insert((e.partition, e.key), fresh.len());
-                    plan.push((e.partition, Ok(fresh.len())));
+                    in_call.insert((e.partition, e.key), fresh_keys.len());
+                    plan.push((e.partition, Ok(fresh_keys.len())));
                     fresh_keys.push(e.key);
-                    fresh.push((e.partition, e.payload));
+                    is_fresh[n] = true;
                 }
             }
+            let max = self.dedup.max_entries.load(Ordering::Relaxed);
+            if !fresh_keys.is_empty() && ix.len().saturating_add(fresh_keys.len()) > max {
+                self.dedup.refused.fetch_add(1, Ordering::Relaxed);
+                let oldest = ix.oldest_expiry().unwrap_or(at);
+                let full = LogError::DedupFull {
+                    entries: ix.len(),
+                    retry_after_ms: oldest.saturating_sub(at),
+                };
+                return Err((full, events));
+            }
         }
+        let fresh: Vec<(u32, Vec<u8>)> = events
+            .into_iter()
+            .zip(is_fresh)
+            .filter(|(_, fresh)| *fresh)
+            .map(|(e, _)| (e.partition, e.payload))
+            .collect();
         let (mut batch, assigned) = if fresh.is_empty() {
             (Batch::new(), Vec::new())
         } else {
@@ -591,7 +660,7 @@ impl Inner {
                 batch.put(CF_LOG, keys::head_key(topic, partition), record.encode());
             }
         }
-        (batch, answers, assigned)
+        Ok((batch, answers, assigned))
     }
 
     /// A read served by the tail cache (`None`: not held there, read from disk).
@@ -1060,17 +1129,25 @@ impl PartitionLog for RocksLog {
             return Ok(Vec::new());
         }
         self.dedup_loaded().await?;
-        let at = now_ms();
-        let inner = self.inner.clone();
-        let owned = topic.to_string();
-        let (_, (answers, assigned)) =
-            crate::on_store_thread(&self.inner.group, Wait::Durable, move |_| {
-                let (batch, answers, assigned) =
-                    inner.stage_append_dedup(&owned, events, window_ms, at);
-                Ok::<_, LocalError>((batch, (answers, assigned)))
-            })
-            .await
-            .map_err(write_err)?;
+        let (answers, assigned) = match self.stage_dedup(topic, events, window_ms).await? {
+            Ok(staged) => staged,
+            // At the cap with the oldest entry expired but not swept yet: sweep now
+            // (what the housekeeping would do at its next pass) and try once more.
+            Err((
+                LogError::DedupFull {
+                    retry_after_ms: 0, ..
+                },
+                events,
+            )) if !self.inner.dedup.sweeping.swap(true, Ordering::AcqRel) => {
+                let swept = self.blocking_write(move |l| l.expire_dedup(now_ms())).await;
+                self.inner.dedup.sweeping.store(false, Ordering::Release);
+                swept?;
+                self.stage_dedup(topic, events, window_ms)
+                    .await?
+                    .map_err(|(full, _)| full)?
+            }
+            Err((full, _)) => return Err(full),
+        };
         if !assigned.is_empty() {
             self.inner.appended(topic, &assigned);
         }

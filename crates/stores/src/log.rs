@@ -55,6 +55,11 @@ pub enum LogError {
     /// The log (a shared one) cannot be reached; not applied.
     #[error("log unavailable: {0}")]
     Unavailable(String),
+    /// A deduplicated append that would take the publish dedup index past its cap
+    /// (`--max-dedup-entries`): nothing of it was written, and no entry was dropped to
+    /// make room. The oldest entry expires in `retry_after_ms`.
+    #[error("the publish dedup index holds {entries} entries, its cap; the oldest expires in {retry_after_ms} ms")]
+    DedupFull { entries: usize, retry_after_ms: u64 },
 }
 
 impl LogError {
@@ -65,6 +70,7 @@ impl LogError {
             LogError::UnknownPartition { .. } => "unknown_partition",
             LogError::Invalid(_) => "invalid",
             LogError::Unavailable(_) => "unavailable",
+            LogError::DedupFull { .. } => "dedup_full",
             LogError::Indeterminate(_) => "indeterminate",
             LogError::Corrupt { .. } => "corrupt",
             // A fail-stop, labelled as every store's is.

@@ -68,6 +68,18 @@ pub fn log_problem(e: LogError, backend: meshd_meta::Backend) -> Problem {
         }
         LogError::Invalid(d) => Problem::bad_request(d),
         LogError::Unavailable(d) => Problem::unavailable("log", backend, d),
+        LogError::DedupFull {
+            entries,
+            retry_after_ms,
+        } => {
+            let mut p = Problem::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "dedup-full",
+                format!("the publish dedup index holds {entries} entries (--max-dedup-entries): a publish with dedup waits until the oldest entry expires, in {retry_after_ms} ms; entries are never dropped early, so a retry inside its window is still answered as a duplicate"),
+            );
+            p.retry_after = Some(retry_after_ms.div_ceil(1000).max(1).to_string().into());
+            p
+        }
         LogError::Failed(reason) => Problem::fail_stopped("log", backend, reason),
         LogError::Indeterminate(reason) if backend == Backend::RocksDb => Problem::indeterminate(
             "log",

@@ -2481,6 +2481,7 @@ pub fn kind_of(e: &LogError) -> &'static str {
         LogError::Corrupt { .. } => "corrupt",
         LogError::Invalid(_) => "invalid",
         LogError::Unavailable(_) => "unavailable",
+        LogError::DedupFull { .. } => "dedup_full",
     }
 }
 
