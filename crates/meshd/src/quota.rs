@@ -3,9 +3,14 @@
 //! bytes of every task record in Meta. Beyond a quota a create is 429 with `type`
 //! ending `/quota-exceeded` and no `Retry-After` (nothing frees up by waiting), and
 //! nothing is stored. Counts come from the stores' caches, which follow Meta's
-//! changes: across instances they lag by one cache refresh. A create that already
-//! exists (an idempotent re-submit, a PUT of an existing topic) and a session takeover
-//! are never refused.
+//! changes: across instances they lag by one cache refresh. An instance counts its own
+//! creates at once: a create passes the check by taking a [`Reserved`] place, held
+//! while it is written and, for a task, until the usage watch has seen it (the topic,
+//! subscription and session stores put their own writes in their caches before they
+//! return). So creates on one instance never pass a quota, sequential or concurrent;
+//! a burst across instances passes it by at most the other instances' creates in
+//! flight. A create that already exists (an idempotent re-submit, a PUT of an
+//! existing topic) and a session takeover are never refused.
 
 use crate::config::Limits;
 use crate::problem::Problem;
@@ -14,9 +19,9 @@ use meshd_stores::sessions::SessionStore;
 use meshd_stores::subscriptions::MetaSubscriptionStore;
 use meshd_stores::tasks::usage::TaskUsageWatch;
 use meshd_stores::topics::MetaTopicStore;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The quotas by name (the `quota` label of the metrics and the problem field).
 pub const TOPICS: &str = "topics";
@@ -33,8 +38,83 @@ pub struct Quotas {
     sessions: Arc<dyn SessionStore>,
     tasks: TaskUsageWatch,
     refused: BTreeMap<&'static str, AtomicU64>,
+    /// This instance's creates that its caches may not count yet.
+    pending: Mutex<Pending>,
 }
 
+/// Creates of this instance that the caches may not show yet.
+#[derive(Default)]
+struct Pending {
+    /// Being written, by quota.
+    writing: HashMap<&'static str, u64>,
+    /// Tasks written at a revision the usage watch had not reached when last asked:
+    /// (revision, agent, bytes).
+    unseen_tasks: Vec<(i64, String, u64)>,
+    /// Tasks being written, per agent, and their bytes.
+    writing_tasks: HashMap<String, u64>,
+    task_bytes_writing: u64,
+}
+
+impl Pending {
+    fn writing(&self, quota: &'static str) -> u64 {
+        self.writing.get(quota).copied().unwrap_or(0)
+    }
+
+    /// Forgets the written tasks the usage watch has seen (its revision reached theirs).
+    fn seen_up_to(&mut self, revision: i64) {
+        self.unseen_tasks.retain(|(r, _, _)| *r > revision);
+    }
+
+    fn release(&mut self, quota: &'static str, task: Option<&(String, u64)>) {
+        if let Some(n) = self.writing.get_mut(quota) {
+            *n = n.saturating_sub(1);
+        }
+        if let Some((agent, bytes)) = task {
+            if let Some(n) = self.writing_tasks.get_mut(agent) {
+                *n -= 1;
+                if *n == 0 {
+                    self.writing_tasks.remove(agent);
+                }
+            }
+            self.task_bytes_writing = self.task_bytes_writing.saturating_sub(*bytes);
+        }
+    }
+}
+
+/// A create's place under its quota, taken by the check and held while it is
+/// written: dropped, it is given back (the create failed, or changed nothing); a
+/// created task hands it on with [`Reserved::task_created`].
+#[must_use = "the place is given back when dropped: hold it while the create is written"]
+pub struct Reserved<'a> {
+    quotas: &'a Quotas,
+    quota: &'static str,
+    /// A task's agent and bytes.
+    task: Option<(String, u64)>,
+}
+
+impl Reserved<'_> {
+    /// The task was created at Meta `revision`: it stays counted until the usage
+    /// watch has reached that revision (and so counts it itself).
+    pub fn task_created(mut self, revision: i64) {
+        let mut p = self.quotas.pending();
+        if let Some(task) = self.task.take() {
+            p.release(self.quota, Some(&task));
+            p.unseen_tasks.push((revision, task.0, task.1));
+            // Released above: nothing is left for the drop.
+            self.quota = "";
+        }
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if !self.quota.is_empty() {
+            self.quotas
+                .pending()
+                .release(self.quota, self.task.as_ref());
+        }
+    }
+}
 /// A quota that a create would pass; [`Quotas::refuse`] turns it into the answer
 /// (the caller may first find that the create changes nothing, e.g. an idempotent
 /// re-submit, and let it through).
@@ -93,7 +173,34 @@ impl Quotas {
             sessions,
             tasks,
             refused,
+            pending: Mutex::default(),
         }
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        // Counters only: usable after a panic elsewhere.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a place under `quota` when `count` (the cache's, `None`: not known yet,
+    /// which refuses nothing) plus this instance's creates being written is below
+    /// `limit`.
+    fn reserve(
+        &self,
+        quota: &'static str,
+        limit: u64,
+        count: impl FnOnce() -> Option<u64>,
+        detail: impl FnOnce(u64) -> String,
+    ) -> Result<Reserved<'_>, Over> {
+        let mut p = self.pending();
+        let count = count().map(|n| n + p.writing(quota));
+        within(quota, limit, count, detail)?;
+        *p.writing.entry(quota).or_default() += 1;
+        Ok(Reserved {
+            quotas: self,
+            quota,
+            task: None,
+        })
     }
 
     /// The 429 of a quota (counted and logged): no `Retry-After`, since waiting frees
@@ -112,57 +219,76 @@ impl Quotas {
 
     /// Before a topic that does not exist yet is created. (A count the cache does not
     /// know yet refuses nothing: the store answers for Meta then.)
-    pub fn topic(&self) -> Result<(), Over> {
+    pub fn topic(&self) -> Result<Reserved<'_>, Over> {
         let limit = self.limits.max_topics;
-        within(TOPICS, limit, self.topics.count().map(|n| n as u64), |n| {
-            format!("{n} topics exist; --max-topics is {limit}: delete one first")
-        })
+        self.reserve(
+            TOPICS,
+            limit,
+            || self.topics.count().map(|n| n as u64),
+            |n| format!("{n} topics exist; --max-topics is {limit}: delete one first"),
+        )
     }
 
     /// Before a subscription that does not exist yet is created.
-    pub fn subscription(&self) -> Result<(), Over> {
+    pub fn subscription(&self) -> Result<Reserved<'_>, Over> {
         let limit = self.limits.max_subscriptions;
-        let count = self.subscriptions.count().map(|n| n as u64);
-        within(SUBSCRIPTIONS, limit, count, |n| {
-            format!("{n} subscriptions exist; --max-subscriptions is {limit}: delete one first")
-        })
+        self.reserve(
+            SUBSCRIPTIONS,
+            limit,
+            || self.subscriptions.count().map(|n| n as u64),
+            |n| {
+                format!("{n} subscriptions exist; --max-subscriptions is {limit}: delete one first")
+            },
+        )
     }
 
     /// Before a session is opened for `client_id` (a takeover of its live session is
     /// never refused).
-    pub fn session(&self, client_id: &str) -> Result<(), Over> {
+    pub fn session(&self, client_id: &str) -> Result<Option<Reserved<'_>>, Over> {
         if self.sessions.has_live(client_id) != Some(false) {
-            return Ok(());
+            return Ok(None);
         }
         let limit = self.limits.max_sessions;
-        let count = self.sessions.live_count().map(|n| n as u64);
-        within(SESSIONS, limit, count, |n| {
-            format!("{n} sessions are live; --max-sessions is {limit}: close one or let one expire first")
-        })
+        self.reserve(
+            SESSIONS,
+            limit,
+            || self.sessions.live_count().map(|n| n as u64),
+            |n| format!("{n} sessions are live; --max-sessions is {limit}: close one or let one expire first"),
+        )
+        .map(Some)
     }
 
     /// Before a task of `agent` whose record takes about `bytes` is created (the
     /// caller lets an idempotent re-submit of an existing task through first).
-    pub fn task(&self, agent: &str, bytes: u64) -> Result<(), Over> {
-        let Some(u) = self.tasks.usage() else {
-            return Ok(());
-        };
-        let limit = self.limits.max_tasks;
-        within(TASKS, limit, Some(u.non_terminal), |n| {
-            format!("{n} tasks are not finished; --max-tasks is {limit}: finish, cancel or delete some first")
-        })?;
-        self.task_bytes(u.bytes, bytes)?;
-        let limit = self.limits.max_tasks_per_agent;
-        within(
-            TASKS_PER_AGENT,
-            limit,
-            self.tasks.non_terminal_of(agent),
-            |n| {
+    pub fn task(&self, agent: &str, bytes: u64) -> Result<Reserved<'_>, Over> {
+        let mut p = self.pending();
+        if let Some((u, of_agent, revision)) = self.tasks.usage_of(agent) {
+            p.seen_up_to(revision);
+            let unseen_of_agent = p.unseen_tasks.iter().filter(|t| t.1 == agent).count() as u64;
+            let unseen_bytes: u64 = p.unseen_tasks.iter().map(|t| t.2).sum();
+            let non_terminal = u.non_terminal + p.writing(TASKS) + p.unseen_tasks.len() as u64;
+            let limit = self.limits.max_tasks;
+            within(TASKS, limit, Some(non_terminal), |n| {
+                format!("{n} tasks are not finished; --max-tasks is {limit}: finish, cancel or delete some first")
+            })?;
+            self.task_bytes(u.bytes + p.task_bytes_writing + unseen_bytes, bytes)?;
+            let limit = self.limits.max_tasks_per_agent;
+            let of_agent =
+                of_agent + p.writing_tasks.get(agent).copied().unwrap_or(0) + unseen_of_agent;
+            within(TASKS_PER_AGENT, limit, Some(of_agent), |n| {
                 format!(
                     "agent {agent:?} has {n} unfinished tasks; --max-tasks-per-agent is {limit}"
                 )
-            },
-        )
+            })?;
+        }
+        *p.writing.entry(TASKS).or_default() += 1;
+        *p.writing_tasks.entry(agent.to_string()).or_default() += 1;
+        p.task_bytes_writing += bytes;
+        Ok(Reserved {
+            quotas: self,
+            quota: TASKS,
+            task: Some((agent.to_string(), bytes)),
+        })
     }
 
     /// Before a task write that adds `more` bytes to what tasks keep in Meta.

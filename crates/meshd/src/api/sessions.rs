@@ -128,7 +128,9 @@ async fn open(
 ) -> Result<Response, Problem> {
     let (client_id, ttl_ms) = parse_open(&headers, body)?;
     // A takeover (the client id holds a live session) is never refused.
-    api.quotas
+    // Held while the session is written (see crate::quota).
+    let _reserved = api
+        .quotas
         .session(&client_id)
         .map_err(|over| api.quotas.refuse(over))?;
     let session = api

@@ -298,18 +298,23 @@ pub async fn put_subscription(
         super::require_release(&api, field, super::SETTINGS_RELEASE).await?;
     }
     let pre = precondition(&headers)?;
-    if let Err(over) = api.quotas.subscription() {
-        // At the quota only an existing subscription may be PUT again.
-        let exists = api
-            .subscriptions
-            .get(&name)
-            .await
-            .map_err(|e| subscription_problem(e, api.meta_backend))?
-            .is_some();
-        if !exists {
-            return Err(api.quotas.refuse(over));
+    // Held while the subscription is written (see crate::quota).
+    let _reserved = match api.quotas.subscription() {
+        Ok(reserved) => Some(reserved),
+        Err(over) => {
+            // At the quota only an existing subscription may be PUT again.
+            let exists = api
+                .subscriptions
+                .get(&name)
+                .await
+                .map_err(|e| subscription_problem(e, api.meta_backend))?
+                .is_some();
+            if !exists {
+                return Err(api.quotas.refuse(over));
+            }
+            None
         }
-    }
+    };
     let (sub, created) = api
         .subscriptions
         .put(spec, pre)

@@ -292,22 +292,31 @@ pub async fn submit(
     let id = id.unwrap_or_else(new_task_id);
     // What the record will take in Meta: its input plus the fields around it.
     let bytes = serde_json::to_vec(&input).map_or(0, |v| v.len() as u64) + TASK_RECORD_OVERHEAD;
-    if let Err(over) = api.quotas.task(&agent, bytes) {
-        // An idempotent re-submit of an existing task is never refused (and the
-        // same id with another body gets its 409 from the store).
-        let exists = given
-            && match api.tasks.get(&id).await {
-                Ok(_) => true,
-                Err(TaskError::NotFound { .. }) => false,
-                Err(e) => return Err(task_failed(&api, e)),
-            };
-        if !exists {
-            return Err(api.quotas.refuse(over));
+    // Held while the task is written, and after until the usage watch counts it
+    // (see crate::quota).
+    let reserved = match api.quotas.task(&agent, bytes) {
+        Ok(reserved) => Some(reserved),
+        Err(over) => {
+            // An idempotent re-submit of an existing task is never refused (and the
+            // same id with another body gets its 409 from the store).
+            let exists = given
+                && match api.tasks.get(&id).await {
+                    Ok(_) => true,
+                    Err(TaskError::NotFound { .. }) => false,
+                    Err(e) => return Err(task_failed(&api, e)),
+                };
+            if !exists {
+                return Err(api.quotas.refuse(over));
+            }
+            None
         }
-    }
+    };
     let started = Instant::now();
     match api.tasks.submit(Some(&id), &agent, input).await {
         Ok(s) if s.created => {
+            if let Some(reserved) = reserved {
+                reserved.task_created(s.task.version);
+            }
             api.metrics
                 .write_latency(STORE, api.meta_backend, "submit", started.elapsed());
             let mut response = task_response(StatusCode::CREATED, &s.task);

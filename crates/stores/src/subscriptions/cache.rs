@@ -365,7 +365,13 @@ impl<V: Clone + Send + Sync + 'static> WatchedCache<V> {
 
     /// Folds `f` over every live, decodable record (under the read lock, copying
     /// nothing); `None` when the cache never loaded.
-    pub(crate) fn fold<A>(&self, init: A, mut f: impl FnMut(A, &V) -> A) -> Option<A> {
+    pub(crate) fn fold<A>(&self, init: A, f: impl FnMut(A, &V) -> A) -> Option<A> {
+        self.fold_at(init, f).map(|(acc, _)| acc)
+    }
+
+    /// [`fold`](Self::fold) with the revision it reflects (every change up to it),
+    /// read under the same lock.
+    pub(crate) fn fold_at<A>(&self, init: A, mut f: impl FnMut(A, &V) -> A) -> Option<(A, i64)> {
         let s = self.shared.read();
         if !s.loaded {
             return None;
@@ -376,7 +382,7 @@ impl<V: Clone + Send + Sync + 'static> WatchedCache<V> {
                 acc = f(acc, v);
             }
         }
-        Some(acc)
+        Some((acc, s.revision))
     }
 
     /// Every live record in name order; `None` when the cache never loaded.

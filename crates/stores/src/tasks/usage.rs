@@ -89,6 +89,19 @@ impl TaskUsageWatch {
         })
     }
 
+    /// Totals, the non-terminal tasks of `agent`, and the Meta revision every change
+    /// up to which they reflect, read together; `None` before the first load.
+    pub fn usage_of(&self, agent: &str) -> Option<(TaskUsage, u64, i64)> {
+        let ((u, of_agent), revision) =
+            self.cache
+                .fold_at((TaskUsage::default(), 0u64), |(mut u, n), s| {
+                    u.bytes += s.bytes;
+                    u.non_terminal += u64::from(!s.terminal);
+                    (u, n + u64::from(!s.terminal && s.agent == agent))
+                })?;
+        Some((u, of_agent, revision))
+    }
+
     /// Non-terminal tasks of `agent` now; `None` before the first load.
     pub fn non_terminal_of(&self, agent: &str) -> Option<u64> {
         self.cache
