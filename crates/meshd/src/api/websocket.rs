@@ -331,10 +331,10 @@ async fn serve(
                             .filter_map(|d| delivery_json(&api, &name, d))
                             .collect();
                         let frame = format!("{{\"deliveries\":[{}]}}", items.join(","));
-                        send_within(&api, &mut *out, Message::Text(frame.into())).await
+                        send_within(&api, &mut out, Message::Text(frame.into())).await
                     }
                     Some(Ok(StreamItem::Idle)) => {
-                        send_within(&api, &mut *out, Message::Ping(Default::default())).await
+                        send_within(&api, &mut out, Message::Ping(Default::default())).await
                     }
                     Some(Err(p)) => {
                         let _ = out.send(problem_frame(&Value::Null, &p)).await;
