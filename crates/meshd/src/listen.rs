@@ -247,11 +247,11 @@ pub async fn serve(
         // Reap finished connection tasks so the set does not grow.
         while connections.try_join_next().is_some() {}
         connections.spawn(async move {
-            let _slot = slot;
-            counters.open.fetch_add(1, Ordering::Relaxed);
-            let _open = OpenGuard(&counters);
+            // The connection's place under --max-connections goes with its socket, so
+            // an upgraded connection (a WebSocket, which outlives this task) keeps it.
+            let held = Held::new(slot, counters.clone());
             let activity = Arc::new(Activity::default());
-            let io = IdleIo::new(stream, limits.idle_timeout, activity.clone());
+            let io = IdleIo::new(stream, limits.idle_timeout, activity.clone()).holding(held);
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
@@ -392,11 +392,26 @@ fn is_header_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-struct OpenGuard<'a>(&'a HttpCounters);
+/// A connection's place under `max_connections` and in the open count, given back
+/// when its socket is dropped.
+struct Held {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    counters: Arc<HttpCounters>,
+}
 
-impl Drop for OpenGuard<'_> {
+impl Held {
+    fn new(slot: tokio::sync::OwnedSemaphorePermit, counters: Arc<HttpCounters>) -> Self {
+        counters.open.fetch_add(1, Ordering::Relaxed);
+        Self {
+            _slot: slot,
+            counters,
+        }
+    }
+}
+
+impl Drop for Held {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        self.counters.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -409,6 +424,8 @@ struct IdleIo<S> {
     last: Instant,
     timer: Pin<Box<Sleep>>,
     activity: Arc<Activity>,
+    /// The connection's place, held as long as the socket (see [`Held`]).
+    _held: Option<Held>,
 }
 
 impl<S> IdleIo<S> {
@@ -420,7 +437,13 @@ impl<S> IdleIo<S> {
             last: now,
             timer: Box::pin(tokio::time::sleep_until(now + idle)),
             activity,
+            _held: None,
         }
+    }
+
+    fn holding(mut self, held: Held) -> Self {
+        self._held = Some(held);
+        self
     }
 
     /// `Ready(err)` once the connection has been idle for too long.

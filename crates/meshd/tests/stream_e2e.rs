@@ -1083,3 +1083,39 @@ async fn a_websocket_client_that_sends_but_never_reads_is_closed_after_the_idle_
     );
     sender.abort();
 }
+
+/// An upgraded WebSocket is a connection like any other: it keeps its place under
+/// `--max-connections` for its life (hyper hands its socket over at the upgrade, and
+/// the place used to go back then, so streams could open past the cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgraded_websockets_keep_counting_against_max_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MeshdProcess::start(bin(), dir.path(), &["--max-connections", "4"])
+        .await
+        .unwrap();
+    let a = m.addr().to_string();
+    let a = a.as_str();
+    create_topic(a, "t", 1).await;
+    create_subscription(a, "s", json!({"topic": "t", "start": "earliest"})).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(ws_open(a, "s", None).await.unwrap());
+    }
+    wait_long_polls(a, 3).await;
+    // Three WebSockets and the scrape's own connection.
+    wait_until(DRAIN, "4 connections open", || async move {
+        let n = metric(a, "meshd_http_connections").await?;
+        anyhow::ensure!(n == 4.0, "meshd_http_connections {n}");
+        Ok(())
+    })
+    .await
+    .unwrap();
+    held.pop();
+    wait_until(DRAIN, "a closed WebSocket's place back", || async move {
+        let n = metric(a, "meshd_http_connections").await?;
+        anyhow::ensure!(n == 3.0, "meshd_http_connections {n}");
+        Ok(())
+    })
+    .await
+    .unwrap();
+}
