@@ -103,9 +103,23 @@ pub struct PublishArgs {
     conn: Conn,
     /// The topic to publish to.
     topic: String,
-    /// CloudEvents as JSON objects, one per argument. Without any, events are read from
-    /// stdin, one JSON object per line (blank lines skipped).
+    /// CloudEvents as JSON objects, one per argument. Without any (and without
+    /// --type), events are read from stdin, one JSON object per line (blank lines
+    /// skipped).
     events: Vec<String>,
+    /// Build one event instead: its `type` (`--data`, `--source`, `--id` fill the rest).
+    #[arg(long = "type", value_name = "TYPE", conflicts_with = "events")]
+    event_type: Option<String>,
+    /// With --type: the event's `data`, as JSON (`'{"n":1}'`, `'"text"'`, `42`).
+    #[arg(long, value_name = "JSON", requires = "event_type")]
+    data: Option<String>,
+    /// With --type: the event's `source` (default `meshd-cli`).
+    #[arg(long, requires = "event_type")]
+    source: Option<String>,
+    /// With --type: the event's `id` (default: generated, 32 hex characters); the same
+    /// id again within the topic's dedup window is answered as a duplicate.
+    #[arg(long, requires = "event_type")]
+    id: Option<String>,
     /// Events per request, 1-1000 (each request is one atomic, durable append).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=1000))]
     batch_size: u32,

@@ -99,6 +99,33 @@ fn check_event(text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The CloudEvent `meshd publish TOPIC --type T [--data JSON] [--source S] [--id I]`
+/// sends: `id` generated unless given, `source` `meshd-cli` unless given, and `data`
+/// (JSON, so `datacontenttype` is `application/json`) when given.
+fn built_event(
+    event_type: &str,
+    data: Option<&str>,
+    source: Option<String>,
+    id: Option<String>,
+) -> Result<String, CliError> {
+    let mut event = serde_json::json!({
+        "specversion": "1.0",
+        "id": id.unwrap_or_else(|| format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>())),
+        "source": source.unwrap_or_else(|| "meshd-cli".to_string()),
+        "type": event_type,
+    });
+    if let Some(data) = data {
+        let data: Value = serde_json::from_str(data).map_err(|e| {
+            CliError::Usage(format!(
+                "--data is JSON ({e}); quote text as a JSON string: --data '\"hello\"'"
+            ))
+        })?;
+        event["datacontenttype"] = "application/json".into();
+        event["data"] = data;
+    }
+    Ok(event.to_string())
+}
+
 /// Batches events and sends them.
 struct Publisher<'a> {
     ctx: &'a Ctx,
@@ -289,6 +316,11 @@ impl<'a> Publisher<'a> {
 
 pub fn publish(ctx: &Ctx, a: PublishArgs) -> Result<(), CliError> {
     let mut p = Publisher::new(ctx, &a.topic, a.batch_size as usize);
+    if let Some(event_type) = &a.event_type {
+        let event = built_event(event_type, a.data.as_deref(), a.source, a.id)?;
+        p.add(event, "the event of --type".into())?;
+        return p.finish();
+    }
     if !a.events.is_empty() {
         // Arguments are all checked before anything is sent.
         for (i, e) in a.events.iter().enumerate() {
