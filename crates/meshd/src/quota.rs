@@ -87,7 +87,8 @@ impl Pending {
 #[must_use = "the place is given back when dropped: hold it while the create is written"]
 pub struct Reserved<'a> {
     quotas: &'a Quotas,
-    quota: &'static str,
+    /// `None` once handed on (nothing left for the drop to give back).
+    quota: Option<&'static str>,
     /// A task's agent and bytes.
     task: Option<(String, u64)>,
 }
@@ -96,25 +97,23 @@ impl Reserved<'_> {
     /// The task was created at Meta `revision`: it stays counted until the usage
     /// watch has reached that revision (and so counts it itself).
     pub fn task_created(mut self, revision: i64) {
-        let mut p = self.quotas.pending();
-        if let Some(task) = self.task.take() {
-            p.release(self.quota, Some(&task));
+        if let (Some(quota), Some(task)) = (self.quota, self.task.take()) {
+            self.quota = None;
+            let mut p = self.quotas.pending();
+            p.release(quota, Some(&task));
             p.unseen_tasks.push((revision, task.0, task.1));
-            // Released above: nothing is left for the drop.
-            self.quota = "";
         }
     }
 }
 
 impl Drop for Reserved<'_> {
     fn drop(&mut self) {
-        if !self.quota.is_empty() {
-            self.quotas
-                .pending()
-                .release(self.quota, self.task.as_ref());
+        if let Some(quota) = self.quota {
+            self.quotas.pending().release(quota, self.task.as_ref());
         }
     }
 }
+
 /// A quota that a create would pass; [`Quotas::refuse`] turns it into the answer
 /// (the caller may first find that the create changes nothing, e.g. an idempotent
 /// re-submit, and let it through).
@@ -198,9 +197,25 @@ impl Quotas {
         *p.writing.entry(quota).or_default() += 1;
         Ok(Reserved {
             quotas: self,
-            quota,
+            quota: Some(quota),
             task: None,
         })
+    }
+
+    /// What a create's quota check (`check`) comes to: its place, or at the quota
+    /// `None` when `exists` finds the record there already (a PUT of an existing topic
+    /// or subscription, an idempotent re-submit of a task: nothing the quota counts
+    /// changes), else the 429. `exists` is asked only at the quota.
+    pub async fn admit<'q>(
+        &'q self,
+        check: Result<Reserved<'q>, Over>,
+        exists: impl std::future::Future<Output = Result<bool, Problem>>,
+    ) -> Result<Option<Reserved<'q>>, Problem> {
+        match check {
+            Ok(reserved) => Ok(Some(reserved)),
+            Err(_) if exists.await? => Ok(None),
+            Err(over) => Err(self.refuse(over)),
+        }
     }
 
     /// The 429 of a quota (counted and logged): no `Retry-After`, since waiting frees
@@ -286,7 +301,7 @@ impl Quotas {
         p.task_bytes_writing += bytes;
         Ok(Reserved {
             quotas: self,
-            quota: TASKS,
+            quota: Some(TASKS),
             task: Some((agent.to_string(), bytes)),
         })
     }

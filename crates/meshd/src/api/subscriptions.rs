@@ -298,23 +298,17 @@ pub async fn put_subscription(
         super::require_release(&api, field, super::SETTINGS_RELEASE).await?;
     }
     let pre = precondition(&headers)?;
-    // Held while the subscription is written (see crate::quota).
-    let _reserved = match api.quotas.subscription() {
-        Ok(reserved) => Some(reserved),
-        Err(over) => {
-            // At the quota only an existing subscription may be PUT again.
-            let exists = api
-                .subscriptions
-                .get(&name)
-                .await
+    // Held while the subscription is written (see crate::quota); at the quota only
+    // an existing subscription may be PUT again.
+    let _reserved = api
+        .quotas
+        .admit(api.quotas.subscription(), async {
+            let found = api.subscriptions.get(&name).await;
+            Ok(found
                 .map_err(|e| subscription_problem(e, api.meta_backend))?
-                .is_some();
-            if !exists {
-                return Err(api.quotas.refuse(over));
-            }
-            None
-        }
-    };
+                .is_some())
+        })
+        .await?;
     let (sub, created) = api
         .subscriptions
         .put(spec, pre)

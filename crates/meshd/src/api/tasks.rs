@@ -293,24 +293,21 @@ pub async fn submit(
     // What the record will take in Meta: its input plus the fields around it.
     let bytes = serde_json::to_vec(&input).map_or(0, |v| v.len() as u64) + TASK_RECORD_OVERHEAD;
     // Held while the task is written, and after until the usage watch counts it
-    // (see crate::quota).
-    let reserved = match api.quotas.task(&agent, bytes) {
-        Ok(reserved) => Some(reserved),
-        Err(over) => {
-            // An idempotent re-submit of an existing task is never refused (and the
-            // same id with another body gets its 409 from the store).
-            let exists = given
-                && match api.tasks.get(&id).await {
-                    Ok(_) => true,
-                    Err(TaskError::NotFound { .. }) => false,
-                    Err(e) => return Err(task_failed(&api, e)),
-                };
-            if !exists {
-                return Err(api.quotas.refuse(over));
+    // (see crate::quota). An idempotent re-submit of an existing task is never refused
+    // (and the same id with another body gets its 409 from the store).
+    let reserved = api
+        .quotas
+        .admit(api.quotas.task(&agent, bytes), async {
+            if !given {
+                return Ok(false);
             }
-            None
-        }
-    };
+            match api.tasks.get(&id).await {
+                Ok(_) => Ok(true),
+                Err(TaskError::NotFound { .. }) => Ok(false),
+                Err(e) => Err(task_failed(&api, e)),
+            }
+        })
+        .await?;
     let started = Instant::now();
     match api.tasks.submit(Some(&id), &agent, input).await {
         Ok(s) if s.created => {

@@ -176,23 +176,17 @@ pub async fn put_topic(
     if window.is_some_and(|ms| ms != DEFAULT_DEDUP_WINDOW_MS) {
         super::require_release(&api, "dedup_window_ms", super::SETTINGS_RELEASE).await?;
     }
-    // Held while the topic is written (see crate::quota).
-    let _reserved = match api.quotas.topic() {
-        Ok(reserved) => Some(reserved),
-        Err(over) => {
-            // At the quota only a topic that exists already may be PUT again.
-            let exists = api
-                .topics
-                .get(&name)
-                .await
+    // Held while the topic is written (see crate::quota); at the quota only a topic
+    // that exists already may be PUT again.
+    let _reserved = api
+        .quotas
+        .admit(api.quotas.topic(), async {
+            let found = api.topics.get(&name).await;
+            Ok(found
                 .map_err(|e| topic_problem(e, api.meta_backend))?
-                .is_some();
-            if !exists {
-                return Err(api.quotas.refuse(over));
-            }
-            None
-        }
-    };
+                .is_some())
+        })
+        .await?;
     let (topic, created) = api
         .topics
         .ensure_with(&name, partitions as u32, window)
