@@ -149,22 +149,29 @@ async fn given_malformed_filters_then_the_put_is_a_400_naming_the_expression_and
         (json!({"exact": {"type": "a"}}), "filters"),
     ];
     for (filters, path) in cases {
-        let r = send_json(
-            a,
-            "PUT",
-            "/v1/subscriptions/s",
-            &json!({"topic": "t", "filters": filters}),
-        )
-        .await
-        .unwrap();
-        let p = problem_naming(&r, path);
-        assert!(
-            p["detail"].as_str().unwrap_or("").contains(path),
-            "the detail names {path}: {p}"
-        );
+        refused_naming(a, filters, path).await;
     }
     let r = bare(a, "GET", "/v1/subscriptions/s").await;
     assert_eq!(r.status, 404, "nothing was stored: {}", r.body);
+}
+
+/// PUTs subscription `s` with `filters`; asserts the 400 names `path` as its field and
+/// in its detail, and returns the problem.
+async fn refused_naming(a: &str, filters: Value, path: &str) -> Value {
+    let r = send_json(
+        a,
+        "PUT",
+        "/v1/subscriptions/s",
+        &json!({"topic": "t", "filters": filters}),
+    )
+    .await
+    .unwrap();
+    let p = problem_naming(&r, path);
+    assert!(
+        p["detail"].as_str().unwrap_or("").contains(path),
+        "the detail names {path}: {p}"
+    );
+    p
 }
 
 /// `{"x0": "v", "x1": "v", ...}`: `n` attribute pairs.
@@ -214,17 +221,8 @@ async fn given_filters_past_64_pairs_or_16_kib_then_the_put_is_a_400_naming_the_
         (filters_of_bytes(16 * 1024 + 1), "filters"),
     ];
     for (filters, path) in refused {
-        let r = send_json(
-            a,
-            "PUT",
-            "/v1/subscriptions/s",
-            &json!({"topic": "t", "filters": filters}),
-        )
-        .await
-        .unwrap();
-        let p = problem_naming(&r, path);
+        let p = refused_naming(a, filters, path).await;
         let detail = p["detail"].as_str().unwrap_or("");
-        assert!(detail.contains(path), "the detail names {path}: {p}");
         assert!(
             detail.contains("64 attribute pairs") || detail.contains("16384"),
             "the detail gives the bound: {p}"

@@ -384,42 +384,9 @@ async fn a_websocket_stream_honours_credits_and_answers_in_band_acks_nacks_and_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_tokens_a_websocket_authenticates_with_its_first_frame() {
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("client-tokens");
-    let admin = dir.path().join("admin-tokens");
-    std::fs::write(&tokens, "client-token-0123456789\n").unwrap();
-    std::fs::write(&admin, "admin-token-0123456789\n").unwrap();
-    let m = MeshdProcess::start(
-        bin(),
-        &dir.path().join("data"),
-        &[
-            "--client-token-file",
-            tokens.to_str().unwrap(),
-            "--admin-token-file",
-            admin.to_str().unwrap(),
-        ],
-    )
-    .await
-    .unwrap();
+    let m = start_with_tokens(dir.path(), &[]).await;
     let a = m.addr();
     let admin_h = [("Authorization", "Bearer admin-token-0123456789")];
-    for (path, body) in [
-        ("/v1/topics/t", json!({"partitions": 1})),
-        (
-            "/v1/subscriptions/s",
-            json!({"topic": "t", "start": "earliest"}),
-        ),
-    ] {
-        let r = request_with(
-            a,
-            "PUT",
-            path,
-            &[admin_h[0], ("Content-Type", "application/json")],
-            body.to_string().as_bytes(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
-    }
     let r = request_with(
         a,
         "POST",
@@ -791,8 +758,9 @@ async fn ws_refusal(ws: &mut Ws) -> (Value, u16) {
     (problem["problem"].clone(), code)
 }
 
-/// Client and admin token files on `dir` (two client tokens) and the flags naming them.
-fn token_flags(dir: &std::path::Path) -> Vec<String> {
+/// meshd on `dir` with client tokens (two) and an admin token, and `extra` flags;
+/// topic `t` and subscription `s` created through the admin token.
+async fn start_with_tokens(dir: &std::path::Path, extra: &[&str]) -> MeshdProcess {
     let client = dir.join("client-tokens");
     let admin = dir.join("admin-tokens");
     std::fs::write(
@@ -801,12 +769,18 @@ fn token_flags(dir: &std::path::Path) -> Vec<String> {
     )
     .unwrap();
     std::fs::write(&admin, "admin-token-0123456789\n").unwrap();
-    vec![
-        "--client-token-file".into(),
-        client.to_str().unwrap().into(),
-        "--admin-token-file".into(),
-        admin.to_str().unwrap().into(),
-    ]
+    let mut args = vec![
+        "--client-token-file",
+        client.to_str().unwrap(),
+        "--admin-token-file",
+        admin.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let m = MeshdProcess::start(bin(), &dir.join("data"), &args)
+        .await
+        .unwrap();
+    admin_topic_and_subscription(m.addr()).await;
+    m
 }
 
 /// Topic `t` and subscription `s` through the admin token.
@@ -842,14 +816,8 @@ async fn admin_topic_and_subscription(a: &str) {
 async fn given_tokens_when_websockets_never_send_their_token_then_they_hold_no_slot_name_nothing_and_close_within_3_s(
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let mut args = token_flags(dir.path());
-    args.extend(["--max-long-polls".into(), "2".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let m = MeshdProcess::start(bin(), &dir.path().join("data"), &args)
-        .await
-        .unwrap();
+    let m = start_with_tokens(dir.path(), &["--max-long-polls", "2"]).await;
     let a = m.addr();
-    admin_topic_and_subscription(a).await;
 
     // Sockets to a subscription that exists and to one that does not upgrade alike,
     // and hold nothing.
@@ -947,14 +915,8 @@ async fn given_tokens_when_websockets_never_send_their_token_then_they_hold_no_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_max_streams_per_token_then_one_token_cannot_take_every_stream_slot() {
     let dir = tempfile::tempdir().unwrap();
-    let mut args = token_flags(dir.path());
-    args.extend(["--max-streams-per-token".into(), "1".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let m = MeshdProcess::start(bin(), &dir.path().join("data"), &args)
-        .await
-        .unwrap();
+    let m = start_with_tokens(dir.path(), &["--max-streams-per-token", "1"]).await;
     let a = m.addr();
-    admin_topic_and_subscription(a).await;
     let one = "client-token-0123456789";
     let first = ws_open(a, "s", Some(one)).await.unwrap();
     wait_long_polls(a, 1).await;
