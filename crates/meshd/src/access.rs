@@ -1,7 +1,8 @@
-//! Who may use a route, decided before anything else (http-api.md "Access", "Quotas
-//! and browser safety"): the [`gate`] middleware is the outermost layer, so a request
-//! it refuses never holds a request slot or body memory (`crate::admission` runs
-//! after it) and its body is never read.
+//! Who may use a route (http-api.md "Access", "Quotas and browser safety"): the route
+//! table (`crate::routes`) names each route's [`Caller`], and the [`gate`] middleware
+//! of that route's group checks it before anything else of the route runs, so a
+//! request it refuses never holds a request slot or body memory (`crate::admission`
+//! runs inside it) and its body is never read.
 //!
 //! - `/v1`: with `--client-token-file` and/or `--admin-token-file`, every route needs
 //!   `Authorization: Bearer <token>`. The client token may publish, pull, ack, nack,
@@ -16,13 +17,13 @@
 //! - Browser safety (`crate::browser`): Host, Origin and content type, on every route
 //!   but `/internal`.
 
-use crate::browser::{add_cors, BrowserRules, Refusal, Verdict};
-use crate::cluster::forward::SECRET_HEADER;
+use crate::browser::{add_cors, BrowserRules, Refusal, Scope, Verdict};
 use crate::problem::Problem;
 use axum::extract::{Request, State};
 use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use meshd_runtime::cluster::forward::SECRET_HEADER;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +35,56 @@ pub enum Role {
     Admin,
     /// `/metrics` with `--metrics-token-file` (an admin token may read it too).
     Metrics,
+}
+
+/// Who may call a route, as the route table says: which token it needs (when tokens
+/// are configured) and which browser rules apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Caller {
+    /// Anyone: the probes and the console's pages (browser rules of a site).
+    Anyone,
+    /// `/metrics`: a metrics or admin token with `--metrics-token-file`.
+    Metrics,
+    /// A client (or admin) token: consuming, sessions and tasks.
+    Client,
+    /// A client token, on the route that takes binary-mode CloudEvents (any content
+    /// type with `ce-specversion`).
+    Publisher,
+    /// A client token, which a WebSocket upgrade may send in its first frame instead
+    /// of a header (browsers cannot set `Authorization` on a WebSocket).
+    Streamer,
+    /// The admin token: topics, subscription settings, offsets, dead letters, cluster.
+    Admin,
+    /// Another member of the cluster: the cluster secret; no browser rules.
+    Member,
+}
+
+impl Caller {
+    /// The token role the caller needs when tokens guard its routes.
+    pub fn role(self) -> Option<Role> {
+        match self {
+            Caller::Anyone | Caller::Member => None,
+            Caller::Metrics => Some(Role::Metrics),
+            Caller::Client | Caller::Publisher | Caller::Streamer => Some(Role::Client),
+            Caller::Admin => Some(Role::Admin),
+        }
+    }
+
+    /// The browser rules of the caller's routes; `None`: exempt (`/internal`).
+    pub fn scope(self) -> Option<Scope> {
+        match self {
+            Caller::Anyone | Caller::Metrics => Some(Scope::Site),
+            Caller::Client | Caller::Streamer | Caller::Admin => Some(Scope::Api),
+            Caller::Publisher => Some(Scope::Publish),
+            Caller::Member => None,
+        }
+    }
+
+    /// Whether the caller's requests go through admission (request slots, body
+    /// memory): every API route, `/v1` and `/internal`; never the probes.
+    pub fn admitted(self) -> bool {
+        !matches!(self, Caller::Anyone | Caller::Metrics)
+    }
 }
 
 /// The roles a presented token holds (a token may be in several files).
@@ -163,22 +214,6 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The role a request needs; `None`: open (not a `/v1` route).
-pub fn required(method: &Method, path: &str) -> Option<Role> {
-    let rest = path.strip_prefix("/v1/")?;
-    let parts: Vec<&str> = rest.split('/').collect();
-    let client = match parts.as_slice() {
-        ["sessions", ..] | ["tasks", ..] => true,
-        ["topics", _, "events"] => method == Method::POST,
-        ["subscriptions", _, "pull" | "ack" | "nack" | "extend"] => method == Method::POST,
-        // Streams, and the statistics a consumer (or the console with a client
-        // token) reads: no settings, no secrets.
-        ["subscriptions", _, "stream" | "stats"] => method == Method::GET,
-        _ => false,
-    };
-    Some(if client { Role::Client } else { Role::Admin })
-}
-
 fn bearer(req: &Request) -> Option<&[u8]> {
     let v = req.headers().get(header::AUTHORIZATION)?.as_bytes();
     let (scheme, token) = v.split_at(v.iter().position(|b| *b == b' ')?);
@@ -263,15 +298,14 @@ impl Gate {
 
     /// What to do with a request: go on (with the CORS origin of a listed
     /// cross-origin request), or answer now (a refusal or a preflight).
-    fn decide(&self, req: &Request) -> Verdict {
-        let path = req.uri().path();
-        if path == "/internal" || path.starts_with("/internal/") {
+    fn decide(&self, caller: Caller, req: &Request) -> Verdict {
+        let Some(scope) = caller.scope() else {
             return match self.internal(req) {
                 Some(refused) => Verdict::Answer(refused),
                 None => Verdict::Pass(None),
             };
-        }
-        let cors = match self.browser.check(req) {
+        };
+        let cors = match self.browser.check(scope, req) {
             Verdict::Pass(cors) => cors,
             Verdict::Answer(answer) => return Verdict::Answer(answer),
             Verdict::Refuse(why, answer) => {
@@ -285,15 +319,15 @@ impl Gate {
                 return Verdict::Answer(answer);
             }
         };
-        match self.tokens(req) {
+        match self.tokens(caller, req) {
             Some(refused) => Verdict::Answer(refused),
             None => Verdict::Pass(cors),
         }
     }
 
-    /// Whether `req` is a WebSocket stream upgrade without `Authorization` that must
-    /// authenticate with its first frame instead (browsers cannot send the header on
-    /// a WebSocket; http-api.md "Streaming consume").
+    /// Whether `req`, to a stream route, is a WebSocket upgrade without
+    /// `Authorization` that must authenticate with its first frame instead (browsers
+    /// cannot send the header on a WebSocket; http-api.md "Streaming consume").
     fn defers_to_first_frame(&self, req: &Request) -> bool {
         let Some(access) = &self.access else {
             return false;
@@ -305,7 +339,6 @@ impl Gate {
             .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
         access.tokens().guard_v1()
             && req.method() == Method::GET
-            && is_stream_path(req.uri().path())
             && upgrade
             && !req.headers().contains_key(header::AUTHORIZATION)
     }
@@ -328,27 +361,27 @@ impl Gate {
     /// Who a stream that passed the gate with its `Authorization` header is: `None`
     /// when `/v1` needs no token (nothing to tell clients apart by).
     fn stream_token(&self, req: &Request) -> Option<StreamToken> {
-        // The path first: every request passes here, and only streams need the tokens.
-        if !is_stream_path(req.uri().path()) || !self.access.as_ref()?.tokens().guard_v1() {
+        if !self.access.as_ref()?.tokens().guard_v1() {
             return None;
         }
         bearer(req).map(StreamToken::of)
     }
 
     /// The token check of `/v1` and `/metrics`; `None` when the request may go on.
-    fn tokens(&self, req: &Request) -> Option<Response> {
+    fn tokens(&self, caller: Caller, req: &Request) -> Option<Response> {
         if req.extensions().get::<FirstFrameAuth>().is_some() {
             // Marked by `gate`: the stream checks the token of its first frame.
             return None;
         }
         let tokens = self.access.as_ref()?.tokens();
-        let path = req.uri().path();
-        let need = if path == "/metrics" {
-            tokens.guard_metrics().then_some(Role::Metrics)?
-        } else {
-            tokens.guard_v1().then_some(())?;
-            required(req.method(), path)?
+        let need = caller.role()?;
+        let guarded = match need {
+            Role::Metrics => tokens.guard_metrics(),
+            Role::Client | Role::Admin => tokens.guard_v1(),
         };
+        if !guarded {
+            return None;
+        }
         let roles = bearer(req).map(|t| tokens.roles_of(t)).unwrap_or_default();
         if roles.may(need) {
             return None;
@@ -436,23 +469,22 @@ impl StreamToken {
     }
 }
 
-/// `GET /v1/subscriptions/{name}/stream`, the one route a token's stream share counts.
-fn is_stream_path(path: &str) -> bool {
-    path.strip_prefix("/v1/subscriptions/")
-        .and_then(|rest| rest.strip_suffix("/stream"))
-        .is_some_and(|name| !name.is_empty() && !name.contains('/'))
-}
-
-/// The middleware (see the module docs): refusals are answered here, before
-/// admission, never naming a token or the secret.
-pub async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: Next) -> Response {
-    if gate.defers_to_first_frame(&req) {
+/// The middleware of a group of routes with the same [`Caller`] (see the module
+/// docs): refusals are answered here, before admission, never naming a token or the
+/// secret.
+pub async fn gate(
+    State((gate, caller)): State<(Arc<Gate>, Caller)>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let stream = caller == Caller::Streamer;
+    if stream && gate.defers_to_first_frame(&req) {
         req.extensions_mut().insert(FirstFrameAuth(gate.clone()));
     }
-    match gate.decide(&req) {
+    match gate.decide(caller, &req) {
         Verdict::Refuse(_, answer) | Verdict::Answer(answer) => answer,
         Verdict::Pass(cors) => {
-            if let Some(token) = gate.stream_token(&req) {
+            if let Some(token) = stream.then(|| gate.stream_token(&req)).flatten() {
                 req.extensions_mut().insert(token);
             }
             let Some(origin) = cors else {
@@ -479,29 +511,21 @@ mod tests {
     }
 
     #[test]
-    fn routes_need_the_documented_role() {
-        let p = Method::POST;
-        let g = Method::GET;
-        assert_eq!(required(&g, "/healthz"), None);
-        assert_eq!(required(&g, "/metrics"), None);
-        assert_eq!(required(&p, "/internal/v1/subscriptions/s/pull"), None);
-        assert_eq!(required(&p, "/v1/topics/t/events"), Some(Role::Client));
-        assert_eq!(required(&g, "/v1/topics/t/events"), Some(Role::Admin));
-        assert_eq!(required(&Method::PUT, "/v1/topics/t"), Some(Role::Admin));
-        for op in ["pull", "ack", "nack", "extend"] {
-            assert_eq!(
-                required(&p, &format!("/v1/subscriptions/s/{op}")),
-                Some(Role::Client)
-            );
+    fn callers_need_their_role_and_browser_rules() {
+        assert_eq!(Caller::Anyone.role(), None);
+        assert_eq!(Caller::Member.role(), None);
+        assert_eq!(Caller::Member.scope(), None);
+        assert_eq!(Caller::Metrics.role(), Some(Role::Metrics));
+        for c in [Caller::Client, Caller::Publisher, Caller::Streamer] {
+            assert_eq!(c.role(), Some(Role::Client), "{c:?}");
+            assert!(c.admitted(), "{c:?}");
         }
-        assert_eq!(
-            required(&Method::PUT, "/v1/subscriptions/s/offsets/0"),
-            Some(Role::Admin)
-        );
-        assert_eq!(required(&p, "/v1/sessions"), Some(Role::Client));
-        assert_eq!(required(&p, "/v1/tasks/x/claim"), Some(Role::Client));
-        assert_eq!(required(&p, "/v1/deadletters/x/redrive"), Some(Role::Admin));
-        assert_eq!(required(&g, "/v1/cluster"), Some(Role::Admin));
+        assert_eq!(Caller::Admin.role(), Some(Role::Admin));
+        assert_eq!(Caller::Publisher.scope(), Some(Scope::Publish));
+        assert_eq!(Caller::Admin.scope(), Some(Scope::Api));
+        assert_eq!(Caller::Metrics.scope(), Some(Scope::Site));
+        assert!(!Caller::Anyone.admitted() && !Caller::Metrics.admitted());
+        assert!(Caller::Member.admitted());
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! observable.
 
 use crate::access::StreamToken;
-use crate::api::MAX_BODY_BYTES;
+use crate::http::MAX_BODY_BYTES;
 use crate::problem::Problem;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -259,10 +259,6 @@ fn body_reservation(headers: &axum::http::HeaderMap, has_body: bool) -> Result<u
 
 /// The middleware (see the module docs).
 pub async fn admit(State(a): State<Arc<Admission>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    if !(path.starts_with("/v1/") || path == "/v1" || path.starts_with("/internal/")) {
-        return next.run(req).await;
-    }
     let Ok(_request) = a.requests.clone().try_acquire_owned() else {
         a.counters.shed_requests.fetch_add(1, Ordering::Relaxed);
         return overloaded(format!(

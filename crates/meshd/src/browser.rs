@@ -20,8 +20,10 @@
 //!   `same-site` is 403 unless its `Origin` is listed: a no-cors `fetch` sends no
 //!   `Origin`, but a browser always says where it comes from.
 //!
-//! `/internal` routes are exempt (the gate checks the cluster secret there). Requests
-//! without `Origin` (the CLI, curl, other servers) pass the Origin rule.
+//! Which rules a route answers to is its [`Scope`], set by the route table
+//! (`crate::routes`): `/internal` routes are exempt (the gate checks the cluster
+//! secret there). Requests without `Origin` (the CLI, curl, other servers) pass the
+//! Origin rule.
 
 use crate::problem::Problem;
 use axum::extract::Request;
@@ -64,6 +66,18 @@ impl Refusal {
     }
 }
 
+/// Which rules apply to a route (the route table says, per route).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Pages, probes and `/metrics`: Host, Origin and content type.
+    Site,
+    /// `/v1`: the site rules and Fetch Metadata.
+    Api,
+    /// The publish route: the `/v1` rules, and a binary-mode body may carry any
+    /// content type.
+    Publish,
+}
+
 /// What the rules decided for a request.
 pub enum Verdict {
     /// Go on; `Some(origin)`: a listed cross-origin request, whose answer gets CORS
@@ -90,7 +104,7 @@ impl BrowserRules {
         }
     }
 
-    pub fn check(&self, req: &Request) -> Verdict {
+    pub fn check(&self, scope: Scope, req: &Request) -> Verdict {
         let headers = req.headers();
         let host = request_host(req);
         if let (Some(extra), Some(host)) = (&self.host_check, host.as_deref()) {
@@ -130,7 +144,7 @@ impl BrowserRules {
             }
         }
         if cors.is_none() {
-            if let Some(site) = foreign_fetch_site(req) {
+            if let Some(site) = foreign_fetch_site(scope, req) {
                 return Verdict::Refuse(
                     Refusal::FetchSite,
                     Problem::forbidden(format!(
@@ -140,7 +154,7 @@ impl BrowserRules {
                 );
             }
         }
-        if let Err(p) = content_type_allowed(req) {
+        if let Err(p) = content_type_allowed(scope, req) {
             return Verdict::Refuse(Refusal::ContentType, p.into_response());
         }
         Verdict::Pass(cors)
@@ -152,9 +166,8 @@ impl BrowserRules {
 /// `Origin` but cannot hide this header, so a page elsewhere cannot open a stream
 /// (which leases events) or read on a tokenless meshd. Other clients send no
 /// `Sec-Fetch-Site`; the console's own requests are `same-origin`.
-fn foreign_fetch_site(req: &Request) -> Option<&str> {
-    let path = req.uri().path();
-    if !(path == "/v1" || path.starts_with("/v1/")) {
+fn foreign_fetch_site(scope: Scope, req: &Request) -> Option<&str> {
+    if scope == Scope::Site {
         return None;
     }
     let site = req.headers().get("sec-fetch-site")?.to_str().ok()?.trim();
@@ -228,7 +241,7 @@ fn host_allowed(authority: &str, extra: &[String]) -> bool {
 }
 
 /// A write with a body needs a JSON content type, except a binary-mode publish.
-fn content_type_allowed(req: &Request) -> Result<(), Problem> {
+fn content_type_allowed(scope: Scope, req: &Request) -> Result<(), Problem> {
     if !matches!(
         *req.method(),
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
@@ -237,13 +250,11 @@ fn content_type_allowed(req: &Request) -> Result<(), Problem> {
         return Ok(());
     }
     let headers = req.headers();
-    let essence = crate::api::media_type(headers).unwrap_or_default();
-    if crate::api::is_json(&essence) {
+    let essence = crate::http::media_type(headers).unwrap_or_default();
+    if crate::http::is_json(&essence) {
         return Ok(());
     }
-    let publish =
-        req.uri().path().starts_with("/v1/topics/") && req.uri().path().ends_with("/events");
-    if publish && headers.contains_key("ce-specversion") {
+    if scope == Scope::Publish && headers.contains_key("ce-specversion") {
         return Ok(());
     }
     Err(Problem::unsupported_media_type(if essence.is_empty() {
@@ -317,19 +328,28 @@ mod tests {
         let rules = BrowserRules::new(vec!["https://console.example".into()], vec![], true, false);
         let h = |o: &'static str| [("host", "127.0.0.1:7070"), ("origin", o)];
         assert!(matches!(
-            rules.check(&req("GET", "/v1/topics", &h("http://127.0.0.1:7070"), "")),
+            rules.check(
+                Scope::Api,
+                &req("GET", "/v1/topics", &h("http://127.0.0.1:7070"), "")
+            ),
             Verdict::Pass(None)
         ));
         assert!(matches!(
-            rules.check(&req("GET", "/v1/topics", &h("https://console.example"), "")),
+            rules.check(
+                Scope::Api,
+                &req("GET", "/v1/topics", &h("https://console.example"), "")
+            ),
             Verdict::Pass(Some(_))
         ));
         assert_eq!(
-            refusal(rules.check(&req("GET", "/v1/topics", &h("http://evil.example"), ""))),
+            refusal(rules.check(
+                Scope::Api,
+                &req("GET", "/v1/topics", &h("http://evil.example"), "")
+            )),
             Some(Refusal::Origin)
         );
         assert_eq!(
-            refusal(rules.check(&req("POST", "/v1/tasks", &h("null"), ""))),
+            refusal(rules.check(Scope::Api, &req("POST", "/v1/tasks", &h("null"), ""))),
             Some(Refusal::Origin)
         );
         let pre = req(
@@ -346,7 +366,7 @@ mod tests {
             ],
             "",
         );
-        let Verdict::Answer(a) = rules.check(&pre) else {
+        let Verdict::Answer(a) = rules.check(Scope::Api, &pre) else {
             panic!("no preflight answer")
         };
         assert_eq!(a.status(), StatusCode::NO_CONTENT);
@@ -364,13 +384,13 @@ mod tests {
             ("origin", "http://evil.example:7070"),
         ];
         assert_eq!(
-            refusal(rules.check(&req("GET", "/v1/topics", &rebound, ""))),
+            refusal(rules.check(Scope::Api, &req("GET", "/v1/topics", &rebound, ""))),
             Some(Refusal::Host)
         );
         // Without the Host check (tokens or --insecure-listen) the same is own-origin.
         let open = BrowserRules::new(vec![], vec![], false, false);
         assert!(matches!(
-            open.check(&req("GET", "/v1/topics", &rebound, "")),
+            open.check(Scope::Api, &req("GET", "/v1/topics", &rebound, "")),
             Verdict::Pass(None)
         ));
     }
@@ -380,16 +400,19 @@ mod tests {
         let rules = BrowserRules::new(vec![], vec![], false, false);
         let host = ("host", "127.0.0.1:7070");
         assert_eq!(
-            refusal(rules.check(&req("POST", "/v1/tasks", &[host], "{}"))),
+            refusal(rules.check(Scope::Api, &req("POST", "/v1/tasks", &[host], "{}"))),
             Some(Refusal::ContentType)
         );
         assert_eq!(
-            refusal(rules.check(&req(
-                "POST",
-                "/v1/tasks",
-                &[host, ("content-type", "text/plain")],
-                "{}"
-            ))),
+            refusal(rules.check(
+                Scope::Api,
+                &req(
+                    "POST",
+                    "/v1/tasks",
+                    &[host, ("content-type", "text/plain")],
+                    "{}"
+                )
+            )),
             Some(Refusal::ContentType)
         );
         for ok in [
@@ -400,12 +423,10 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    rules.check(&req(
-                        "POST",
-                        "/v1/tasks",
-                        &[host, ("content-type", ok)],
-                        "{}"
-                    )),
+                    rules.check(
+                        Scope::Api,
+                        &req("POST", "/v1/tasks", &[host, ("content-type", ok)], "{}")
+                    ),
                     Verdict::Pass(_)
                 ),
                 "{ok}"
@@ -417,11 +438,14 @@ mod tests {
             ("ce-specversion", "1.0"),
         ];
         assert!(matches!(
-            rules.check(&req("POST", "/v1/topics/t/events", &binary, "x")),
+            rules.check(
+                Scope::Publish,
+                &req("POST", "/v1/topics/t/events", &binary, "x")
+            ),
             Verdict::Pass(_)
         ));
         assert_eq!(
-            refusal(rules.check(&req("POST", "/v1/tasks", &binary, "x"))),
+            refusal(rules.check(Scope::Api, &req("POST", "/v1/tasks", &binary, "x"))),
             Some(Refusal::ContentType)
         );
         for bodiless in [
@@ -431,14 +455,17 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    rules.check(&req("POST", bodiless, &[host, ("content-length", "0")], "")),
+                    rules.check(
+                        Scope::Api,
+                        &req("POST", bodiless, &[host, ("content-length", "0")], "")
+                    ),
                     Verdict::Pass(_)
                 ),
                 "{bodiless}"
             );
         }
         assert!(matches!(
-            rules.check(&req("DELETE", "/v1/topics/t", &[host], "")),
+            rules.check(Scope::Api, &req("DELETE", "/v1/topics/t", &[host], "")),
             Verdict::Pass(_)
         ));
     }

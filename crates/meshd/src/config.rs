@@ -340,8 +340,8 @@ pub struct Config {
     pub allowed_hosts: Vec<String>,
     /// What other instances call (`host:port`); `None`: the listen address.
     pub advertise: Option<String>,
-    pub push_deny_cidr: Vec<crate::egress::Cidr>,
-    pub push_allow_cidr: Vec<crate::egress::Cidr>,
+    pub push_deny_cidr: Vec<meshd_runtime::egress::Cidr>,
+    pub push_allow_cidr: Vec<meshd_runtime::egress::Cidr>,
 }
 
 /// Answer bounds and quotas on client-created records (http-api.md "Bounded answers",
@@ -868,7 +868,7 @@ impl Config {
             (
                 "--max-body-memory",
                 self.max_body_memory,
-                crate::api::MAX_BODY_BYTES as u64..=(1 << 40),
+                crate::http::MAX_BODY_BYTES as u64..=(1 << 40),
             ),
             // At least one event of the largest size (1 MiB) and its JSON; at most
             // what one peer answer may carry between instances.
@@ -1011,12 +1011,12 @@ impl Config {
 fn cidrs(
     flag: &'static str,
     values: Option<Vec<String>>,
-) -> Result<Vec<crate::egress::Cidr>, ConfigError> {
+) -> Result<Vec<meshd_runtime::egress::Cidr>, ConfigError> {
     values
         .unwrap_or_default()
         .iter()
         .filter(|v| !v.trim().is_empty())
-        .map(|v| crate::egress::Cidr::parse(v).map_err(|e| invalid(flag, v, e)))
+        .map(|v| meshd_runtime::egress::Cidr::parse(v).map_err(|e| invalid(flag, v, e)))
         .collect()
 }
 

@@ -8,8 +8,6 @@
 use axum::extract::Path;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
-use axum::Router;
 
 /// What the page may load and call: this origin only.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
@@ -67,17 +65,19 @@ const CSS: &str = "text/css; charset=utf-8";
 const JS: &str = "text/javascript; charset=utf-8";
 const SVG: &str = "image/svg+xml";
 
-pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new()
-        .route(
-            "/console",
-            get(|| async { Redirect::permanent("/console/") }),
-        )
-        .route("/console/", get(|| async { asset("") }))
-        .route(
-            "/console/{*file}",
-            get(|Path(file): Path<String>| async move { asset(&file) }),
-        )
+/// `/console`: to the page, whose relative asset paths need the trailing slash.
+pub async fn redirect() -> Redirect {
+    Redirect::permanent("/console/")
+}
+
+/// `/console/`: the page.
+pub async fn index() -> Response {
+    asset("")
+}
+
+/// `/console/{*file}`: an asset (the page itself for a view's path).
+pub async fn file(Path(file): Path<String>) -> Response {
+    asset(&file)
 }
 
 /// The asset at `file`, or a 404 problem naming it.

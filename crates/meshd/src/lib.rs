@@ -5,9 +5,7 @@
 //!
 //! Boot is a pipeline (house style 11): config → validate → open stores → recover →
 //! serve → stop. The runtime it serves is `meshd-runtime`; the HTTP client of the CLI
-//! is `meshd-client`.
-
-pub use meshd_runtime::{cluster, compaction, egress, membership, metrics, requeue, runtime};
+//! is `meshd-client`. Code that needs the runtime names `meshd_runtime` itself.
 
 mod access;
 mod admission;
@@ -16,12 +14,15 @@ mod browser;
 pub mod cli;
 pub mod config;
 mod console;
+mod http;
 mod http_metrics;
 mod listen;
 mod metered;
 mod problem;
 mod quota;
+mod routes;
 pub mod server;
+mod status;
 mod unread;
 
 pub use config::{Config, ServeArgs};

@@ -142,6 +142,67 @@ async fn given_token_files_then_routes_need_the_right_token_and_health_stays_ope
     }
 }
 
+/// The route table decides who may call what; a path no route has, and a method a
+/// route does not take, answer only a caller its group's gate let in: an unknown
+/// `/v1` path needs the admin token (a client token learns nothing of the admin
+/// routes), and an unknown method is 405 once the route's token was presented.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_token_files_then_unknown_paths_and_methods_answer_only_behind_the_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let client_file = dir.path().join("client-tokens");
+    let admin_file = dir.path().join("admin-tokens");
+    std::fs::write(&client_file, format!("{CLIENT_NEW}\n")).unwrap();
+    std::fs::write(&admin_file, format!("{ADMIN}\n")).unwrap();
+    let m = MeshdProcess::start(
+        bin(),
+        &dir.path().join("data"),
+        &[
+            "--client-token-file",
+            client_file.to_str().unwrap(),
+            "--admin-token-file",
+            admin_file.to_str().unwrap(),
+        ],
+    )
+    .await
+    .expect("start meshd with token files");
+    let a = m.addr();
+    for path in [
+        "/v1/",
+        "/v1/nope",
+        "/v1/sessions/s/nope",
+        "/v1/topics/t/x/y/z",
+    ] {
+        problem(&call(a, "GET", path, None, "").await, 401);
+        problem(&call(a, "GET", path, Some(CLIENT_NEW), "").await, 403);
+        problem(&call(a, "GET", path, Some(ADMIN), "").await, 404);
+    }
+    // A client route with a method it does not take.
+    let events = "/v1/topics/t/events";
+    problem(&call(a, "DELETE", events, None, "").await, 401);
+    problem(&call(a, "DELETE", events, Some(CLIENT_NEW), "").await, 405);
+    // An admin route with a method it does not take.
+    problem(
+        &call(a, "POST", "/v1/cluster", Some(CLIENT_NEW), "{}").await,
+        403,
+    );
+    problem(
+        &call(a, "POST", "/v1/cluster", Some(ADMIN), "{}").await,
+        405,
+    );
+    // Outside cluster mode every /internal path is 404, whatever it names.
+    for path in [
+        "/internal",
+        "/internal/v1/deadletters/x/redrive",
+        "/internal/nope",
+    ] {
+        problem(&call(a, "POST", path, None, "").await, 404);
+    }
+    // Other unknown paths need no token.
+    problem(&call(a, "GET", "/nope", None, "").await, 404);
+    // The probes take GET only.
+    assert_eq!(call(a, "POST", "/healthz", None, "").await.status, 405);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_tokens_a_non_loopback_listen_is_refused_and_an_empty_token_file_too() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,8 +8,7 @@ use super::Api;
 use crate::problem::Problem;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use meshd_stores::topics::TopicStore;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -18,36 +17,34 @@ use std::time::Duration;
 /// How long the handler waits for Meta before reporting it unhealthy.
 const META_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub fn routes() -> Router<Arc<Api>> {
-    Router::new().route("/v1/cluster", get(cluster))
-}
-
-async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
+pub async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
     let status = tokio::time::timeout(META_TIMEOUT, api.meta.status()).await;
     let (healthy, db_size, quota, alarms) = match status {
         Ok(Ok(s)) => (true, Some(s.db_size_bytes), s.quota_bytes, s.alarms),
         _ => (false, None, None, Vec::new()),
     };
-    let members =
-        match tokio::time::timeout(META_TIMEOUT, crate::membership::members(api.meta.as_ref()))
-            .await
-        {
-            Ok(Ok(m)) => m,
-            Ok(Err(e)) => {
-                return Err(Problem::unavailable(
-                    "members",
-                    api.meta_backend,
-                    e.to_string(),
-                ))
-            }
-            Err(_) => {
-                return Err(Problem::unavailable(
-                    "members",
-                    api.meta_backend,
-                    "Meta did not answer in time",
-                ))
-            }
-        };
+    let members = match tokio::time::timeout(
+        META_TIMEOUT,
+        meshd_runtime::membership::members(api.meta.as_ref()),
+    )
+    .await
+    {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => {
+            return Err(Problem::unavailable(
+                "members",
+                api.meta_backend,
+                e.to_string(),
+            ))
+        }
+        Err(_) => {
+            return Err(Problem::unavailable(
+                "members",
+                api.meta_backend,
+                "Meta did not answer in time",
+            ))
+        }
+    };
     let topics = api
         .topics
         .list()
@@ -55,7 +52,7 @@ async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
         .map_err(|e| super::topics::topic_problem(e, api.meta_backend))?;
     let owners = match tokio::time::timeout(
         META_TIMEOUT,
-        crate::cluster::ownership::owners(api.meta.as_ref()),
+        meshd_runtime::cluster::ownership::owners(api.meta.as_ref()),
     )
     .await
     {
@@ -93,8 +90,8 @@ async fn cluster(State(api): State<Arc<Api>>) -> Result<Response, Problem> {
             "backend": if api.log_backend == meshd_meta::Backend::Nats { "nats" } else { "embedded" },
             "id": api.log.log_id(),
         },
-        "release": crate::membership::Release::this().to_string(),
-        "oldest_release": crate::membership::oldest_release(&members).to_string(),
+        "release": meshd_runtime::membership::Release::this().to_string(),
+        "oldest_release": meshd_runtime::membership::oldest_release(&members).to_string(),
         "members": members,
         "partitions": partitions,
     }))

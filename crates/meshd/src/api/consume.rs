@@ -4,7 +4,6 @@
 use super::fields::Fields;
 use super::{valid_name_or_400, Api};
 use crate::problem::Problem;
-use crate::runtime::{Answers, Handed, Outcome, PullBudget, Reach, RuntimeError};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -13,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use meshd_dispatch::SessionBinding;
 use meshd_meta::Backend;
+use meshd_runtime::runtime::{Answers, Handed, Outcome, PullBudget, Reach, RuntimeError};
 use meshd_stores::deadletters::MAX_REASON_BYTES;
 use meshd_stores::offsets::Committed;
 use serde_json::{json, Value};

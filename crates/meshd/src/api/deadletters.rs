@@ -160,7 +160,7 @@ pub async fn redrive(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    redrive_with(api, id, crate::runtime::Reach::Cluster).await
+    redrive_with(api, id, meshd_runtime::runtime::Reach::Cluster).await
 }
 
 /// A redrive; in cluster mode it runs on the owner of the entry's partition (`reach`
@@ -168,7 +168,7 @@ pub async fn redrive(
 pub async fn redrive_with(
     api: Arc<Api>,
     id: String,
-    reach: crate::runtime::Reach,
+    reach: meshd_runtime::runtime::Reach,
 ) -> Result<Response, Problem> {
     valid_id(&id)?;
     let backend = api.meta_backend;
@@ -177,7 +177,7 @@ pub async fn redrive_with(
         .get(&id)
         .await
         .map_err(|e| deadletter_problem(e, backend, api.log_backend))?;
-    if reach == crate::runtime::Reach::Cluster {
+    if reach == meshd_runtime::runtime::Reach::Cluster {
         if let Some((status, body)) = api
             .runtime
             .forward_redrive(&entry)

@@ -1,36 +1,24 @@
 //! Routes between the instances of one cluster (`/internal/v1/...`): a pull, ack, nack
 //! or extend on this instance's own partitions, for another instance that forwards a
-//! client's request here (`crate::cluster::forward`). Authenticated by the cluster
+//! client's request here (`meshd_runtime::cluster::forward`). Authenticated by the cluster
 //! secret in the `meshd-cluster-secret` header before admission (`crate::access::gate`,
 //! which also answers 404 outside cluster mode), so these handlers only run for a peer.
 
 use super::consume;
 use super::Api;
 use crate::problem::Problem;
-use crate::runtime::Reach;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::Router;
+use meshd_runtime::runtime::Reach;
 use std::sync::Arc;
-
-pub fn routes() -> Router<Arc<Api>> {
-    Router::new()
-        .route("/internal/v1/subscriptions/{name}/{op}", post(call))
-        .route(
-            "/internal/v1/subscriptions/{name}/offsets/{partition}",
-            post(reset),
-        )
-        .route("/internal/v1/deadletters/{id}/redrive", post(redrive))
-}
 
 /// One pull, ack, nack or extend on this instance's partitions, the release of a
 /// forwarded pull whose answer did not reach the instance that asked, or an owner's
 /// notice that deliveries this instance's streams hold were settled elsewhere.
-async fn call(
+pub async fn call(
     State(api): State<Arc<Api>>,
     Path((name, op)): Path<(String, String)>,
     headers: HeaderMap,
@@ -55,7 +43,7 @@ async fn call(
 }
 
 /// An offset reset of a partition this instance owns.
-async fn reset(
+pub async fn reset(
     State(api): State<Arc<Api>>,
     Path((name, partition)): Path<(String, String)>,
     headers: HeaderMap,
@@ -65,6 +53,9 @@ async fn reset(
 }
 
 /// A redrive of a dead letter of a partition this instance owns.
-async fn redrive(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, Problem> {
+pub async fn redrive(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
     super::deadletters::redrive_with(api, id, Reach::Local).await
 }

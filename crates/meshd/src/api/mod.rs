@@ -8,31 +8,26 @@ pub mod fields;
 pub mod internal;
 pub mod sessions;
 pub mod stream;
+pub mod subscribe;
 pub mod subscriptions;
 pub mod tasks;
 pub mod topics;
 pub mod websocket;
 
-use crate::metrics::Metrics;
+use crate::http::{is_json, media_type, MAX_BODY_BYTES};
 use crate::problem::Problem;
-use crate::runtime::Runtime;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::DefaultBodyLimit;
-use axum::http::{header, HeaderMap};
-use axum::routing::delete;
-use axum::routing::{get, post, put};
-use axum::Router;
+use axum::http::HeaderMap;
 use meshd_events::MAX_JSON_DEPTH;
+use meshd_runtime::metrics::Metrics;
+use meshd_runtime::runtime::Runtime;
 use meshd_stores::deadletters::DeadLetterStore;
 use meshd_stores::sessions::SessionStore;
 use meshd_stores::subscriptions::MetaSubscriptionStore;
 use meshd_stores::topics::MetaTopicStore;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
-
-/// The request body cap (8 MiB); one event is capped at 1 MiB by the event parser.
-pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// What the handlers need.
 pub struct Api {
@@ -64,7 +59,8 @@ pub struct Api {
 /// The release that first honours the second-wave settings of subscriptions
 /// (`filters`, signed and bounded `push`): an older member ignores them (it would
 /// deliver unfiltered, push unsigned), so they are refused while one is a member.
-pub const SETTINGS_RELEASE: crate::membership::Release = crate::membership::Release(0, 2, 0);
+pub const SETTINGS_RELEASE: meshd_runtime::membership::Release =
+    meshd_runtime::membership::Release(0, 2, 0);
 
 /// 409 while a member of the cluster runs a release older than `since`, which would
 /// ignore `field` (state-plane.md, "Records": a feature that needs older instances to
@@ -73,16 +69,16 @@ pub const SETTINGS_RELEASE: crate::membership::Release = crate::membership::Rele
 pub async fn require_release(
     api: &Api,
     field: &str,
-    since: crate::membership::Release,
+    since: meshd_runtime::membership::Release,
 ) -> Result<(), Problem> {
     let members = tokio::time::timeout(
         std::time::Duration::from_secs(2),
-        crate::membership::members(api.meta.as_ref()),
+        meshd_runtime::membership::members(api.meta.as_ref()),
     )
     .await
     .map_err(|_| Problem::unavailable("members", api.meta_backend, "Meta did not answer in time"))?
     .map_err(|e| Problem::unavailable("members", api.meta_backend, e.to_string()))?;
-    let oldest = crate::membership::oldest_release(&members);
+    let oldest = meshd_runtime::membership::oldest_release(&members);
     if oldest < since {
         return Err(Problem::conflict(format!(
             "{field} needs every member to run release {since} or newer, and one runs {oldest}: \
@@ -151,56 +147,6 @@ impl BoundedList {
     }
 }
 
-pub fn router(api: Arc<Api>) -> Router {
-    Router::new()
-        .route("/v1/topics", get(topics::list_topics))
-        .route(
-            "/v1/topics/{topic}",
-            put(topics::put_topic)
-                .get(topics::get_topic)
-                .delete(topics::delete_topic),
-        )
-        .route("/v1/topics/{topic}/events", post(topics::publish))
-        .route(
-            "/v1/topics/{topic}/partitions/{partition}/events",
-            get(topics::browse),
-        )
-        .route("/v1/subscriptions", get(subscriptions::list_subscriptions))
-        .route(
-            "/v1/subscriptions/{name}",
-            put(subscriptions::put_subscription)
-                .get(subscriptions::get_subscription)
-                .delete(subscriptions::delete_subscription),
-        )
-        .route("/v1/subscriptions/{name}/pull", post(consume::pull))
-        .route("/v1/subscriptions/{name}/ack", post(consume::ack))
-        .route("/v1/subscriptions/{name}/nack", post(consume::nack))
-        .route("/v1/subscriptions/{name}/extend", post(consume::extend))
-        .route("/v1/subscriptions/{name}/stream", get(stream::stream))
-        .route("/v1/subscriptions/{name}/stats", get(stream::stats))
-        .route(
-            "/v1/subscriptions/{name}/offsets",
-            get(consume::get_offsets),
-        )
-        .route(
-            "/v1/subscriptions/{name}/offsets/{partition}",
-            put(consume::put_offset),
-        )
-        .route("/v1/deadletters", get(deadletters::list))
-        .route(
-            "/v1/deadletters/{id}",
-            get(deadletters::get).merge(delete(deadletters::delete)),
-        )
-        .route("/v1/deadletters/{id}/redrive", post(deadletters::redrive))
-        .merge(cluster::routes())
-        .merge(internal::routes())
-        .merge(sessions::routes())
-        .merge(tasks::routes())
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(api)
-}
-
 /// A body that could not be read: too large (413) or broken (400).
 pub fn body_problem(e: BytesRejection) -> Problem {
     if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
@@ -235,26 +181,6 @@ pub fn raw_event(body: Vec<u8>) -> Option<Box<serde_json::value::RawValue>> {
     String::from_utf8(body)
         .ok()
         .and_then(|s| serde_json::value::RawValue::from_string(s).ok())
-}
-
-/// The media type of `Content-Type` without parameters, lower case (`""` for a value
-/// that is not text); `None` without the header.
-pub fn media_type(headers: &HeaderMap) -> Option<String> {
-    let ct = headers.get(header::CONTENT_TYPE)?;
-    let ct = ct.to_str().unwrap_or("");
-    Some(
-        ct.split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase(),
-    )
-}
-
-/// Whether a media type is JSON: `application/json` or `*+json` (the CloudEvents
-/// formats among them).
-pub fn is_json(media_type: &str) -> bool {
-    media_type == "application/json" || media_type.ends_with("+json")
 }
 
 /// 415 unless the content type (when given) is JSON (`application/json`, `*+json`).
@@ -308,14 +234,6 @@ fn missing_or_unknown_field(message: &str) -> Option<String> {
     Some(message[start..end].to_string())
 }
 
-async fn method_not_allowed() -> Problem {
-    Problem::new(
-        axum::http::StatusCode::METHOD_NOT_ALLOWED,
-        "method-not-allowed",
-        "this route does not take that method",
-    )
-}
-
 /// What the request-body fuzzers of the route modules share (see
 /// docs/fuzzing.md): the case count, header and body generators, and the "clean
 /// rejection" check. Bodies are arbitrary bytes or JSON objects written member by
@@ -324,6 +242,7 @@ async fn method_not_allowed() -> Problem {
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use axum::http::header;
     use proptest::prelude::*;
     use serde_json::Value;
 

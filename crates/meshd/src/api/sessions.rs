@@ -17,8 +17,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use meshd_meta::Backend;
 use meshd_stores::sessions::{record, Session, SessionError, MAX_TTL, MIN_TTL};
 use serde::Deserialize;
@@ -36,13 +35,6 @@ use meshd_stores::names::MAX_NAME_LEN;
 const DEFAULT_LIMIT: u64 = 100;
 const MAX_LIMIT: u64 = 1000;
 const STORE: &str = "sessions";
-
-pub fn routes() -> Router<Arc<Api>> {
-    Router::new()
-        .route("/v1/sessions", post(open).get(list))
-        .route("/v1/sessions/{id}", get(get_one).delete(close))
-        .route("/v1/sessions/{id}/heartbeat", post(heartbeat))
-}
 
 /// The problem for every [`SessionError`]; public so other routes that act for a
 /// session (pull, tasks) answer the same way.
@@ -121,7 +113,7 @@ fn parse_open(
     Ok((client_id, ttl_ms))
 }
 
-async fn open(
+pub async fn open(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -149,7 +141,7 @@ async fn open(
 
 /// `POST /v1/sessions/{id}/heartbeat`: no body is needed; an empty one or `{}` is
 /// accepted, anything else is a 400 (or 415 for a non-JSON content type).
-async fn heartbeat(
+pub async fn heartbeat(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -166,7 +158,10 @@ async fn heartbeat(
     Ok(Json(json!({"epoch": beat.epoch, "ttl_ms": ttl_ms})).into_response())
 }
 
-async fn get_one(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, Problem> {
+pub async fn get_one(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
     known_shape(&id)?;
     match api.sessions.get(&id).await {
         Ok(Some(s)) => Ok(Json(session_json(&s)).into_response()),
@@ -178,7 +173,10 @@ async fn get_one(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<
     }
 }
 
-async fn close(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, Problem> {
+pub async fn close(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
     known_shape(&id)?;
     api.sessions
         .close(&id)
@@ -188,7 +186,7 @@ async fn close(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Re
 }
 
 #[derive(Deserialize)]
-struct ListQuery {
+pub struct ListQuery {
     limit: Option<String>,
     /// The client id of the last session of the previous page.
     cursor: Option<String>,
@@ -196,7 +194,7 @@ struct ListQuery {
 
 /// `GET /v1/sessions?limit=&cursor=`: live sessions in client id order; `next_cursor`
 /// (the last client id of the page) is present while more may follow.
-async fn list(
+pub async fn list(
     State(api): State<Arc<Api>>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, Problem> {

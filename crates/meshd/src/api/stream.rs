@@ -1,5 +1,6 @@
 //! Streaming consume and statistics (http-api.md "Streaming consume", "Subscription
-//! statistics"): `GET /v1/subscriptions/{name}/stream` as Server-Sent Events, and
+//! statistics"): what both forms of `GET /v1/subscriptions/{name}/stream` share (its
+//! query, opening a stream, keep-alives; the route is [`super::subscribe`]), and
 //! `GET /v1/subscriptions/{name}/stats`.
 //!
 //! A stream holds a long-poll slot (`--max-long-polls`) for its whole life, so the
@@ -11,21 +12,18 @@
 //! An error after the stream began (a fail-stopped store, a deleted subscription) is
 //! sent as `event: problem` with the problem+json document, and the stream ends.
 
-use super::consume::{delivery_json, runtime_problem, session_binding, MAX_ID_LEN};
-use super::websocket::WsAuth;
+use super::consume::{runtime_problem, session_binding, MAX_ID_LEN};
 use super::{valid_name_or_400, Api};
-use crate::access::{FirstFrameAuth, StreamToken};
+use crate::access::StreamToken;
 use crate::admission::StreamSlot;
 use crate::problem::Problem;
-use crate::runtime::stats::PartitionView;
-use crate::runtime::stream::{Stream, StreamItem};
-use crate::runtime::{Reach, RuntimeError};
-use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{FromRequestParts, Path, Query, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
+use meshd_runtime::runtime::stats::PartitionView;
+use meshd_runtime::runtime::stream::{Stream, StreamItem};
+use meshd_runtime::runtime::{Reach, RuntimeError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -150,100 +148,6 @@ pub async fn next_item(
             Err(e) => return Some(Err(runtime_problem(e, api.meta_backend))),
         }
     }
-}
-
-/// `GET /v1/subscriptions/{name}/stream`: Server-Sent Events (the WebSocket form is
-/// [`super::websocket`]); 406 without `Accept: text/event-stream`.
-pub async fn stream(
-    State(api): State<Arc<Api>>,
-    Path(name): Path<String>,
-    query: Result<Query<StreamQuery>, QueryRejection>,
-    req: Request,
-) -> Result<Response, Problem> {
-    let (mut parts, _) = req.into_parts();
-    let token = parts.extensions.remove::<StreamToken>();
-    if is_websocket(&parts.headers) {
-        let auth = match parts.extensions.remove::<FirstFrameAuth>() {
-            Some(FirstFrameAuth(gate)) => WsAuth::FirstFrame(gate),
-            None => WsAuth::Done(token),
-        };
-        let ws = WebSocketUpgrade::from_request_parts(&mut parts, &())
-            .await
-            .map_err(|e| Problem::bad_request(format!("WebSocket upgrade: {e}")))?;
-        return super::websocket::upgrade(api, name, query, ws, auth).await;
-    }
-    let headers = parts.headers;
-    if !accepts_event_stream(&headers) {
-        return Err(Problem::new(
-            StatusCode::NOT_ACCEPTABLE,
-            "not-acceptable",
-            "a stream is served as Server-Sent Events (send Accept: text/event-stream) or over a WebSocket upgrade",
-        ));
-    }
-    let ask = parse_stream_query(query)?;
-    let (stream, slot) = open(&api, &name, ask, token).await?;
-    let idle = keep_alive(&api);
-    let state = Sse {
-        api,
-        name,
-        stream,
-        _slot: slot,
-        opened: false,
-    };
-    let body = futures::stream::unfold(Some(state), move |state| async move {
-        let mut s = state?;
-        if !s.opened {
-            s.opened = true;
-            return Some((
-                Ok::<_, std::convert::Infallible>(Bytes::from_static(b": open\n\n")),
-                Some(s),
-            ));
-        }
-        match next_item(&s.api, &mut s.stream, idle).await {
-            None => None,
-            Some(Ok(StreamItem::Idle)) => {
-                Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(s)))
-            }
-            Some(Ok(StreamItem::Deliveries(got))) => {
-                let mut out = String::new();
-                for d in got {
-                    if let Some(item) = delivery_json(&s.api, &s.name, d) {
-                        out.push_str("event: delivery\ndata: ");
-                        out.push_str(&item);
-                        out.push_str("\n\n");
-                    }
-                }
-                if out.is_empty() {
-                    out.push_str(": keep-alive\n\n");
-                }
-                Some((Ok(Bytes::from(out)), Some(s)))
-            }
-            Some(Err(p)) => {
-                let text = format!("event: problem\ndata: {}\n\n", p.body());
-                Some((Ok(Bytes::from(text)), None))
-            }
-        }
-    });
-    let mut response = Body::from_stream(body).into_response();
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    // Proxies such as nginx would otherwise hold the events back.
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
-}
-
-/// One SSE stream's state between writes.
-struct Sse {
-    api: Arc<Api>,
-    name: String,
-    stream: Stream,
-    /// The long-poll slot (and token share), held until the stream ends.
-    _slot: StreamSlot,
-    opened: bool,
 }
 
 /// `GET /v1/subscriptions/{name}/stats`.

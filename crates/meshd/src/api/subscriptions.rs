@@ -81,7 +81,7 @@ struct PushBody {
 /// The push settings of a request (credentials kept from the stored record are
 /// resolved by the store, inside its compare-and-set).
 fn push_of(p: PushBody) -> Result<Push, Problem> {
-    if let Err(e) = crate::runtime::push::Target::parse(&p.url) {
+    if let Err(e) = meshd_runtime::runtime::push::Target::parse(&p.url) {
         return Err(Problem::invalid_field("push.url", e.to_string()));
     }
     let headers = match p.headers {
@@ -269,9 +269,9 @@ pub async fn put_subscription(
     let req: PutSubscription = json_body(&headers, body)?;
     let spec = spec_of(&name, req)?;
     // A literal address the push rules refuse is a 400 now; a name is checked at
-    // every connect (crate::egress).
+    // every connect (meshd_runtime::egress).
     if let Some(p) = &spec.push {
-        if let Ok(target) = crate::runtime::push::Target::parse(&p.url) {
+        if let Ok(target) = meshd_runtime::runtime::push::Target::parse(&p.url) {
             api.runtime
                 .push_egress()
                 .check_literal(&target.host, target.port)

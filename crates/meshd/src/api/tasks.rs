@@ -27,8 +27,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::Backend;
 use meshd_stores::failure::StoreFailure;
@@ -53,15 +52,6 @@ const DEFAULT_LIMIT: u64 = 100;
 
 /// A session id is 32 hex digits; anything far longer is not one.
 const MAX_SESSION_ID_LEN: usize = 512;
-
-pub fn routes() -> Router<Arc<Api>> {
-    Router::new()
-        .route("/v1/tasks", post(submit).get(list))
-        .route("/v1/tasks/{id}", get(get_task))
-        .route("/v1/tasks/{id}/claim", post(claim))
-        .route("/v1/tasks/{id}/transition", post(transition))
-        .route("/v1/tasks/{id}/cancel", post(cancel))
-}
 
 /// Every [`TaskError`] as the contract's answer.
 pub fn task_problem(e: TaskError, backend: Backend) -> Problem {

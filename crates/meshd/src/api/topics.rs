@@ -268,7 +268,7 @@ pub async fn publish(
         .collect();
     // The clock judges `deliverat` (at most 7 days ahead).
     let limits = Limits {
-        now_ms: i64::try_from(crate::runtime::partition::now_ms()).ok(),
+        now_ms: i64::try_from(meshd_runtime::runtime::partition::now_ms()).ok(),
         ..Limits::default()
     };
     let events: Vec<Event> = parse_publish(content_type, &ce_headers, &body, &limits)
@@ -286,7 +286,7 @@ pub async fn publish(
         api.metrics.store_error(
             "log",
             api.log_backend,
-            crate::runtime::partition::kind_of(&e),
+            meshd_runtime::runtime::partition::kind_of(&e),
         );
         log_problem(e, api.log_backend)
     };

@@ -25,14 +25,14 @@ use super::Api;
 use crate::access::{Gate, StreamToken};
 use crate::admission::{StreamSlot, WsClose, TOKEN_FRAME_DEADLINE};
 use crate::problem::Problem;
-use crate::runtime::stream::{Credit, StreamItem};
-use crate::runtime::{Answers, Outcome, Reach};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::Query;
 use axum::response::Response;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
+use meshd_runtime::runtime::stream::{Credit, StreamItem};
+use meshd_runtime::runtime::{Answers, Outcome, Reach};
 use meshd_stores::deadletters::MAX_REASON_BYTES;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -308,7 +308,7 @@ async fn send_within(
 async fn serve(
     api: Arc<Api>,
     name: String,
-    (mut stream, slot): (crate::runtime::stream::Stream, StreamSlot),
+    (mut stream, slot): (meshd_runtime::runtime::stream::Stream, StreamSlot),
     out: SplitSink<WebSocket, Message>,
     mut input: SplitStream<WebSocket>,
 ) {
