@@ -4,7 +4,6 @@
 //! When the lease is lost (expired while Meta was unreachable) a new one is granted and
 //! the key written again.
 
-use crate::cluster::ownership::LeaseState;
 use meshd_meta::fence::LeaseDeadline;
 use meshd_meta::keys::{key, prefix, KeyKind};
 use meshd_meta::{LeaseId, Meta, Precondition, RangeOptions};
@@ -91,6 +90,13 @@ pub fn oldest_release(members: &[MemberRecord]) -> Release {
 /// ownership plan and the directory, so it owns nothing until it writes a readable
 /// record).
 static UNDECODABLE: AtomicU64 = AtomicU64::new(0);
+/// The membership lease as the owner side sees it: which lease owner keys are attached
+/// to, and until when this instance may act on them.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseState {
+    pub id: LeaseId,
+    pub deadline: LeaseDeadline,
+}
 
 /// How many member records could not be decoded so far.
 pub fn undecodable_records() -> u64 {

@@ -220,13 +220,8 @@ mod tests {
     }
 }
 
-/// The membership lease as the owner side sees it: which lease owner keys are attached
-/// to, and until when this instance may act on them.
-#[derive(Clone, Copy, Debug)]
-pub struct LeaseState {
-    pub id: meshd_meta::LeaseId,
-    pub deadline: meshd_meta::fence::LeaseDeadline,
-}
+/// The membership lease, kept by [`crate::membership`] and read here.
+pub use crate::membership::LeaseState;
 
 /// What the runtime does with a partition it is about to give up: stop dispatching
 /// it and checkpoint its state as `owner` (fenced), before the owner key is deleted.
