@@ -3,10 +3,9 @@
 //! stderr for long runs, and exit 1 if any id failed.
 
 use super::error::{CliError, Problem};
-use super::http::{query, shorten, Method, Request};
 use super::output::{cell, note, Table};
 use super::{Ctx, DlqCmd};
-use meshd_client::paths;
+use meshd_client::shorten;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -30,11 +29,11 @@ pub fn dlq(ctx: &Ctx, cmd: DlqCmd) -> Result<(), CliError> {
             all,
         } => list_entries(ctx, subscription, limit, cursor, all),
         DlqCmd::Show { id } => {
-            let a = ctx.client.get(paths::dead_letter(&id))?;
+            let a = ctx.client.call(|c| c.dead_letter_answer(&id))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = super::http::json(&a)?;
+            let v: Value = a.json()?;
             let mut t = Table::new(&["FIELD", "VALUE"]);
             for k in [
                 "id",
@@ -56,12 +55,39 @@ pub fn dlq(ctx: &Ctx, cmd: DlqCmd) -> Result<(), CliError> {
             let pretty = serde_json::to_string_pretty(&event).unwrap_or_else(|_| event.to_string());
             ctx.out.line(&format!("event:\n{pretty}"))
         }
-        DlqCmd::Redrive { ids } => each_id(ctx, ids, "redrive", |id| {
-            Request::new(Method::POST, paths::redrive(id))
-        }),
-        DlqCmd::Delete { ids } => each_id(ctx, ids, "delete", |id| {
-            Request::new(Method::DELETE, paths::dead_letter(id))
-        }),
+        DlqCmd::Redrive { ids } => each_id(ctx, ids, Action::Redrive),
+        DlqCmd::Delete { ids } => each_id(ctx, ids, Action::Delete),
+    }
+}
+
+/// What `dlq redrive` and `dlq delete` do to each id.
+#[derive(Clone, Copy)]
+enum Action {
+    Redrive,
+    Delete,
+}
+
+impl Action {
+    fn verb(self) -> &'static str {
+        match self {
+            Action::Redrive => "redrive",
+            Action::Delete => "delete",
+        }
+    }
+
+    /// An id's result when it worked.
+    fn done(self) -> &'static str {
+        match self {
+            Action::Redrive => "redriving",
+            Action::Delete => "deleted",
+        }
+    }
+
+    async fn on(self, api: &meshd_client::Client, id: &str) -> Result<(), meshd_client::Error> {
+        match self {
+            Action::Redrive => api.redrive(id).await,
+            Action::Delete => api.delete_dead_letter(id).await,
+        }
     }
 }
 
@@ -74,16 +100,9 @@ fn list_entries(
 ) -> Result<(), CliError> {
     let mut entries: Vec<Box<RawValue>> = Vec::new();
     let next = loop {
-        let path = format!(
-            "{}{}",
-            paths::DEAD_LETTERS,
-            query(&[
-                ("subscription", subscription.clone()),
-                ("limit", limit.map(|l| l.to_string())),
-                ("cursor", cursor.clone()),
-            ])
-        );
-        let a = ctx.client.get(path)?;
+        let a = ctx
+            .client
+            .call(|c| c.dead_letters_answer(subscription.as_deref(), limit, cursor.as_deref()))?;
         if ctx.json && !all {
             return ctx.out.raw(&a.body);
         }
@@ -165,21 +184,16 @@ fn ids_of(args: Vec<String>) -> Result<Vec<String>, CliError> {
     Ok(ids)
 }
 
-fn each_id(
-    ctx: &Ctx,
-    args: Vec<String>,
-    verb: &str,
-    request: impl Fn(&str) -> Request,
-) -> Result<(), CliError> {
+fn each_id(ctx: &Ctx, args: Vec<String>, action: Action) -> Result<(), CliError> {
+    let verb = action.verb();
     let ids = ids_of(args)?;
     let total = ids.len();
     let mut done: Vec<String> = Vec::new();
     let mut failed: Vec<(String, Problem)> = Vec::new();
     for (i, id) in ids.into_iter().enumerate() {
-        match ctx.client.send(request(&id)) {
-            Ok(a) if (200..300).contains(&a.status) => done.push(id),
-            Ok(a) => {
-                let p = Problem::of(&a);
+        match ctx.client.call(|c| action.on(c, &id)) {
+            Ok(()) => done.push(id),
+            Err(CliError::Api(p)) => {
                 note(&format!("{verb} {id}: {p}"));
                 failed.push((id, p));
             }
@@ -205,13 +219,8 @@ fn each_id(
             .json(&json!({ "done": done, "failed": failed_json }))?;
     } else {
         let mut t = Table::new(&["ID", "RESULT"]);
-        let ok = if verb == "redrive" {
-            "redriving"
-        } else {
-            "deleted"
-        };
         for id in &done {
-            t.row(vec![id.clone(), ok.into()]);
+            t.row(vec![id.clone(), action.done().into()]);
         }
         for (id, p) in &failed {
             t.row(vec![

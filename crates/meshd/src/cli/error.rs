@@ -3,7 +3,6 @@
 //! command line or its input was wrong (nothing was sent for the bad part), 3 the
 //! server could not be reached or the connection was lost.
 
-use super::http::Answer;
 use std::process::ExitCode;
 
 #[derive(Debug)]
@@ -46,13 +45,6 @@ pub struct Problem {
     pub retry_after: Option<String>,
     /// What the CLI adds: what this failure means for the command as a whole.
     pub context: Option<String>,
-}
-
-impl Problem {
-    /// Reads a problem+json answer; a body that is not one is shown as it came.
-    pub fn of(answer: &Answer) -> Self {
-        Self::from(meshd_client::Problem::of(answer))
-    }
 }
 
 impl From<meshd_client::Problem> for Problem {

@@ -2,14 +2,16 @@
 //! public HTTP API (`../shared/design/http-api.md`) and nothing else, so it works
 //! against any meshd that keeps that contract, local or remote.
 //!
-//! Shape: clap parses into the structs below; each command builds requests with the
-//! small blocking [`http::Client`], and prints either an aligned table or, with
-//! `--json`, the server's answer exactly as it came (several answers merged only where
-//! one command sends several requests). Failures map to exit codes in [`error`].
+//! Shape: clap parses into the structs below; each command calls the typed methods of
+//! [`meshd_client::Client`] (through the blocking [`http::Client`]; no request is built
+//! here), and prints either an aligned table or, with `--json`, the server's answer
+//! exactly as it came (the `*_answer` methods keep it; several answers merged only
+//! where one command sends several requests). Failures map to exit codes in
+//! [`error`].
 
 mod dlq;
 mod error;
-pub(crate) mod http;
+mod http;
 mod output;
 mod subs;
 mod tasks;

@@ -148,7 +148,7 @@ pub fn list<'a>(v: &'a Value, key: &str) -> Result<&'a Vec<Value>, CliError> {
         .ok_or_else(|| {
             CliError::Failed(format!(
                 "the server's answer has no {key:?} list: {}",
-                super::http::shorten(&v.to_string(), 200)
+                meshd_client::shorten(&v.to_string(), 200)
             ))
         })
 }

@@ -1,22 +1,20 @@
 //! `meshd sub ...` and `meshd pull`.
 
 use super::error::CliError;
-use super::http::{shorten, Method, Request, REQUEST_TIMEOUT};
 use super::output::{cell, list, note, Table};
 use super::{Ctx, OrderingArg, PullArgs, Start, SubCmd, SubCreate, TailArgs};
-use meshd_client::paths;
+use meshd_client::shorten;
 use serde_json::{json, Map, Value};
-use std::time::Duration;
 
 pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
     match cmd {
         SubCmd::Create(c) => create(ctx, *c),
         SubCmd::List => {
-            let a = ctx.client.get(paths::SUBSCRIPTIONS.into())?;
+            let a = ctx.client.call(|c| c.subscriptions_answer())?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = super::http::json(&a)?;
+            let v: Value = a.json()?;
             let mut t = Table::new(&[
                 "NAME",
                 "TOPIC",
@@ -33,15 +31,12 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
             t.print(&ctx.out, "no subscriptions")
         }
         SubCmd::Get { name } => {
-            let a = ctx.client.get(paths::subscription(&name))?;
+            let a = ctx.client.call(|c| c.subscription_answer(&name))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let s = super::http::json(&a)?;
-            let o = ctx
-                .client
-                .get(paths::subscription_action(&name, "offsets"))?
-                .json()?;
+            let s: Value = a.json()?;
+            let offsets = ctx.client.call(|c| c.offsets(&name))?;
             let mut t = Table::new(&[
                 "NAME",
                 "TOPIC",
@@ -54,24 +49,23 @@ pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
             ]);
             t.row(row_of(&s));
             ctx.out.line(&t.render())?;
-            let mut offsets = Table::new(&["PARTITION", "COMMITTED", "EPOCH"]);
-            for p in list(&o, "offsets")? {
-                offsets.row(vec![
-                    cell(p, &["partition"]),
-                    cell(p, &["committed"]),
-                    cell(p, &["epoch"]),
+            let mut t = Table::new(&["PARTITION", "COMMITTED", "EPOCH"]);
+            for o in &offsets {
+                t.row(vec![
+                    o.partition.to_string(),
+                    o.committed.to_string(),
+                    o.epoch.to_string(),
                 ]);
             }
             ctx.out.line("")?;
-            offsets.print(&ctx.out, "no committed offsets yet")
+            t.print(&ctx.out, "no committed offsets yet")
         }
         SubCmd::Stats { name } => stats(ctx, &name),
         SubCmd::Delete { name } => {
-            let a = ctx
-                .client
-                .ok(Request::new(Method::DELETE, paths::subscription(&name)))?;
+            ctx.client.call(|c| c.delete_subscription(&name))?;
             if ctx.json {
-                return ctx.out.raw(&a.body);
+                // The answer is 204 No Content: nothing to print.
+                return Ok(());
             }
             ctx.out.line(&format!("deleted subscription {name}"))
         }
@@ -212,28 +206,29 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
                 .into(),
         ));
     }
-    let mut req =
-        Request::new(Method::PUT, paths::subscription(&c.name)).json(&Value::Object(body));
-    if !c.upsert {
+    let settings = Value::Object(body);
+    let a = if c.upsert {
+        ctx.client
+            .call(|api| api.put_subscription_answer(&c.name, &settings))
+    } else {
         // Create-only: an existing subscription is never changed by accident.
-        req.headers.push(("If-None-Match".into(), "*".into()));
-    }
-    let a = ctx.client.send(req)?;
-    if a.status == 412 && !c.upsert {
-        let mut p = super::error::Problem::of(&a);
-        p.detail = format!(
-            "subscription {} already exists (update it with --upsert, or delete it first)",
-            c.name
-        );
-        return Err(CliError::Api(p));
-    }
-    if !(200..300).contains(&a.status) {
-        return Err(CliError::Api(super::error::Problem::of(&a)));
-    }
+        ctx.client
+            .call(|api| api.create_subscription_answer(&c.name, &settings))
+    };
+    let a = match a {
+        Err(CliError::Api(mut p)) if p.status == 412 && !c.upsert => {
+            p.detail = format!(
+                "subscription {} already exists (update it with --upsert, or delete it first)",
+                c.name
+            );
+            return Err(CliError::Api(p));
+        }
+        a => a?,
+    };
     if ctx.json {
         return ctx.out.raw(&a.body);
     }
-    let v = super::http::json(&a)?;
+    let v: Value = a.json()?;
     let verb = if a.status == 201 {
         "created"
     } else {
@@ -248,21 +243,12 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
 }
 
 pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
-    let mut body = Map::new();
-    if let Some(n) = a.max {
-        body.insert("max_events".into(), json!(n));
-    }
-    if let Some(n) = a.wait_ms {
-        body.insert("wait_ms".into(), json!(n));
-    }
-    let mut req = Request::new(
-        Method::POST,
-        paths::subscription_action(&a.subscription, "pull"),
-    )
-    .json(&Value::Object(body));
-    // A long poll may legitimately take `wait_ms` before the answer starts.
-    req.timeout = REQUEST_TIMEOUT + Duration::from_millis(a.wait_ms.unwrap_or(0).min(3_600_000));
-    let answer = ctx.client.ok(req)?;
+    let pull = meshd_client::Pull {
+        max_events: a.max,
+        wait_ms: a.wait_ms,
+        ..meshd_client::Pull::default()
+    };
+    let answer = ctx.client.call(|c| c.pull_answer(&a.subscription, &pull))?;
     // Each event is decoded on its own: one this CLI cannot read is shown as such and
     // does not hide (or leave unacked) the others.
     let deliveries = meshd_client::deliveries_of(&answer)?;
@@ -306,43 +292,36 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
     if !a.ack || deliveries.is_empty() {
         return Ok(());
     }
-    let ids: Vec<Value> = deliveries
-        .iter()
-        .map(|d| Value::String(d.delivery_id.clone()))
-        .collect();
-    let acked = ctx
-        .client
-        .ok(Request::new(
-            Method::POST,
-            paths::subscription_action(&a.subscription, "ack"),
-        )
-        .json(&json!({ "delivery_ids": ids })))?
-        .json::<Value>()?;
-    let count = |k: &str| acked.get(k).and_then(Value::as_array).map_or(0, Vec::len);
-    let not_acked: Vec<String> = ["unknown", "fenced", "failed"]
-        .iter()
-        .filter(|k| count(k) > 0)
-        .map(|k| format!("{} {k}", count(k)))
-        .collect();
+    let ids: Vec<String> = deliveries.iter().map(|d| d.delivery_id.clone()).collect();
+    let acked = ctx.client.call(|c| c.ack(&a.subscription, &ids))?;
+    let not_acked: Vec<String> = [
+        ("unknown", &acked.unknown),
+        ("fenced", &acked.fenced),
+        ("failed", &acked.failed),
+    ]
+    .iter()
+    .filter(|(_, ids)| !ids.is_empty())
+    .map(|(k, ids)| format!("{} {k}", ids.len()))
+    .collect();
     if !not_acked.is_empty() {
         return Err(CliError::Failed(format!(
             "acked {} of {} deliveries; {} (those will be delivered again)",
-            count("acked"),
+            acked.acked.len(),
             ids.len(),
             not_acked.join(", ")
         )));
     }
-    note(&format!("acked {} deliveries", count("acked")));
+    note(&format!("acked {} deliveries", acked.acked.len()));
     Ok(())
 }
 
 /// `meshd sub stats NAME`.
 fn stats(ctx: &Ctx, name: &str) -> Result<(), CliError> {
-    let a = ctx.client.get(paths::subscription_action(name, "stats"))?;
+    let a = ctx.client.call(|c| c.stats_answer(name))?;
     if ctx.json {
         return ctx.out.raw(&a.body);
     }
-    let v = super::http::json(&a)?;
+    let v: Value = a.json()?;
     let fields = [
         ("PARTITION", "partition"),
         ("COMMITTED", "committed"),

@@ -3,32 +3,27 @@
 //! shown as `-` when absent.
 
 use super::error::CliError;
-use super::http::{query, shorten, Method, Request};
 use super::output::{cell, list, note, Table};
 use super::{Ctx, SessionCmd, TaskCmd};
-use meshd_client::paths;
-use serde_json::{json, Map, Value};
+use meshd_client::shorten;
+use serde_json::Value;
 
 pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
     match cmd {
         TaskCmd::Submit { agent, id, input } => {
-            let mut body = Map::new();
-            if let Some(id) = id {
-                body.insert("id".into(), json!(id));
-            }
-            body.insert("agent".into(), json!(agent));
-            if let Some(text) = input {
-                let v: Value = serde_json::from_str(&text)
-                    .map_err(|e| CliError::Usage(format!("--input is not JSON: {e}")))?;
-                body.insert("input".into(), v);
-            }
+            // Without --input meshd answers that the input is required.
+            let input = match input {
+                Some(text) => serde_json::from_str(&text)
+                    .map_err(|e| CliError::Usage(format!("--input is not JSON: {e}")))?,
+                None => Value::Null,
+            };
             let a = ctx
                 .client
-                .ok(Request::new(Method::POST, paths::TASKS).json(&Value::Object(body)))?;
+                .call(|c| c.submit_task_answer(id.as_deref(), &agent, &input))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = super::http::json(&a)?;
+            let v: Value = a.json()?;
             if a.status == 200 {
                 note("a task with this id and body exists already: nothing changed");
             }
@@ -41,11 +36,11 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             t.print(&ctx.out, "")
         }
         TaskCmd::Get { id } => {
-            let a = ctx.client.get(paths::task(&id))?;
+            let a = ctx.client.call(|c| c.task_answer(&id))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = super::http::json(&a)?;
+            let v: Value = a.json()?;
             let mut t = Table::new(&["FIELD", "VALUE"]);
             for k in ["id", "agent", "state", "version"] {
                 t.row(vec![k.to_string(), cell(&v, &[k])]);
@@ -80,21 +75,13 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             limit,
             cursor,
         } => {
-            let path = format!(
-                "{}{}",
-                paths::TASKS,
-                query(&[
-                    ("agent", agent),
-                    ("state", state),
-                    ("limit", limit.map(|l| l.to_string())),
-                    ("cursor", cursor),
-                ])
-            );
-            let a = ctx.client.get(path)?;
+            let a = ctx.client.call(|c| {
+                c.tasks_answer(agent.as_deref(), state.as_deref(), limit, cursor.as_deref())
+            })?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = super::http::json(&a)?;
+            let v: Value = a.json()?;
             let mut t = Table::new(&["ID", "AGENT", "STATE", "VERSION", "ASSIGNEE"]);
             for task in list(&v, "tasks")? {
                 let assignee = task
@@ -115,14 +102,11 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             Ok(())
         }
         TaskCmd::Cancel { id } => {
-            let a = ctx.client.ok(Request::new(
-                Method::POST,
-                paths::task_action(&id, "cancel"),
-            ))?;
+            let a = ctx.client.call(|c| c.cancel_task_answer(&id))?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = super::http::json(&a)?;
+            let v: Value = a.json()?;
             let state = match cell(&v, &["state"]) {
                 s if s == "-" => "canceled".to_string(),
                 s => s,
@@ -135,11 +119,11 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
 pub fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<(), CliError> {
     match cmd {
         SessionCmd::List => {
-            let a = ctx.client.get(paths::SESSIONS.into())?;
+            let a = ctx.client.call(|c| c.sessions_answer())?;
             if ctx.json {
                 return ctx.out.raw(&a.body);
             }
-            let v = super::http::json(&a)?;
+            let v: Value = a.json()?;
             let mut t = Table::new(&["SESSION", "CLIENT_ID", "EPOCH", "INSTANCE", "TTL_MS"]);
             for s in list(&v, "sessions")? {
                 t.row(vec![
