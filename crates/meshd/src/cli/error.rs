@@ -27,6 +27,21 @@ impl CliError {
     }
 }
 
+/// A failed call of the client: a failure to connect, or a connection lost or timed out
+/// after the request was sent, is [`CliError::Unreachable`] (the latter says the
+/// outcome is unknown, as with a 504).
+impl From<meshd_client::Error> for CliError {
+    fn from(e: meshd_client::Error) -> Self {
+        use meshd_client::Error as E;
+        match e {
+            E::Invalid(m) => CliError::Usage(m),
+            E::Unreachable(m) | E::Lost(m) => CliError::Unreachable(m),
+            E::Malformed(m) => CliError::Failed(m),
+            E::Api(p) => CliError::Api(Problem::from(*p)),
+        }
+    }
+}
+
 impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

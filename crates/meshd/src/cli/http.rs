@@ -1,24 +1,10 @@
 //! The CLI's connection to meshd: [`meshd_client::Client`] driven from a
-//! current-thread runtime (the CLI does one thing at a time), with its errors mapped to
-//! the CLI's exit codes: a failure to connect, or a connection lost or timed out after
-//! the request was sent, is [`CliError::Unreachable`] (the latter says the outcome is
-//! unknown, as with a 504).
+//! current-thread runtime (the CLI does one thing at a time). Its errors become the
+//! CLI's exit codes as [`CliError`] says.
 
-use super::error::{CliError, Problem};
+use super::error::CliError;
 use std::future::Future;
 use std::path::Path;
-
-impl From<meshd_client::Error> for CliError {
-    fn from(e: meshd_client::Error) -> Self {
-        use meshd_client::Error as E;
-        match e {
-            E::Invalid(m) => CliError::Usage(m),
-            E::Unreachable(m) | E::Lost(m) => CliError::Unreachable(m),
-            E::Malformed(m) => CliError::Failed(m),
-            E::Api(p) => CliError::Api(Problem::from(*p)),
-        }
-    }
-}
 
 /// The client: a current-thread runtime and the API client. Its methods block.
 pub struct Client {
