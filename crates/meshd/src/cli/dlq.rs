@@ -3,7 +3,7 @@
 //! stderr for long runs, and exit 1 if any id failed.
 
 use super::error::{CliError, Problem};
-use super::output::{cell, note, Table};
+use super::output::{cell, cells, note, Table};
 use super::{Ctx, DlqCmd};
 use meshd_client::shorten;
 use serde::Deserialize;
@@ -30,30 +30,26 @@ pub fn dlq(ctx: &Ctx, cmd: DlqCmd) -> Result<(), CliError> {
         } => list_entries(ctx, subscription, limit, cursor, all),
         DlqCmd::Show { id } => {
             let a = ctx.client.call(|c| c.dead_letter_answer(&id))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v: Value = a.json()?;
-            let mut t = Table::new(&["FIELD", "VALUE"]);
-            for k in [
-                "id",
-                "subscription",
-                "topic",
-                "partition",
-                "offset",
-                "state",
-                "attempts",
-                "redrives",
-                "reason",
-                "first_attempt_at",
-                "dead_lettered_at",
-            ] {
-                t.row(vec![k.to_string(), cell(&v, &[k])]);
-            }
-            ctx.out.line(&t.render())?;
-            let event = v.get("event").cloned().unwrap_or(Value::Null);
-            let pretty = serde_json::to_string_pretty(&event).unwrap_or_else(|_| event.to_string());
-            ctx.out.line(&format!("event:\n{pretty}"))
+            ctx.out.answer(&a, |v| {
+                let fields = [
+                    "id",
+                    "subscription",
+                    "topic",
+                    "partition",
+                    "offset",
+                    "state",
+                    "attempts",
+                    "redrives",
+                    "reason",
+                    "first_attempt_at",
+                    "dead_lettered_at",
+                ];
+                Table::fields(v, &fields).print(&ctx.out, "")?;
+                let event = v.get("event").cloned().unwrap_or(Value::Null);
+                let pretty =
+                    serde_json::to_string_pretty(&event).unwrap_or_else(|_| event.to_string());
+                ctx.out.line(&format!("event:\n{pretty}"))
+            })
         }
         DlqCmd::Redrive { ids } => each_id(ctx, ids, Action::Redrive),
         DlqCmd::Delete { ids } => each_id(ctx, ids, Action::Delete),
@@ -103,7 +99,7 @@ fn list_entries(
         let a = ctx
             .client
             .call(|c| c.dead_letters_answer(subscription.as_deref(), limit, cursor.as_deref()))?;
-        if ctx.json && !all {
+        if ctx.out.json && !all {
             return ctx.out.raw(&a.body);
         }
         let page: Page = serde_json::from_slice(&a.body).map_err(|e| {
@@ -118,7 +114,7 @@ fn list_entries(
             other => break other,
         }
     };
-    if ctx.json {
+    if ctx.out.json {
         // Several pages merged into one answer of the same shape, each entry (with its
         // event) exactly as the server sent it.
         let joined: Vec<&str> = entries.iter().map(|e| e.get()).collect();
@@ -126,7 +122,7 @@ fn list_entries(
             .out
             .line(&format!("{{\"entries\":[{}]}}", joined.join(",")));
     }
-    let mut t = Table::new(&[
+    let heads = [
         "ID",
         "SUBSCRIPTION",
         "TOPIC",
@@ -136,22 +132,27 @@ fn list_entries(
         "STATE",
         "DEAD_LETTERED_AT",
         "REASON",
-    ]);
-    for raw in &entries {
+    ];
+    Table::of(&heads, &entries, |raw| {
+        // An entry this CLI cannot decode (an event nested too deep) shows as `-`.
         let e: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
-        t.row(vec![
-            cell(&e, &["id"]),
-            cell(&e, &["subscription"]),
-            cell(&e, &["topic"]),
-            cell(&e, &["partition"]),
-            cell(&e, &["offset"]),
-            cell(&e, &["attempts"]),
-            cell(&e, &["state"]),
-            cell(&e, &["dead_lettered_at"]),
-            shorten(&cell(&e, &["reason"]), 60),
-        ]);
-    }
-    t.print(&ctx.out, "no dead-letter entries")?;
+        let mut row = cells(
+            &e,
+            &[
+                "id",
+                "subscription",
+                "topic",
+                "partition",
+                "offset",
+                "attempts",
+                "state",
+                "dead_lettered_at",
+            ],
+        );
+        row.push(shorten(&cell(&e, &["reason"]), 60));
+        row
+    })
+    .print(&ctx.out, "no dead-letter entries")?;
     if let Some(c) = next {
         note(&format!(
             "more entries follow: --cursor {c} (or --all for every page)"
@@ -210,25 +211,25 @@ fn each_id(ctx: &Ctx, args: Vec<String>, action: Action) -> Result<(), CliError>
             note(&format!("{verb}: {} of {total}", i + 1));
         }
     }
-    if ctx.json {
+    if ctx.out.json {
         let failed_json: Vec<Value> = failed
             .iter()
             .map(|(id, p)| json!({"id": id, "status": p.status, "detail": p.detail, "field": p.field}))
             .collect();
         ctx.out
-            .json(&json!({ "done": done, "failed": failed_json }))?;
+            .assembled(&json!({ "done": done, "failed": failed_json }))?;
     } else {
-        let mut t = Table::new(&["ID", "RESULT"]);
-        for id in &done {
-            t.row(vec![id.clone(), action.done().into()]);
-        }
-        for (id, p) in &failed {
-            t.row(vec![
-                id.clone(),
-                format!("failed: {} (HTTP {})", shorten(&p.detail, 80), p.status),
-            ]);
-        }
-        t.print(&ctx.out, "")?;
+        let results =
+            done.iter()
+                .map(|id| (id, action.done().to_string()))
+                .chain(failed.iter().map(|(id, p)| {
+                    let why = format!("failed: {} (HTTP {})", shorten(&p.detail, 80), p.status);
+                    (id, why)
+                }));
+        Table::of(&["ID", "RESULT"], results, |(id, result)| {
+            vec![id.clone(), result]
+        })
+        .print(&ctx.out, "")?;
     }
     match failed.len() {
         0 => Ok(()),

@@ -347,7 +347,6 @@ enum SessionCmd {
 /// What a command works with.
 pub struct Ctx {
     client: http::Client,
-    json: bool,
     out: output::Out,
 }
 
@@ -359,8 +358,7 @@ impl Ctx {
         };
         Ok(Self {
             client: http::Client::new(&conn.server, token, conn.ca_file.as_deref())?,
-            json: conn.json,
-            out: output::Out,
+            out: output::Out { json: conn.json },
         })
     }
 }

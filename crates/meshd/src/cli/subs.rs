@@ -1,73 +1,71 @@
 //! `meshd sub ...` and `meshd pull`.
 
 use super::error::CliError;
-use super::output::{cell, list, note, Table};
+use super::output::{cell, cells, list, note, Table};
 use super::{Ctx, OrderingArg, PullArgs, Start, SubCmd, SubCreate, TailArgs};
 use meshd_client::shorten;
 use serde_json::{json, Map, Value};
+
+/// The columns of a subscription's row (see [`row_of`]).
+const SUBSCRIPTION: [&str; 8] = [
+    "NAME",
+    "TOPIC",
+    "START",
+    "MAX_ATTEMPTS",
+    "ACK_TIMEOUT_MS",
+    "FILTER",
+    "PUSH",
+    "REVISION",
+];
+
+/// The columns of `sub stats`, each with the field of a partition's figures it shows.
+const STATS: [(&str, &str); 14] = [
+    ("PARTITION", "partition"),
+    ("COMMITTED", "committed"),
+    ("END", "end_offset"),
+    ("BACKLOG", "backlog"),
+    ("IN_FLIGHT", "in_flight"),
+    ("WAITING", "waiting_retries"),
+    ("PARKED", "parked"),
+    ("DEAD_LETTERING", "dead_lettering"),
+    ("DELIVERED", "delivered_total"),
+    ("REDELIVERED", "redelivered_total"),
+    ("ACKED", "acked_total"),
+    ("NACKED", "nacked_total"),
+    ("DEAD_LETTERED", "dead_lettered_total"),
+    ("OWNER", "owner"),
+];
 
 pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
     match cmd {
         SubCmd::Create(c) => create(ctx, *c),
         SubCmd::List => {
             let a = ctx.client.call(|c| c.subscriptions_answer())?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v: Value = a.json()?;
-            let mut t = Table::new(&[
-                "NAME",
-                "TOPIC",
-                "START",
-                "MAX_ATTEMPTS",
-                "ACK_TIMEOUT_MS",
-                "FILTER",
-                "PUSH",
-                "REVISION",
-            ]);
-            for s in list(&v, "subscriptions")? {
-                t.row(row_of(s));
-            }
-            t.print(&ctx.out, "no subscriptions")
+            ctx.out.answer(&a, |v| {
+                Table::of(&SUBSCRIPTION, list(v, "subscriptions")?, row_of)
+                    .print(&ctx.out, "no subscriptions")
+            })
         }
         SubCmd::Get { name } => {
             let a = ctx.client.call(|c| c.subscription_answer(&name))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let s: Value = a.json()?;
-            let offsets = ctx.client.call(|c| c.offsets(&name))?;
-            let mut t = Table::new(&[
-                "NAME",
-                "TOPIC",
-                "START",
-                "MAX_ATTEMPTS",
-                "ACK_TIMEOUT_MS",
-                "FILTER",
-                "PUSH",
-                "REVISION",
-            ]);
-            t.row(row_of(&s));
-            ctx.out.line(&t.render())?;
-            let mut t = Table::new(&["PARTITION", "COMMITTED", "EPOCH"]);
-            for o in &offsets {
-                t.row(vec![
-                    o.partition.to_string(),
-                    o.committed.to_string(),
-                    o.epoch.to_string(),
-                ]);
-            }
-            ctx.out.line("")?;
-            t.print(&ctx.out, "no committed offsets yet")
+            ctx.out.answer(&a, |s| {
+                let offsets = ctx.client.call(|c| c.offsets(&name))?;
+                Table::of(&SUBSCRIPTION, [s], row_of).print(&ctx.out, "")?;
+                ctx.out.line("")?;
+                Table::of(&["PARTITION", "COMMITTED", "EPOCH"], &offsets, |o| {
+                    vec![
+                        o.partition.to_string(),
+                        o.committed.to_string(),
+                        o.epoch.to_string(),
+                    ]
+                })
+                .print(&ctx.out, "no committed offsets yet")
+            })
         }
         SubCmd::Stats { name } => stats(ctx, &name),
         SubCmd::Delete { name } => {
             ctx.client.call(|c| c.delete_subscription(&name))?;
-            if ctx.json {
-                // The answer is 204 No Content: nothing to print.
-                return Ok(());
-            }
-            ctx.out.line(&format!("deleted subscription {name}"))
+            ctx.out.done(&format!("deleted subscription {name}"))
         }
     }
 }
@@ -225,21 +223,19 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
         }
         a => a?,
     };
-    if ctx.json {
-        return ctx.out.raw(&a.body);
-    }
-    let v: Value = a.json()?;
-    let verb = if a.status == 201 {
-        "created"
-    } else {
-        "updated"
-    };
-    ctx.out.line(&format!(
-        "subscription {} {verb} on topic {} (revision {})",
-        cell(&v, &["name"]),
-        cell(&v, &["topic"]),
-        cell(&v, &["revision"])
-    ))
+    ctx.out.answer(&a, |v| {
+        let verb = if a.status == 201 {
+            "created"
+        } else {
+            "updated"
+        };
+        ctx.out.line(&format!(
+            "subscription {} {verb} on topic {} (revision {})",
+            cell(v, &["name"]),
+            cell(v, &["topic"]),
+            cell(v, &["revision"])
+        ))
+    })
 }
 
 pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
@@ -254,10 +250,10 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
     let deliveries = meshd_client::deliveries_of(&answer)?;
     // With --json the pull answer is printed exactly as it came, before acking, so the
     // events are shown even if the ack then fails.
-    if ctx.json {
+    if ctx.out.json {
         ctx.out.raw(&answer.body)?;
     } else {
-        let mut t = Table::new(&[
+        let heads = [
             "PARTITION",
             "OFFSET",
             "ATTEMPT",
@@ -266,10 +262,10 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
             "SOURCE",
             "DATA",
             "DELIVERY_ID",
-        ]);
-        for d in &deliveries {
+        ];
+        Table::of(&heads, &deliveries, |d| {
             let (e, data) = event_and_data(d);
-            t.row(vec![
+            vec![
                 d.partition.to_string(),
                 d.offset.to_string(),
                 d.attempt.to_string(),
@@ -278,9 +274,9 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
                 cell(&e, &["source"]),
                 shorten(&data, 60),
                 d.delivery_id.clone(),
-            ]);
-        }
-        t.print(&ctx.out, "no deliveries")?;
+            ]
+        })
+        .print(&ctx.out, "no deliveries")?;
     }
     let undecodable = deliveries.iter().filter(|d| d.event.is_err()).count();
     if undecodable > 0 {
@@ -318,48 +314,28 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
 /// `meshd sub stats NAME`.
 fn stats(ctx: &Ctx, name: &str) -> Result<(), CliError> {
     let a = ctx.client.call(|c| c.stats_answer(name))?;
-    if ctx.json {
-        return ctx.out.raw(&a.body);
-    }
-    let v: Value = a.json()?;
-    let fields = [
-        ("PARTITION", "partition"),
-        ("COMMITTED", "committed"),
-        ("END", "end_offset"),
-        ("BACKLOG", "backlog"),
-        ("IN_FLIGHT", "in_flight"),
-        ("WAITING", "waiting_retries"),
-        ("PARKED", "parked"),
-        ("DEAD_LETTERING", "dead_lettering"),
-        ("DELIVERED", "delivered_total"),
-        ("REDELIVERED", "redelivered_total"),
-        ("ACKED", "acked_total"),
-        ("NACKED", "nacked_total"),
-        ("DEAD_LETTERED", "dead_lettered_total"),
-        ("OWNER", "owner"),
-    ];
-    let heads: Vec<&'static str> = fields.iter().map(|(h, _)| *h).collect();
-    let mut t = Table::new(&heads);
-    let mut unavailable = Vec::new();
-    for p in list(&v, "partitions")? {
-        if p.get("available") == Some(&Value::Bool(false)) {
-            unavailable.push(format!(
-                "partition {}: {}",
-                cell(p, &["partition"]),
-                cell(p, &["detail"])
-            ));
-            let mut row = vec![cell(p, &["partition"])];
-            row.extend(fields[1..].iter().map(|_| "?".to_string()));
-            t.row(row);
-            continue;
+    ctx.out.answer(&a, |v| {
+        let keys = STATS.map(|(_, k)| k);
+        let mut unavailable = Vec::new();
+        Table::of(&STATS.map(|(h, _)| h), list(v, "partitions")?, |p| {
+            if p.get("available") == Some(&Value::Bool(false)) {
+                unavailable.push(format!(
+                    "partition {}: {}",
+                    cell(p, &["partition"]),
+                    cell(p, &["detail"])
+                ));
+                let mut row = vec![cell(p, &["partition"])];
+                row.resize(keys.len(), "?".to_string());
+                return row;
+            }
+            cells(p, &keys)
+        })
+        .print(&ctx.out, "no partitions")?;
+        for u in &unavailable {
+            note(&format!("unavailable: {u}"));
         }
-        t.row(fields.iter().map(|(_, k)| cell(p, &[k])).collect());
-    }
-    t.print(&ctx.out, "no partitions")?;
-    for u in &unavailable {
-        note(&format!("unavailable: {u}"));
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// `meshd tail SUBSCRIPTION [--ack]`: one line per delivery (the delivery's JSON
@@ -378,7 +354,7 @@ pub fn tail(ctx: &Ctx, a: TailArgs) -> Result<(), CliError> {
                 return Ok(());
             };
             seen += 1;
-            if ctx.json {
+            if ctx.out.json {
                 // As text: an undecodable event is written as meshd sent it.
                 let line = serde_json::to_string(&d)
                     .map_err(|e| CliError::Failed(format!("cannot print a delivery: {e}")))?;

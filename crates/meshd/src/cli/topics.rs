@@ -7,7 +7,7 @@
 //! lines that was, so an operator can resume with `tail -n +LINE`.
 
 use super::error::CliError;
-use super::output::{cell, list, note, Table};
+use super::output::{cell, cells, list, note, Table};
 use super::{Ctx, PublishArgs, TopicCmd};
 use meshd_client::Stored;
 use serde_json::{json, Value};
@@ -32,57 +32,48 @@ pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
             let a = ctx
                 .client
                 .call(|c| c.create_topic_answer(&name, partitions))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v: Value = a.json()?;
-            let verb = if a.status == 201 {
-                "created"
-            } else {
-                "already exists,"
-            };
-            ctx.out.line(&format!(
-                "topic {} {verb} with {} partitions",
-                cell(&v, &["name"]),
-                cell(&v, &["partitions"])
-            ))
+            ctx.out.answer(&a, |v| {
+                let verb = if a.status == 201 {
+                    "created"
+                } else {
+                    "already exists,"
+                };
+                ctx.out.line(&format!(
+                    "topic {} {verb} with {} partitions",
+                    cell(v, &["name"]),
+                    cell(v, &["partitions"])
+                ))
+            })
         }
         TopicCmd::List => {
             let a = ctx.client.call(|c| c.topics_answer())?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v: Value = a.json()?;
-            let mut t = Table::new(&["NAME", "PARTITIONS"]);
-            for topic in list(&v, "topics")? {
-                t.row(vec![cell(topic, &["name"]), cell(topic, &["partitions"])]);
-            }
-            t.print(&ctx.out, "no topics")
+            ctx.out.answer(&a, |v| {
+                Table::of(&["NAME", "PARTITIONS"], list(v, "topics")?, |t| {
+                    cells(t, &["name", "partitions"])
+                })
+                .print(&ctx.out, "no topics")
+            })
         }
         TopicCmd::Get { name } => {
             let a = ctx.client.call(|c| c.topic_answer(&name))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v: Value = a.json()?;
-            let mut t = Table::new(&["PARTITION", "END_OFFSET"]);
-            for (p, end) in list(&v, "end_offsets")?.iter().enumerate() {
-                t.row(vec![p.to_string(), end.to_string()]);
-            }
-            ctx.out.line(&format!(
-                "topic {}: {} partitions",
-                cell(&v, &["name"]),
-                cell(&v, &["partitions"])
-            ))?;
-            t.print(&ctx.out, "no partitions")
+            ctx.out.answer(&a, |v| {
+                let ends = list(v, "end_offsets")?;
+                ctx.out.line(&format!(
+                    "topic {}: {} partitions",
+                    cell(v, &["name"]),
+                    cell(v, &["partitions"])
+                ))?;
+                Table::of(
+                    &["PARTITION", "END_OFFSET"],
+                    ends.iter().enumerate(),
+                    |(p, end)| vec![p.to_string(), end.to_string()],
+                )
+                .print(&ctx.out, "no partitions")
+            })
         }
         TopicCmd::Delete { name } => {
             ctx.client.call(|c| c.delete_topic(&name))?;
-            if ctx.json {
-                // The answer is 204 No Content: nothing to print.
-                return Ok(());
-            }
-            ctx.out.line(&format!("deleted topic {name}"))
+            ctx.out.done(&format!("deleted topic {name}"))
         }
     }
 }
@@ -254,24 +245,15 @@ impl<'a> Publisher<'a> {
 
     fn finish(mut self) -> Result<(), CliError> {
         self.flush()?;
-        let ctx = self.ctx;
-        if ctx.json {
-            return ctx.out.json(&json!({ "events": self.placed }));
-        }
-        if self.placed.is_empty() {
-            note("no events to publish");
-            return Ok(());
+        let out = &self.ctx.out;
+        if out.json {
+            return out.assembled(&json!({ "events": self.placed }));
         }
         if self.placed.len() <= MAX_ROWS {
-            let mut t = Table::new(&["ID", "PARTITION", "OFFSET"]);
-            for e in &self.placed {
-                t.row(vec![
-                    e.id.clone(),
-                    e.partition.to_string(),
-                    e.offset.to_string(),
-                ]);
-            }
-            return t.print(&ctx.out, "");
+            return Table::of(&["ID", "PARTITION", "OFFSET"], &self.placed, |e| {
+                vec![e.id.clone(), e.partition.to_string(), e.offset.to_string()]
+            })
+            .print(out, "no events to publish");
         }
         // partition -> (events, lowest offset, highest offset)
         let mut per: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
@@ -282,21 +264,16 @@ impl<'a> Publisher<'a> {
             s.1 = s.1.min(o);
             s.2 = s.2.max(o);
         }
-        ctx.out.line(&format!(
+        out.line(&format!(
             "published {} events to {}",
             self.placed.len(),
             self.topic
         ))?;
-        let mut t = Table::new(&["PARTITION", "EVENTS", "FIRST_OFFSET", "LAST_OFFSET"]);
-        for (p, (n, lo, hi)) in per {
-            t.row(vec![
-                p.to_string(),
-                n.to_string(),
-                lo.to_string(),
-                hi.to_string(),
-            ]);
-        }
-        t.print(&ctx.out, "")
+        let heads = ["PARTITION", "EVENTS", "FIRST_OFFSET", "LAST_OFFSET"];
+        Table::of(&heads, per, |(p, (n, lo, hi))| {
+            vec![p.to_string(), n.to_string(), lo.to_string(), hi.to_string()]
+        })
+        .print(out, "")
     }
 }
 
