@@ -3,6 +3,12 @@
 //! reads. Non-2xx answers are [`Error::Api`] with the problem; nothing is retried except
 //! where the contract makes a retry safe ([`Client::publish`] after a lost answer or a
 //! 504, which relies on the topic's dedup window).
+//!
+//! A caller that shows an answer rather than reads it (the `meshd` CLI's `--json`)
+//! calls the `*_answer` method of the operation: it sends the same request and returns
+//! the 2xx answer whole ([`Response`]), its status (201 created, 200 there already or
+//! updated) and its body exactly as meshd wrote it, events byte for byte as published.
+//! The method without the suffix reads that answer.
 
 use crate::paths;
 use crate::transport::{Request, Response, Transport};
@@ -44,8 +50,9 @@ pub struct Stored {
 /// A pull's request (all fields optional in the contract).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Pull {
+    /// 1-1000 (meshd's default 10); meshd answers 400 for anything else.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_events: Option<u32>,
+    pub max_events: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -320,11 +327,19 @@ impl Client {
 
     /// `PUT /v1/topics/{topic}`: `true` when created, `false` when it existed alike.
     pub async fn create_topic(&self, topic: &str, partitions: u32) -> Result<bool, Error> {
-        let a = self
-            .ok(Request::new(Method::PUT, paths::topic(topic))
-                .json(&json!({ "partitions": partitions })))
-            .await?;
-        Ok(a.status == 201)
+        Ok(self.create_topic_answer(topic, partitions).await?.status == 201)
+    }
+
+    /// [`Client::create_topic`], the answer kept whole: 201 when created, 200 when it
+    /// existed alike, with the topic.
+    pub async fn create_topic_answer(
+        &self,
+        topic: &str,
+        partitions: u32,
+    ) -> Result<Response, Error> {
+        self.ok(Request::new(Method::PUT, paths::topic(topic))
+            .json(&json!({ "partitions": partitions })))
+            .await
     }
 
     pub async fn delete_topic(&self, topic: &str) -> Result<(), Error> {
@@ -338,11 +353,21 @@ impl Client {
         struct List {
             topics: Vec<TopicSummary>,
         }
-        Ok(self.get_json::<List>(paths::TOPICS.into()).await?.topics)
+        Ok(self.topics_answer().await?.json::<List>()?.topics)
+    }
+
+    /// [`Client::topics`], the answer kept whole.
+    pub async fn topics_answer(&self) -> Result<Response, Error> {
+        self.ok(Request::get(paths::TOPICS)).await
     }
 
     pub async fn topic(&self, topic: &str) -> Result<Topic, Error> {
-        self.get_json(paths::topic(topic)).await
+        self.topic_answer(topic).await?.json()
+    }
+
+    /// [`Client::topic`], the answer kept whole.
+    pub async fn topic_answer(&self, topic: &str) -> Result<Response, Error> {
+        self.ok(Request::get(paths::topic(topic))).await
     }
 
     /// Publishes structured-mode CloudEvents as one batch; answered once every event is
@@ -350,11 +375,34 @@ impl Client {
     /// up to [`Client::with_publish_retries`] times (within the topic's dedup window
     /// each event is then stored once).
     pub async fn publish(&self, topic: &str, events: &[Value]) -> Result<Vec<Stored>, Error> {
+        let texts: Vec<String> = events.iter().map(Value::to_string).collect();
+        self.publish_texts(topic, &texts).await
+    }
+
+    /// [`Client::publish`] for events given as JSON text, each sent exactly as written:
+    /// meshd stores an event's own text, so consumers get these bytes (its key order,
+    /// its spelling of numbers). Each text must be one JSON object; one that is not
+    /// makes meshd refuse the whole batch (400). Retried as [`Client::publish`] is.
+    pub async fn publish_texts<S: AsRef<str>>(
+        &self,
+        topic: &str,
+        events: &[S],
+    ) -> Result<Vec<Stored>, Error> {
         #[derive(Deserialize)]
         struct Answer {
             events: Vec<Stored>,
         }
-        let body = Value::Array(events.to_vec()).to_string();
+        let mut body =
+            String::with_capacity(2 + events.iter().map(|e| e.as_ref().len() + 1).sum::<usize>());
+        body.push('[');
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(e.as_ref());
+        }
+        body.push(']');
+        let body = bytes::Bytes::from(body);
         let path = paths::events(topic);
         let mut tries = 0;
         loop {
@@ -394,21 +442,61 @@ impl Client {
     /// `PUT /v1/subscriptions/{name}` with the contract's settings object; the answer
     /// is the subscription as stored.
     pub async fn put_subscription(&self, name: &str, settings: &Value) -> Result<Value, Error> {
+        self.put_subscription_answer(name, settings).await?.json()
+    }
+
+    /// [`Client::put_subscription`], the answer kept whole: 201 when created, 200 when
+    /// an existing subscription was updated.
+    pub async fn put_subscription_answer(
+        &self,
+        name: &str,
+        settings: &Value,
+    ) -> Result<Response, Error> {
         self.ok(Request::new(Method::PUT, paths::subscription(name)).json(settings))
+            .await
+    }
+
+    /// `PUT /v1/subscriptions/{name}` with `If-None-Match: *`: creates the subscription
+    /// and never changes one that exists (that is [`Error::Api`] with status 412). The
+    /// answer is the subscription as stored.
+    pub async fn create_subscription(&self, name: &str, settings: &Value) -> Result<Value, Error> {
+        self.create_subscription_answer(name, settings)
             .await?
             .json()
     }
 
+    /// [`Client::create_subscription`], the answer kept whole.
+    pub async fn create_subscription_answer(
+        &self,
+        name: &str,
+        settings: &Value,
+    ) -> Result<Response, Error> {
+        self.ok(Request::new(Method::PUT, paths::subscription(name))
+            .json(settings)
+            .header("if-none-match", "*"))
+            .await
+    }
+
     pub async fn subscription(&self, name: &str) -> Result<Value, Error> {
-        self.get_json(paths::subscription(name)).await
+        self.subscription_answer(name).await?.json()
+    }
+
+    /// [`Client::subscription`], the answer kept whole.
+    pub async fn subscription_answer(&self, name: &str) -> Result<Response, Error> {
+        self.ok(Request::get(paths::subscription(name))).await
     }
 
     pub async fn subscriptions(&self) -> Result<Vec<Value>, Error> {
-        let v: Value = self.get_json(paths::SUBSCRIPTIONS.into()).await?;
+        let v: Value = self.subscriptions_answer().await?.json()?;
         Ok(v.get("subscriptions")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default())
+    }
+
+    /// [`Client::subscriptions`], the answer kept whole (`{"subscriptions": [...]}`).
+    pub async fn subscriptions_answer(&self) -> Result<Response, Error> {
+        self.ok(Request::get(paths::SUBSCRIPTIONS)).await
     }
 
     pub async fn delete_subscription(&self, name: &str) -> Result<(), Error> {
@@ -445,12 +533,18 @@ impl Client {
 
     /// Leases up to `max_events` deliveries, waiting up to `wait_ms` for the first.
     pub async fn pull(&self, name: &str, pull: &Pull) -> Result<Vec<Delivery>, Error> {
+        deliveries_of(&self.pull_answer(name, pull).await?)
+    }
+
+    /// [`Client::pull`], the answer kept whole (each event in it byte for byte as
+    /// published); [`deliveries_of`] reads it.
+    pub async fn pull_answer(&self, name: &str, pull: &Pull) -> Result<Response, Error> {
         let wait = Duration::from_millis(pull.wait_ms.unwrap_or(0));
         let body = serde_json::to_value(pull).map_err(|e| Error::Invalid(e.to_string()))?;
         let req = Request::post(paths::subscription_action(name, "pull"))
             .json(&body)
             .timeout(wait + ANSWER_SLACK);
-        deliveries_of(&self.ok(req).await?)
+        self.ok(req).await
     }
 
     /// Opens a stream of deliveries (Server-Sent Events); read it with
@@ -489,7 +583,12 @@ impl Client {
     /// `GET .../stats`: per partition committed, end offset, backlog, in flight,
     /// waiting retries, parked, dead-lettering and the counters.
     pub async fn stats(&self, name: &str) -> Result<Value, Error> {
-        self.get_json(paths::subscription_action(name, "stats"))
+        self.stats_answer(name).await?.json()
+    }
+
+    /// [`Client::stats`], the answer kept whole.
+    pub async fn stats_answer(&self, name: &str) -> Result<Response, Error> {
+        self.ok(Request::get(paths::subscription_action(name, "stats")))
             .await
     }
 
@@ -547,16 +646,35 @@ impl Client {
         limit: Option<u32>,
         cursor: Option<&str>,
     ) -> Result<Value, Error> {
+        self.dead_letters_answer(subscription, limit, cursor)
+            .await?
+            .json()
+    }
+
+    /// [`Client::dead_letters`], the answer kept whole (each entry's event byte for
+    /// byte as published).
+    pub async fn dead_letters_answer(
+        &self,
+        subscription: Option<&str>,
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<Response, Error> {
         let q = query(&[
             ("subscription", subscription.map(str::to_string)),
             ("limit", limit.map(|l| l.to_string())),
             ("cursor", cursor.map(str::to_string)),
         ]);
-        self.get_json(format!("{}{q}", paths::DEAD_LETTERS)).await
+        self.ok(Request::get(format!("{}{q}", paths::DEAD_LETTERS)))
+            .await
     }
 
     pub async fn dead_letter(&self, id: &str) -> Result<Value, Error> {
-        self.get_json(paths::dead_letter(id)).await
+        self.dead_letter_answer(id).await?.json()
+    }
+
+    /// [`Client::dead_letter`], the answer kept whole.
+    pub async fn dead_letter_answer(&self, id: &str) -> Result<Response, Error> {
+        self.ok(Request::get(paths::dead_letter(id))).await
     }
 
     pub async fn redrive(&self, id: &str) -> Result<(), Error> {
@@ -586,7 +704,12 @@ impl Client {
     }
 
     pub async fn sessions(&self) -> Result<Value, Error> {
-        self.get_json(paths::SESSIONS.into()).await
+        self.sessions_answer().await?.json()
+    }
+
+    /// [`Client::sessions`], the answer kept whole.
+    pub async fn sessions_answer(&self) -> Result<Response, Error> {
+        self.ok(Request::get(paths::SESSIONS)).await
     }
 
     pub async fn close_session(&self, session: &str) -> Result<(), Error> {
@@ -604,23 +727,60 @@ impl Client {
         agent: &str,
         input: &Value,
     ) -> Result<Value, Error> {
+        self.submit_task_answer(id, agent, input).await?.json()
+    }
+
+    /// [`Client::submit_task`], the answer kept whole: 201 when submitted, 200 for a
+    /// repeat of the same submit (nothing changed).
+    pub async fn submit_task_answer(
+        &self,
+        id: Option<&str>,
+        agent: &str,
+        input: &Value,
+    ) -> Result<Response, Error> {
         let mut body = json!({ "agent": agent, "input": input });
         if let Some(id) = id {
             body["id"] = json!(id);
         }
-        self.post_json(paths::TASKS.into(), &body).await
+        self.ok(Request::post(paths::TASKS).json(&body)).await
     }
 
     pub async fn task(&self, id: &str) -> Result<Value, Error> {
-        self.get_json(paths::task(id)).await
+        self.task_answer(id).await?.json()
     }
 
-    pub async fn tasks(&self, agent: Option<&str>, state: Option<&str>) -> Result<Value, Error> {
+    /// [`Client::task`], the answer kept whole.
+    pub async fn task_answer(&self, id: &str) -> Result<Response, Error> {
+        self.ok(Request::get(paths::task(id))).await
+    }
+
+    /// One page of tasks (`agent` and `state` filter), with `next_cursor` when more
+    /// follow.
+    pub async fn tasks(
+        &self,
+        agent: Option<&str>,
+        state: Option<&str>,
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<Value, Error> {
+        self.tasks_answer(agent, state, limit, cursor).await?.json()
+    }
+
+    /// [`Client::tasks`], the answer kept whole.
+    pub async fn tasks_answer(
+        &self,
+        agent: Option<&str>,
+        state: Option<&str>,
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<Response, Error> {
         let q = query(&[
             ("agent", agent.map(str::to_string)),
             ("state", state.map(str::to_string)),
+            ("limit", limit.map(|l| l.to_string())),
+            ("cursor", cursor.map(str::to_string)),
         ]);
-        self.get_json(format!("{}{q}", paths::TASKS)).await
+        self.ok(Request::get(format!("{}{q}", paths::TASKS))).await
     }
 
     pub async fn claim_task(&self, id: &str, session: &str) -> Result<Value, Error> {
@@ -655,9 +815,13 @@ impl Client {
     }
 
     pub async fn cancel_task(&self, id: &str) -> Result<Value, Error> {
+        self.cancel_task_answer(id).await?.json()
+    }
+
+    /// [`Client::cancel_task`], the answer kept whole.
+    pub async fn cancel_task_answer(&self, id: &str) -> Result<Response, Error> {
         self.ok(Request::post(paths::task_action(id, "cancel")))
-            .await?
-            .json()
+            .await
     }
 }
 
@@ -733,6 +897,228 @@ mod tests {
                 assert_eq!(text, delivery(n, e));
             }
         }
+    }
+
+    /// A meshd stand-in on a port of its own: each request (head and body, as text) is
+    /// handed to the test, and every connection is answered `status` with `body`.
+    async fn stand_in(
+        status: &str,
+        body: &str,
+    ) -> (Client, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let answer = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                // The head, then as many body bytes as it announces.
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if got.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+                let _ = tx.send(String::from_utf8_lossy(&got).into_owned());
+                let _ = s.write_all(answer.as_bytes()).await;
+            }
+        });
+        (Client::connect(&url).unwrap(), rx)
+    }
+
+    /// The request line, the header lines (lowercase) and the body of a request.
+    fn parts(request: &str) -> (&str, String, &str) {
+        let (head, body) = request.split_once("\r\n\r\n").unwrap();
+        let (line, headers) = head.split_once("\r\n").unwrap();
+        (line, headers.to_lowercase(), body)
+    }
+
+    /// The CLI prints `--json` answers as meshd wrote them and says "created" or
+    /// "already exists" from the status: an `_answer` method keeps both, and the method
+    /// without the suffix reads the same answer.
+    #[tokio::test]
+    async fn an_answer_is_kept_as_sent_and_read_alike() {
+        // Keys out of order and spaced: nothing a re-serialised value would keep.
+        let topic = r#"{ "partitions": 3,"name":"orders" , "end_offsets":[4, 0,1]}"#;
+        let (meshd, mut sent) = stand_in("201 Created", topic).await;
+        let a = meshd.create_topic_answer("a/b", 3).await.unwrap();
+        assert_eq!((a.status, &a.body[..]), (201, topic.as_bytes()));
+        let request = sent.recv().await.unwrap();
+        let (line, headers, body) = parts(&request);
+        assert_eq!(line, "PUT /v1/topics/a%2Fb HTTP/1.1");
+        assert!(
+            headers.contains("content-type: application/json"),
+            "{headers}"
+        );
+        assert_eq!(body, r#"{"partitions":3}"#);
+        assert!(
+            meshd.create_topic("a/b", 3).await.unwrap(),
+            "201 is created"
+        );
+
+        let (meshd, _sent) = stand_in("200 OK", topic).await;
+        assert!(
+            !meshd.create_topic("orders", 3).await.unwrap(),
+            "200 existed"
+        );
+        let a = meshd.topic_answer("orders").await.unwrap();
+        assert_eq!(a.text(), topic);
+        let t = meshd.topic("orders").await.unwrap();
+        assert_eq!((t.name.as_str(), t.partitions), ("orders", 3));
+        assert_eq!(t.end_offsets, [4, 0, 1]);
+    }
+
+    #[tokio::test]
+    async fn each_answer_method_sends_its_operation() {
+        let (meshd, mut sent) = stand_in("200 OK", "{}").await;
+        let mut next = || sent.try_recv().unwrap();
+        meshd.topics_answer().await.unwrap();
+        assert!(next().starts_with("GET /v1/topics HTTP/1.1\r\n"));
+        meshd.subscriptions_answer().await.unwrap();
+        assert!(next().starts_with("GET /v1/subscriptions HTTP/1.1\r\n"));
+        meshd.subscription_answer("s 1").await.unwrap();
+        assert!(next().starts_with("GET /v1/subscriptions/s%201 HTTP/1.1\r\n"));
+        meshd.stats_answer("s").await.unwrap();
+        assert!(next().starts_with("GET /v1/subscriptions/s/stats HTTP/1.1\r\n"));
+        meshd
+            .dead_letters_answer(Some("s"), Some(5), Some("c/1"))
+            .await
+            .unwrap();
+        assert!(next()
+            .starts_with("GET /v1/deadletters?subscription=s&limit=5&cursor=c%2F1 HTTP/1.1\r\n"));
+        meshd.dead_letter_answer("d").await.unwrap();
+        assert!(next().starts_with("GET /v1/deadletters/d HTTP/1.1\r\n"));
+        meshd.sessions_answer().await.unwrap();
+        assert!(next().starts_with("GET /v1/sessions HTTP/1.1\r\n"));
+        meshd.task_answer("t").await.unwrap();
+        assert!(next().starts_with("GET /v1/tasks/t HTTP/1.1\r\n"));
+        meshd
+            .tasks_answer(Some("a b"), None, Some(2), Some("x"))
+            .await
+            .unwrap();
+        assert!(next().starts_with("GET /v1/tasks?agent=a%20b&limit=2&cursor=x HTTP/1.1\r\n"));
+        meshd
+            .tasks(None, Some("working"), None, None)
+            .await
+            .unwrap();
+        assert!(next().starts_with("GET /v1/tasks?state=working HTTP/1.1\r\n"));
+        meshd.cancel_task_answer("t").await.unwrap();
+        assert!(next().starts_with("POST /v1/tasks/t/cancel HTTP/1.1\r\n"));
+        meshd
+            .submit_task_answer(Some("t"), "agent", &json!({"k": 1}))
+            .await
+            .unwrap();
+        let request = next();
+        let (line, _, body) = parts(&request);
+        assert_eq!(line, "POST /v1/tasks HTTP/1.1");
+        assert_eq!(body, r#"{"agent":"agent","id":"t","input":{"k":1}}"#);
+        let pull = Pull {
+            max_events: Some(100),
+            wait_ms: Some(0),
+            ..Pull::default()
+        };
+        meshd.pull_answer("s", &pull).await.unwrap();
+        let request = next();
+        let (line, _, body) = parts(&request);
+        assert_eq!(line, "POST /v1/subscriptions/s/pull HTTP/1.1");
+        assert_eq!(body, r#"{"max_events":100,"wait_ms":0}"#);
+    }
+
+    /// `meshd sub create` is create-only: it must never replace a subscription that
+    /// exists, which `If-None-Match: *` makes meshd refuse (412).
+    #[tokio::test]
+    async fn a_create_never_replaces_a_subscription_a_put_may() {
+        let (meshd, mut sent) = stand_in("201 Created", r#"{"name":"s"}"#).await;
+        let settings = json!({"topic": "orders"});
+        let a = meshd
+            .create_subscription_answer("s", &settings)
+            .await
+            .unwrap();
+        assert_eq!((a.status, a.text().as_str()), (201, r#"{"name":"s"}"#));
+        let request = sent.recv().await.unwrap();
+        let (line, headers, body) = parts(&request);
+        assert_eq!(line, "PUT /v1/subscriptions/s HTTP/1.1");
+        assert!(headers.contains("if-none-match: *"), "{headers}");
+        assert_eq!(body, r#"{"topic":"orders"}"#);
+        meshd.put_subscription_answer("s", &settings).await.unwrap();
+        let request = sent.recv().await.unwrap();
+        let (line, headers, _) = parts(&request);
+        assert_eq!(line, "PUT /v1/subscriptions/s HTTP/1.1");
+        assert!(!headers.contains("if-none-match"), "{headers}");
+
+        let (meshd, _sent) = stand_in(
+            "412 Precondition Failed",
+            r#"{"type":"about:blank","title":"Precondition Failed","status":412,"detail":"exists"}"#,
+        )
+        .await;
+        match meshd.create_subscription("s", &settings).await {
+            Err(Error::Api(p)) => assert_eq!((p.status, p.detail.as_str()), (412, "exists")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// meshd stores each event's own text: `publish_texts` sends the operator's bytes
+    /// (key order, number spelling, spaces) and nothing else, one batch.
+    #[tokio::test]
+    async fn published_texts_are_sent_as_written() {
+        let placed = r#"{"events":[{"id":"a","partition":0,"offset":7},{"id":"b","partition":1,"offset":2,"duplicate":true}]}"#;
+        let (meshd, mut sent) = stand_in("201 Created", placed).await;
+        let events = [
+            r#"{"type":"t", "specversion":"1.0","id":"a","source":"/s","data":1.50}"#,
+            r#" {"id":"b","specversion":"1.0","source":"/s","type":"t"}"#,
+        ];
+        let stored = meshd.publish_texts("orders", &events).await.unwrap();
+        let request = sent.recv().await.unwrap();
+        let (line, headers, body) = parts(&request);
+        assert_eq!(line, "POST /v1/topics/orders/events HTTP/1.1");
+        assert!(
+            headers.contains("content-type: application/cloudevents-batch+json"),
+            "{headers}"
+        );
+        assert_eq!(body, format!("[{},{}]", events[0], events[1]));
+        assert_eq!(
+            stored,
+            [
+                Stored {
+                    id: "a".into(),
+                    partition: 0,
+                    offset: 7,
+                    duplicate: false
+                },
+                Stored {
+                    id: "b".into(),
+                    partition: 1,
+                    offset: 2,
+                    duplicate: true
+                }
+            ]
+        );
+        // `publish` sends the same batch for the same events as values.
+        let values: Vec<Value> = events
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        meshd.publish("orders", &values).await.unwrap();
+        let request = sent.recv().await.unwrap();
+        let (_, _, body) = parts(&request);
+        assert_eq!(body, Value::Array(values).to_string());
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! - [`Client`]: one typed async method per operation of the public HTTP API
 //!   (topics, publish, pull/ack/nack/extend, subscriptions, offsets, dead letters,
 //!   sessions, tasks, cluster), and [`Client::stream`]: deliveries as Server-Sent
-//!   Events ([`EventStream`]).
+//!   Events ([`EventStream`]). For a caller that shows answers (the `meshd` CLI), a
+//!   `*_answer` twin of each operation it shows returns the answer whole, its body
+//!   exactly as meshd wrote it.
 //! - [`Transport`]: the HTTP/1.1 transport under it (hyper; TLS with rustls), which
 //!   every part of meshd that calls over HTTP uses: the CLI, push delivery, calls
 //!   between cluster instances, the test harnesses and the load generator.

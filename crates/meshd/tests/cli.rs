@@ -11,7 +11,7 @@ use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use std::process::{Output, Stdio};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What one CLI run left behind.
 struct Run {
@@ -672,4 +672,176 @@ async fn given_a_type_and_data_then_meshd_publish_builds_the_cloud_event() {
         );
     }
     assert_eq!(common::browse_all(a, "orders", 0).await.len(), 2);
+}
+
+/// A stand-in meshd for what a real one will not do on cue: answers the connections it
+/// gets with `answers` in order (status, JSON body), one request each, and hands back
+/// each request's line and body.
+async fn stand_in(answers: Vec<(u16, String)>) -> (String, tokio::task::JoinHandle<Vec<String>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let task = tokio::spawn(async move {
+        let mut requests = Vec::new();
+        for (status, body) in answers {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The head, then as many body bytes as it announces.
+            let (line_end, body_at) = loop {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request ended early: {got:?}");
+                got.extend_from_slice(&buf[..n]);
+                let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    continue;
+                };
+                let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if got.len() >= end + 4 + len {
+                    break (head.find("\r\n").unwrap_or(end), end + 4);
+                }
+            };
+            requests.push(format!(
+                "{} {}",
+                String::from_utf8_lossy(&got[..line_end]),
+                String::from_utf8_lossy(&got[body_at..])
+            ));
+            let answer = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(answer.as_bytes()).await.unwrap();
+        }
+        requests
+    });
+    (addr, task)
+}
+
+/// `--json` prints the server's answer exactly as it came: keys in its order, its
+/// spacing, its spelling of numbers, events byte for byte as published. A stand-in
+/// answers in a way no re-serialised value would reproduce.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_answers_no_reserialising_would_keep_when_printed_with_json_then_each_comes_out_byte_for_byte(
+) {
+    let event = r#"{ "type":"t", "specversion":"1.0","id":"e1","source":"/s","data":1.50}"#;
+    let cases: Vec<(Vec<&str>, &str, String)> = vec![
+        (
+            vec!["topic", "create", "orders", "-p", "3"],
+            "PUT /v1/topics/orders HTTP/1.1 {\"partitions\":3}",
+            r#"{"partitions":3, "name":"orders"}"#.into(),
+        ),
+        (
+            vec!["topic", "list"],
+            "GET /v1/topics HTTP/1.1 ",
+            r#"{ "topics": [{"partitions":3,"name":"orders"}] }"#.into(),
+        ),
+        (
+            vec!["topic", "get", "orders"],
+            "GET /v1/topics/orders HTTP/1.1 ",
+            r#"{"name":"orders","partitions":1,"end_offsets":[1.0e0]}"#.into(),
+        ),
+        (
+            vec!["sub", "list"],
+            "GET /v1/subscriptions HTTP/1.1 ",
+            r#"{"subscriptions":[{"topic":"orders","name":"s"}]}"#.into(),
+        ),
+        (
+            vec!["sub", "get", "s"],
+            "GET /v1/subscriptions/s HTTP/1.1 ",
+            r#"{"topic":"orders","name":"s"}"#.into(),
+        ),
+        (
+            vec!["sub", "stats", "s"],
+            "GET /v1/subscriptions/s/stats HTTP/1.1 ",
+            r#"{"subscription":"s","partitions":[]}"#.into(),
+        ),
+        (
+            vec!["pull", "s", "--max", "2"],
+            "POST /v1/subscriptions/s/pull HTTP/1.1 {\"max_events\":2}",
+            format!(
+                r#"{{"deliveries":[{{"delivery_id":"d","partition":0,"offset":0,"attempt":1,"event":{event}}}]}}"#
+            ),
+        ),
+        (
+            vec!["dlq", "list", "--subscription", "s"],
+            "GET /v1/deadletters?subscription=s HTTP/1.1 ",
+            format!(r#"{{"next_cursor":null, "entries":[{{"id":"x","event":{event}}}]}}"#),
+        ),
+        (
+            vec!["dlq", "show", "x"],
+            "GET /v1/deadletters/x HTTP/1.1 ",
+            format!(r#"{{"id":"x","event":{event}}}"#),
+        ),
+        (
+            vec!["task", "submit", "--agent", "a", "--input", "[1]"],
+            "POST /v1/tasks HTTP/1.1 {\"agent\":\"a\",\"input\":[1]}",
+            r#"{"state":"submitted","id":"t","input":[1.0]}"#.into(),
+        ),
+        (
+            vec!["task", "get", "t"],
+            "GET /v1/tasks/t HTTP/1.1 ",
+            r#"{"state":"submitted","id":"t"}"#.into(),
+        ),
+        (
+            vec!["task", "list", "--agent", "a", "--limit", "1"],
+            "GET /v1/tasks?agent=a&limit=1 HTTP/1.1 ",
+            r#"{"tasks":[],"next_cursor":"c"}"#.into(),
+        ),
+        (
+            vec!["task", "cancel", "t"],
+            "POST /v1/tasks/t/cancel HTTP/1.1 ",
+            r#"{"state":"canceled","id":"t"}"#.into(),
+        ),
+        (
+            vec!["session", "list"],
+            "GET /v1/sessions HTTP/1.1 ",
+            r#"{"sessions":[ ]}"#.into(),
+        ),
+    ];
+    for (mut args, request, answer) in cases {
+        let status = if args[1] == "create" || args[1] == "submit" {
+            201
+        } else {
+            200
+        };
+        let (addr, requests) = stand_in(vec![(status, answer.clone())]).await;
+        args.push("--json");
+        let run = cli(&addr, &args).await.ok();
+        assert_eq!(run.stdout, format!("{answer}\n"), "{args:?}");
+        assert_eq!(requests.await.unwrap(), [request], "{args:?}");
+    }
+}
+
+/// A batch whose outcome is unknown (a 504: meshd could not tell whether it was
+/// stored) is sent again as it was, and stderr says so; the answer to the resend is
+/// what is printed. A stand-in answers 504 first, then 201.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_504_when_published_then_the_same_batch_is_sent_again_and_the_retry_is_noted() {
+    let placed = json!({"events": [{"duplicate": true, "id": "r1", "offset": 7, "partition": 0}]});
+    let (addr, requests) = stand_in(vec![
+        (
+            504,
+            json!({"title": "Gateway Timeout", "status": 504, "detail": "the log did not answer in time"})
+                .to_string(),
+        ),
+        (201, placed.to_string()),
+    ])
+    .await;
+    // Keys out of order and spaced: sent as written.
+    let event = r#"{ "type":"t", "specversion":"1.0","id":"r1","source":"cli-test"}"#;
+    let run = cli(&addr, &["publish", "orders", event, "--json"])
+        .await
+        .ok();
+    assert!(
+        run.stderr.contains(
+            "the batch of argument 1 answered 504: the log did not answer in time; sending it again (1 of 5)"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stdout, format!("{placed}\n"));
+    let sent = format!("POST /v1/topics/orders/events HTTP/1.1 [{event}]");
+    assert_eq!(requests.await.unwrap(), [sent.clone(), sent]);
 }

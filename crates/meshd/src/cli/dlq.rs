@@ -3,10 +3,9 @@
 //! stderr for long runs, and exit 1 if any id failed.
 
 use super::error::{CliError, Problem};
-use super::http::{query, shorten, Method, Request};
-use super::output::{cell, note, Table};
+use super::output::{cell, cells, note, Table};
 use super::{Ctx, DlqCmd};
-use meshd_client::paths;
+use meshd_client::shorten;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -30,38 +29,61 @@ pub fn dlq(ctx: &Ctx, cmd: DlqCmd) -> Result<(), CliError> {
             all,
         } => list_entries(ctx, subscription, limit, cursor, all),
         DlqCmd::Show { id } => {
-            let a = ctx.client.get(paths::dead_letter(&id))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            let mut t = Table::new(&["FIELD", "VALUE"]);
-            for k in [
-                "id",
-                "subscription",
-                "topic",
-                "partition",
-                "offset",
-                "state",
-                "attempts",
-                "redrives",
-                "reason",
-                "first_attempt_at",
-                "dead_lettered_at",
-            ] {
-                t.row(vec![k.to_string(), cell(&v, &[k])]);
-            }
-            ctx.out.line(&t.render())?;
-            let event = v.get("event").cloned().unwrap_or(Value::Null);
-            let pretty = serde_json::to_string_pretty(&event).unwrap_or_else(|_| event.to_string());
-            ctx.out.line(&format!("event:\n{pretty}"))
+            let a = ctx.client.call(|c| c.dead_letter_answer(&id))?;
+            ctx.out.answer(&a, |v| {
+                let fields = [
+                    "id",
+                    "subscription",
+                    "topic",
+                    "partition",
+                    "offset",
+                    "state",
+                    "attempts",
+                    "redrives",
+                    "reason",
+                    "first_attempt_at",
+                    "dead_lettered_at",
+                ];
+                Table::fields(v, &fields).print(&ctx.out, "")?;
+                let event = v.get("event").cloned().unwrap_or(Value::Null);
+                let pretty =
+                    serde_json::to_string_pretty(&event).unwrap_or_else(|_| event.to_string());
+                ctx.out.line(&format!("event:\n{pretty}"))
+            })
         }
-        DlqCmd::Redrive { ids } => each_id(ctx, ids, "redrive", |id| {
-            Request::new(Method::POST, paths::redrive(id))
-        }),
-        DlqCmd::Delete { ids } => each_id(ctx, ids, "delete", |id| {
-            Request::new(Method::DELETE, paths::dead_letter(id))
-        }),
+        DlqCmd::Redrive { ids } => each_id(ctx, ids, Action::Redrive),
+        DlqCmd::Delete { ids } => each_id(ctx, ids, Action::Delete),
+    }
+}
+
+/// What `dlq redrive` and `dlq delete` do to each id.
+#[derive(Clone, Copy)]
+enum Action {
+    Redrive,
+    Delete,
+}
+
+impl Action {
+    fn verb(self) -> &'static str {
+        match self {
+            Action::Redrive => "redrive",
+            Action::Delete => "delete",
+        }
+    }
+
+    /// An id's result when it worked.
+    fn done(self) -> &'static str {
+        match self {
+            Action::Redrive => "redriving",
+            Action::Delete => "deleted",
+        }
+    }
+
+    async fn on(self, api: &meshd_client::Client, id: &str) -> Result<(), meshd_client::Error> {
+        match self {
+            Action::Redrive => api.redrive(id).await,
+            Action::Delete => api.delete_dead_letter(id).await,
+        }
     }
 }
 
@@ -74,17 +96,10 @@ fn list_entries(
 ) -> Result<(), CliError> {
     let mut entries: Vec<Box<RawValue>> = Vec::new();
     let next = loop {
-        let path = format!(
-            "{}{}",
-            paths::DEAD_LETTERS,
-            query(&[
-                ("subscription", subscription.clone()),
-                ("limit", limit.map(|l| l.to_string())),
-                ("cursor", cursor.clone()),
-            ])
-        );
-        let a = ctx.client.get(path)?;
-        if ctx.json && !all {
+        let a = ctx
+            .client
+            .call(|c| c.dead_letters_answer(subscription.as_deref(), limit, cursor.as_deref()))?;
+        if ctx.out.json && !all {
             return ctx.out.raw(&a.body);
         }
         let page: Page = serde_json::from_slice(&a.body).map_err(|e| {
@@ -99,7 +114,7 @@ fn list_entries(
             other => break other,
         }
     };
-    if ctx.json {
+    if ctx.out.json {
         // Several pages merged into one answer of the same shape, each entry (with its
         // event) exactly as the server sent it.
         let joined: Vec<&str> = entries.iter().map(|e| e.get()).collect();
@@ -107,7 +122,7 @@ fn list_entries(
             .out
             .line(&format!("{{\"entries\":[{}]}}", joined.join(",")));
     }
-    let mut t = Table::new(&[
+    let heads = [
         "ID",
         "SUBSCRIPTION",
         "TOPIC",
@@ -117,22 +132,27 @@ fn list_entries(
         "STATE",
         "DEAD_LETTERED_AT",
         "REASON",
-    ]);
-    for raw in &entries {
+    ];
+    Table::of(&heads, &entries, |raw| {
+        // An entry this CLI cannot decode (an event nested too deep) shows as `-`.
         let e: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
-        t.row(vec![
-            cell(&e, &["id"]),
-            cell(&e, &["subscription"]),
-            cell(&e, &["topic"]),
-            cell(&e, &["partition"]),
-            cell(&e, &["offset"]),
-            cell(&e, &["attempts"]),
-            cell(&e, &["state"]),
-            cell(&e, &["dead_lettered_at"]),
-            shorten(&cell(&e, &["reason"]), 60),
-        ]);
-    }
-    t.print(&ctx.out, "no dead-letter entries")?;
+        let mut row = cells(
+            &e,
+            &[
+                "id",
+                "subscription",
+                "topic",
+                "partition",
+                "offset",
+                "attempts",
+                "state",
+                "dead_lettered_at",
+            ],
+        );
+        row.push(shorten(&cell(&e, &["reason"]), 60));
+        row
+    })
+    .print(&ctx.out, "no dead-letter entries")?;
     if let Some(c) = next {
         note(&format!(
             "more entries follow: --cursor {c} (or --all for every page)"
@@ -165,21 +185,16 @@ fn ids_of(args: Vec<String>) -> Result<Vec<String>, CliError> {
     Ok(ids)
 }
 
-fn each_id(
-    ctx: &Ctx,
-    args: Vec<String>,
-    verb: &str,
-    request: impl Fn(&str) -> Request,
-) -> Result<(), CliError> {
+fn each_id(ctx: &Ctx, args: Vec<String>, action: Action) -> Result<(), CliError> {
+    let verb = action.verb();
     let ids = ids_of(args)?;
     let total = ids.len();
     let mut done: Vec<String> = Vec::new();
     let mut failed: Vec<(String, Problem)> = Vec::new();
     for (i, id) in ids.into_iter().enumerate() {
-        match ctx.client.send(request(&id)) {
-            Ok(a) if (200..300).contains(&a.status) => done.push(id),
-            Ok(a) => {
-                let p = Problem::of(&a);
+        match ctx.client.call(|c| action.on(c, &id)) {
+            Ok(()) => done.push(id),
+            Err(CliError::Api(p)) => {
                 note(&format!("{verb} {id}: {p}"));
                 failed.push((id, p));
             }
@@ -196,30 +211,25 @@ fn each_id(
             note(&format!("{verb}: {} of {total}", i + 1));
         }
     }
-    if ctx.json {
+    if ctx.out.json {
         let failed_json: Vec<Value> = failed
             .iter()
             .map(|(id, p)| json!({"id": id, "status": p.status, "detail": p.detail, "field": p.field}))
             .collect();
         ctx.out
-            .json(&json!({ "done": done, "failed": failed_json }))?;
+            .assembled(&json!({ "done": done, "failed": failed_json }))?;
     } else {
-        let mut t = Table::new(&["ID", "RESULT"]);
-        let ok = if verb == "redrive" {
-            "redriving"
-        } else {
-            "deleted"
-        };
-        for id in &done {
-            t.row(vec![id.clone(), ok.into()]);
-        }
-        for (id, p) in &failed {
-            t.row(vec![
-                id.clone(),
-                format!("failed: {} (HTTP {})", shorten(&p.detail, 80), p.status),
-            ]);
-        }
-        t.print(&ctx.out, "")?;
+        let results =
+            done.iter()
+                .map(|id| (id, action.done().to_string()))
+                .chain(failed.iter().map(|(id, p)| {
+                    let why = format!("failed: {} (HTTP {})", shorten(&p.detail, 80), p.status);
+                    (id, why)
+                }));
+        Table::of(&["ID", "RESULT"], results, |(id, result)| {
+            vec![id.clone(), result]
+        })
+        .print(&ctx.out, "")?;
     }
     match failed.len() {
         0 => Ok(()),

@@ -3,7 +3,6 @@
 //! command line or its input was wrong (nothing was sent for the bad part), 3 the
 //! server could not be reached or the connection was lost.
 
-use super::http::Answer;
 use std::process::ExitCode;
 
 #[derive(Debug)]
@@ -28,6 +27,21 @@ impl CliError {
     }
 }
 
+/// A failed call of the client: a failure to connect, or a connection lost or timed out
+/// after the request was sent, is [`CliError::Unreachable`] (the latter says the
+/// outcome is unknown, as with a 504).
+impl From<meshd_client::Error> for CliError {
+    fn from(e: meshd_client::Error) -> Self {
+        use meshd_client::Error as E;
+        match e {
+            E::Invalid(m) => CliError::Usage(m),
+            E::Unreachable(m) | E::Lost(m) => CliError::Unreachable(m),
+            E::Malformed(m) => CliError::Failed(m),
+            E::Api(p) => CliError::Api(Problem::from(*p)),
+        }
+    }
+}
+
 impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -46,13 +60,6 @@ pub struct Problem {
     pub retry_after: Option<String>,
     /// What the CLI adds: what this failure means for the command as a whole.
     pub context: Option<String>,
-}
-
-impl Problem {
-    /// Reads a problem+json answer; a body that is not one is shown as it came.
-    pub fn of(answer: &Answer) -> Self {
-        Self::from(meshd_client::Problem::of(answer))
-    }
 }
 
 impl From<meshd_client::Problem> for Problem {

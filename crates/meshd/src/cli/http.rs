@@ -1,26 +1,10 @@
-//! The CLI's connection to meshd: [`meshd_client`]'s transport driven from a
-//! current-thread runtime (the CLI does one thing at a time), with its errors mapped to
-//! the CLI's exit codes: a failure to connect, or a connection lost or timed out after
-//! the request was sent, is [`CliError::Unreachable`] (the latter says the outcome is
-//! unknown, as with a 504).
+//! The CLI's connection to meshd: [`meshd_client::Client`] driven from a
+//! current-thread runtime (the CLI does one thing at a time). Its errors become the
+//! CLI's exit codes as [`CliError`] says.
 
-use super::error::{CliError, Problem};
+use super::error::CliError;
+use std::future::Future;
 use std::path::Path;
-
-pub use meshd_client::transport::REQUEST_TIMEOUT;
-pub use meshd_client::{query, shorten, Method, Request, Response as Answer};
-
-impl From<meshd_client::Error> for CliError {
-    fn from(e: meshd_client::Error) -> Self {
-        use meshd_client::Error as E;
-        match e {
-            E::Invalid(m) => CliError::Usage(m),
-            E::Unreachable(m) | E::Lost(m) => CliError::Unreachable(m),
-            E::Malformed(m) => CliError::Failed(m),
-            E::Api(p) => CliError::Api(Problem::from(*p)),
-        }
-    }
-}
 
 /// The client: a current-thread runtime and the API client. Its methods block.
 pub struct Client {
@@ -57,7 +41,9 @@ impl Client {
             })?;
             transport = transport.with_tls(tls);
         }
-        let mut api = meshd_client::Client::new(target, transport);
+        // A batch whose outcome is unknown is sent again by `meshd publish` itself: it
+        // notes each retry on stderr and also retries a refused connection.
+        let mut api = meshd_client::Client::new(target, transport).with_publish_retries(0);
         if let Some(t) = &token {
             api = api.with_token(t).map_err(|_| {
                 CliError::Usage("--token is empty or has control characters".into())
@@ -70,38 +56,24 @@ impl Client {
         Ok(Self { runtime, api })
     }
 
-    /// Sends `req` and returns the answer, whatever its status. Only transport
-    /// failures are errors.
-    pub fn send(&self, req: Request) -> Result<Answer, CliError> {
-        Ok(self.runtime.block_on(self.api.send(req))?)
-    }
-
-    /// Sends `req`; a 2xx answer is returned, anything else becomes
-    /// [`CliError::Api`] with the problem's detail.
-    pub fn ok(&self, req: Request) -> Result<Answer, CliError> {
-        let answer = self.send(req)?;
-        if answer.is_success() {
-            Ok(answer)
-        } else {
-            Err(CliError::Api(Problem::of(&answer)))
-        }
+    /// Runs one call of the API client to its end: `client.call(|c| c.topics_answer())`.
+    /// A non-2xx answer is [`CliError::Api`] with the problem.
+    pub fn call<'a, T, F>(
+        &'a self,
+        f: impl FnOnce(&'a meshd_client::Client) -> F,
+    ) -> Result<T, CliError>
+    where
+        F: Future<Output = Result<T, meshd_client::Error>>,
+    {
+        Ok(self.runtime.block_on(f(&self.api))?)
     }
 
     /// Runs `f` with the API client on the CLI's runtime (a stream, read as it
     /// arrives).
     pub fn run<'a, T, F>(&'a self, f: impl FnOnce(&'a meshd_client::Client) -> F) -> T
     where
-        F: std::future::Future<Output = T> + 'a,
+        F: Future<Output = T> + 'a,
     {
         self.runtime.block_on(f(&self.api))
     }
-
-    pub fn get(&self, path: String) -> Result<Answer, CliError> {
-        self.ok(Request::get(path))
-    }
-}
-
-/// The body parsed as JSON; `Null` for an empty body (204).
-pub fn json(answer: &Answer) -> Result<serde_json::Value, CliError> {
-    Ok(answer.json()?)
 }

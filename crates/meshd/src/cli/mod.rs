@@ -2,14 +2,16 @@
 //! public HTTP API (`../shared/design/http-api.md`) and nothing else, so it works
 //! against any meshd that keeps that contract, local or remote.
 //!
-//! Shape: clap parses into the structs below; each command builds requests with the
-//! small blocking [`http::Client`], and prints either an aligned table or, with
-//! `--json`, the server's answer exactly as it came (several answers merged only where
-//! one command sends several requests). Failures map to exit codes in [`error`].
+//! Shape: clap parses into the structs below; each command calls the typed methods of
+//! [`meshd_client::Client`] (through the blocking [`http::Client`]; no request is built
+//! here), and prints either an aligned table or, with `--json`, the server's answer
+//! exactly as it came (the `*_answer` methods keep it; several answers merged only
+//! where one command sends several requests). Failures map to exit codes in
+//! [`error`].
 
 mod dlq;
 mod error;
-pub(crate) mod http;
+mod http;
 mod output;
 mod subs;
 mod tasks;
@@ -345,7 +347,6 @@ enum SessionCmd {
 /// What a command works with.
 pub struct Ctx {
     client: http::Client,
-    json: bool,
     out: output::Out,
 }
 
@@ -357,8 +358,7 @@ impl Ctx {
         };
         Ok(Self {
             client: http::Client::new(&conn.server, token, conn.ca_file.as_deref())?,
-            json: conn.json,
-            out: output::Out,
+            out: output::Out { json: conn.json },
         })
     }
 }

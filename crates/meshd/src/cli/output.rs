@@ -1,13 +1,22 @@
 //! Writing results: aligned tables for people, raw JSON for scripts. Every write to
 //! stdout goes through [`Out`], so a closed pipe (`meshd dlq list | head`) ends the
 //! command quietly instead of panicking the way `println!` does.
+//!
+//! A command shows a server answer with [`Out::answer`] (with `--json` the answer as it
+//! came, otherwise what the command makes of it), and makes a table of what it read
+//! with [`Table::of`] and [`cells`], or [`Table::fields`] for one object.
 
 use super::error::CliError;
+use meshd_client::Response;
 use serde_json::Value;
 use std::io::Write;
 
-/// Standard output, line by line.
-pub struct Out;
+/// Standard output, line by line, in the form the command line asked for.
+pub struct Out {
+    /// `--json`: the server's JSON answers (or what the CLI merged of several) instead
+    /// of tables and sentences.
+    pub json: bool,
+}
 
 impl Out {
     pub fn line(&self, s: &str) -> Result<(), CliError> {
@@ -18,6 +27,28 @@ impl Out {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
             Err(e) => Err(CliError::Failed(format!("cannot write to stdout: {e}"))),
         }
+    }
+
+    /// A server answer: with `--json` its body exactly as it came, otherwise what
+    /// `show` makes of its JSON (a table, a sentence).
+    pub fn answer(
+        &self,
+        answer: &Response,
+        show: impl FnOnce(&Value) -> Result<(), CliError>,
+    ) -> Result<(), CliError> {
+        if self.json {
+            return self.raw(&answer.body);
+        }
+        show(&answer.json()?)
+    }
+
+    /// The sentence that reports a command whose answer has no body (204 No Content);
+    /// nothing with `--json`, as that answer printed as it came.
+    pub fn done(&self, sentence: &str) -> Result<(), CliError> {
+        if self.json {
+            return Ok(());
+        }
+        self.line(sentence)
     }
 
     /// A server answer's body exactly as it came (the `--json` output).
@@ -31,7 +62,7 @@ impl Out {
     }
 
     /// A JSON value the CLI assembled (several answers merged).
-    pub fn json(&self, v: &Value) -> Result<(), CliError> {
+    pub fn assembled(&self, v: &Value) -> Result<(), CliError> {
         self.line(&v.to_string())
     }
 }
@@ -54,6 +85,26 @@ impl Table {
             headers: headers.to_vec(),
             rows: Vec::new(),
         }
+    }
+
+    /// A table with a row for each item.
+    pub fn of<T>(
+        headers: &[&'static str],
+        items: impl IntoIterator<Item = T>,
+        row: impl FnMut(T) -> Vec<String>,
+    ) -> Self {
+        let mut t = Self::new(headers);
+        for cells in items.into_iter().map(row) {
+            t.row(cells);
+        }
+        t
+    }
+
+    /// `FIELD VALUE` rows: each of `keys` with its cell in `v`.
+    pub fn fields(v: &Value, keys: &[&str]) -> Self {
+        Self::of(&["FIELD", "VALUE"], keys, |k| {
+            vec![k.to_string(), cell(v, &[*k])]
+        })
     }
 
     pub fn row(&mut self, cells: Vec<String>) {
@@ -134,6 +185,11 @@ pub fn cell(v: &Value, keys: &[&str]) -> String {
     "-".to_string()
 }
 
+/// The cells of `keys` in `v`, one for each (see [`cell`]).
+pub fn cells(v: &Value, keys: &[&str]) -> Vec<String> {
+    keys.iter().map(|k| cell(v, &[k])).collect()
+}
+
 /// The list under `key`, or the first list in the object when `key` is absent (for
 /// answers whose exact shape is still being settled).
 pub fn list<'a>(v: &'a Value, key: &str) -> Result<&'a Vec<Value>, CliError> {
@@ -148,7 +204,7 @@ pub fn list<'a>(v: &'a Value, key: &str) -> Result<&'a Vec<Value>, CliError> {
         .ok_or_else(|| {
             CliError::Failed(format!(
                 "the server's answer has no {key:?} list: {}",
-                super::http::shorten(&v.to_string(), 200)
+                meshd_client::shorten(&v.to_string(), 200)
             ))
         })
 }
@@ -164,6 +220,18 @@ mod tests {
         t.row(vec!["orders".into(), "3".into()]);
         t.row(vec!["a\nb".into(), "12".into()]);
         assert_eq!(t.render(), "NAME    PARTITIONS\norders  3\na\\nb    12");
+    }
+
+    #[test]
+    fn tables_of_items_and_of_fields() {
+        let v = json!({"id": "t1", "n": 2});
+        let rows = [&v, &v];
+        let t = Table::of(&["ID", "N"], rows, |r| cells(r, &["id", "n"]));
+        assert_eq!(t.render(), "ID  N\nt1  2\nt1  2");
+        assert_eq!(
+            Table::fields(&v, &["id", "gone"]).render(),
+            "FIELD  VALUE\nid     t1\ngone   -"
+        );
     }
 
     #[test]

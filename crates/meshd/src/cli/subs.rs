@@ -1,79 +1,71 @@
 //! `meshd sub ...` and `meshd pull`.
 
 use super::error::CliError;
-use super::http::{shorten, Method, Request, REQUEST_TIMEOUT};
-use super::output::{cell, list, note, Table};
+use super::output::{cell, cells, list, note, Table};
 use super::{Ctx, OrderingArg, PullArgs, Start, SubCmd, SubCreate, TailArgs};
-use meshd_client::paths;
+use meshd_client::shorten;
 use serde_json::{json, Map, Value};
-use std::time::Duration;
+
+/// The columns of a subscription's row (see [`row_of`]).
+const SUBSCRIPTION: [&str; 8] = [
+    "NAME",
+    "TOPIC",
+    "START",
+    "MAX_ATTEMPTS",
+    "ACK_TIMEOUT_MS",
+    "FILTER",
+    "PUSH",
+    "REVISION",
+];
+
+/// The columns of `sub stats`, each with the field of a partition's figures it shows.
+const STATS: [(&str, &str); 14] = [
+    ("PARTITION", "partition"),
+    ("COMMITTED", "committed"),
+    ("END", "end_offset"),
+    ("BACKLOG", "backlog"),
+    ("IN_FLIGHT", "in_flight"),
+    ("WAITING", "waiting_retries"),
+    ("PARKED", "parked"),
+    ("DEAD_LETTERING", "dead_lettering"),
+    ("DELIVERED", "delivered_total"),
+    ("REDELIVERED", "redelivered_total"),
+    ("ACKED", "acked_total"),
+    ("NACKED", "nacked_total"),
+    ("DEAD_LETTERED", "dead_lettered_total"),
+    ("OWNER", "owner"),
+];
 
 pub fn sub(ctx: &Ctx, cmd: SubCmd) -> Result<(), CliError> {
     match cmd {
         SubCmd::Create(c) => create(ctx, *c),
         SubCmd::List => {
-            let a = ctx.client.get(paths::SUBSCRIPTIONS.into())?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            let mut t = Table::new(&[
-                "NAME",
-                "TOPIC",
-                "START",
-                "MAX_ATTEMPTS",
-                "ACK_TIMEOUT_MS",
-                "FILTER",
-                "PUSH",
-                "REVISION",
-            ]);
-            for s in list(&v, "subscriptions")? {
-                t.row(row_of(s));
-            }
-            t.print(&ctx.out, "no subscriptions")
+            let a = ctx.client.call(|c| c.subscriptions_answer())?;
+            ctx.out.answer(&a, |v| {
+                Table::of(&SUBSCRIPTION, list(v, "subscriptions")?, row_of)
+                    .print(&ctx.out, "no subscriptions")
+            })
         }
         SubCmd::Get { name } => {
-            let a = ctx.client.get(paths::subscription(&name))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let s = super::http::json(&a)?;
-            let o = ctx
-                .client
-                .get(paths::subscription_action(&name, "offsets"))?
-                .json()?;
-            let mut t = Table::new(&[
-                "NAME",
-                "TOPIC",
-                "START",
-                "MAX_ATTEMPTS",
-                "ACK_TIMEOUT_MS",
-                "FILTER",
-                "PUSH",
-                "REVISION",
-            ]);
-            t.row(row_of(&s));
-            ctx.out.line(&t.render())?;
-            let mut offsets = Table::new(&["PARTITION", "COMMITTED", "EPOCH"]);
-            for p in list(&o, "offsets")? {
-                offsets.row(vec![
-                    cell(p, &["partition"]),
-                    cell(p, &["committed"]),
-                    cell(p, &["epoch"]),
-                ]);
-            }
-            ctx.out.line("")?;
-            offsets.print(&ctx.out, "no committed offsets yet")
+            let a = ctx.client.call(|c| c.subscription_answer(&name))?;
+            ctx.out.answer(&a, |s| {
+                let offsets = ctx.client.call(|c| c.offsets(&name))?;
+                Table::of(&SUBSCRIPTION, [s], row_of).print(&ctx.out, "")?;
+                ctx.out.line("")?;
+                Table::of(&["PARTITION", "COMMITTED", "EPOCH"], &offsets, |o| {
+                    vec![
+                        o.partition.to_string(),
+                        o.committed.to_string(),
+                        o.epoch.to_string(),
+                    ]
+                })
+                .print(&ctx.out, "no committed offsets yet")
+            })
         }
         SubCmd::Stats { name } => stats(ctx, &name),
         SubCmd::Delete { name } => {
-            let a = ctx
-                .client
-                .ok(Request::new(Method::DELETE, paths::subscription(&name)))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            ctx.out.line(&format!("deleted subscription {name}"))
+            ctx.client.call(|c| c.delete_subscription(&name))?;
+            ctx.out.done(&format!("deleted subscription {name}"))
         }
     }
 }
@@ -212,66 +204,56 @@ fn create(ctx: &Ctx, c: SubCreate) -> Result<(), CliError> {
                 .into(),
         ));
     }
-    let mut req =
-        Request::new(Method::PUT, paths::subscription(&c.name)).json(&Value::Object(body));
-    if !c.upsert {
-        // Create-only: an existing subscription is never changed by accident.
-        req.headers.push(("If-None-Match".into(), "*".into()));
-    }
-    let a = ctx.client.send(req)?;
-    if a.status == 412 && !c.upsert {
-        let mut p = super::error::Problem::of(&a);
-        p.detail = format!(
-            "subscription {} already exists (update it with --upsert, or delete it first)",
-            c.name
-        );
-        return Err(CliError::Api(p));
-    }
-    if !(200..300).contains(&a.status) {
-        return Err(CliError::Api(super::error::Problem::of(&a)));
-    }
-    if ctx.json {
-        return ctx.out.raw(&a.body);
-    }
-    let v = super::http::json(&a)?;
-    let verb = if a.status == 201 {
-        "created"
+    let settings = Value::Object(body);
+    let a = if c.upsert {
+        ctx.client
+            .call(|api| api.put_subscription_answer(&c.name, &settings))
     } else {
-        "updated"
+        // Create-only: an existing subscription is never changed by accident.
+        ctx.client
+            .call(|api| api.create_subscription_answer(&c.name, &settings))
     };
-    ctx.out.line(&format!(
-        "subscription {} {verb} on topic {} (revision {})",
-        cell(&v, &["name"]),
-        cell(&v, &["topic"]),
-        cell(&v, &["revision"])
-    ))
+    let a = match a {
+        Err(CliError::Api(mut p)) if p.status == 412 && !c.upsert => {
+            p.detail = format!(
+                "subscription {} already exists (update it with --upsert, or delete it first)",
+                c.name
+            );
+            return Err(CliError::Api(p));
+        }
+        a => a?,
+    };
+    ctx.out.answer(&a, |v| {
+        let verb = if a.status == 201 {
+            "created"
+        } else {
+            "updated"
+        };
+        ctx.out.line(&format!(
+            "subscription {} {verb} on topic {} (revision {})",
+            cell(v, &["name"]),
+            cell(v, &["topic"]),
+            cell(v, &["revision"])
+        ))
+    })
 }
 
 pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
-    let mut body = Map::new();
-    if let Some(n) = a.max {
-        body.insert("max_events".into(), json!(n));
-    }
-    if let Some(n) = a.wait_ms {
-        body.insert("wait_ms".into(), json!(n));
-    }
-    let mut req = Request::new(
-        Method::POST,
-        paths::subscription_action(&a.subscription, "pull"),
-    )
-    .json(&Value::Object(body));
-    // A long poll may legitimately take `wait_ms` before the answer starts.
-    req.timeout = REQUEST_TIMEOUT + Duration::from_millis(a.wait_ms.unwrap_or(0).min(3_600_000));
-    let answer = ctx.client.ok(req)?;
+    let pull = meshd_client::Pull {
+        max_events: a.max,
+        wait_ms: a.wait_ms,
+        ..meshd_client::Pull::default()
+    };
+    let answer = ctx.client.call(|c| c.pull_answer(&a.subscription, &pull))?;
     // Each event is decoded on its own: one this CLI cannot read is shown as such and
     // does not hide (or leave unacked) the others.
     let deliveries = meshd_client::deliveries_of(&answer)?;
     // With --json the pull answer is printed exactly as it came, before acking, so the
     // events are shown even if the ack then fails.
-    if ctx.json {
+    if ctx.out.json {
         ctx.out.raw(&answer.body)?;
     } else {
-        let mut t = Table::new(&[
+        let heads = [
             "PARTITION",
             "OFFSET",
             "ATTEMPT",
@@ -280,10 +262,10 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
             "SOURCE",
             "DATA",
             "DELIVERY_ID",
-        ]);
-        for d in &deliveries {
+        ];
+        Table::of(&heads, &deliveries, |d| {
             let (e, data) = event_and_data(d);
-            t.row(vec![
+            vec![
                 d.partition.to_string(),
                 d.offset.to_string(),
                 d.attempt.to_string(),
@@ -292,9 +274,9 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
                 cell(&e, &["source"]),
                 shorten(&data, 60),
                 d.delivery_id.clone(),
-            ]);
-        }
-        t.print(&ctx.out, "no deliveries")?;
+            ]
+        })
+        .print(&ctx.out, "no deliveries")?;
     }
     let undecodable = deliveries.iter().filter(|d| d.event.is_err()).count();
     if undecodable > 0 {
@@ -306,81 +288,54 @@ pub fn pull(ctx: &Ctx, a: PullArgs) -> Result<(), CliError> {
     if !a.ack || deliveries.is_empty() {
         return Ok(());
     }
-    let ids: Vec<Value> = deliveries
-        .iter()
-        .map(|d| Value::String(d.delivery_id.clone()))
-        .collect();
-    let acked = ctx
-        .client
-        .ok(Request::new(
-            Method::POST,
-            paths::subscription_action(&a.subscription, "ack"),
-        )
-        .json(&json!({ "delivery_ids": ids })))?
-        .json::<Value>()?;
-    let count = |k: &str| acked.get(k).and_then(Value::as_array).map_or(0, Vec::len);
-    let not_acked: Vec<String> = ["unknown", "fenced", "failed"]
-        .iter()
-        .filter(|k| count(k) > 0)
-        .map(|k| format!("{} {k}", count(k)))
-        .collect();
+    let ids: Vec<String> = deliveries.iter().map(|d| d.delivery_id.clone()).collect();
+    let acked = ctx.client.call(|c| c.ack(&a.subscription, &ids))?;
+    let not_acked: Vec<String> = [
+        ("unknown", &acked.unknown),
+        ("fenced", &acked.fenced),
+        ("failed", &acked.failed),
+    ]
+    .iter()
+    .filter(|(_, ids)| !ids.is_empty())
+    .map(|(k, ids)| format!("{} {k}", ids.len()))
+    .collect();
     if !not_acked.is_empty() {
         return Err(CliError::Failed(format!(
             "acked {} of {} deliveries; {} (those will be delivered again)",
-            count("acked"),
+            acked.acked.len(),
             ids.len(),
             not_acked.join(", ")
         )));
     }
-    note(&format!("acked {} deliveries", count("acked")));
+    note(&format!("acked {} deliveries", acked.acked.len()));
     Ok(())
 }
 
 /// `meshd sub stats NAME`.
 fn stats(ctx: &Ctx, name: &str) -> Result<(), CliError> {
-    let a = ctx.client.get(paths::subscription_action(name, "stats"))?;
-    if ctx.json {
-        return ctx.out.raw(&a.body);
-    }
-    let v = super::http::json(&a)?;
-    let fields = [
-        ("PARTITION", "partition"),
-        ("COMMITTED", "committed"),
-        ("END", "end_offset"),
-        ("BACKLOG", "backlog"),
-        ("IN_FLIGHT", "in_flight"),
-        ("WAITING", "waiting_retries"),
-        ("PARKED", "parked"),
-        ("DEAD_LETTERING", "dead_lettering"),
-        ("DELIVERED", "delivered_total"),
-        ("REDELIVERED", "redelivered_total"),
-        ("ACKED", "acked_total"),
-        ("NACKED", "nacked_total"),
-        ("DEAD_LETTERED", "dead_lettered_total"),
-        ("OWNER", "owner"),
-    ];
-    let heads: Vec<&'static str> = fields.iter().map(|(h, _)| *h).collect();
-    let mut t = Table::new(&heads);
-    let mut unavailable = Vec::new();
-    for p in list(&v, "partitions")? {
-        if p.get("available") == Some(&Value::Bool(false)) {
-            unavailable.push(format!(
-                "partition {}: {}",
-                cell(p, &["partition"]),
-                cell(p, &["detail"])
-            ));
-            let mut row = vec![cell(p, &["partition"])];
-            row.extend(fields[1..].iter().map(|_| "?".to_string()));
-            t.row(row);
-            continue;
+    let a = ctx.client.call(|c| c.stats_answer(name))?;
+    ctx.out.answer(&a, |v| {
+        let keys = STATS.map(|(_, k)| k);
+        let mut unavailable = Vec::new();
+        Table::of(&STATS.map(|(h, _)| h), list(v, "partitions")?, |p| {
+            if p.get("available") == Some(&Value::Bool(false)) {
+                unavailable.push(format!(
+                    "partition {}: {}",
+                    cell(p, &["partition"]),
+                    cell(p, &["detail"])
+                ));
+                let mut row = vec![cell(p, &["partition"])];
+                row.resize(keys.len(), "?".to_string());
+                return row;
+            }
+            cells(p, &keys)
+        })
+        .print(&ctx.out, "no partitions")?;
+        for u in &unavailable {
+            note(&format!("unavailable: {u}"));
         }
-        t.row(fields.iter().map(|(_, k)| cell(p, &[k])).collect());
-    }
-    t.print(&ctx.out, "no partitions")?;
-    for u in &unavailable {
-        note(&format!("unavailable: {u}"));
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// `meshd tail SUBSCRIPTION [--ack]`: one line per delivery (the delivery's JSON
@@ -399,7 +354,7 @@ pub fn tail(ctx: &Ctx, a: TailArgs) -> Result<(), CliError> {
                 return Ok(());
             };
             seen += 1;
-            if ctx.json {
+            if ctx.out.json {
                 // As text: an undecodable event is written as meshd sent it.
                 let line = serde_json::to_string(&d)
                     .map_err(|e| CliError::Failed(format!("cannot print a delivery: {e}")))?;

@@ -3,76 +3,60 @@
 //! shown as `-` when absent.
 
 use super::error::CliError;
-use super::http::{query, shorten, Method, Request};
-use super::output::{cell, list, note, Table};
+use super::output::{cell, cells, list, note, Table};
 use super::{Ctx, SessionCmd, TaskCmd};
-use meshd_client::paths;
-use serde_json::{json, Map, Value};
+use meshd_client::shorten;
+use serde_json::Value;
 
 pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
     match cmd {
         TaskCmd::Submit { agent, id, input } => {
-            let mut body = Map::new();
-            if let Some(id) = id {
-                body.insert("id".into(), json!(id));
-            }
-            body.insert("agent".into(), json!(agent));
-            if let Some(text) = input {
-                let v: Value = serde_json::from_str(&text)
-                    .map_err(|e| CliError::Usage(format!("--input is not JSON: {e}")))?;
-                body.insert("input".into(), v);
-            }
+            // Without --input meshd answers that the input is required.
+            let input = match input {
+                Some(text) => serde_json::from_str(&text)
+                    .map_err(|e| CliError::Usage(format!("--input is not JSON: {e}")))?,
+                None => Value::Null,
+            };
             let a = ctx
                 .client
-                .ok(Request::new(Method::POST, paths::TASKS).json(&Value::Object(body)))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            if a.status == 200 {
-                note("a task with this id and body exists already: nothing changed");
-            }
-            let mut t = Table::new(&["ID", "STATE", "VERSION"]);
-            t.row(vec![
-                cell(&v, &["id"]),
-                cell(&v, &["state"]),
-                cell(&v, &["version"]),
-            ]);
-            t.print(&ctx.out, "")
+                .call(|c| c.submit_task_answer(id.as_deref(), &agent, &input))?;
+            ctx.out.answer(&a, |v| {
+                if a.status == 200 {
+                    note("a task with this id and body exists already: nothing changed");
+                }
+                Table::of(&["ID", "STATE", "VERSION"], [v], |v| {
+                    cells(v, &["id", "state", "version"])
+                })
+                .print(&ctx.out, "")
+            })
         }
         TaskCmd::Get { id } => {
-            let a = ctx.client.get(paths::task(&id))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            let mut t = Table::new(&["FIELD", "VALUE"]);
-            for k in ["id", "agent", "state", "version"] {
-                t.row(vec![k.to_string(), cell(&v, &[k])]);
-            }
-            let assignee = match v.get("assignee") {
-                Some(a) if a.is_object() => {
-                    format!(
-                        "session {} epoch {}",
-                        cell(a, &["session"]),
-                        cell(a, &["epoch"])
-                    )
+            let a = ctx.client.call(|c| c.task_answer(&id))?;
+            ctx.out.answer(&a, |v| {
+                let mut t = Table::fields(v, &["id", "agent", "state", "version"]);
+                let assignee = match v.get("assignee") {
+                    Some(a) if a.is_object() => {
+                        format!(
+                            "session {} epoch {}",
+                            cell(a, &["session"]),
+                            cell(a, &["epoch"])
+                        )
+                    }
+                    _ => "-".into(),
+                };
+                t.row(vec!["assignee".into(), assignee]);
+                t.row(vec!["input".into(), shorten(&cell(v, &["input"]), 200)]);
+                t.row(vec!["output".into(), shorten(&cell(v, &["output"]), 200)]);
+                t.print(&ctx.out, "")?;
+                if let Some(Value::Array(history)) = v.get("history") {
+                    ctx.out.line("")?;
+                    Table::of(&["AT", "STATE"], history, |step| {
+                        cells(step, &["at", "state"])
+                    })
+                    .print(&ctx.out, "")?;
                 }
-                _ => "-".into(),
-            };
-            t.row(vec!["assignee".into(), assignee]);
-            t.row(vec!["input".into(), shorten(&cell(&v, &["input"]), 200)]);
-            t.row(vec!["output".into(), shorten(&cell(&v, &["output"]), 200)]);
-            ctx.out.line(&t.render())?;
-            if let Some(Value::Array(history)) = v.get("history") {
-                let mut h = Table::new(&["AT", "STATE"]);
-                for step in history {
-                    h.row(vec![cell(step, &["at"]), cell(step, &["state"])]);
-                }
-                ctx.out.line("")?;
-                h.print(&ctx.out, "")?;
-            }
-            Ok(())
+                Ok(())
+            })
         }
         TaskCmd::List {
             agent,
@@ -80,54 +64,35 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
             limit,
             cursor,
         } => {
-            let path = format!(
-                "{}{}",
-                paths::TASKS,
-                query(&[
-                    ("agent", agent),
-                    ("state", state),
-                    ("limit", limit.map(|l| l.to_string())),
-                    ("cursor", cursor),
-                ])
-            );
-            let a = ctx.client.get(path)?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            let mut t = Table::new(&["ID", "AGENT", "STATE", "VERSION", "ASSIGNEE"]);
-            for task in list(&v, "tasks")? {
-                let assignee = task
-                    .get("assignee")
-                    .map_or_else(|| "-".to_string(), |a| cell(a, &["session"]));
-                t.row(vec![
-                    cell(task, &["id"]),
-                    cell(task, &["agent"]),
-                    cell(task, &["state"]),
-                    cell(task, &["version"]),
-                    assignee,
-                ]);
-            }
-            t.print(&ctx.out, "no tasks")?;
-            if let Some(c) = v.get("next_cursor").and_then(Value::as_str) {
-                note(&format!("more tasks follow: --cursor {c}"));
-            }
-            Ok(())
+            let a = ctx.client.call(|c| {
+                c.tasks_answer(agent.as_deref(), state.as_deref(), limit, cursor.as_deref())
+            })?;
+            ctx.out.answer(&a, |v| {
+                let heads = ["ID", "AGENT", "STATE", "VERSION", "ASSIGNEE"];
+                Table::of(&heads, list(v, "tasks")?, |task| {
+                    let mut row = cells(task, &["id", "agent", "state", "version"]);
+                    row.push(
+                        task.get("assignee")
+                            .map_or_else(|| "-".to_string(), |a| cell(a, &["session"])),
+                    );
+                    row
+                })
+                .print(&ctx.out, "no tasks")?;
+                if let Some(c) = v.get("next_cursor").and_then(Value::as_str) {
+                    note(&format!("more tasks follow: --cursor {c}"));
+                }
+                Ok(())
+            })
         }
         TaskCmd::Cancel { id } => {
-            let a = ctx.client.ok(Request::new(
-                Method::POST,
-                paths::task_action(&id, "cancel"),
-            ))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            let state = match cell(&v, &["state"]) {
-                s if s == "-" => "canceled".to_string(),
-                s => s,
-            };
-            ctx.out.line(&format!("task {id}: {state}"))
+            let a = ctx.client.call(|c| c.cancel_task_answer(&id))?;
+            ctx.out.answer(&a, |v| {
+                let state = match cell(v, &["state"]) {
+                    s if s == "-" => "canceled".to_string(),
+                    s => s,
+                };
+                ctx.out.line(&format!("task {id}: {state}"))
+            })
         }
     }
 }
@@ -135,22 +100,16 @@ pub fn task(ctx: &Ctx, cmd: TaskCmd) -> Result<(), CliError> {
 pub fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<(), CliError> {
     match cmd {
         SessionCmd::List => {
-            let a = ctx.client.get(paths::SESSIONS.into())?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            let mut t = Table::new(&["SESSION", "CLIENT_ID", "EPOCH", "INSTANCE", "TTL_MS"]);
-            for s in list(&v, "sessions")? {
-                t.row(vec![
-                    cell(s, &["session_id", "id"]),
-                    cell(s, &["client_id"]),
-                    cell(s, &["epoch"]),
-                    cell(s, &["instance"]),
-                    cell(s, &["ttl_ms"]),
-                ]);
-            }
-            t.print(&ctx.out, "no live sessions")
+            let a = ctx.client.call(|c| c.sessions_answer())?;
+            ctx.out.answer(&a, |v| {
+                let heads = ["SESSION", "CLIENT_ID", "EPOCH", "INSTANCE", "TTL_MS"];
+                Table::of(&heads, list(v, "sessions")?, |s| {
+                    let mut row = vec![cell(s, &["session_id", "id"])];
+                    row.extend(cells(s, &["client_id", "epoch", "instance", "ttl_ms"]));
+                    row
+                })
+                .print(&ctx.out, "no live sessions")
+            })
         }
     }
 }

@@ -7,10 +7,9 @@
 //! lines that was, so an operator can resume with `tail -n +LINE`.
 
 use super::error::CliError;
-use super::http::{Method, Request};
-use super::output::{cell, list, note, Table};
+use super::output::{cell, cells, list, note, Table};
 use super::{Ctx, PublishArgs, TopicCmd};
-use meshd_client::paths;
+use meshd_client::Stored;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal};
@@ -32,60 +31,49 @@ pub fn topic(ctx: &Ctx, cmd: TopicCmd) -> Result<(), CliError> {
         TopicCmd::Create { name, partitions } => {
             let a = ctx
                 .client
-                .ok(Request::new(Method::PUT, paths::topic(&name))
-                    .json(&json!({ "partitions": partitions })))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            let verb = if a.status == 201 {
-                "created"
-            } else {
-                "already exists,"
-            };
-            ctx.out.line(&format!(
-                "topic {} {verb} with {} partitions",
-                cell(&v, &["name"]),
-                cell(&v, &["partitions"])
-            ))
+                .call(|c| c.create_topic_answer(&name, partitions))?;
+            ctx.out.answer(&a, |v| {
+                let verb = if a.status == 201 {
+                    "created"
+                } else {
+                    "already exists,"
+                };
+                ctx.out.line(&format!(
+                    "topic {} {verb} with {} partitions",
+                    cell(v, &["name"]),
+                    cell(v, &["partitions"])
+                ))
+            })
         }
         TopicCmd::List => {
-            let a = ctx.client.get(paths::TOPICS.into())?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            let mut t = Table::new(&["NAME", "PARTITIONS"]);
-            for topic in list(&v, "topics")? {
-                t.row(vec![cell(topic, &["name"]), cell(topic, &["partitions"])]);
-            }
-            t.print(&ctx.out, "no topics")
+            let a = ctx.client.call(|c| c.topics_answer())?;
+            ctx.out.answer(&a, |v| {
+                Table::of(&["NAME", "PARTITIONS"], list(v, "topics")?, |t| {
+                    cells(t, &["name", "partitions"])
+                })
+                .print(&ctx.out, "no topics")
+            })
         }
         TopicCmd::Get { name } => {
-            let a = ctx.client.get(paths::topic(&name))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            let v = super::http::json(&a)?;
-            let mut t = Table::new(&["PARTITION", "END_OFFSET"]);
-            for (p, end) in list(&v, "end_offsets")?.iter().enumerate() {
-                t.row(vec![p.to_string(), end.to_string()]);
-            }
-            ctx.out.line(&format!(
-                "topic {}: {} partitions",
-                cell(&v, &["name"]),
-                cell(&v, &["partitions"])
-            ))?;
-            t.print(&ctx.out, "no partitions")
+            let a = ctx.client.call(|c| c.topic_answer(&name))?;
+            ctx.out.answer(&a, |v| {
+                let ends = list(v, "end_offsets")?;
+                ctx.out.line(&format!(
+                    "topic {}: {} partitions",
+                    cell(v, &["name"]),
+                    cell(v, &["partitions"])
+                ))?;
+                Table::of(
+                    &["PARTITION", "END_OFFSET"],
+                    ends.iter().enumerate(),
+                    |(p, end)| vec![p.to_string(), end.to_string()],
+                )
+                .print(&ctx.out, "no partitions")
+            })
         }
         TopicCmd::Delete { name } => {
-            let a = ctx
-                .client
-                .ok(Request::new(Method::DELETE, paths::topic(&name)))?;
-            if ctx.json {
-                return ctx.out.raw(&a.body);
-            }
-            ctx.out.line(&format!("deleted topic {name}"))
+            ctx.client.call(|c| c.delete_topic(&name))?;
+            ctx.out.done(&format!("deleted topic {name}"))
         }
     }
 }
@@ -137,8 +125,8 @@ struct Publisher<'a> {
     /// Where each event of the batch came from ("stdin line 7"), for error messages.
     origins: Vec<String>,
     batch_bytes: usize,
-    /// The `{"id","partition","offset"}` of every event published so far.
-    placed: Vec<Value>,
+    /// Where every event published so far was stored.
+    placed: Vec<Stored>,
     next_progress: u64,
 }
 
@@ -182,40 +170,31 @@ impl<'a> Publisher<'a> {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let mut body = String::with_capacity(self.batch_bytes + 2);
-        body.push('[');
-        body.push_str(&self.batch.join(","));
-        body.push(']');
-        let request = || {
-            Request::new(Method::POST, paths::events(self.topic))
-                .body("application/cloudevents-batch+json", body.clone())
-        };
         let range = match (self.origins.first(), self.origins.last()) {
             (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
             (Some(a), _) => a.clone(),
             _ => String::new(),
         };
-        let lost = |e: CliError, so_far: String| match e {
-            CliError::Unreachable(m) => CliError::Unreachable(format!(
-                "{m}\n{so_far}; the batch of {range} may or may not have been"
-            )),
-            other => other,
-        };
         // A batch whose outcome is unknown (a 504, a lost or refused connection) is
         // sent again: within the topic's dedup window each event is stored once.
         let mut tries = 0u32;
-        let answer = loop {
-            let unknown = match self.ctx.client.send(request()) {
-                Ok(a) if a.status != 504 => break a,
-                Ok(a) => format!("answered 504: {}", super::error::Problem::of(&a).detail),
+        let placed = loop {
+            let unknown = match self
+                .ctx
+                .client
+                .call(|c| c.publish_texts(self.topic, &self.batch))
+            {
+                Ok(placed) => break placed,
+                Err(CliError::Api(p)) if p.status == 504 => format!("answered 504: {}", p.detail),
+                Err(CliError::Api(p)) => return Err(self.refused(p, &range)),
                 Err(CliError::Unreachable(m)) => m,
-                Err(e) => return Err(lost(e, self.so_far())),
+                Err(e) => return Err(e),
             };
             if tries >= PUBLISH_RETRIES {
-                return Err(lost(
-                    CliError::Unreachable(format!("{unknown} (after {PUBLISH_RETRIES} retries)")),
-                    self.so_far(),
-                ));
+                return Err(CliError::Unreachable(format!(
+                    "{unknown} (after {PUBLISH_RETRIES} retries)\n{}; the batch of {range} may or may not have been",
+                    self.so_far()
+                )));
             }
             tries += 1;
             note(&format!(
@@ -223,36 +202,14 @@ impl<'a> Publisher<'a> {
             ));
             std::thread::sleep(std::time::Duration::from_millis(100 << tries.min(5)));
         };
-        if !(200..300).contains(&answer.status) {
-            let mut p = super::error::Problem::of(&answer);
-            // `events[3].source` names an event of this batch: say where it came from.
-            if let Some(i) = p
-                .field
-                .as_deref()
-                .and_then(|f| f.strip_prefix("events["))
-                .and_then(|f| f.split(']').next())
-                .and_then(|i| i.parse::<usize>().ok())
-            {
-                if let Some(origin) = self.origins.get(i) {
-                    p.detail = format!("{} (the event from {origin})", p.detail);
-                }
-            }
-            p.context = Some(format!(
-                "{}; none of the batch of {range} was",
-                self.so_far()
-            ));
-            return Err(CliError::Api(p));
-        }
-        let v = super::http::json(&answer)?;
-        let events = list(&v, "events")?;
-        if events.len() != self.batch.len() {
+        if placed.len() != self.batch.len() {
             return Err(CliError::Failed(format!(
                 "sent {} events but the server placed {}",
                 self.batch.len(),
-                events.len()
+                placed.len()
             )));
         }
-        self.placed.extend(events.iter().cloned());
+        self.placed.extend(placed);
         self.batch.clear();
         self.origins.clear();
         self.batch_bytes = 0;
@@ -264,53 +221,59 @@ impl<'a> Publisher<'a> {
         Ok(())
     }
 
+    /// The batch of `range` was refused: the problem, saying which input an event it
+    /// names came from and what was published before.
+    fn refused(&self, mut p: super::error::Problem, range: &str) -> CliError {
+        // `events[3].source` names an event of this batch: say where it came from.
+        if let Some(i) = p
+            .field
+            .as_deref()
+            .and_then(|f| f.strip_prefix("events["))
+            .and_then(|f| f.split(']').next())
+            .and_then(|i| i.parse::<usize>().ok())
+        {
+            if let Some(origin) = self.origins.get(i) {
+                p.detail = format!("{} (the event from {origin})", p.detail);
+            }
+        }
+        p.context = Some(format!(
+            "{}; none of the batch of {range} was",
+            self.so_far()
+        ));
+        CliError::Api(p)
+    }
+
     fn finish(mut self) -> Result<(), CliError> {
         self.flush()?;
-        let ctx = self.ctx;
-        if ctx.json {
-            return ctx.out.json(&json!({ "events": self.placed }));
-        }
-        if self.placed.is_empty() {
-            note("no events to publish");
-            return Ok(());
+        let out = &self.ctx.out;
+        if out.json {
+            return out.assembled(&json!({ "events": self.placed }));
         }
         if self.placed.len() <= MAX_ROWS {
-            let mut t = Table::new(&["ID", "PARTITION", "OFFSET"]);
-            for e in &self.placed {
-                t.row(vec![
-                    cell(e, &["id"]),
-                    cell(e, &["partition"]),
-                    cell(e, &["offset"]),
-                ]);
-            }
-            return t.print(&ctx.out, "");
+            return Table::of(&["ID", "PARTITION", "OFFSET"], &self.placed, |e| {
+                vec![e.id.clone(), e.partition.to_string(), e.offset.to_string()]
+            })
+            .print(out, "no events to publish");
         }
         // partition -> (events, lowest offset, highest offset)
-        let mut per: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+        let mut per: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
         for e in &self.placed {
-            let (Some(p), Some(o)) = (e["partition"].as_u64(), e["offset"].as_u64()) else {
-                continue;
-            };
-            let s = per.entry(p).or_insert((0, o, o));
+            let o = e.offset;
+            let s = per.entry(e.partition).or_insert((0, o, o));
             s.0 += 1;
             s.1 = s.1.min(o);
             s.2 = s.2.max(o);
         }
-        ctx.out.line(&format!(
+        out.line(&format!(
             "published {} events to {}",
             self.placed.len(),
             self.topic
         ))?;
-        let mut t = Table::new(&["PARTITION", "EVENTS", "FIRST_OFFSET", "LAST_OFFSET"]);
-        for (p, (n, lo, hi)) in per {
-            t.row(vec![
-                p.to_string(),
-                n.to_string(),
-                lo.to_string(),
-                hi.to_string(),
-            ]);
-        }
-        t.print(&ctx.out, "")
+        let heads = ["PARTITION", "EVENTS", "FIRST_OFFSET", "LAST_OFFSET"];
+        Table::of(&heads, per, |(p, (n, lo, hi))| {
+            vec![p.to_string(), n.to_string(), lo.to_string(), hi.to_string()]
+        })
+        .print(out, "")
     }
 }
 
