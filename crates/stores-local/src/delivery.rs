@@ -22,6 +22,7 @@
 
 use crate::keys::{self, CF_DELIVERIES};
 use crate::offsets::{OffsetErrorOrLocal, RocksOffsetStore, Staged};
+use crate::store_thread::applied_so_far;
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::{GroupCommit, Wait};
@@ -387,7 +388,7 @@ impl DeliveryStateStore for RocksDeliveryStore {
     async fn flush(&self) -> Result<(), DeliveryError> {
         // Every write submitted before this call (an ack's resolve that was not
         // waited for) is applied first.
-        crate::applied_so_far(&self.inner.group).await;
+        applied_so_far(&self.inner.group).await;
         self.blocking(|s| {
             s.dirty.store(false, Ordering::SeqCst);
             s.sync().map_err(local)

@@ -15,6 +15,7 @@
 //! caller reads its own acks.
 
 use crate::keys::{self, CF_OFFSETS};
+use crate::store_thread::applied_so_far;
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::GroupCommit;
@@ -250,7 +251,7 @@ impl RocksOffsetStore {
         // An advance submitted before this read and not yet applied (an ack's resolve
         // is answered without waiting for its write) is applied first, so a client
         // reads its own acks.
-        crate::applied_so_far(&self.inner.group).await;
+        applied_so_far(&self.inner.group).await;
         self.catch_up();
         if !lock(&self.inner.pending).iter().any(|(_, k, _)| which(k)) {
             return Ok(());
