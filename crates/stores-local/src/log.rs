@@ -1313,14 +1313,8 @@ mod tests {
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use meshd_fuzz_cases::cases;
     use proptest::prelude::*;
-
-    fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
 
     /// Arbitrary bytes, or a payload sealed with a valid frame so it reaches the fields.
     fn record_bytes() -> impl Strategy<Value = Vec<u8>> {

@@ -581,14 +581,8 @@ mod tests {
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use meshd_fuzz_cases::cases;
     use proptest::prelude::*;
-
-    fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
 
     fn number() -> impl Strategy<Value = String> {
         prop_oneof![

@@ -952,15 +952,9 @@ mod tests {
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use meshd_fuzz_cases::cases;
     use proptest::prelude::*;
     use serde_json::Value;
-
-    fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
 
     fn json() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![

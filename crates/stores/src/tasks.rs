@@ -1031,14 +1031,8 @@ mod tests {
 mod fuzz {
     use super::*;
     use crate::time::Timestamp;
+    use meshd_fuzz_cases::cases;
     use proptest::prelude::*;
-
-    fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
 
     fn state() -> impl Strategy<Value = TaskState> {
         prop::sample::select(TaskState::ALL.to_vec())
