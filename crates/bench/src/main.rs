@@ -21,6 +21,7 @@
 //! cargo run --release -p meshd-bench -- --tiny          # every scenario once, tiny
 //! ```
 
+mod catalog;
 mod cluster;
 mod e2e;
 mod http;
@@ -34,10 +35,10 @@ mod report;
 mod systems;
 
 use anyhow::{bail, Result};
+use catalog::System;
 use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
-use systems::System;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
@@ -315,7 +316,7 @@ fn main() -> Result<()> {
                             rep + 1,
                             args.repeat
                         );
-                        let outcome = rt.block_on(systems::run(
+                        let outcome = rt.block_on(catalog::run(
                             system,
                             &cfg,
                             &meshd,

@@ -1,8 +1,9 @@
 //! Results: every run as measured, one row per system and configuration with the
 //! medians over its runs, and the ratios of medians that the comparisons are about.
 
+use crate::catalog::System;
 use crate::load::median;
-use crate::systems::{Config, Outcome, System};
+use crate::systems::{Config, Outcome};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::fmt::Write;

@@ -1,8 +1,6 @@
 //! What can go wrong in a call, classified once: whether anything was sent decides
 //! whether a retry is safe.
 
-use crate::transport::Response;
-
 /// A failed call.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -46,39 +44,6 @@ pub struct Problem {
     pub field: Option<String>,
     /// `Retry-After`, as sent.
     pub retry_after: Option<String>,
-}
-
-impl Problem {
-    /// Reads a problem+json answer; a body that is not one is kept as text.
-    pub fn of(answer: &Response) -> Self {
-        let parsed: Option<serde_json::Value> = serde_json::from_slice(&answer.body).ok();
-        let text_of = |k: &str| {
-            parsed
-                .as_ref()
-                .and_then(|v| v.get(k))
-                .and_then(|v| v.as_str())
-                .map(str::to_string)
-        };
-        let title = text_of("title");
-        let detail = text_of("detail")
-            .or_else(|| title.clone())
-            .unwrap_or_else(|| {
-                let body = answer.text();
-                if body.trim().is_empty() {
-                    "the server gave no detail".to_string()
-                } else {
-                    shorten(body.trim(), 300)
-                }
-            });
-        Self {
-            status: answer.status,
-            kind: text_of("type"),
-            title,
-            detail,
-            field: text_of("field"),
-            retry_after: answer.header("retry-after").map(str::to_string),
-        }
-    }
 }
 
 impl std::fmt::Display for Problem {

@@ -35,6 +35,7 @@
 //! ```
 
 mod api;
+mod delivery;
 mod error;
 pub mod paths;
 mod stream;
@@ -43,9 +44,10 @@ pub mod tls;
 pub mod transport;
 
 pub use api::{
-    deliveries_of, Acked, Client, Delivery, Extended, Nacked, Offset, Pull, Session, Stored, Topic,
-    TopicSummary, UndecodableEvent,
+    deliveries_of, Acked, Client, Extended, Nacked, Offset, Pull, Session, Stored, Topic,
+    TopicSummary,
 };
+pub use delivery::{Delivery, UndecodableEvent};
 pub use error::{shorten, Error, Problem};
 pub use http::Method;
 pub use stream::{EventStream, SseEvent, SseParser, StreamOptions, STREAM_IDLE};

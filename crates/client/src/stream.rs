@@ -5,8 +5,9 @@
 //! has more than `max_in_flight` deliveries that are neither acked nor nacked nor
 //! timed out.
 
+use crate::delivery::Delivery;
 use crate::transport::{Response, Streaming};
-use crate::{Delivery, Error, Problem};
+use crate::{Error, Problem};
 use std::time::Duration;
 
 /// How long a stream may say nothing before it is taken as lost: meshd writes a

@@ -6,7 +6,8 @@
 //! sent: before the request left, [`Error::Unreachable`] (safe to retry); after,
 //! [`Error::Lost`] (the outcome is unknown).
 
-use crate::{Error, Target};
+use crate::error::{shorten, Error, Problem};
+use crate::Target;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
 use http::Method;
@@ -139,7 +140,7 @@ impl Response {
             Error::Malformed(format!(
                 "the server answered {} with a body that is not the JSON expected ({e}): {}",
                 self.status,
-                crate::error::shorten(&self.text(), 200)
+                shorten(&self.text(), 200)
             ))
         })
     }
@@ -153,7 +154,42 @@ impl Response {
         if self.is_success() {
             Ok(self)
         } else {
-            Err(Error::Api(Box::new(crate::Problem::of(&self))))
+            Err(Error::Api(Box::new(Problem::of(&self))))
+        }
+    }
+}
+
+// Reading an answer into its problem is here, with `Response`, so that the error types
+// do not depend on the transport (which depends on them).
+impl Problem {
+    /// Reads a problem+json answer; a body that is not one is kept as text.
+    pub fn of(answer: &Response) -> Self {
+        let parsed: Option<serde_json::Value> = serde_json::from_slice(&answer.body).ok();
+        let text_of = |k: &str| {
+            parsed
+                .as_ref()
+                .and_then(|v| v.get(k))
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        };
+        let title = text_of("title");
+        let detail = text_of("detail")
+            .or_else(|| title.clone())
+            .unwrap_or_else(|| {
+                let body = answer.text();
+                if body.trim().is_empty() {
+                    "the server gave no detail".to_string()
+                } else {
+                    shorten(body.trim(), 300)
+                }
+            });
+        Self {
+            status: answer.status,
+            kind: text_of("type"),
+            title,
+            detail,
+            field: text_of("field"),
+            retry_after: answer.header("retry-after").map(str::to_string),
         }
     }
 }

@@ -6,14 +6,8 @@
 //! Case count: `MESHD_FUZZ_CASES` (default 2000, the CI pass); see docs/fuzzing.md.
 
 use meshd_dispatch::DeliveryId;
+use meshd_fuzz_cases::cases;
 use proptest::prelude::*;
-
-fn cases() -> u32 {
-    std::env::var("MESHD_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
 
 /// Ids of five dash-separated parts, each near or at its valid form.
 fn id() -> impl Strategy<Value = String> {

@@ -15,14 +15,8 @@ use meshd_events::{
     parse_publish, partition_for, to_binary_mode, Event, EventData, Limits, BATCH_CONTENT_TYPE,
     STRUCTURED_CONTENT_TYPE,
 };
+use meshd_fuzz_cases::cases;
 use proptest::prelude::*;
-
-fn cases() -> u32 {
-    std::env::var("MESHD_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
 
 const ATTRIBUTES: &[&str] = &[
     "specversion",

@@ -37,7 +37,7 @@
 //! began after it was applied has returned (the WAL is written in ticket order, so it
 //! covers every earlier ticket too).
 
-use crate::{Batch, Durability, KvEngine, LocalError};
+use crate::engine::{Batch, Durability, KvEngine, LocalError};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 

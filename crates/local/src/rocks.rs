@@ -1,6 +1,7 @@
 //! [`KvEngine`] on RocksDB.
 
-use crate::{Batch, BatchOp, Durability, KvEngine, LocalError};
+use crate::engine::{Batch, BatchOp, Durability, KvEngine, LocalError, Rows};
+use crate::no_sync::no_sync_for_tests;
 use rocksdb::{
     ColumnFamilyDescriptor, FlushOptions, IteratorMode, Options, WriteBatch, WriteOptions, DB,
 };
@@ -338,7 +339,7 @@ impl KvEngine for RocksEngine {
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
-    ) -> Result<crate::Rows, LocalError> {
+    ) -> Result<Rows, LocalError> {
         let handle = self.cf(cf)?;
         let iter = self.db.iterator_cf(
             handle,
@@ -399,7 +400,7 @@ impl KvEngine for RocksEngine {
             }
         }
         let mut wo = WriteOptions::default();
-        wo.set_sync(durability == Durability::Sync && !crate::no_sync_for_tests());
+        wo.set_sync(durability == Durability::Sync && !no_sync_for_tests());
         self.db.write_opt(wb, &wo).map_err(|e| {
             let reason = match durability {
                 Durability::Sync => format!("synced write failed: {e}"),
@@ -412,7 +413,7 @@ impl KvEngine for RocksEngine {
 
     fn sync(&self) -> Result<(), LocalError> {
         self.check_poisoned()?;
-        if crate::no_sync_for_tests() {
+        if no_sync_for_tests() {
             return Ok(());
         }
         self.db.flush_wal(true).map_err(|e| {

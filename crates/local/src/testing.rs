@@ -8,7 +8,7 @@
 //! the durable image, which a test restores into a fresh directory and reopens: every
 //! write the store acknowledged before the cut must be there.
 
-use crate::{Batch, BatchOp, Durability, KvEngine, LocalError};
+use crate::engine::{Batch, BatchOp, Durability, KvEngine, LocalError, Rows};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -159,7 +159,7 @@ impl<E: KvEngine> KvEngine for PowerCutEngine<E> {
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
-    ) -> Result<crate::Rows, LocalError> {
+    ) -> Result<Rows, LocalError> {
         self.inner.scan(cf, start, end, limit)
     }
 

@@ -8,15 +8,9 @@
 //!
 //! Case count: `MESHD_FUZZ_CASES` (default 2000, the CI pass); see docs/fuzzing.md.
 
+use meshd_fuzz_cases::cases;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use proptest::prelude::*;
-
-fn cases() -> u32 {
-    std::env::var("MESHD_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
 
 /// One field of a record, as written.
 #[derive(Clone, Debug, PartialEq)]

@@ -27,10 +27,13 @@
 //! ([`Meta::status`]) and every read answer `Failed` at once, and a write is refused
 //! with `Failed` (not applied) before anything is written — never `Indeterminate`.
 
+mod config;
 mod records;
+mod shared;
 mod watch;
 mod writer;
 
+pub use config::EmbeddedConfig;
 pub use records::CF as COLUMN_FAMILY;
 
 use async_trait::async_trait;
@@ -40,161 +43,13 @@ use meshd_meta::{
     TxnResponse, WatchStream,
 };
 use records::key_record::KeyRecord;
-use records::state::StateRecord;
+use shared::{corrupt, read_error, read_key, read_state, LeaseEntry, Shared};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch as tokio_watch};
-
-/// Settings of the embedded Meta.
-#[derive(Clone, Debug)]
-pub struct EmbeddedConfig {
-    /// How many revisions of change history are kept for watches.
-    pub history_limit: i64,
-    /// The largest request (keys plus values of one transaction), as etcd's default
-    /// request cap, so code that works on embedded also works on etcd.
-    pub max_request_bytes: usize,
-    /// At most this many requests share one fsync.
-    pub max_group: usize,
-}
-
-impl Default for EmbeddedConfig {
-    fn default() -> Self {
-        Self {
-            history_limit: 10_000,
-            max_request_bytes: 1536 * 1024,
-            max_group: 256,
-        }
-    }
-}
-
-impl EmbeddedConfig {
-    pub fn validate(&self) -> Result<(), MetaError> {
-        if self.history_limit < 1 {
-            return Err(MetaError::InvalidRequest(format!(
-                "history_limit must be at least 1, got {}",
-                self.history_limit
-            )));
-        }
-        if self.max_group < 1 {
-            return Err(MetaError::InvalidRequest(
-                "max_group must be at least 1".into(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-pub(crate) struct LeaseEntry {
-    pub ttl: Duration,
-    pub deadline: Instant,
-}
-
-/// State shared by the API, the writer thread and the watchers.
-pub(crate) struct Shared {
-    /// The engine; `None` after close. Writers hold the write lock across a whole group
-    /// (buffered writes + fsync) so readers never see non-durable data.
-    pub engine: RwLock<Option<Arc<dyn KvEngine>>>,
-    /// The revision of the last durable change; updated under the engine write lock.
-    pub revision: AtomicI64,
-    /// Live leases and their in-memory deadlines (monotonic).
-    pub leases: Mutex<HashMap<i64, LeaseEntry>>,
-    /// Set when the store fail-stopped; every call then answers `Failed`.
-    pub failed: Mutex<Option<String>>,
-    pub config: EmbeddedConfig,
-}
-
-impl Shared {
-    pub fn check_failed(&self) -> Result<(), MetaError> {
-        match self.failed.lock() {
-            Ok(f) => match f.as_ref() {
-                Some(reason) => Err(MetaError::Failed(reason.clone())),
-                None => Ok(()),
-            },
-            Err(_) => Err(MetaError::Failed("failure flag poisoned".into())),
-        }
-    }
-
-    pub fn fail(&self, reason: String) {
-        if let Ok(mut f) = self.failed.lock() {
-            if f.is_none() {
-                tracing::error!(store = "meta", backend = "embedded", %reason, "embedded meta fail-stopped");
-                *f = Some(reason);
-            }
-        }
-    }
-
-    /// Like [`check_failed`](Self::check_failed), and also fail-stops this store when
-    /// the engine it shares has failed (another user's write failed first). Call it
-    /// with the engine lock held.
-    pub fn check_failed_with(&self, engine: &dyn KvEngine) -> Result<(), MetaError> {
-        if let Some(reason) = engine.failure() {
-            self.fail(format!("the shared local engine failed: {reason}"));
-        }
-        self.check_failed()
-    }
-
-    /// Runs `f` with the engine under the read lock.
-    pub fn read<T>(
-        &self,
-        f: impl FnOnce(&dyn KvEngine) -> Result<T, MetaError>,
-    ) -> Result<T, MetaError> {
-        self.check_failed()?;
-        let guard = self
-            .engine
-            .read()
-            .map_err(|_| MetaError::Failed("engine lock poisoned".into()))?;
-        match guard.as_ref() {
-            Some(engine) => {
-                self.check_failed_with(engine.as_ref())?;
-                f(engine.as_ref())
-            }
-            None => Err(MetaError::Unavailable("embedded meta is closed".into())),
-        }
-    }
-
-    pub fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<i64, LeaseEntry>> {
-        // Every mutation of the map is a single insert or remove: still consistent
-        // after a panic elsewhere.
-        self.leases.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-pub(crate) fn read_error(e: LocalError) -> MetaError {
-    MetaError::Unavailable(format!("local read failed: {e}"))
-}
-
-pub(crate) fn corrupt(key: &[u8], e: records::DecodeError) -> MetaError {
-    MetaError::Corrupt {
-        key: String::from_utf8_lossy(key).into_owned(),
-        reason: e.to_string(),
-    }
-}
-
-pub(crate) fn read_key(
-    engine: &dyn KvEngine,
-    user_key: &[u8],
-) -> Result<Option<KeyRecord>, MetaError> {
-    let k = records::key_key(user_key);
-    match engine.get(records::CF, &k).map_err(read_error)? {
-        None => Ok(None),
-        Some(b) => KeyRecord::decode(&b)
-            .map(Some)
-            .map_err(|e| corrupt(user_key, e)),
-    }
-}
-
-pub(crate) fn read_state(engine: &dyn KvEngine) -> Result<StateRecord, MetaError> {
-    match engine
-        .get(records::CF, records::STATE_KEY)
-        .map_err(read_error)?
-    {
-        None => Ok(StateRecord::initial()),
-        Some(b) => StateRecord::decode(&b).map_err(|e| corrupt(records::STATE_KEY, e)),
-    }
-}
 
 /// The embedded Meta backend. Cheap to share behind an `Arc`; `close` (or drop)
 /// stops the writer and releases the engine.

@@ -4,7 +4,7 @@
 //! never loses events, it only reads them later, until they are compacted away.
 
 use crate::records::{self, history::HistoryRecord};
-use crate::{corrupt, read_error, read_state, Shared};
+use crate::shared::{corrupt, read_error, read_state, Shared};
 use futures::StreamExt;
 use meshd_meta::{MetaError, WatchBatch, WatchError, WatchStream};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 
 use crate::records::state::StateRecord;
 use crate::records::{self, history::HistoryRecord, key_record::KeyRecord, lease::LeaseRecord};
-use crate::{read_error, read_key, LeaseEntry, Shared};
+use crate::shared::{read_error, read_key, LeaseEntry, Shared};
 use meshd_local::{Batch, Durability, KvEngine};
 use meshd_meta::{Lease, LeaseId, MetaError, Txn, TxnOp, TxnResponse, WatchEvent};
 use std::collections::HashMap;

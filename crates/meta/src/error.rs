@@ -1,6 +1,6 @@
 //! Typed Meta errors. The variant tells the caller what to do (see the trait docs).
 
-use crate::types::{KeyValue, LeaseId};
+use crate::kv::{KeyValue, LeaseId};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MetaError {

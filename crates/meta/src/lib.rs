@@ -15,6 +15,7 @@
 pub mod error;
 pub mod fence;
 pub mod keys;
+mod kv;
 pub mod types;
 
 pub use error::{MetaError, WatchError};

@@ -1,40 +1,15 @@
 //! Value types of the Meta contract.
 
 use crate::error::MetaError;
+pub use crate::kv::{KeyValue, LeaseId};
 use std::collections::HashSet;
-use std::fmt;
 use std::time::Duration;
-
-/// A lease id issued by the store (never 0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseId(pub i64);
-
-impl fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:x}", self.0)
-    }
-}
 
 /// A granted lease with its effective TTL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lease {
     pub id: LeaseId,
     pub ttl: Duration,
-}
-
-/// One key with its store-issued metadata.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyValue {
-    pub key: Vec<u8>,
-    pub value: Vec<u8>,
-    /// The revision that created this incarnation of the key (a delete and re-create
-    /// gives a new one).
-    pub create_revision: i64,
-    /// The revision of the last write to the key.
-    pub mod_revision: i64,
-    /// 1 on create, +1 on every put.
-    pub version: i64,
-    pub lease: Option<LeaseId>,
 }
 
 /// A condition on one key's current state.

@@ -22,6 +22,7 @@
 
 use crate::keys::{self, CF_DELIVERIES};
 use crate::offsets::{OffsetErrorOrLocal, RocksOffsetStore, Staged};
+use crate::store_thread::applied_so_far;
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::{GroupCommit, Wait};
@@ -387,7 +388,7 @@ impl DeliveryStateStore for RocksDeliveryStore {
     async fn flush(&self) -> Result<(), DeliveryError> {
         // Every write submitted before this call (an ack's resolve that was not
         // waited for) is applied first.
-        crate::applied_so_far(&self.inner.group).await;
+        applied_so_far(&self.inner.group).await;
         self.blocking(|s| {
             s.dirty.store(false, Ordering::SeqCst);
             s.sync().map_err(local)
@@ -561,14 +562,8 @@ mod tests {
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use meshd_fuzz_cases::cases;
     use proptest::prelude::*;
-
-    fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
 
     fn key_bytes() -> impl Strategy<Value = Vec<u8>> {
         let component = prop_oneof![

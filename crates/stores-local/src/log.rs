@@ -13,6 +13,7 @@
 
 use crate::dedup::{self, DedupIndex};
 use crate::keys::{self, CF_DLQ, CF_LOG};
+use crate::store_thread::on_store_thread;
 use crate::tail::{TailCache, TailStats};
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
@@ -436,7 +437,7 @@ impl RocksLog {
         let at = now_ms();
         let inner = self.inner.clone();
         let owned = topic.to_string();
-        let (_, staged) = crate::on_store_thread(&self.inner.group, Wait::Durable, move |_| {
+        let (_, staged) = on_store_thread(&self.inner.group, Wait::Durable, move |_| {
             Ok::<_, LocalError>(
                 match inner.stage_append_dedup(&owned, events, window_ms, at) {
                     Ok((batch, answers, assigned)) => (batch, Ok((answers, assigned))),
@@ -1109,7 +1110,7 @@ impl PartitionLog for RocksLog {
         let inner = self.inner.clone();
         let owned = topic.to_string();
         // On the store thread: one wake-up and one fsync for a burst of appends.
-        let (_, assigned) = crate::on_store_thread(&self.inner.group, Wait::Durable, move |_| {
+        let (_, assigned) = on_store_thread(&self.inner.group, Wait::Durable, move |_| {
             Ok::<_, LocalError>(inner.stage_append(&owned, events, at))
         })
         .await
@@ -1312,14 +1313,8 @@ mod tests {
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use meshd_fuzz_cases::cases;
     use proptest::prelude::*;
-
-    fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
 
     /// Arbitrary bytes, or a payload sealed with a valid frame so it reaches the fields.
     fn record_bytes() -> impl Strategy<Value = Vec<u8>> {

@@ -15,6 +15,7 @@
 //! caller reads its own acks.
 
 use crate::keys::{self, CF_OFFSETS};
+use crate::store_thread::applied_so_far;
 use async_trait::async_trait;
 use meshd_local::codec::{DecodeError, Decoder, Encoder};
 use meshd_local::group::GroupCommit;
@@ -250,7 +251,7 @@ impl RocksOffsetStore {
         // An advance submitted before this read and not yet applied (an ack's resolve
         // is answered without waiting for its write) is applied first, so a client
         // reads its own acks.
-        crate::applied_so_far(&self.inner.group).await;
+        applied_so_far(&self.inner.group).await;
         self.catch_up();
         if !lock(&self.inner.pending).iter().any(|(_, k, _)| which(k)) {
             return Ok(());
@@ -580,14 +581,8 @@ mod tests {
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use meshd_fuzz_cases::cases;
     use proptest::prelude::*;
-
-    fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
 
     fn number() -> impl Strategy<Value = String> {
         prop_oneof![

@@ -15,6 +15,7 @@
 
 use crate::delivery::{local, Closure};
 use crate::keys::{self, CF_DELIVERIES};
+use crate::store_thread::on_store_thread;
 use async_trait::async_trait;
 use meshd_local::group::{GroupCommit, Wait};
 use meshd_local::{Batch, KvEngine, LocalError};
@@ -287,7 +288,7 @@ impl RocksParkStore {
     ) -> Result<(), DeliveryError> {
         Self::check(key)?;
         let key = key.clone();
-        crate::on_store_thread(&self.group, Wait::Durable, move |_| {
+        on_store_thread(&self.group, Wait::Durable, move |_| {
             let mut batch = Batch::new();
             for (p, body) in &entries {
                 put_entry(&mut batch, &key, p, body);
@@ -396,7 +397,7 @@ impl ParkIndex for RocksParkStore {
     ) -> Result<Vec<bool>, ParkError> {
         Self::check(key)?;
         let key = key.clone();
-        let (_, created) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+        let (_, created) = on_store_thread(&self.group, Wait::Durable, move |engine| {
             let mut batch = Batch::new();
             let mut created = Vec::with_capacity(entries.len());
             let mut seen = BTreeSet::new();
@@ -422,7 +423,7 @@ impl ParkIndex for RocksParkStore {
     ) -> Result<Removed, ParkError> {
         Self::check(key)?;
         let key = key.clone();
-        let (_, removed) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+        let (_, removed) = on_store_thread(&self.group, Wait::Durable, move |engine| {
             let mut batch = Batch::new();
             let removed = remove_in(engine, &mut batch, &key, offset, now_ms)?;
             Ok::<_, Closure>((batch, removed))
@@ -441,7 +442,7 @@ impl ParkIndex for RocksParkStore {
     ) -> Result<bool, ParkError> {
         Self::check(key)?;
         let key = key.clone();
-        let (_, found) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+        let (_, found) = on_store_thread(&self.group, Wait::Durable, move |engine| {
             let mut batch = Batch::new();
             let Some((p, value, at)) = entry_at(engine, &key, offset)? else {
                 return Ok::<_, Closure>((batch, false));
@@ -468,7 +469,7 @@ impl ParkIndex for RocksParkStore {
     ) -> Result<Option<Parked>, ParkError> {
         Self::check(key)?;
         let key = key.clone();
-        let (_, released) = crate::on_store_thread(&self.group, Wait::Durable, move |engine| {
+        let (_, released) = on_store_thread(&self.group, Wait::Durable, move |engine| {
             let mut batch = Batch::new();
             let released = match first_of_key(engine, &key, hash, 1)?.first() {
                 Some(&first) => release_in(engine, &mut batch, &key, first, now_ms)?,

@@ -10,18 +10,12 @@
 //!
 //! Case count: `MESHD_FUZZ_CASES` (default 2000, the CI pass); see docs/fuzzing.md.
 
+use meshd_fuzz_cases::cases;
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState, SessionBinding};
 use meshd_stores::offsets::{Committed, OffsetKey};
 use meshd_stores_local::log::{EventRecord, HeadRecord};
 use meshd_stores_local::{delivery, keys, offsets};
 use proptest::prelude::*;
-
-fn cases() -> u32 {
-    std::env::var("MESHD_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
 
 /// Frames `payload` as format version `version` with a valid checksum, so fuzzed
 /// payloads reach the field decoding.

@@ -38,8 +38,10 @@
 mod entry;
 pub mod id;
 mod index;
+mod types;
 
 pub use id::entry_id;
+pub use types::{DeadLetterEntry, DeadLetterState};
 
 use crate::codec::key_text;
 use crate::failure::StoreFailure;
@@ -52,7 +54,6 @@ use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::{Compare, KeyValue, Meta, MetaError, RangeOptions, Txn};
 use std::collections::HashSet;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,64 +75,6 @@ const BODY_PAGE: usize = 1000;
 
 const ENTRIES: &str = "entries";
 const IDS: &str = "ids";
-
-/// The state of an entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeadLetterState {
-    /// Waiting for an operator: list, inspect, redrive or delete.
-    Dead,
-    /// Being delivered again; acked → deleted, failed again → `dead`.
-    Redriving,
-}
-
-impl DeadLetterState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeadLetterState::Dead => "dead",
-            DeadLetterState::Redriving => "redriving",
-        }
-    }
-}
-
-impl fmt::Display for DeadLetterState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One dead-lettered delivery, with its version.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeadLetterEntry {
-    /// Derived from (log id, incarnation, topic, partition, offset): [`entry_id`].
-    pub id: String,
-    /// The log the event was read from (instance id for an embedded log, the stream
-    /// name for a shared one).
-    pub log_id: String,
-    pub subscription: String,
-    pub subscription_incarnation: i64,
-    pub topic: String,
-    pub partition: u32,
-    pub offset: u64,
-    /// Where the event body is: the dead-letter stream of a log.
-    pub body: BodyRef,
-    pub attempts: u32,
-    /// The last failure.
-    pub reason: String,
-    pub first_attempt_at: Timestamp,
-    /// When it (last) became `dead`; retention counts from here.
-    pub dead_lettered_at: Timestamp,
-    /// The instance that dead-lettered it.
-    pub instance: String,
-    /// The partition owner's epoch that dead-lettered it.
-    pub epoch: i64,
-    pub state: DeadLetterState,
-    pub redrives: u32,
-    /// The entry record's Meta `mod_revision`.
-    pub version: i64,
-    /// Fields of the record a newer release wrote; written back by a rewrite.
-    pub kept: crate::Kept,
-}
 
 impl DeadLetterEntry {
     fn same_delivery(&self, log_id: &str, d: &NewDeadLetter) -> bool {
@@ -1009,15 +952,9 @@ mod tests {
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use meshd_fuzz_cases::cases;
     use proptest::prelude::*;
     use serde_json::Value;
-
-    fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
 
     fn json() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![

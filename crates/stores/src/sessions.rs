@@ -27,6 +27,9 @@
 
 pub mod id_record;
 pub mod record;
+mod types;
+
+pub use types::Session;
 
 pub use crate::subscriptions::{CacheConfig, CacheHealth};
 
@@ -50,26 +53,7 @@ pub const MAX_TTL: Duration = Duration::from_millis(3_600_000);
 
 const STORE: &str = "sessions";
 
-/// A live session.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Session {
-    /// 128 random bits, 32 lowercase hex digits.
-    pub session_id: String,
-    pub client_id: String,
-    /// The owner key's `mod_revision` at open; a takeover always has a higher one.
-    pub epoch: i64,
-    /// The instance that opened it.
-    pub instance: String,
-    /// The effective TTL, as granted (etcd grants whole seconds).
-    pub ttl: Duration,
-    pub lease: LeaseId,
-}
-
 impl Session {
-    pub fn ttl_ms(&self) -> u64 {
-        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
-    }
-
     /// The session's ownership, to make writes fenced by its epoch.
     pub fn ownership(&self) -> Ownership {
         Ownership::from_parts(record::key(&self.client_id), self.epoch, Some(self.lease))

@@ -24,12 +24,22 @@
 //! (or the other way round) while etcd was down.
 
 pub(crate) mod cache;
+mod error;
 pub mod filters;
 pub mod push;
 pub mod record;
+mod types;
 
-pub use filters::{check_write_bounds, AttributeIndex, FilterError, FilterExpr, Selector};
+pub use error::SubscriptionError;
+pub use filters::{
+    check_write_bounds, AttributeIndex, Filter, FilterError, FilterExpr, Selector, MAX_FILTER_LEN,
+};
 pub use push::{Push, Rate, REDACTED};
+pub use types::{
+    Backoff, Ordering, StartPosition, Subscription, SubscriptionSpec, ACK_TIMEOUT_MS_RANGE,
+    BACKOFF_MAX_MS, DEFAULT_ACK_TIMEOUT_MS, DEFAULT_BACKOFF_INITIAL_MS, DEFAULT_BACKOFF_MAX_MS,
+    DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_RANGE, MAX_PUSH_URL_LEN,
+};
 
 pub use cache::{CacheConfig, CacheHealth};
 
@@ -41,243 +51,10 @@ use meshd_meta::{Compare, KeyValue, Meta, Txn};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// `max_attempts` when the request does not say (HTTP API).
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
-/// `ack_timeout_ms` when the request does not say.
-pub const DEFAULT_ACK_TIMEOUT_MS: u64 = 30_000;
-/// `backoff.initial_ms` when the request does not say.
-pub const DEFAULT_BACKOFF_INITIAL_MS: u64 = 1_000;
-/// `backoff.max_ms` when the request does not say.
-pub const DEFAULT_BACKOFF_MAX_MS: u64 = 60_000;
-
-/// Documented ranges (HTTP API "Conventions").
-pub const MAX_ATTEMPTS_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
-pub const ACK_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 100..=600_000;
-pub const BACKOFF_MAX_MS: u64 = 3_600_000;
 /// Names are 1–249 characters of `[A-Za-z0-9._-]`.
 pub use crate::names::{validate_name, MAX_NAME_LEN};
-/// Bounds on free-text settings, so a record stays small in Meta.
-pub const MAX_FILTER_LEN: usize = 1024;
-pub const MAX_PUSH_URL_LEN: usize = 2048;
 
 const STORE: &str = "subscriptions";
-
-/// Retry backoff of a subscription's deliveries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    pub initial_ms: u64,
-    pub max_ms: u64,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            initial_ms: DEFAULT_BACKOFF_INITIAL_MS,
-            max_ms: DEFAULT_BACKOFF_MAX_MS,
-        }
-    }
-}
-
-/// Which events a subscription receives: those whose CloudEvents `type` and/or
-/// `source` equal these (an unset field matches everything).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Filter {
-    /// The CloudEvents `type` (`"type"` on the wire and in the record).
-    pub event_type: Option<String>,
-    pub source: Option<String>,
-}
-
-/// Where a new subscription (incarnation) starts reading each partition.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StartPosition {
-    /// At the end of each partition (the default).
-    #[default]
-    Latest,
-    /// At the beginning of each partition.
-    Earliest,
-}
-
-/// Delivery order among the events of one `partitionkey` (http-api.md, Additions,
-/// "Parking").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Ordering {
-    /// No order is kept beyond the partition's (the default).
-    #[default]
-    None,
-    /// At most one event of a key in flight, waiting or being dead-lettered; the next
-    /// one goes only after it is acked or dead-lettered.
-    Key,
-}
-
-impl Ordering {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Ordering::None => "none",
-            Ordering::Key => "key",
-        }
-    }
-
-    /// `"none"` or `"key"`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "none" => Some(Ordering::None),
-            "key" => Some(Ordering::Key),
-            _ => None,
-        }
-    }
-}
-
-/// What a client asks for: the settings of one subscription.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SubscriptionSpec {
-    pub name: String,
-    /// The topic; cannot change once the subscription exists.
-    pub topic: String,
-    /// Deliveries before an event is dead-lettered (1–1000).
-    pub max_attempts: u32,
-    /// How long a handed-out event waits for its ack (100–600000 ms).
-    pub ack_timeout_ms: u64,
-    /// Retry backoff (1 ≤ initial_ms ≤ max_ms ≤ 3600000).
-    pub backoff: Backoff,
-    pub filter: Option<Filter>,
-    /// The CloudEvents Subscriptions API filters (all must match; empty: none).
-    pub filters: Vec<FilterExpr>,
-    pub push: Option<Push>,
-    /// Applies when an incarnation's offsets are first created; stored as given.
-    pub start: StartPosition,
-    pub ordering: Ordering,
-}
-
-impl SubscriptionSpec {
-    /// A spec with the documented defaults.
-    pub fn new(name: impl Into<String>, topic: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            topic: topic.into(),
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            ack_timeout_ms: DEFAULT_ACK_TIMEOUT_MS,
-            backoff: Backoff::default(),
-            filter: None,
-            filters: Vec::new(),
-            push: None,
-            start: StartPosition::Latest,
-            ordering: Ordering::None,
-        }
-    }
-
-    /// A copy whose push credentials that keep stored values ([`REDACTED`], or
-    /// omitted) are replaced by valid placeholders: what can be checked before the
-    /// stored record is read.
-    fn with_redacted_as_placeholders(&self) -> SubscriptionSpec {
-        let mut s = self.clone();
-        if let Some(p) = &mut s.push {
-            if let Some(list) = &mut p.secrets {
-                list.retain(|v| v != REDACTED);
-            }
-            if let Some(list) = &mut p.headers {
-                for (_, v) in list.iter_mut().filter(|(_, v)| v == REDACTED) {
-                    v.clear();
-                }
-            }
-        }
-        s
-    }
-
-    /// Checks every value against its documented range; the error names the field.
-    pub fn validate(&self) -> Result<(), SubscriptionError> {
-        let invalid =
-            |field: &'static str, reason: String| Err(SubscriptionError::Invalid { field, reason });
-        if let Err(e) = validate_name(&self.name) {
-            return invalid("name", e);
-        }
-        if let Err(e) = validate_name(&self.topic) {
-            return invalid("topic", e);
-        }
-        if !MAX_ATTEMPTS_RANGE.contains(&self.max_attempts) {
-            return invalid(
-                "max_attempts",
-                format!("{} is outside 1–1000", self.max_attempts),
-            );
-        }
-        if !ACK_TIMEOUT_MS_RANGE.contains(&self.ack_timeout_ms) {
-            return invalid(
-                "ack_timeout_ms",
-                format!("{} is outside 100–600000", self.ack_timeout_ms),
-            );
-        }
-        let b = self.backoff;
-        if b.initial_ms < 1 {
-            return invalid("backoff.initial_ms", "must be at least 1".into());
-        }
-        if b.initial_ms > b.max_ms {
-            return invalid(
-                "backoff.initial_ms",
-                format!("{} is above backoff.max_ms {}", b.initial_ms, b.max_ms),
-            );
-        }
-        if b.max_ms > BACKOFF_MAX_MS {
-            return invalid(
-                "backoff.max_ms",
-                format!("{} is above {BACKOFF_MAX_MS}", b.max_ms),
-            );
-        }
-        if let Some(f) = &self.filter {
-            if f.event_type.is_none() && f.source.is_none() {
-                return invalid("filter", "names neither type nor source".into());
-            }
-            for (field, value) in [("filter.type", &f.event_type), ("filter.source", &f.source)] {
-                if let Some(v) = value {
-                    if v.is_empty() || v.len() > MAX_FILTER_LEN {
-                        return invalid(
-                            field,
-                            format!("must be 1–{MAX_FILTER_LEN} bytes, is {}", v.len()),
-                        );
-                    }
-                }
-            }
-        }
-        if !self.filters.is_empty() {
-            // One validation for every way in: the JSON form is what is parsed.
-            if let Err(e) = FilterExpr::parse_list(&FilterExpr::list_to_json(&self.filters)) {
-                return invalid("filters", e.to_string());
-            }
-        }
-        if let Some(p) = &self.push {
-            let scheme_ok = p.url.starts_with("http://") || p.url.starts_with("https://");
-            if !scheme_ok
-                || p.url.len() > MAX_PUSH_URL_LEN
-                || p.url.chars().any(|c| c.is_whitespace() || c.is_control())
-            {
-                return invalid(
-                    "push.url",
-                    format!(
-                        "must be an http:// or https:// URL of at most {MAX_PUSH_URL_LEN} bytes \
-                         without spaces"
-                    ),
-                );
-            }
-            p.validate()?;
-        }
-        Ok(())
-    }
-}
-
-/// A stored subscription.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Subscription {
-    pub spec: SubscriptionSpec,
-    /// The key's `mod_revision`: the `ETag`, store-issued, never reused.
-    pub revision: i64,
-    /// The key's `create_revision`: offsets and deliveries are keyed by it, so a
-    /// re-created subscription starts afresh.
-    pub incarnation: i64,
-}
-
-impl Subscription {
-    pub fn name(&self) -> &str {
-        &self.spec.name
-    }
-}
 
 /// A write's condition on the subscription's current revision (HTTP `If-Match` /
 /// `If-None-Match: *`).
@@ -300,73 +77,6 @@ pub struct Deleted {
     pub revision: i64,
     /// The incarnation that was deleted (whose offsets and deliveries to drop).
     pub incarnation: i64,
-}
-
-/// The SubscriptionStore's errors. Meta's classification stays visible.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubscriptionError {
-    /// A value outside its documented range (HTTP 400). Nothing was written.
-    #[error("invalid subscription: {field} {reason}")]
-    Invalid { field: &'static str, reason: String },
-    /// No such subscription (HTTP 404).
-    #[error("subscription {name:?} not found")]
-    NotFound { name: String },
-    /// `If-Match` / `If-None-Match` did not hold (HTTP 412). Nothing was written.
-    /// `current_revision` is the subscription's revision now (`None`: absent).
-    #[error(
-        "precondition failed for subscription {name:?} (current revision: {current_revision:?})"
-    )]
-    PreconditionFailed {
-        name: String,
-        current_revision: Option<i64>,
-    },
-    /// The subscription's topic does not exist or is being deleted (HTTP 404).
-    /// Nothing was written.
-    #[error("topic {topic:?} not found")]
-    TopicNotFound { topic: String },
-    /// An update tried to change the topic (HTTP 409). Nothing was written.
-    #[error(
-        "subscription {name:?} is on topic {current:?}; its topic cannot change to {requested:?}"
-    )]
-    TopicChange {
-        name: String,
-        current: String,
-        requested: String,
-    },
-    /// The backend failed; [`StoreFailure`] says what the caller may assume.
-    #[error("subscription store {0}")]
-    Store(#[from] StoreFailure),
-}
-
-impl SubscriptionError {
-    /// A short, stable label for metrics and logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Invalid { .. } => "invalid",
-            Self::NotFound { .. } => "not_found",
-            Self::PreconditionFailed { .. } => "precondition_failed",
-            Self::TopicNotFound { .. } => "topic_not_found",
-            Self::TopicChange { .. } => "topic_change",
-            Self::Store(f) => f.kind(),
-        }
-    }
-
-    /// Known not applied and retryable as is.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Store(f) if f.is_retryable())
-    }
-}
-
-/// Maps a Meta error that is not a precondition failure.
-impl FromMeta for SubscriptionError {}
-
-impl From<CorruptRecord> for SubscriptionError {
-    fn from(c: CorruptRecord) -> Self {
-        Self::Store(StoreFailure::Corrupt {
-            key: c.key,
-            reason: c.reason,
-        })
-    }
 }
 
 /// # The SubscriptionStore contract

@@ -12,6 +12,7 @@
 //!
 //! Case count: `MESHD_FUZZ_CASES` (default 2000, the CI pass); see docs/fuzzing.md.
 
+use meshd_fuzz_cases::cases;
 use meshd_meta::LeaseId;
 use meshd_stores::attempts;
 use meshd_stores::deadletters::id::is_entry_id;
@@ -25,13 +26,6 @@ use meshd_stores::topics::record as topic_record;
 use proptest::prelude::*;
 use serde_json::Value;
 use std::time::Duration;
-
-fn cases() -> u32 {
-    std::env::var("MESHD_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
 
 /// Names the record's key may carry; generated strings use the same alphabet so a
 /// record's name sometimes matches its key.

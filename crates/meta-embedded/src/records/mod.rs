@@ -157,14 +157,8 @@ mod fuzz {
     use super::lease::LeaseRecord;
     use super::state::StateRecord;
     use super::*;
+    use meshd_fuzz_cases::cases;
     use proptest::prelude::*;
-
-    fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
 
     fn crc32(bytes: &[u8]) -> u32 {
         let mut crc = !0u32;

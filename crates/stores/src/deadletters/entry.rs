@@ -20,7 +20,7 @@
 //! top-level field this release does not know (a newer one wrote it) is kept in the
 //! entry ([`Kept`]) and written back when the entry is rewritten (a redrive).
 
-use super::{DeadLetterEntry, DeadLetterState};
+use super::types::{DeadLetterEntry, DeadLetterState};
 use crate::codec::{decode_named, Kept};
 use crate::log::BodyRef;
 use crate::time::Timestamp;

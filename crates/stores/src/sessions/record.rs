@@ -16,7 +16,7 @@
 //! stored `lease` must be the lease the key is attached to; a record that disagrees
 //! with its key, its lease or its documented ranges is reported as corrupt.
 
-use super::Session;
+use super::types::Session;
 use crate::codec::decode_probed;
 use crate::subscriptions::cache::CorruptRecord;
 use crate::subscriptions::validate_name;

@@ -41,12 +41,25 @@
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
+/// Which events a subscription receives: those whose CloudEvents `type` and/or
+/// `source` equal these (an unset field matches everything). The shorthand `filter`
+/// of a subscription, beside its `filters`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Filter {
+    /// The CloudEvents `type` (`"type"` on the wire and in the record).
+    pub event_type: Option<String>,
+    pub source: Option<String>,
+}
+
+/// The longest `type` or `source` of a [`Filter`], in bytes, so a record stays small
+/// in Meta.
+pub const MAX_FILTER_LEN: usize = 1024;
 /// The most expressions (every node, leaves included) in one subscription's filters.
 pub const MAX_FILTER_NODES: usize = 64;
 /// The deepest nesting of `all`/`any`/`not` (a top-level expression is depth 1).
 pub const MAX_FILTER_DEPTH: usize = 8;
 /// The longest value compared, in bytes (as the shorthand `filter`).
-pub const MAX_FILTER_VALUE_LEN: usize = super::MAX_FILTER_LEN;
+pub const MAX_FILTER_VALUE_LEN: usize = MAX_FILTER_LEN;
 /// The longest attribute name (CloudEvents asks for at most 20; some producers use more).
 pub const MAX_ATTRIBUTE_NAME_LEN: usize = 64;
 /// The most attribute pairs in one top-level expression of a write, the pairs of the
@@ -223,7 +236,7 @@ impl FilterExpr {
 /// together. A pair count over the bound names the expression where the count passes
 /// it (`filters[1].any[0]`, in document order); a size over the bound names `filters`.
 pub fn check_write_bounds(
-    filter: Option<&super::Filter>,
+    filter: Option<&Filter>,
     filters: &[FilterExpr],
 ) -> Result<(), FilterError> {
     for (i, f) in filters.iter().enumerate() {
@@ -355,7 +368,7 @@ pub struct Selector {
 }
 
 impl Selector {
-    pub fn new(filter: Option<&super::Filter>, filters: &[FilterExpr]) -> Self {
+    pub fn new(filter: Option<&Filter>, filters: &[FilterExpr]) -> Self {
         let shorthand = filter.map(|f| {
             let pairs = [("type", &f.event_type), ("source", &f.source)]
                 .into_iter()
@@ -368,11 +381,6 @@ impl Selector {
             .chain(filters.iter().cloned())
             .collect();
         Self { exprs }
-    }
-
-    /// The selector of a subscription's settings.
-    pub fn of(spec: &super::SubscriptionSpec) -> Self {
-        Self::new(spec.filter.as_ref(), &spec.filters)
     }
 
     /// Whether it takes every event (no attribute needs to be looked at).

@@ -7,7 +7,7 @@
 //! to replace), so a concurrent update can never pair one writer's URL with another
 //! writer's kept secret from a stale read.
 
-use super::SubscriptionError;
+use super::error::SubscriptionError;
 use base64::Engine;
 
 /// What the API shows instead of a secret or a header value; sent back, it keeps the

@@ -23,10 +23,9 @@
 //! release that does. A `PUT` replaces the whole record.
 
 use super::cache::CorruptRecord;
-use super::{
-    Backoff, Filter, FilterExpr, Ordering, Push, Rate, StartPosition, Subscription,
-    SubscriptionSpec,
-};
+use super::filters::{Filter, FilterExpr};
+use super::push::{Push, Rate};
+use super::types::{Backoff, Ordering, StartPosition, Subscription, SubscriptionSpec};
 use crate::codec::decode_probed;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::KeyValue;

@@ -22,7 +22,7 @@
 //! field this release does not know (a newer one wrote it) is kept in the task
 //! ([`Kept`]) and written back by every transition.
 
-use super::{Assignee, HistoryEntry, Task, TaskState};
+use super::types::{Assignee, HistoryEntry, Task, TaskState};
 use crate::codec::{decode_named, Kept};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};

@@ -15,7 +15,7 @@
 //! write conditional on the version it read, so a decision is never applied to a
 //! state it was not made for (and a terminal state is never overwritten).
 
-use super::TaskState;
+use super::types::TaskState;
 
 /// How a task is being moved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

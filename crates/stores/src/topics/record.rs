@@ -20,10 +20,12 @@
 //! "Records"), and a feature that needs older instances to honour it waits until every
 //! member runs a release that does.
 
-use super::{validate_dedup_window, validate_partitions, StoredTopic, Topic};
+use super::types::{
+    validate_dedup_window, validate_partitions, StoredTopic, Topic, DEFAULT_DEDUP_WINDOW_MS,
+};
 use crate::codec::decode_probed;
+use crate::names::validate_name;
 use crate::subscriptions::cache::CorruptRecord;
-use crate::subscriptions::validate_name;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::KeyValue;
 use serde::{Deserialize, Serialize};
@@ -72,11 +74,11 @@ struct RecordV1 {
 }
 
 fn default_window() -> u64 {
-    super::DEFAULT_DEDUP_WINDOW_MS
+    DEFAULT_DEDUP_WINDOW_MS
 }
 
 fn is_default_window(ms: &u64) -> bool {
-    *ms == super::DEFAULT_DEDUP_WINDOW_MS
+    *ms == DEFAULT_DEDUP_WINDOW_MS
 }
 
 /// A decoded topic record (what the value holds).
