@@ -1,7 +1,7 @@
 //! `/v1/deadletters`: the DeadLetterStore over HTTP: list (by subscription,
 //! paginated), get, delete, redrive.
 
-use super::topics::query_number;
+use super::query_number;
 use super::Api;
 use crate::api::consume::runtime_problem;
 use crate::problem::Problem;

@@ -94,8 +94,35 @@ pub async fn require_release(
 /// at most `--max-response-bytes` (http-api.md "Bounded answers").
 pub fn answer_bytes(api: &Api, max_bytes: Option<&str>) -> Result<usize, Problem> {
     let ceiling = api.limits.max_response_bytes;
-    let asked = topics::query_number("max_bytes", max_bytes, ceiling, 1..=u64::MAX)?;
+    let asked = query_number("max_bytes", max_bytes, ceiling, 1..=u64::MAX)?;
     Ok(usize::try_from(asked.min(ceiling)).unwrap_or(usize::MAX))
+}
+
+/// A number from the query string: `default` when absent, 400 naming `name` when it is
+/// not an integer within `range`.
+pub fn query_number(
+    name: &str,
+    value: Option<&str>,
+    default: u64,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<u64, Problem> {
+    match value {
+        None => Ok(default),
+        Some(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| {
+                Problem::invalid_field(
+                    name,
+                    format!(
+                        "{name} must be an integer from {} to {}",
+                        range.start(),
+                        range.end()
+                    ),
+                )
+            }),
+    }
 }
 
 /// A JSON list built as text under a byte bound: items go in until the next would
@@ -246,12 +273,7 @@ mod fuzz {
     use proptest::prelude::*;
     use serde_json::Value;
 
-    pub fn cases() -> u32 {
-        std::env::var("MESHD_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000)
-    }
+    pub use meshd_fuzz_cases::cases;
 
     /// Request headers: content types JSON or not, in any case, or not UTF-8.
     pub fn headers() -> impl Strategy<Value = HeaderMap> {

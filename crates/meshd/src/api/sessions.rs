@@ -9,7 +9,7 @@
 //! successor wrote. `GET` and the list are served from the cache of live sessions.
 
 use super::fields::Fields;
-use super::topics::query_number;
+use super::query_number;
 use super::Api;
 use crate::problem::Problem;
 use axum::body::Bytes;

@@ -58,7 +58,7 @@ pub fn parse_stream_query(
     query: Result<Query<StreamQuery>, QueryRejection>,
 ) -> Result<StreamAsk, Problem> {
     let Query(q) = query.map_err(|e| Problem::bad_request(format!("invalid query: {e}")))?;
-    let max_in_flight = super::topics::query_number(
+    let max_in_flight = super::query_number(
         "max_in_flight",
         q.max_in_flight.as_deref(),
         DEFAULT_MAX_IN_FLIGHT,

@@ -18,8 +18,8 @@
 //!   write by a session that lost its epoch.
 
 use super::fields::Fields;
+use super::query_number;
 use super::sessions::session_problem;
-use super::topics::query_number;
 use super::{etag, valid_name_or_400, Api};
 use crate::problem::Problem;
 use axum::body::Bytes;

@@ -1,7 +1,7 @@
 //! `/v1/topics`: topic definitions (Meta, through the TopicStore), publishing and
 //! browsing events (the partition log).
 
-use super::{body_problem, json_body, valid_name_or_400, Api};
+use super::{body_problem, json_body, query_number, valid_name_or_400, Api};
 use crate::problem::Problem;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -348,31 +348,6 @@ pub struct BrowseQuery {
     from: Option<String>,
     limit: Option<String>,
     max_bytes: Option<String>,
-}
-
-pub fn query_number(
-    name: &str,
-    value: Option<&str>,
-    default: u64,
-    range: std::ops::RangeInclusive<u64>,
-) -> Result<u64, Problem> {
-    match value {
-        None => Ok(default),
-        Some(v) => v
-            .parse::<u64>()
-            .ok()
-            .filter(|n| range.contains(n))
-            .ok_or_else(|| {
-                Problem::invalid_field(
-                    name,
-                    format!(
-                        "{name} must be an integer from {} to {}",
-                        range.start(),
-                        range.end()
-                    ),
-                )
-            }),
-    }
 }
 
 pub async fn browse(

@@ -2,9 +2,10 @@
 //! them from stdin, one per line), keep going past a failed id, report progress on
 //! stderr for long runs, and exit 1 if any id failed.
 
+use super::args::DlqCmd;
+use super::ctx::Ctx;
 use super::error::{CliError, Problem};
 use super::output::{cell, cells, note, Table};
-use super::{Ctx, DlqCmd};
 use meshd_client::shorten;
 use serde::Deserialize;
 use serde_json::value::RawValue;

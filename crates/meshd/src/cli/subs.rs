@@ -1,8 +1,9 @@
 //! `meshd sub ...` and `meshd pull`.
 
+use super::args::{OrderingArg, PullArgs, Start, SubCmd, SubCreate, TailArgs};
+use super::ctx::Ctx;
 use super::error::CliError;
 use super::output::{cell, cells, list, note, Table};
-use super::{Ctx, OrderingArg, PullArgs, Start, SubCmd, SubCreate, TailArgs};
 use meshd_client::shorten;
 use serde_json::{json, Map, Value};
 

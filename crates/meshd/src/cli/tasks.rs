@@ -2,9 +2,10 @@
 //! the contract does not fix (the list keys of a task page) are read defensively and
 //! shown as `-` when absent.
 
+use super::args::{SessionCmd, TaskCmd};
+use super::ctx::Ctx;
 use super::error::CliError;
 use super::output::{cell, cells, list, note, Table};
-use super::{Ctx, SessionCmd, TaskCmd};
 use meshd_client::shorten;
 use serde_json::Value;
 

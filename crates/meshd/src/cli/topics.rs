@@ -6,9 +6,10 @@
 //! batch are stored and none of the failing batch is; the message says which input
 //! lines that was, so an operator can resume with `tail -n +LINE`.
 
+use super::args::{PublishArgs, TopicCmd};
+use super::ctx::Ctx;
 use super::error::CliError;
 use super::output::{cell, cells, list, note, Table};
-use super::{Ctx, PublishArgs, TopicCmd};
 use meshd_client::Stored;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
