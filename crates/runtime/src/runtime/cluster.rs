@@ -19,8 +19,10 @@
 //!   **Losing** it (the lease's local deadline, or a `Fenced` write): the task stops at
 //!   once, without writing anything more under the old epoch.
 
-use super::Handed;
-use super::{PartitionHandle, Runtime, RuntimeError, SubRuntime};
+use super::clock::now_ms;
+use super::error::{park_error, peer_refused, unavailable, RuntimeError};
+use super::types::{Answers, Handed, Outcome, PullBudget};
+use super::{PartitionHandle, Runtime, SubRuntime};
 use crate::cluster::forward;
 use crate::cluster::ownership::{Directory, Drain, Owned, PartitionId};
 use meshd_dispatch::SessionBinding;
@@ -214,17 +216,6 @@ fn peer_error(peer: &str, status: u16, body: &[u8]) -> RuntimeError {
     }
 }
 
-/// What another instance's refusal says: its status and the start of its answer.
-pub(super) fn peer_refused(peer: &str, status: u16, body: &[u8]) -> String {
-    format!(
-        "instance {peer} answered {status}: {}",
-        String::from_utf8_lossy(body)
-            .chars()
-            .take(300)
-            .collect::<String>()
-    )
-}
-
 /// The cluster side of one partition task.
 pub struct PartitionCluster {
     pub owner: Ownership,
@@ -292,30 +283,6 @@ async fn start_of(
     })
 }
 
-pub(super) fn unavailable(
-    store: &'static str,
-    backend: Backend,
-) -> impl Fn(String) -> RuntimeError {
-    move |detail| RuntimeError::Unavailable {
-        store,
-        backend,
-        detail,
-    }
-}
-
-/// A park index call that failed, as the request that made it answers: the Local
-/// store fail-stopped; or the journal (on the log's `backend`) did not take the write
-/// or fenced it (the partition moved): unavailable, to be retried.
-pub(super) fn park_error(e: meshd_stores::park::ParkError, backend: Backend) -> RuntimeError {
-    use meshd_stores::park::ParkError;
-    match e {
-        ParkError::Local(e) => RuntimeError::StoreFailed(format!("parks: {e}")),
-        ParkError::Unavailable(detail) | ParkError::Fenced(detail) => {
-            unavailable("parks", backend)(detail)
-        }
-    }
-}
-
 impl Runtime {
     /// The owner's side of a forwarded pull: remembers what it handed out under
     /// `forward_id` (or releases it at once when the asking instance already gave up).
@@ -359,7 +326,7 @@ impl Runtime {
     /// there gets its credit back now instead of at the lease deadline (the client
     /// may ack on any instance). Fire and forget: a notice that fails is counted and
     /// the credit comes back at the deadline as before.
-    pub(super) fn tell_holders(&self, name: &str, answers: &super::Answers) {
+    pub(super) fn tell_holders(&self, name: &str, answers: &Answers) {
         let Some(cluster) = &self.deps.cluster else {
             return;
         };
@@ -370,7 +337,7 @@ impl Runtime {
                 return;
             }
             for (outcome, id) in &answers.lists {
-                if matches!(outcome, super::Outcome::Failed | super::Outcome::Extended) {
+                if matches!(outcome, Outcome::Failed | Outcome::Extended) {
                     continue;
                 }
                 if let Some(h) = f.holders.remove(id) {
@@ -454,7 +421,7 @@ impl Runtime {
     pub(super) async fn pull_cluster(
         &self,
         name: &str,
-        budget: super::PullBudget,
+        budget: PullBudget,
         wait: Duration,
         session: Option<SessionBinding>,
     ) -> Result<Vec<Handed>, RuntimeError> {
@@ -528,7 +495,7 @@ impl Runtime {
         &self,
         name: &str,
         topic: &str,
-        budget: super::PullBudget,
+        budget: PullBudget,
         deadline: tokio::time::Instant,
         session: Option<&SessionBinding>,
         woken: &mut watch::Receiver<u64>,
@@ -618,7 +585,7 @@ impl Runtime {
         &self,
         addr: &str,
         name: &str,
-        budget: super::PullBudget,
+        budget: PullBudget,
         session: Option<&SessionBinding>,
         wait: Duration,
         id: String,
@@ -734,7 +701,7 @@ impl Runtime {
         topic: &str,
         by_partition: BTreeMap<u32, Vec<String>>,
         f: &Forward,
-    ) -> Result<super::Answers, RuntimeError> {
+    ) -> Result<Answers, RuntimeError> {
         let Some(cluster) = &self.deps.cluster else {
             return Err(RuntimeError::Invalid("not in cluster mode".into()));
         };
@@ -756,7 +723,7 @@ impl Runtime {
                 }
             }
         }
-        let mut answers = super::Answers::default();
+        let mut answers = Answers::default();
         let path = format!(
             "/internal/v1/subscriptions/{}/{}",
             meshd_client::segment(name),
@@ -789,12 +756,12 @@ impl Runtime {
                 409 => {
                     answers
                         .lists
-                        .extend(ids.into_iter().map(|id| (super::Outcome::Fenced, id)));
+                        .extend(ids.into_iter().map(|id| (Outcome::Fenced, id)));
                     continue;
                 }
                 _ => return Err(peer_error(&addr, status, &answer)),
             };
-            for list in super::Outcome::ALL {
+            for list in Outcome::ALL {
                 for id in v[list.as_str()].as_array().into_iter().flatten() {
                     if let Some(id) = id.as_str() {
                         answers.lists.push((list, id.to_string()));
@@ -906,7 +873,7 @@ impl Runtime {
                 (Some(offset), Some(epoch)) => Ok(Committed {
                     offset,
                     epoch,
-                    at_ms: super::partition::now_ms(),
+                    at_ms: now_ms(),
                 }),
                 _ => Err(peer_error(&holder, status, &answer)),
             },
@@ -1020,7 +987,7 @@ impl Runtime {
             .load(&key)
             .await
             .map_err(|e| unavailable("attempts", self.deps.meta_backend)(e.to_string()))?;
-        let now = super::partition::now_ms();
+        let now = now_ms();
         let (mut ledger_state, migrate) = LedgerState::acquired(loaded, committed.offset, now);
         if let Some(mut w) = migrate {
             // A version-1 map: rewritten in this release's form before anything

@@ -21,13 +21,18 @@
 //! prevents locally) cannot write entries after a newer one started.
 
 pub mod attributes;
+pub mod clock;
 pub mod cluster;
+mod error;
 pub mod partition;
 pub mod push;
 pub mod stats;
 pub mod stream;
+mod types;
 
 use crate::metrics::{Metrics, SubCounters};
+use clock::now_ms;
+pub use error::{kind_of, RuntimeError};
 use futures::StreamExt;
 use meshd_dispatch::{
     Config, DeliveryId, Input, Partition, PartitionCore, SessionBinding, Sources,
@@ -44,14 +49,14 @@ use meshd_stores::subscriptions::{
     MetaSubscriptionStore, StartPosition, Subscription, SubscriptionStore,
 };
 use meshd_stores::topics::{MetaTopicStore, TopicStore};
-use partition::{now_ms, Msg, PartitionTask, Shared};
-pub use partition::{Answers, Outcome};
+use partition::{Msg, PartitionTask, Shared};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
+pub use types::{offset_of, Answers, Handed, Outcome, PullBudget, Reach};
 
 /// Requests queued per partition task before senders wait.
 const QUEUE: usize = 256;
@@ -105,87 +110,6 @@ pub(super) struct ParkedAtStart {
     count: u64,
     /// The keys whose first entry is held (ordered delivery; see `Input::KeysHeld`).
     held_keys: Vec<u64>,
-}
-
-/// What one pull may take: events, bytes of stored events (the contract's
-/// `max_bytes`), and whether the first ready delivery goes out whatever its size (so
-/// an event larger than the budget is never stuck; off for the later parts of a pull
-/// that already has deliveries).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PullBudget {
-    pub max_events: usize,
-    pub max_bytes: usize,
-    pub at_least_one: bool,
-}
-
-impl PullBudget {
-    pub fn new(max_events: usize, max_bytes: usize) -> Self {
-        Self {
-            max_events,
-            max_bytes,
-            at_least_one: true,
-        }
-    }
-
-    /// What is left once `got` is taken; `None` when nothing more fits.
-    pub fn after(&self, got: &[Handed]) -> Option<PullBudget> {
-        let bytes: usize = got.iter().map(|h| h.body.len()).sum();
-        let left = PullBudget {
-            max_events: self.max_events.saturating_sub(got.len()),
-            max_bytes: self.max_bytes.saturating_sub(bytes),
-            at_least_one: self.at_least_one && got.is_empty(),
-        };
-        (left.max_events > 0 && (left.max_bytes > 0 || left.at_least_one)).then_some(left)
-    }
-}
-
-/// One handed-out delivery with its event body (raw JSON, exactly as published).
-#[derive(Debug)]
-pub struct Handed {
-    pub delivery_id: String,
-    pub partition: u32,
-    pub offset: u64,
-    pub attempt: u32,
-    pub body: Vec<u8>,
-}
-
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum RuntimeError {
-    #[error("subscription {0:?} does not exist")]
-    NotFound(String),
-    #[error("subscription {name:?} has no partition {partition}")]
-    NoPartition { name: String, partition: u32 },
-    /// A Local store fail-stopped (a write failed); the request was refused before
-    /// anything of it was written, and the partition stopped until a restart.
-    #[error("store failed (fail-stopped): {0}")]
-    StoreFailed(String),
-    /// A store write of this request failed after it was sent: it may or may not have
-    /// been applied (a Local store has fail-stopped; a Meta write is re-read).
-    #[error("{store} write outcome unknown: {detail}")]
-    Indeterminate {
-        store: &'static str,
-        backend: Backend,
-        detail: String,
-    },
-    /// A store could not be reached (Meta, the log, another instance); nothing was
-    /// changed.
-    #[error("{store} unavailable: {detail}")]
-    Unavailable {
-        store: &'static str,
-        backend: Backend,
-        detail: String,
-    },
-    /// The dispatch core refused the request (for example a redrive backlog is full).
-    #[error("{0}")]
-    Core(String),
-    /// The request conflicts with the resource's state.
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Invalid(String),
-    /// The partition task is restarting (a settings change); retry.
-    #[error("subscription {0:?} is restarting; retry")]
-    Restarting(String),
 }
 
 struct PartitionHandle {
@@ -254,19 +178,6 @@ impl SubRuntime {
     fn running_parts(&self) -> Vec<Arc<PartitionHandle>> {
         (0..self.parts.len()).filter_map(|p| self.part(p)).collect()
     }
-}
-
-/// Which partitions a request reaches: all of them (in cluster mode the ones owned
-/// elsewhere through their owners), or only this instance's (the internal routes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reach {
-    Cluster,
-    Local,
-}
-
-/// The offset a delivery id names.
-pub fn offset_of(delivery_id: &str) -> Option<u64> {
-    DeliveryId::parse(delivery_id).map(|d| d.offset)
 }
 
 impl Runtime {
@@ -1611,17 +1522,5 @@ impl Runtime {
         let _ = writeln!(out, "# HELP meshd_filter_attribute_reads_total Events whose attributes a filtered subscription needed, by whether the shared attribute cache held them (hit) or the stored event was parsed (parsed; once per event for all subscriptions of a topic while cached).\n# TYPE meshd_filter_attribute_reads_total counter\nmeshd_filter_attribute_reads_total{{result=\"hit\"}} {}\nmeshd_filter_attribute_reads_total{{result=\"parsed\"}} {}", a.hits, a.parses);
         let _ = writeln!(out, "# HELP meshd_filter_attribute_cache_bytes Memory held by the shared attribute cache of filtered subscriptions (attribute strings plus a fixed cost per event).\n# TYPE meshd_filter_attribute_cache_bytes gauge\nmeshd_filter_attribute_cache_bytes {}", a.bytes);
         let _ = writeln!(out, "# HELP meshd_filter_attribute_cache_events Events held by the shared attribute cache of filtered subscriptions.\n# TYPE meshd_filter_attribute_cache_events gauge\nmeshd_filter_attribute_cache_events {}", a.entries);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn delivery_ids_name_their_offset() {
-        assert_eq!(offset_of("42-3-17-2-00000000000000ff"), Some(17));
-        assert_eq!(offset_of("42-3-17-r1-00000000000000ff"), Some(17));
-        assert_eq!(offset_of("garbage"), None);
     }
 }

@@ -13,10 +13,11 @@
 //! join the next fsync instead of waiting for this one. Cluster mode keeps the strict
 //! order (its ledger write in Meta comes first).
 
-use super::cluster::{park_error, unavailable};
-use super::{Deps, Handed, RuntimeError};
+use super::clock::now_ms;
+use super::error::{kind_of, park_error, unavailable, RuntimeError};
+use super::types::{offset_of, Answers, Handed, Outcome, PullBudget};
+use super::Deps;
 use crate::metrics::{Counted, Metrics, PartCounters, SubCounters};
-use crate::runtime::PullBudget;
 use meshd_dispatch::{
     AckOutcome, Command, DeliveryRef, EventMeta, ExtendOutcome, Input, NackOutcome, PartitionCore,
     PullId, Reply, SessionBinding, SessionCheck, Stats,
@@ -100,81 +101,6 @@ pub enum Msg {
     /// answer: the offsets above the committed one resolved already (for a release's
     /// checkpoint).
     Stop { reply: oneshot::Sender<Vec<u64>> },
-}
-
-/// Per-id answers of an ack, nack or extend, by the list they belong in.
-#[derive(Default, Debug)]
-pub struct Answers {
-    pub lists: Vec<(Outcome, String)>,
-}
-
-/// Which list of an ack, nack or extend answer a delivery id is in (the contract's
-/// list names, http-api.md "Consuming").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    Acked,
-    Unknown,
-    Fenced,
-    /// The ack could not be checked or recorded (a store was unavailable).
-    Failed,
-    Retrying,
-    DeadLettered,
-    /// The dead-letter entry is not durable yet; the partition keeps trying.
-    DeadLettering,
-    Extended,
-}
-
-impl Outcome {
-    /// Every outcome, in the order an internal route's answer is read.
-    pub const ALL: [Outcome; 8] = [
-        Outcome::Acked,
-        Outcome::Unknown,
-        Outcome::Fenced,
-        Outcome::Failed,
-        Outcome::Retrying,
-        Outcome::DeadLettered,
-        Outcome::DeadLettering,
-        Outcome::Extended,
-    ];
-    /// The lists of an ack answer.
-    pub const ACK: [Outcome; 4] = [
-        Outcome::Acked,
-        Outcome::Unknown,
-        Outcome::Fenced,
-        Outcome::Failed,
-    ];
-    /// The lists of a nack answer.
-    pub const NACK: [Outcome; 5] = [
-        Outcome::Retrying,
-        Outcome::DeadLettered,
-        Outcome::DeadLettering,
-        Outcome::Unknown,
-        Outcome::Fenced,
-    ];
-    /// The lists of an extend answer.
-    pub const EXTEND: [Outcome; 3] = [Outcome::Extended, Outcome::Unknown, Outcome::Fenced];
-
-    /// The list's name in an answer.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Acked => "acked",
-            Outcome::Unknown => "unknown",
-            Outcome::Fenced => "fenced",
-            Outcome::Failed => "failed",
-            Outcome::Retrying => "retrying",
-            Outcome::DeadLettered => "dead_lettered",
-            Outcome::DeadLettering => "dead_lettering",
-            Outcome::Extended => "extended",
-        }
-    }
-
-    /// Whether a nack answered with it was a nack that counted.
-    pub fn is_nacked(self) -> bool {
-        matches!(
-            self,
-            Outcome::Retrying | Outcome::DeadLettered | Outcome::DeadLettering
-        )
-    }
 }
 
 /// What other tasks see of a partition without asking it.
@@ -465,10 +391,6 @@ fn ledger_entry(r: &DeliveryRecord) -> LedgerEntry {
         deadline_ms: r.deadline_ms,
         session: r.session.clone(),
     }
-}
-
-pub fn now_ms() -> u64 {
-    u64::try_from(Timestamp::now().as_millis()).unwrap_or(0)
 }
 
 impl PartitionTask {
@@ -1118,7 +1040,7 @@ impl PartitionTask {
                     let list = match outcome {
                         NackOutcome::Retrying { .. } => Outcome::Retrying,
                         NackOutcome::DeadLettering => {
-                            let done = super::offset_of(&delivery_id)
+                            let done = offset_of(&delivery_id)
                                 .is_some_and(|o| fx.dead_lettered.contains(&o));
                             if done {
                                 Outcome::DeadLettered
@@ -2469,19 +2391,6 @@ fn parked_of(cmd: Command) -> Option<Parked> {
             ..Parked::new(offset, due_ms, attempt)
         }),
         _ => None,
-    }
-}
-
-pub fn kind_of(e: &LogError) -> &'static str {
-    match e {
-        LogError::BelowRetention { .. } => "below_retention",
-        LogError::UnknownPartition { .. } => "unknown_partition",
-        LogError::Failed(_) => "failed",
-        LogError::Indeterminate(_) => "indeterminate",
-        LogError::Corrupt { .. } => "corrupt",
-        LogError::Invalid(_) => "invalid",
-        LogError::Unavailable(_) => "unavailable",
-        LogError::DedupFull { .. } => "dedup_full",
     }
 }
 

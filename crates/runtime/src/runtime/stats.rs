@@ -5,8 +5,10 @@
 //! (internal route, one call per owner); a partition whose owner cannot be asked is
 //! listed as unavailable with the reason, never left out or shown as zeros.
 
-use super::cluster::{peer_refused, PEER_TIMEOUT};
-use super::{Reach, Runtime, RuntimeError, SubRuntime};
+use super::cluster::PEER_TIMEOUT;
+use super::error::{peer_refused, RuntimeError};
+use super::types::Reach;
+use super::{Runtime, SubRuntime};
 use meshd_meta::Backend;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

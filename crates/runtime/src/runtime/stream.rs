@@ -18,7 +18,9 @@
 //! `max_in_flight` deliveries are unsettled, and a reader that does not read holds
 //! the stream at its next write (the transport's buffer), never a queue.
 
-use super::{Handed, PullBudget, Reach, Runtime, RuntimeError};
+use super::error::RuntimeError;
+use super::types::{Answers, Handed, Outcome, PullBudget, Reach};
+use super::Runtime;
 use meshd_dispatch::SessionBinding;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,7 +82,7 @@ impl Streams {
 
     /// An ack, nack or extend was answered: settled ids give their stream its credit
     /// back; extended ones get the new deadline `now + ack_timeout`.
-    pub(super) fn answered(&self, answers: &super::Answers, ack_timeout: Option<Duration>) {
+    pub(super) fn answered(&self, answers: &Answers, ack_timeout: Option<Duration>) {
         if self.open.load(Ordering::Relaxed) == 0 {
             return;
         }
@@ -89,8 +91,8 @@ impl Streams {
         for (outcome, id) in &answers.lists {
             match outcome {
                 // Not recorded: still leased to the stream.
-                super::Outcome::Failed => {}
-                super::Outcome::Extended => {
+                Outcome::Failed => {}
+                Outcome::Extended => {
                     let (Some(t), Some(leases)) = (ack_timeout, by_id.get(id)) else {
                         continue;
                     };
