@@ -22,16 +22,19 @@
 
 pub mod attributes;
 pub mod clock;
-pub mod cluster;
+mod deps;
 mod error;
+pub mod forwarding;
+pub mod handover;
 pub mod partition;
 pub mod push;
 pub mod stats;
 pub mod stream;
 mod types;
 
-use crate::metrics::{Metrics, SubCounters};
+use crate::metrics::SubCounters;
 use clock::now_ms;
+pub use deps::{ClusterDeps, Deps};
 pub use error::{kind_of, RuntimeError};
 use futures::StreamExt;
 use meshd_dispatch::{
@@ -39,16 +42,12 @@ use meshd_dispatch::{
 };
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{key, KeyKind};
-use meshd_meta::{Backend, Meta};
-use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterState, DeadLetterStore};
-use meshd_stores::delivery::{DeliveryRecord, DeliveryStateStore};
-use meshd_stores::log::PartitionLog;
-use meshd_stores::offsets::{Committed, OffsetKey, OffsetStore};
-use meshd_stores::sessions::SessionStore;
-use meshd_stores::subscriptions::{
-    MetaSubscriptionStore, StartPosition, Subscription, SubscriptionStore,
-};
-use meshd_stores::topics::{MetaTopicStore, TopicStore};
+use meshd_meta::Backend;
+use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterState};
+use meshd_stores::delivery::DeliveryRecord;
+use meshd_stores::offsets::{Committed, OffsetKey};
+use meshd_stores::subscriptions::{StartPosition, Subscription, SubscriptionStore};
+use meshd_stores::topics::TopicStore;
 use partition::{Msg, PartitionTask, Shared};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
@@ -64,42 +63,6 @@ const QUEUE: usize = 256;
 const OWNER_RETRY: Duration = Duration::from_secs(1);
 /// Subscriptions started at once when the runtime reconciles (boot recovery).
 const RECOVERY_PARALLELISM: usize = 4;
-
-/// What the runtime works with.
-pub struct Deps {
-    pub instance_id: String,
-    pub meta: Arc<dyn Meta>,
-    pub meta_backend: Backend,
-    pub log: Arc<dyn PartitionLog>,
-    /// The log's backend as metrics and logs name it (`rocksdb` or `nats`).
-    pub log_backend: Backend,
-    pub offsets: Arc<dyn OffsetStore>,
-    pub deliveries: Arc<dyn DeliveryStateStore>,
-    /// Where events wait for their time (`deliverat`): the Local park index, with its
-    /// journal on the shared log in cluster mode.
-    pub parks: Arc<dyn meshd_stores::park::ParkIndex>,
-    pub deadletters: Arc<dyn DeadLetterStore>,
-    pub sessions: Arc<dyn SessionStore>,
-    pub topics: Arc<MetaTopicStore>,
-    pub subscriptions: Arc<MetaSubscriptionStore>,
-    /// In-flight deliveries per subscription and partition.
-    pub max_in_flight: usize,
-    /// Retries due this far ahead or more are parked (`Config::park_retries_after_ms`).
-    pub park_retries_after_ms: u64,
-    /// The key of delivery-id MACs (cluster mode: from the cluster secret, so every
-    /// member rebuilds the ids of the partitions it takes over).
-    pub id_key: meshd_dispatch::IdKey,
-    pub metrics: Arc<Metrics>,
-    /// Cluster mode (a shared log): which partitions run here, and their Meta state.
-    pub cluster: Option<cluster::ClusterDeps>,
-    /// The TLS client of `https://` push URLs (`None`: no CA could be loaded).
-    pub push_tls: Option<tokio_rustls::TlsConnector>,
-    /// Where push may connect (`crate::egress`).
-    pub push_egress: Arc<crate::egress::Egress>,
-    /// Where the runtime's tasks run (partition tasks, push workers, the ownership and
-    /// subscription followers): a graceful stop cancels and waits for them.
-    pub background: crate::background::Background,
-}
 
 /// A partition's park index at its start (see `Runtime::parked_at_start`).
 #[derive(Default)]
@@ -146,7 +109,7 @@ pub struct Runtime {
     /// Itself, for the push workers it starts.
     me: std::sync::Weak<Runtime>,
     /// Cluster mode: pulls served for other instances, by their forward id.
-    forwarded: cluster::ForwardedPulls,
+    forwarded: forwarding::ForwardedPulls,
     /// Set at a graceful stop: long polls answer at once with what they have.
     stopping: watch::Sender<bool>,
     /// Open streams and the deliveries leased to them.
@@ -189,7 +152,7 @@ impl Runtime {
             recovered: AtomicBool::new(false),
             owner: Arc::new(RwLock::new(None)),
             me: me.clone(),
-            forwarded: cluster::ForwardedPulls::default(),
+            forwarded: forwarding::ForwardedPulls::default(),
             stopping: watch::channel(false).0,
             streams: stream::Streams::default(),
             attributes: Arc::default(),
@@ -709,7 +672,7 @@ impl Runtime {
         parked: ParkedAtStart,
         counters: Arc<SubCounters>,
         notify: watch::Sender<u64>,
-        owned: Option<(Ownership, cluster::PartitionCluster)>,
+        owned: Option<(Ownership, partition::PartitionCluster)>,
     ) -> Result<PartitionHandle, RuntimeError> {
         let reset_epoch = committed.epoch;
         let committed = committed.offset;
@@ -1022,7 +985,7 @@ impl Runtime {
         name: &str,
         ids: Vec<String>,
         make: impl Fn(Vec<String>, oneshot::Sender<Result<Answers, RuntimeError>>) -> Msg,
-        forward: Option<cluster::Forward>,
+        forward: Option<forwarding::Forward>,
     ) -> Result<Answers, RuntimeError> {
         let mut unknown = Vec::new();
         let (sub, routed) = self.route(name, ids, &mut unknown).await?;
@@ -1076,7 +1039,7 @@ impl Runtime {
         reach: Reach,
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
-        let forward = (reach == Reach::Cluster).then(cluster::Forward::ack);
+        let forward = (reach == Reach::Cluster).then(forwarding::Forward::ack);
         let answers = self
             .per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply }, forward)
             .await?;
@@ -1103,7 +1066,8 @@ impl Runtime {
         reach: Reach,
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
-        let forward = (reach == Reach::Cluster).then(|| cluster::Forward::nack(&reason, delay_ms));
+        let forward =
+            (reach == Reach::Cluster).then(|| forwarding::Forward::nack(&reason, delay_ms));
         let answers = self.nack_on(name, ids, reason, delay_ms, forward).await?;
         self.streams.answered(&answers, None);
         self.tell_holders(name, &answers);
@@ -1127,7 +1091,7 @@ impl Runtime {
         ids: Vec<String>,
         reason: String,
         delay_ms: Option<u64>,
-        forward: Option<cluster::Forward>,
+        forward: Option<forwarding::Forward>,
     ) -> Result<Answers, RuntimeError> {
         self.per_partition(
             name,
@@ -1152,7 +1116,8 @@ impl Runtime {
     ) -> Result<Answers, RuntimeError> {
         let sub = self.subscription(name).await?;
         let ack_timeout_ms = ack_timeout_ms.unwrap_or(sub.sub.spec.ack_timeout_ms);
-        let forward = (reach == Reach::Cluster).then(|| cluster::Forward::extend(ack_timeout_ms));
+        let forward =
+            (reach == Reach::Cluster).then(|| forwarding::Forward::extend(ack_timeout_ms));
         let answers = self
             .per_partition(
                 name,

@@ -16,7 +16,8 @@
 use super::clock::now_ms;
 use super::error::{kind_of, park_error, unavailable, RuntimeError};
 use super::types::{offset_of, Answers, Handed, Outcome, PullBudget};
-use super::Deps;
+use super::deps::Deps;
+use crate::cluster::ownership::Directory;
 use crate::metrics::{Counted, Metrics, PartCounters, SubCounters};
 use meshd_dispatch::{
     AckOutcome, Command, DeliveryRef, EventMeta, ExtendOutcome, Input, NackOutcome, PartitionCore,
@@ -24,7 +25,9 @@ use meshd_dispatch::{
 };
 use meshd_meta::fence::Ownership;
 use meshd_meta::Backend;
-use meshd_stores::attempts::{AttemptError, LedgerEntry, RECORD_FRESH_ENTRIES};
+use meshd_stores::attempts::{
+    AttemptError, AttemptLedger, LedgerEntry, LedgerState, RECORD_FRESH_ENTRIES,
+};
 use meshd_stores::deadletters::{DeadLetterError, NewDeadLetter};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::failure::StoreFailure;
@@ -34,7 +37,7 @@ use meshd_stores::park::{ParkError, Parked, Removed, HELD};
 use meshd_stores::sessions::SessionError;
 use meshd_stores::time::Timestamp;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -210,7 +213,7 @@ pub struct PartitionTask {
     pub stats_at: Option<Instant>,
     pub stats_dirty: bool,
     /// Cluster mode: the ownership this task runs under and its Meta state.
-    pub cluster: Option<super::cluster::PartitionCluster>,
+    pub cluster: Option<PartitionCluster>,
     /// Pulls whose attempt records were submitted and are not durable yet, in
     /// submission order (see the module doc).
     pub pending: VecDeque<PendingPulls>,
@@ -222,6 +225,51 @@ pub struct PartitionTask {
     pub attributes: Arc<super::attributes::AttributeCache>,
     /// The shell's side of parking.
     pub park: ParkState,
+}
+
+/// The cluster side of one partition task.
+pub struct PartitionCluster {
+    pub owner: Ownership,
+    pub ledger: Arc<dyn AttemptLedger>,
+    /// What the ledger in Meta holds, and which record holds it.
+    pub ledger_state: LedgerState,
+    pub checkpoint_every: Duration,
+    /// The committed offset of the last checkpoint.
+    pub checkpointed: u64,
+    /// The offsets resolved above it that the last checkpoint carried: a checkpoint
+    /// is written when either changed, so an ack above a gap is in Meta within the
+    /// checkpoint interval (a new owner skips it) even while the gap holds
+    /// `committed`.
+    pub checkpointed_resolved: Vec<u64>,
+    /// Set when a write under this epoch was fenced: the task ends.
+    pub lost: Arc<AtomicBool>,
+    /// The members as the controller last saw them: retries are parked only while
+    /// every member runs a release that knows the park journal
+    /// ([`crate::membership::PARKING_RELEASE`]).
+    pub directory: watch::Receiver<Arc<Directory>>,
+}
+
+impl PartitionCluster {
+    /// Whether every member reads the park journal (an older member taking the
+    /// partition over would not know what was parked: a parked retry would be lost).
+    pub fn parking_allowed(&self) -> bool {
+        self.directory.borrow().oldest_release >= crate::membership::PARKING_RELEASE
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    pub fn lose(&self, why: &str) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                store = "owners",
+                epoch = self.owner.epoch(),
+                reason = why,
+                "partition ownership lost; this partition stops here until it is acquired again"
+            );
+        }
+    }
 }
 
 /// Whether a write submitted without waiting is applied yet, and what waits for it.

@@ -5,8 +5,8 @@
 //! (internal route, one call per owner); a partition whose owner cannot be asked is
 //! listed as unavailable with the reason, never left out or shown as zeros.
 
-use super::cluster::PEER_TIMEOUT;
 use super::error::{peer_refused, RuntimeError};
+use super::forwarding::PEER_TIMEOUT;
 use super::types::Reach;
 use super::{Runtime, SubRuntime};
 use meshd_meta::Backend;
