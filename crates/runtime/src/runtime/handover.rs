@@ -25,7 +25,7 @@
 use super::clock::now_ms;
 use super::error::{park_error, unavailable, RuntimeError};
 use super::partition::PartitionCluster;
-use super::{PartitionHandle, Runtime, SubRuntime};
+use super::state::{PartitionHandle, Runtime, SubRuntime};
 use crate::cluster::ownership::{Drain, Owned, PartitionId};
 use meshd_meta::fence::Ownership;
 use meshd_stores::attempts::LedgerState;

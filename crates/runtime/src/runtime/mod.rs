@@ -28,6 +28,7 @@ pub mod forwarding;
 pub mod handover;
 pub mod partition;
 pub mod push;
+mod state;
 pub mod stats;
 pub mod stream;
 mod types;
@@ -49,6 +50,8 @@ use meshd_stores::offsets::{Committed, OffsetKey};
 use meshd_stores::subscriptions::{StartPosition, Subscription, SubscriptionStore};
 use meshd_stores::topics::TopicStore;
 use partition::{Msg, PartitionTask, Shared};
+use state::PartitionHandle;
+pub use state::{Runtime, SubRuntime};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -75,49 +78,6 @@ pub(super) struct ParkedAtStart {
     held_keys: Vec<u64>,
 }
 
-struct PartitionHandle {
-    tx: mpsc::Sender<Msg>,
-    shared: Arc<Shared>,
-    join: tokio::task::JoinHandle<()>,
-    /// The owner epoch it runs under (0 in standalone mode).
-    epoch: i64,
-    /// Set by the task when a write under its epoch was fenced (cluster mode).
-    lost: Arc<AtomicBool>,
-}
-
-/// One partition's task when it runs here: always in standalone mode; in cluster mode
-/// only while this instance owns the partition.
-type Slot = RwLock<Option<Arc<PartitionHandle>>>;
-
-/// The running partitions of one subscription incarnation.
-pub struct SubRuntime {
-    pub sub: Subscription,
-    parts: Vec<Slot>,
-    notify: watch::Sender<u64>,
-    rr: AtomicUsize,
-    /// The push worker of a push subscription.
-    push: Option<tokio::task::JoinHandle<()>>,
-}
-
-pub struct Runtime {
-    deps: Arc<Deps>,
-    subs: RwLock<HashMap<String, Arc<SubRuntime>>>,
-    /// Serialises starting, stopping and rebuilding subscriptions.
-    ops: tokio::sync::Mutex<()>,
-    recovered: AtomicBool,
-    owner: Arc<RwLock<Option<Ownership>>>,
-    /// Itself, for the push workers it starts.
-    me: std::sync::Weak<Runtime>,
-    /// Cluster mode: pulls served for other instances, by their forward id.
-    forwarded: forwarding::ForwardedPulls,
-    /// Set at a graceful stop: long polls answer at once with what they have.
-    stopping: watch::Sender<bool>,
-    /// Open streams and the deliveries leased to them.
-    pub streams: stream::Streams,
-    /// The attributes of events read by filtered subscriptions.
-    attributes: Arc<attributes::AttributeCache>,
-}
-
 impl Runtime {
     /// The share of subscription `name`'s partitions that run here (1 standalone;
     /// in cluster mode the owned share), `None` when it does not run here.
@@ -125,21 +85,6 @@ impl Runtime {
         let sub = self.running(name)?;
         let total = sub.parts.len().max(1);
         Some(sub.running_parts().len() as f64 / total as f64)
-    }
-}
-
-impl SubRuntime {
-    /// The task of partition `p` when it runs here.
-    fn part(&self, p: usize) -> Option<Arc<PartitionHandle>> {
-        self.parts
-            .get(p)?
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn running_parts(&self) -> Vec<Arc<PartitionHandle>> {
-        (0..self.parts.len()).filter_map(|p| self.part(p)).collect()
     }
 }
 
@@ -152,9 +97,9 @@ impl Runtime {
             recovered: AtomicBool::new(false),
             owner: Arc::new(RwLock::new(None)),
             me: me.clone(),
-            forwarded: forwarding::ForwardedPulls::default(),
+            forwarded: Default::default(),
             stopping: watch::channel(false).0,
-            streams: stream::Streams::default(),
+            streams: Default::default(),
             attributes: Arc::default(),
         })
     }

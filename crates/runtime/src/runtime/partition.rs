@@ -14,9 +14,9 @@
 //! order (its ledger write in Meta comes first).
 
 use super::clock::now_ms;
+use super::deps::Deps;
 use super::error::{kind_of, park_error, unavailable, RuntimeError};
 use super::types::{offset_of, Answers, Handed, Outcome, PullBudget};
-use super::deps::Deps;
 use crate::cluster::ownership::Directory;
 use crate::metrics::{Counted, Metrics, PartCounters, SubCounters};
 use meshd_dispatch::{

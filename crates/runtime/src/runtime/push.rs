@@ -10,8 +10,8 @@
 //! delivered in structured mode with the Standard Webhooks headers ([`sign`]).
 
 use super::error::RuntimeError;
+use super::state::Runtime;
 use super::types::{Handed, PullBudget};
-use super::Runtime;
 use crate::metrics::SubCounters;
 use meshd_events::{to_binary_mode, Event};
 use std::sync::{Arc, Weak};

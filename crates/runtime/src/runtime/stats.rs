@@ -7,8 +7,8 @@
 
 use super::error::{peer_refused, RuntimeError};
 use super::forwarding::PEER_TIMEOUT;
+use super::state::{Runtime, SubRuntime};
 use super::types::Reach;
-use super::{Runtime, SubRuntime};
 use meshd_meta::Backend;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -12,118 +12,24 @@
 //! delivery went to, which is told when the delivery is settled here
 //! ([`Runtime::tell_holders`]).
 
+pub(super) mod served;
+
 use super::clock::now_ms;
 use super::error::{peer_refused, RuntimeError};
+use super::state::{Runtime, SubRuntime};
 use super::types::{Answers, Handed, Outcome, PullBudget};
-use super::{Runtime, SubRuntime};
 use crate::cluster::ownership::Directory;
 use meshd_dispatch::SessionBinding;
 use meshd_meta::Backend;
 use meshd_stores::offsets::Committed;
+use served::Forwarded;
 use std::collections::BTreeMap;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
 /// How long a call to another instance may take (a forwarded pull asks with no wait).
 pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long a forwarded pull's hand-outs can be released by the instance that asked
-/// (well past its [`PEER_TIMEOUT`]); after that their leases run out as usual.
-const FORWARD_MEMORY: Duration = Duration::from_secs(60);
-/// Forwarded pulls remembered at most (the oldest are forgotten first).
-const FORWARD_MAX: usize = 10_000;
-
-/// Pulls this owner served for other instances, by the forward id they named, so an
-/// instance whose call failed (a timeout, a cut connection) can have their hand-outs
-/// released: due again at once, the attempt not counted (http-api.md "Bounded
-/// answers"). A release that arrives before the pull's answer is remembered, and the
-/// pull's hand-outs are released as soon as it has them.
-#[derive(Default)]
-pub struct ForwardedPulls {
-    inner: std::sync::Mutex<ForwardedInner>,
-}
-
-#[derive(Default)]
-struct ForwardedInner {
-    by_id: std::collections::HashMap<String, Forwarded>,
-    order: std::collections::VecDeque<(tokio::time::Instant, String)>,
-    /// Deliveries handed out through a forwarded pull, by delivery id: the instance
-    /// that asked (it may hold them in a stream, whose credit an ack elsewhere must
-    /// give back). Forgotten when settled, or after [`HOLDER_MEMORY`] /
-    /// [`HOLDER_MAX`] (then a stream gets its credit back at the lease deadline).
-    holders: std::collections::HashMap<String, String>,
-    holder_order: std::collections::VecDeque<(tokio::time::Instant, String)>,
-}
-
-/// How long the owner remembers which instance a forwarded delivery went to.
-const HOLDER_MEMORY: Duration = Duration::from_secs(600);
-/// Forwarded deliveries remembered at most (the oldest are forgotten first).
-const HOLDER_MAX: usize = 100_000;
-
-enum Forwarded {
-    Served { name: String, ids: Vec<String> },
-    Released,
-}
-
-/// Forgets the oldest entries of `map` (in `order`, oldest first) until every one
-/// left is younger than `memory` and at most `keep` are left.
-fn forget_oldest<V>(
-    order: &mut std::collections::VecDeque<(tokio::time::Instant, String)>,
-    map: &mut std::collections::HashMap<String, V>,
-    memory: Duration,
-    keep: usize,
-) {
-    let now = tokio::time::Instant::now();
-    while let Some((at, _)) = order.front() {
-        if now.duration_since(*at) < memory && order.len() <= keep {
-            break;
-        }
-        if let Some((_, id)) = order.pop_front() {
-            map.remove(&id);
-        }
-    }
-}
-
-impl ForwardedInner {
-    fn expire(&mut self) {
-        forget_oldest(
-            &mut self.order,
-            &mut self.by_id,
-            FORWARD_MEMORY,
-            FORWARD_MAX,
-        );
-    }
-
-    fn remember_holder(&mut self, ids: &[String], holder: &str) {
-        // Room for one more below the bound before these are added.
-        forget_oldest(
-            &mut self.holder_order,
-            &mut self.holders,
-            HOLDER_MEMORY,
-            HOLDER_MAX - 1,
-        );
-        let now = tokio::time::Instant::now();
-        for id in ids {
-            self.holders.insert(id.clone(), holder.to_string());
-            self.holder_order.push_back((now, id.clone()));
-        }
-    }
-
-    fn insert(&mut self, forward_id: &str, f: Forwarded) {
-        self.expire();
-        if self.by_id.insert(forward_id.to_string(), f).is_none() {
-            self.order
-                .push_back((tokio::time::Instant::now(), forward_id.to_string()));
-        }
-    }
-}
-
-impl ForwardedPulls {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ForwardedInner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 /// A fresh forward id (random, so no instance can guess another's).
 fn forward_id() -> String {
