@@ -13,21 +13,19 @@
 //! join the next fsync instead of waiting for this one. Cluster mode keeps the strict
 //! order (its ledger write in Meta comes first).
 
+mod shared;
+mod task;
+
 use super::clock::now_ms;
-use super::deps::Deps;
 use super::error::{kind_of, park_error, unavailable, RuntimeError};
-use super::types::{offset_of, Answers, Handed, Outcome, PullBudget};
-use crate::cluster::ownership::Directory;
-use crate::metrics::{Counted, Metrics, PartCounters, SubCounters};
+use super::types::{offset_of, Answers, Handed, Outcome};
+use crate::metrics::{Counted, Metrics, SubCounters};
 use meshd_dispatch::{
-    AckOutcome, Command, DeliveryRef, EventMeta, ExtendOutcome, Input, NackOutcome, PartitionCore,
-    PullId, Reply, SessionBinding, SessionCheck, Stats,
+    AckOutcome, Command, DeliveryRef, EventMeta, ExtendOutcome, Input, NackOutcome, PullId, Reply,
+    SessionCheck,
 };
-use meshd_meta::fence::Ownership;
 use meshd_meta::Backend;
-use meshd_stores::attempts::{
-    AttemptError, AttemptLedger, LedgerEntry, LedgerState, RECORD_FRESH_ENTRIES,
-};
+use meshd_stores::attempts::{AttemptError, LedgerEntry, RECORD_FRESH_ENTRIES};
 use meshd_stores::deadletters::{DeadLetterError, NewDeadLetter};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::failure::StoreFailure;
@@ -36,11 +34,15 @@ use meshd_stores::offsets::OffsetKey;
 use meshd_stores::park::{ParkError, Parked, Removed, HELD};
 use meshd_stores::sessions::SessionError;
 use meshd_stores::time::Timestamp;
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use shared::fail_partition;
+pub use shared::{Claim, Shared};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot, watch};
+use task::{AckRequest, Effects, PullReply, PullRequest};
+pub use task::{Msg, ParkState, PartitionCluster, PartitionTask, PendingPulls, SubmittedWrite};
+use tokio::sync::{oneshot, watch};
 
 /// How often the shared stats (metrics gauges) are recomputed.
 const STATS_EVERY: Duration = Duration::from_millis(250);
@@ -65,304 +67,6 @@ const UNPARK_RETRY_MS: u64 = 250;
 /// How long a park whose event body could not be read waits before it is tried again.
 const PARK_RETRY_MS: u64 = 1000;
 
-/// Requests to a partition task.
-pub enum Msg {
-    Pull {
-        budget: PullBudget,
-        session: Option<SessionBinding>,
-        reply: oneshot::Sender<Result<Vec<Handed>, RuntimeError>>,
-    },
-    /// Hand-outs that never reached a consumer (a forwarded answer that could not be
-    /// delivered): due again at once, the attempt not counted. Answers how many were
-    /// still in flight.
-    Release {
-        ids: Vec<String>,
-        reply: oneshot::Sender<usize>,
-    },
-    Ack {
-        ids: Vec<String>,
-        reply: oneshot::Sender<Result<Answers, RuntimeError>>,
-    },
-    Nack {
-        ids: Vec<String>,
-        reason: String,
-        /// Retry after this instead of the backoff.
-        delay_ms: Option<u64>,
-        reply: oneshot::Sender<Result<Answers, RuntimeError>>,
-    },
-    Extend {
-        ids: Vec<String>,
-        ack_timeout_ms: u64,
-        reply: oneshot::Sender<Result<Answers, RuntimeError>>,
-    },
-    Redrive {
-        entry_id: String,
-        offset: u64,
-        reply: oneshot::Sender<Result<(), RuntimeError>>,
-    },
-    /// Finish the current work and end the task (its state is in the stores). The
-    /// answer: the offsets above the committed one resolved already (for a release's
-    /// checkpoint).
-    Stop { reply: oneshot::Sender<Vec<u64>> },
-}
-
-/// What other tasks see of a partition without asking it.
-#[derive(Default)]
-pub struct Shared {
-    /// `PartitionCore::ready` after the last input, less what waiting pulls have
-    /// claimed since ([`Shared::claim`]): a pull skips a partition at 0. The task
-    /// overwrites it after every input, so a claim lasts until the next turn.
-    pub ready: AtomicUsize,
-    /// The log end the core has been told of (a pull asks the task to look again
-    /// when the log has grown beyond it).
-    pub log_end: AtomicU64,
-    /// The core's committed offset (exact: updated before every reply).
-    pub committed: AtomicU64,
-    /// Refreshed at most every [`STATS_EVERY`] (computing them walks the window).
-    pub stats: Mutex<Stats>,
-    /// Set when a store write failed: the task stopped feeding its core.
-    pub failed: Mutex<Option<String>>,
-    /// Cluster mode: when the committed offset was last checkpointed to Meta (or the
-    /// partition acquired), unix ms; 0 in standalone mode.
-    pub checkpointed_at_ms: AtomicU64,
-    /// Cluster mode: the partition's attempt-ledger records in Meta.
-    pub ledger_records: AtomicUsize,
-    /// Events of the partition in the park index (waiting for their time, or
-    /// unparked and not settled yet).
-    pub parked: AtomicU64,
-}
-
-/// Ready deliveries a pull has claimed on its way to the partition task; given back if
-/// the pull is dropped before its request reached the task.
-pub struct Claim<'a> {
-    ready: &'a AtomicUsize,
-    n: usize,
-}
-
-impl Claim<'_> {
-    /// The request reached the task: its next turn recounts `ready`.
-    pub fn sent(mut self) {
-        self.n = 0;
-    }
-}
-
-impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        if self.n > 0 {
-            self.ready.fetch_add(self.n, Ordering::AcqRel);
-        }
-    }
-}
-
-impl Shared {
-    /// Claims up to `n` of the ready deliveries for one pull; `None` when none are
-    /// ready (or all are claimed by pulls already on their way). So when one append
-    /// makes a batch ready, the first waiting pulls that cover it ask the task, not
-    /// every waiting pull (each of which the task would answer empty). A pull that
-    /// got less than it claimed leaves the rest ready at the task's next turn, which
-    /// recounts and wakes the waiting pulls again.
-    pub fn claim(&self, n: usize) -> Option<Claim<'_>> {
-        let mut claimed = 0;
-        self.ready
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                claimed = r.min(n.max(1));
-                (r > 0).then(|| r - claimed)
-            })
-            .ok()?;
-        Some(Claim {
-            ready: &self.ready,
-            n: claimed,
-        })
-    }
-
-    pub fn stats(&self) -> Stats {
-        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub fn failed(&self) -> Option<String> {
-        self.failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-}
-
-/// The effects of one request, collected while its commands run.
-#[derive(Default)]
-struct Effects {
-    handouts: Vec<(PullId, meshd_dispatch::Delivery)>,
-    replies: Vec<Reply>,
-    /// Offsets whose dead-letter entry (or failed-redrive write) became durable.
-    dead_lettered: HashSet<u64>,
-}
-
-pub struct PartitionTask {
-    pub core: PartitionCore,
-    pub deps: Arc<Deps>,
-    pub owner: Arc<RwLock<Option<Ownership>>>,
-    pub counters: Arc<SubCounters>,
-    /// This partition's share of `counters`.
-    pub part_counters: Arc<PartCounters>,
-    pub shared: Arc<Shared>,
-    /// Bumped whenever this partition has something to hand out (wakes long polls).
-    pub notify: watch::Sender<u64>,
-    pub rx: mpsc::Receiver<Msg>,
-    /// Commands recovery returned, run first.
-    pub initial: Vec<Command>,
-    pub next_pull: u64,
-    pub stats_at: Option<Instant>,
-    pub stats_dirty: bool,
-    /// Cluster mode: the ownership this task runs under and its Meta state.
-    pub cluster: Option<PartitionCluster>,
-    /// Pulls whose attempt records were submitted and are not durable yet, in
-    /// submission order (see the module doc).
-    pub pending: VecDeque<PendingPulls>,
-    /// The last buffered delivery write submitted without waiting for it (an ack's
-    /// resolve, a nack's update): answers that must not say "done" before the writes
-    /// they stand for are applied wait for it (writes are applied in order).
-    pub submitted: Option<Arc<SubmittedWrite>>,
-    /// The attributes of events read, shared by the subscriptions of a topic.
-    pub attributes: Arc<super::attributes::AttributeCache>,
-    /// The shell's side of parking.
-    pub park: ParkState,
-}
-
-/// The cluster side of one partition task.
-pub struct PartitionCluster {
-    pub owner: Ownership,
-    pub ledger: Arc<dyn AttemptLedger>,
-    /// What the ledger in Meta holds, and which record holds it.
-    pub ledger_state: LedgerState,
-    pub checkpoint_every: Duration,
-    /// The committed offset of the last checkpoint.
-    pub checkpointed: u64,
-    /// The offsets resolved above it that the last checkpoint carried: a checkpoint
-    /// is written when either changed, so an ack above a gap is in Meta within the
-    /// checkpoint interval (a new owner skips it) even while the gap holds
-    /// `committed`.
-    pub checkpointed_resolved: Vec<u64>,
-    /// Set when a write under this epoch was fenced: the task ends.
-    pub lost: Arc<AtomicBool>,
-    /// The members as the controller last saw them: retries are parked only while
-    /// every member runs a release that knows the park journal
-    /// ([`crate::membership::PARKING_RELEASE`]).
-    pub directory: watch::Receiver<Arc<Directory>>,
-}
-
-impl PartitionCluster {
-    /// Whether every member reads the park journal (an older member taking the
-    /// partition over would not know what was parked: a parked retry would be lost).
-    pub fn parking_allowed(&self) -> bool {
-        self.directory.borrow().oldest_release >= crate::membership::PARKING_RELEASE
-    }
-
-    pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-    }
-
-    pub fn lose(&self, why: &str) {
-        if !self.lost.swap(true, Ordering::AcqRel) {
-            tracing::warn!(
-                store = "owners",
-                epoch = self.owner.epoch(),
-                reason = why,
-                "partition ownership lost; this partition stops here until it is acquired again"
-            );
-        }
-    }
-}
-
-/// Whether a write submitted without waiting is applied yet, and what waits for it.
-#[derive(Default)]
-pub struct SubmittedWrite(std::sync::Mutex<SubmittedState>);
-
-#[derive(Default)]
-enum SubmittedState {
-    #[default]
-    Pending,
-    Waiting(Vec<Box<dyn FnOnce() + Send>>),
-    Done,
-}
-
-impl SubmittedWrite {
-    /// The write is applied (or failed): runs what waited for it.
-    fn done(&self) {
-        let state = std::mem::replace(
-            &mut *self.0.lock().unwrap_or_else(PoisonError::into_inner),
-            SubmittedState::Done,
-        );
-        if let SubmittedState::Waiting(then) = state {
-            for f in then {
-                f();
-            }
-        }
-    }
-
-    /// Runs `f` once the write is applied: now if it is.
-    fn then(&self, f: Box<dyn FnOnce() + Send>) {
-        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        match &mut *state {
-            SubmittedState::Done => {
-                drop(state);
-                f();
-            }
-            SubmittedState::Waiting(then) => then.push(f),
-            SubmittedState::Pending => *state = SubmittedState::Waiting(vec![f]),
-        }
-    }
-}
-
-/// The shell's side of parking (http-api.md, "Parking"): the park index holds the
-/// entries; this only knows when to look at it next.
-#[derive(Default)]
-pub struct ParkState {
-    /// When to look for due entries next (unix ms); `None`: nothing parked is known.
-    look_at: Option<u64>,
-    /// Whether the last look left due entries behind (no room, or not below the
-    /// committed offset yet): a settled unparked event brings the next look forward.
-    stalled: bool,
-    /// Bodies of the events just read that the core may park (`Command::Park` follows
-    /// the read that found them; the next read drops what was not taken).
-    bodies: HashMap<u64, Vec<u8>>,
-    /// Parks whose event body could not be read, or that the journal did not take:
-    /// tried again later.
-    retry: Vec<Parked>,
-    /// Ordered delivery: key releases the journal did not take, tried again later (a
-    /// release lost here would hold its key until the next start).
-    release_retry: BTreeSet<u64>,
-}
-
-impl ParkState {
-    /// At a partition's start: with entries in the index, look at once (some may be
-    /// due already).
-    pub fn at_start(parked: u64) -> Self {
-        Self {
-            look_at: (parked > 0).then_some(0),
-            ..Default::default()
-        }
-    }
-
-    /// Look no later than `at` (an entry held behind its key is not a time).
-    fn look_by(&mut self, at: u64) {
-        if at == HELD {
-            return;
-        }
-        self.look_at = Some(self.look_at.map_or(at, |t| t.min(at)));
-    }
-}
-
-/// The durability of one submitted attempt write.
-type AttemptWrite = oneshot::Receiver<Result<(), meshd_stores::delivery::DeliveryError>>;
-
-/// Pulls answered once their attempt records are durable.
-pub struct PendingPulls {
-    write: AttemptWrite,
-    /// (offset, attempt) of every record in the write.
-    ids: Vec<(u64, u32)>,
-    replies: Vec<PullReply>,
-    started: Instant,
-}
-
 /// Waits for the oldest pending attempt write (forever when there is none).
 async fn oldest_durable(
     pending: &mut VecDeque<PendingPulls>,
@@ -375,14 +79,6 @@ async fn oldest_durable(
 
 /// Requests served together at most (pulls or acks queued while the task was busy).
 const BATCH_MAX: usize = 64;
-
-type PullRequest = (
-    PullBudget,
-    Option<SessionBinding>,
-    oneshot::Sender<Result<Vec<Handed>, RuntimeError>>,
-);
-type AckRequest = (Vec<String>, oneshot::Sender<Result<Answers, RuntimeError>>);
-type PullReply = (PullId, oneshot::Sender<Result<Vec<Handed>, RuntimeError>>);
 
 /// The delivery id a reply is about.
 fn reply_id(r: &Reply) -> &str {
@@ -442,10 +138,6 @@ fn ledger_entry(r: &DeliveryRecord) -> LedgerEntry {
 }
 
 impl PartitionTask {
-    fn key(&self) -> &OffsetKey {
-        &self.core.partition().key
-    }
-
     pub async fn run(mut self) {
         self.serve().await;
         // However it ended (a stop, a fence, its channel closed), the writes it
@@ -2442,14 +2134,6 @@ fn parked_of(cmd: Command) -> Option<Parked> {
     }
 }
 
-/// A partition's store write failed: logged with the store named, and the partition
-/// stops dispatching until a restart.
-fn fail_partition(shared: &Shared, key: &OffsetKey, store: &'static str, error: String) {
-    tracing::error!(store, backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %error, "store write failed; this partition stops dispatching until a restart");
-    *shared.failed.lock().unwrap_or_else(PoisonError::into_inner) =
-        Some(format!("{store}: {error}"));
-}
-
 /// Records a DeliveryStateStore write's latency; a failed one fail-stops the
 /// partition.
 fn delivery_write_done(
@@ -2545,29 +2229,5 @@ mod tests {
         ];
         let merged = merge_resolves(cmds.clone());
         assert_eq!(merged, cmds);
-    }
-
-    #[test]
-    fn pulls_claim_the_ready_deliveries_between_turns_and_a_dropped_pull_gives_its_claim_back() {
-        let shared = Shared::default();
-        assert!(
-            shared.claim(10).is_none(),
-            "nothing ready, nothing to ask for"
-        );
-        shared.ready.store(150, Ordering::Release);
-        // One append made 150 ready: two pulls of 100 cover it, a third waits.
-        let a = shared.claim(100).unwrap();
-        let b = shared.claim(100).unwrap();
-        assert!(shared.claim(100).is_none());
-        a.sent();
-        // A pull dropped before its request reached the task gives its 50 back.
-        drop(b);
-        assert_eq!(shared.ready.load(Ordering::Acquire), 50);
-        let c = shared.claim(10).unwrap();
-        c.sent();
-        assert_eq!(shared.ready.load(Ordering::Acquire), 40);
-        // The task's next turn recounts: whatever was claimed, the count is exact.
-        shared.ready.store(7, Ordering::Release);
-        assert!(shared.claim(100).is_some());
     }
 }
