@@ -13,6 +13,7 @@
 //! join the next fsync instead of waiting for this one. Cluster mode keeps the strict
 //! order (its ledger write in Meta comes first).
 
+mod deadletter;
 mod ledger;
 mod parking;
 mod shared;
@@ -27,13 +28,11 @@ use meshd_dispatch::{
     SessionCheck,
 };
 use meshd_meta::Backend;
-use meshd_stores::deadletters::{DeadLetterError, NewDeadLetter};
 use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
 use meshd_stores::failure::StoreFailure;
 use meshd_stores::log::{LogError, LogEvent};
 use meshd_stores::offsets::OffsetKey;
 use meshd_stores::sessions::SessionError;
-use meshd_stores::time::Timestamp;
 use parking::parked_of;
 use shared::fail_partition;
 pub use shared::{Claim, Shared};
@@ -990,40 +989,43 @@ impl PartitionTask {
         self.attempts_written(ids, started, &result)
     }
 
-    async fn run_one(&mut self, cmd: Command, fx: &mut Effects) -> Vec<Input> {
+    /// `Command::ReadLog`: up to `max` events from `from` for the core (what it learns
+    /// of them, [`Self::metas`], and which of their keys the park index holds), or
+    /// `ReadFailed`.
+    async fn read_log(&mut self, from: u64, max: usize) -> Vec<Input> {
         let key = self.key().clone();
-        match cmd {
-            Command::ReadLog { from, max } => {
-                match self
-                    .deps
-                    .log
-                    .read(&key.topic, key.partition, from, max, READ_BYTES)
-                    .await
-                {
-                    Ok(events) => {
-                        let mut metas = self.metas(&key, events);
-                        match self.mark_parked_keys(&mut metas).await {
-                            Ok(()) => vec![Input::EventsRead(metas)],
-                            Err(e) => {
-                                self.deps.metrics.store_error(
-                                    "parks",
-                                    Backend::RocksDb,
-                                    "read_failed",
-                                );
-                                tracing::warn!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the park index for the keys of events read failed; read again");
-                                vec![Input::ReadFailed]
-                            }
-                        }
-                    }
+        match self
+            .deps
+            .log
+            .read(&key.topic, key.partition, from, max, READ_BYTES)
+            .await
+        {
+            Ok(events) => {
+                let mut metas = self.metas(&key, events);
+                match self.mark_parked_keys(&mut metas).await {
+                    Ok(()) => vec![Input::EventsRead(metas)],
                     Err(e) => {
                         self.deps
                             .metrics
-                            .store_error("log", self.deps.log_backend, kind_of(&e));
-                        tracing::warn!(store = "log", backend = %self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the log for delivery failed; retried");
+                            .store_error("parks", Backend::RocksDb, "read_failed");
+                        tracing::warn!(store = "parks", backend = "rocksdb", subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the park index for the keys of events read failed; read again");
                         vec![Input::ReadFailed]
                     }
                 }
             }
+            Err(e) => {
+                self.deps
+                    .metrics
+                    .store_error("log", self.deps.log_backend, kind_of(&e));
+                tracing::warn!(store = "log", backend = %self.deps.log_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, from, error = %e, "reading the log for delivery failed; retried");
+                vec![Input::ReadFailed]
+            }
+        }
+    }
+
+    async fn run_one(&mut self, cmd: Command, fx: &mut Effects) -> Vec<Input> {
+        match cmd {
+            Command::ReadLog { from, max } => self.read_log(from, max).await,
             Command::PersistAttempt { record, .. } => self.persist(vec![record]).await,
             Command::Park { .. } => self.park_batch(parked_of(cmd).into_iter().collect()).await,
             Command::ReleaseKey { key: hash } => {
@@ -1048,36 +1050,9 @@ impl PartitionTask {
             Command::Resolve { remove, advance } => {
                 self.resolve_records(remove, advance, Vec::new()).await
             }
-            Command::DeadLetter(req) => {
-                let offset = req.offset;
-                match self.dead_letter(req).await {
-                    Ok(created) => {
-                        if created {
-                            self.counters
-                                .count(&self.part_counters, Counted::DeadLettered);
-                        }
-                        fx.dead_lettered.insert(offset);
-                        vec![Input::DeadLettered { offset }]
-                    }
-                    Err(reason) => {
-                        tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, subscription = %key.subscription, topic = %key.topic, partition = key.partition, offset, error = %reason, "dead-letter write failed; the event is held and retried");
-                        vec![Input::DeadLetterUnavailable { offset }]
-                    }
-                }
-            }
+            Command::DeadLetter(req) => self.write_dead_letter(req, fx).await,
             Command::RedriveSucceeded { entry_id, offset } => {
-                if !self.flush_deliveries("flush_before_redrive").await {
-                    return vec![Input::RedriveUnavailable { offset }];
-                }
-                match self.deps.deadletters.redrive_succeeded(&entry_id).await {
-                    Ok(()) | Err(DeadLetterError::NotFound { .. }) => {
-                        vec![Input::RedriveSettled { offset }]
-                    }
-                    Err(e) => {
-                        self.meta_failure("redrive_succeeded", &entry_id, &e);
-                        vec![Input::RedriveUnavailable { offset }]
-                    }
-                }
+                self.settle_redrive_succeeded(entry_id, offset).await
             }
             Command::RedriveFailed {
                 entry_id,
@@ -1085,27 +1060,8 @@ impl PartitionTask {
                 reason,
                 attempts,
             } => {
-                if !self.flush_deliveries("flush_before_redrive").await {
-                    return vec![Input::RedriveUnavailable { offset }];
-                }
-                match self
-                    .deps
-                    .deadletters
-                    .redrive_failed(&entry_id, &reason, attempts)
+                self.settle_redrive_failed(entry_id, offset, reason, attempts, fx)
                     .await
-                {
-                    Ok(_) => {
-                        fx.dead_lettered.insert(offset);
-                        self.counters
-                            .count(&self.part_counters, Counted::DeadLettered);
-                        vec![Input::RedriveSettled { offset }]
-                    }
-                    Err(DeadLetterError::NotFound { .. }) => vec![Input::RedriveSettled { offset }],
-                    Err(e) => {
-                        self.meta_failure("redrive_failed", &entry_id, &e);
-                        vec![Input::RedriveUnavailable { offset }]
-                    }
-                }
             }
             Command::Reply(r) => {
                 // Cluster mode: an acked delivery stays in the attempt ledger until a
@@ -1149,75 +1105,6 @@ impl PartitionTask {
             started,
             result,
         );
-    }
-
-    fn meta_failure(&self, op: &str, entry_id: &str, e: &DeadLetterError) {
-        self.deps
-            .metrics
-            .store_error("deadletters", self.deps.meta_backend, e.kind());
-        tracing::warn!(store = "deadletters", backend = %self.deps.meta_backend, op, entry = entry_id, error = %e, "dead-letter write failed; retried");
-    }
-
-    /// Writes the dead-letter entry (body first, then the fenced entry), the body read
-    /// from the log. `Ok(created)`.
-    async fn dead_letter(&self, req: meshd_dispatch::DeadLetterRequest) -> Result<bool, String> {
-        let body = match self.read_event(req.offset).await {
-            Ok(b) => b,
-            Err(e) => {
-                SubCounters::add(&self.counters.read_failures, 1);
-                return Err(format!("reading the event body: {e}"));
-            }
-        };
-        self.dead_letter_with(req, body).await
-    }
-
-    /// Writes the dead-letter entry of `req` with `body`. `Ok(created)`.
-    async fn dead_letter_with(
-        &self,
-        req: meshd_dispatch::DeadLetterRequest,
-        body: Vec<u8>,
-    ) -> Result<bool, String> {
-        let key = self.key().clone();
-        let owner = self
-            .owner
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let Some(owner) = owner else {
-            return Err("this instance does not hold its log's ownership in Meta yet".into());
-        };
-        let first = i64::try_from(req.first_attempt_at_ms)
-            .ok()
-            .and_then(Timestamp::from_millis)
-            .unwrap_or_else(Timestamp::now);
-        let new = NewDeadLetter {
-            subscription: key.subscription.clone(),
-            subscription_incarnation: key.incarnation,
-            topic: key.topic.clone(),
-            partition: key.partition,
-            offset: req.offset,
-            attempts: req.attempts,
-            reason: req.reason,
-            first_attempt_at: first,
-            instance: self.deps.instance_id.clone(),
-        };
-        let started = Instant::now();
-        let r = self.deps.deadletters.dead_letter(new, &body, &owner).await;
-        self.deps.metrics.write_latency(
-            "deadletters",
-            self.deps.meta_backend,
-            "dead_letter",
-            started.elapsed(),
-        );
-        match r {
-            Ok(d) => Ok(d.created),
-            Err(e) => {
-                self.deps
-                    .metrics
-                    .store_error("deadletters", self.deps.meta_backend, e.kind());
-                Err(e.to_string())
-            }
-        }
     }
 
     async fn read_event(&self, offset: u64) -> Result<Vec<u8>, LogError> {
