@@ -12,7 +12,16 @@
 //! (nothing is handed out before its attempt is on disk), while the next pulls' records
 //! join the next fsync instead of waiting for this one. Cluster mode keeps the strict
 //! order (its ledger write in Meta comes first).
+//!
+//! By concern: this file is the task's loop (requests, log growth, timers, stop);
+//! `task.rs` the task and the state it keeps, `shared.rs` what other tasks see of it;
+//! `consume.rs` serves pulls, acks, nacks and extends; `commands.rs` runs the core's
+//! commands, each through the file of its store: `records.rs` (the delivery records),
+//! `ledger.rs` (cluster mode: the attempt ledger and checkpoints in Meta),
+//! `parking.rs` (the park index), `deadletter.rs` (the dead-letter store) and
+//! `read.rs` (the log).
 
+mod commands;
 mod consume;
 mod deadletter;
 mod ledger;
@@ -26,11 +35,8 @@ use super::clock::now_ms;
 use super::error::RuntimeError;
 use super::types::Outcome;
 use meshd_dispatch::{Command, Input, Reply};
-use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
-use parking::parked_of;
 use records::oldest_durable;
 pub use shared::{Claim, Shared};
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
@@ -381,164 +387,6 @@ impl PartitionTask {
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(store = "log", backend = %self.deps.log_backend, topic = %key.topic, partition = key.partition, error = %e, "reading partition bounds failed");
-            }
-        }
-    }
-
-    async fn feed(&mut self, input: Input, fx: &mut Effects) {
-        if self.shared.failed().is_some() {
-            return;
-        }
-        match self.core.handle(input, now_ms()) {
-            Ok(cmds) => self.execute(cmds, fx).await,
-            Err(e) => {
-                let key = self.key();
-                tracing::warn!(subscription = %key.subscription, topic = %key.topic, partition = key.partition, error = %e, "dispatch core refused an input");
-            }
-        }
-    }
-
-    /// Runs commands in order; results feed the core and their commands queue behind.
-    async fn execute(&mut self, cmds: Vec<Command>, fx: &mut Effects) {
-        let mut queue: VecDeque<Command> = cmds.into();
-        while let Some(cmd) = queue.pop_front() {
-            if self.shared.failed().is_some() {
-                return;
-            }
-            let inputs = match cmd {
-                Command::PersistAttempt { record, .. } => {
-                    let mut records = vec![record];
-                    while let Some(Command::PersistAttempt { .. }) = queue.front() {
-                        if let Some(Command::PersistAttempt { record, .. }) = queue.pop_front() {
-                            records.push(record);
-                        }
-                    }
-                    self.persist(records).await
-                }
-                Command::Update(record) if self.is_extend(&record) => {
-                    // Extends: their new deadlines go to the ledger (one record for
-                    // the run of them), so a new owner keeps the extended leases.
-                    let mut records = vec![record];
-                    records.extend(self.take_updates(&mut queue, true));
-                    self.record_extends(records).await
-                }
-                Command::Update(record) => {
-                    // The updates of one turn (acks above a gap come a batch at a
-                    // time): one write.
-                    let mut records = vec![record];
-                    records.extend(self.take_updates(&mut queue, false));
-                    self.update_records(records);
-                    vec![]
-                }
-                Command::Resolve {
-                    remove,
-                    advance: Some(advance),
-                } => {
-                    // An ack turn: the committed prefix moves, and the acks above the
-                    // new gap that follow are recorded in the same write.
-                    let updates = self.take_updates(&mut queue, false);
-                    self.resolve_records(remove, Some(advance), updates).await
-                }
-                Command::Park { .. } => {
-                    // The delayed (or held) events of one read: one durable write.
-                    let mut parks = parked_of(cmd).into_iter().collect::<Vec<_>>();
-                    while let Some(Command::Park { .. }) = queue.front() {
-                        parks.extend(queue.pop_front().and_then(parked_of));
-                    }
-                    self.park_batch(parks).await
-                }
-                other => self.run_one(other, fx).await,
-            };
-            queue.extend(self.results(inputs));
-        }
-    }
-
-    /// Feeds store results to the core; the commands they lead to.
-    fn results(&mut self, inputs: Vec<Input>) -> Vec<Command> {
-        let mut cmds = Vec::new();
-        for input in inputs {
-            match self.core.handle(input, now_ms()) {
-                Ok(more) => cmds.extend(more),
-                Err(e) => {
-                    let key = self.key();
-                    tracing::warn!(subscription = %key.subscription, partition = key.partition, error = %e, "dispatch core refused a store result");
-                }
-            }
-        }
-        cmds
-    }
-
-    /// Whether an update is an extend of cluster mode (its new deadline goes to the
-    /// ledger before the delivery store).
-    fn is_extend(&self, r: &DeliveryRecord) -> bool {
-        r.state == DeliveryState::InFlight && self.cluster.is_some()
-    }
-
-    /// The run of updates at the front of `queue` that are extends of cluster mode
-    /// (`extends`), or that go to the delivery store alone (not `extends`).
-    fn take_updates(&self, queue: &mut VecDeque<Command>, extends: bool) -> Vec<DeliveryRecord> {
-        let mut records = Vec::new();
-        while let Some(Command::Update(r)) = queue.front() {
-            if self.is_extend(r) != extends {
-                break;
-            }
-            if let Some(Command::Update(r)) = queue.pop_front() {
-                records.push(r);
-            }
-        }
-        records
-    }
-
-    async fn run_one(&mut self, cmd: Command, fx: &mut Effects) -> Vec<Input> {
-        match cmd {
-            Command::ReadLog { from, max } => self.read_log(from, max).await,
-            Command::PersistAttempt { record, .. } => self.persist(vec![record]).await,
-            Command::Park { .. } => self.park_batch(parked_of(cmd).into_iter().collect()).await,
-            Command::ReleaseKey { key: hash } => {
-                self.release_key(hash).await;
-                vec![]
-            }
-            Command::ParkSettled { offset } => self.park_settled(offset).await,
-            Command::Repark {
-                offset,
-                due_ms,
-                attempt,
-            } => self.repark(offset, due_ms, attempt).await,
-            Command::ParkDeadLetter(req) => self.park_dead_letter(req, fx).await,
-            Command::HandOut { pull_id, delivery } => {
-                fx.handouts.push((pull_id, delivery));
-                vec![]
-            }
-            Command::Update(record) => {
-                self.update_records(vec![record]);
-                vec![]
-            }
-            Command::Resolve { remove, advance } => {
-                self.resolve_records(remove, advance, Vec::new()).await
-            }
-            Command::DeadLetter(req) => self.write_dead_letter(req, fx).await,
-            Command::RedriveSucceeded { entry_id, offset } => {
-                self.settle_redrive_succeeded(entry_id, offset).await
-            }
-            Command::RedriveFailed {
-                entry_id,
-                offset,
-                reason,
-                attempts,
-            } => {
-                self.settle_redrive_failed(entry_id, offset, reason, attempts, fx)
-                    .await
-            }
-            Command::Reply(r) => {
-                // Cluster mode: an acked delivery stays in the attempt ledger until a
-                // checkpoint carries it (below `committed` or among the resolved
-                // offsets above it, see `write_checkpoint`). A move before that
-                // delivers it again, as at-least-once allows, with its next attempt
-                // (never the same attempt and id again); an ack of its last attempt
-                // lost that way ends in the dead-letter store, as an ack lost within
-                // the flush interval does standalone.
-                fx.replies.push(r);
-                vec![]
             }
         }
     }
