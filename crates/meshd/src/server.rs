@@ -379,7 +379,7 @@ async fn start(config: &Config, preflight: &Preflight, stores: Stores) -> anyhow
         false => None,
     };
     let cluster = match &cluster_secret {
-        Some(secret) => Some(meshd_runtime::runtime::cluster::ClusterDeps {
+        Some(secret) => Some(meshd_runtime::runtime::ClusterDeps {
             owned: owned_rx,
             directory: directory_rx,
             peers: meshd_runtime::cluster::forward::Peers::new(secret, preflight.peer_tls.clone())?,
@@ -618,7 +618,7 @@ impl Started {
                     me: stores.instance_id.clone(),
                     lease,
                     topics: stores.topics.clone(),
-                    drain: Arc::new(meshd_runtime::runtime::cluster::RuntimeDrain(
+                    drain: Arc::new(meshd_runtime::runtime::handover::RuntimeDrain(
                         Arc::downgrade(&runtime),
                     )),
                     owned: owned_tx,

@@ -264,8 +264,8 @@ async fn given_an_instance_cut_off_from_etcd_when_a_dead_letter_is_due_then_it_i
     assert_eq!(entries.len(), 1, "exactly once: {entries:?}");
     assert_eq!(entries[0]["reason"], "cannot parse");
     assert_eq!(entries[0]["offset"], 0);
-    // The gauges are recomputed every 250 ms (partition.rs STATS_EVERY), so the
-    // held count reaches 0 within that after the entry is written, not at once.
+    // The gauges are recomputed every 250 ms (STATS_EVERY in runtime/partition/mod.rs),
+    // so the held count reaches 0 within that after the entry is written, not at once.
     wait_until(DEADLINE, "no held delivery in the gauge", || async {
         let held = http::metric(&a, r#"meshd_dead_lettering_deliveries{subscription="s"}"#).await?;
         anyhow::ensure!(held == 0.0, "{held}");

@@ -4,8 +4,9 @@
 //!   task per subscription partition driving the sans-IO dispatcher
 //!   (`meshd-dispatch`), pull/ack/nack/extend with leases, the write-ahead attempt
 //!   rule, retries and dead-lettering, redrives, offsets, push workers
-//!   ([`runtime::push`]), and in cluster mode the partitions this instance owns plus
-//!   forwarding to the owners of the others ([`runtime::cluster`]).
+//!   ([`runtime::push`]), and in cluster mode the handover of the partitions this
+//!   instance owns ([`runtime::handover`]) plus forwarding to the owners of the others
+//!   ([`runtime::forwarding`]).
 //! - [`background`]: the tracked background tasks a graceful stop cancels and waits for.
 //! - [`cluster`]: partition ownership (the [`cluster::ownership::Controller`], the
 //!   assignment rule) and the calls between instances ([`cluster::forward`]).

@@ -268,7 +268,7 @@ pub async fn publish(
         .collect();
     // The clock judges `deliverat` (at most 7 days ahead).
     let limits = Limits {
-        now_ms: i64::try_from(meshd_runtime::runtime::partition::now_ms()).ok(),
+        now_ms: i64::try_from(meshd_runtime::runtime::clock::now_ms()).ok(),
         ..Limits::default()
     };
     let events: Vec<Event> = parse_publish(content_type, &ce_headers, &body, &limits)
@@ -283,11 +283,8 @@ pub async fn publish(
     // with dedup, once every duplicate's original is).
     let started = std::time::Instant::now();
     let failed = |e: LogError| {
-        api.metrics.store_error(
-            "log",
-            api.log_backend,
-            meshd_runtime::runtime::partition::kind_of(&e),
-        );
+        api.metrics
+            .store_error("log", api.log_backend, meshd_runtime::runtime::kind_of(&e));
         log_problem(e, api.log_backend)
     };
     let placed: Vec<Appended> = if topic.dedup_window_ms == 0 {

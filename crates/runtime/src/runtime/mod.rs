@@ -21,37 +21,44 @@
 //! prevents locally) cannot write entries after a newer one started.
 
 pub mod attributes;
-pub mod cluster;
+pub mod clock;
+mod deps;
+mod error;
+pub mod forwarding;
+pub mod handover;
 pub mod partition;
 pub mod push;
+mod state;
 pub mod stats;
 pub mod stream;
+mod types;
 
-use crate::metrics::{Metrics, SubCounters};
+use crate::metrics::SubCounters;
+use clock::now_ms;
+pub use deps::{ClusterDeps, Deps};
+pub use error::{kind_of, RuntimeError};
 use futures::StreamExt;
 use meshd_dispatch::{
     Config, DeliveryId, Input, Partition, PartitionCore, SessionBinding, Sources,
 };
 use meshd_meta::fence::Ownership;
 use meshd_meta::keys::{key, KeyKind};
-use meshd_meta::{Backend, Meta};
-use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterState, DeadLetterStore};
-use meshd_stores::delivery::{DeliveryRecord, DeliveryStateStore};
-use meshd_stores::log::PartitionLog;
-use meshd_stores::offsets::{Committed, OffsetKey, OffsetStore};
-use meshd_stores::sessions::SessionStore;
-use meshd_stores::subscriptions::{
-    MetaSubscriptionStore, StartPosition, Subscription, SubscriptionStore,
-};
-use meshd_stores::topics::{MetaTopicStore, TopicStore};
-use partition::{now_ms, Msg, PartitionTask, Shared};
-pub use partition::{Answers, Outcome};
+use meshd_meta::Backend;
+use meshd_stores::deadletters::{DeadLetterEntry, DeadLetterState};
+use meshd_stores::delivery::DeliveryRecord;
+use meshd_stores::offsets::{Committed, OffsetKey};
+use meshd_stores::subscriptions::{StartPosition, Subscription, SubscriptionStore};
+use meshd_stores::topics::TopicStore;
+use partition::{Msg, PartitionTask, Shared};
+use state::PartitionHandle;
+pub use state::{Runtime, SubRuntime};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
+pub use types::{offset_of, Answers, Handed, Outcome, PullBudget, Reach};
 
 /// Requests queued per partition task before senders wait.
 const QUEUE: usize = 256;
@@ -59,42 +66,6 @@ const QUEUE: usize = 256;
 const OWNER_RETRY: Duration = Duration::from_secs(1);
 /// Subscriptions started at once when the runtime reconciles (boot recovery).
 const RECOVERY_PARALLELISM: usize = 4;
-
-/// What the runtime works with.
-pub struct Deps {
-    pub instance_id: String,
-    pub meta: Arc<dyn Meta>,
-    pub meta_backend: Backend,
-    pub log: Arc<dyn PartitionLog>,
-    /// The log's backend as metrics and logs name it (`rocksdb` or `nats`).
-    pub log_backend: Backend,
-    pub offsets: Arc<dyn OffsetStore>,
-    pub deliveries: Arc<dyn DeliveryStateStore>,
-    /// Where events wait for their time (`deliverat`): the Local park index, with its
-    /// journal on the shared log in cluster mode.
-    pub parks: Arc<dyn meshd_stores::park::ParkIndex>,
-    pub deadletters: Arc<dyn DeadLetterStore>,
-    pub sessions: Arc<dyn SessionStore>,
-    pub topics: Arc<MetaTopicStore>,
-    pub subscriptions: Arc<MetaSubscriptionStore>,
-    /// In-flight deliveries per subscription and partition.
-    pub max_in_flight: usize,
-    /// Retries due this far ahead or more are parked (`Config::park_retries_after_ms`).
-    pub park_retries_after_ms: u64,
-    /// The key of delivery-id MACs (cluster mode: from the cluster secret, so every
-    /// member rebuilds the ids of the partitions it takes over).
-    pub id_key: meshd_dispatch::IdKey,
-    pub metrics: Arc<Metrics>,
-    /// Cluster mode (a shared log): which partitions run here, and their Meta state.
-    pub cluster: Option<cluster::ClusterDeps>,
-    /// The TLS client of `https://` push URLs (`None`: no CA could be loaded).
-    pub push_tls: Option<tokio_rustls::TlsConnector>,
-    /// Where push may connect (`crate::egress`).
-    pub push_egress: Arc<crate::egress::Egress>,
-    /// Where the runtime's tasks run (partition tasks, push workers, the ownership and
-    /// subscription followers): a graceful stop cancels and waits for them.
-    pub background: crate::background::Background,
-}
 
 /// A partition's park index at its start (see `Runtime::parked_at_start`).
 #[derive(Default)]
@@ -107,130 +78,6 @@ pub(super) struct ParkedAtStart {
     held_keys: Vec<u64>,
 }
 
-/// What one pull may take: events, bytes of stored events (the contract's
-/// `max_bytes`), and whether the first ready delivery goes out whatever its size (so
-/// an event larger than the budget is never stuck; off for the later parts of a pull
-/// that already has deliveries).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PullBudget {
-    pub max_events: usize,
-    pub max_bytes: usize,
-    pub at_least_one: bool,
-}
-
-impl PullBudget {
-    pub fn new(max_events: usize, max_bytes: usize) -> Self {
-        Self {
-            max_events,
-            max_bytes,
-            at_least_one: true,
-        }
-    }
-
-    /// What is left once `got` is taken; `None` when nothing more fits.
-    pub fn after(&self, got: &[Handed]) -> Option<PullBudget> {
-        let bytes: usize = got.iter().map(|h| h.body.len()).sum();
-        let left = PullBudget {
-            max_events: self.max_events.saturating_sub(got.len()),
-            max_bytes: self.max_bytes.saturating_sub(bytes),
-            at_least_one: self.at_least_one && got.is_empty(),
-        };
-        (left.max_events > 0 && (left.max_bytes > 0 || left.at_least_one)).then_some(left)
-    }
-}
-
-/// One handed-out delivery with its event body (raw JSON, exactly as published).
-#[derive(Debug)]
-pub struct Handed {
-    pub delivery_id: String,
-    pub partition: u32,
-    pub offset: u64,
-    pub attempt: u32,
-    pub body: Vec<u8>,
-}
-
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum RuntimeError {
-    #[error("subscription {0:?} does not exist")]
-    NotFound(String),
-    #[error("subscription {name:?} has no partition {partition}")]
-    NoPartition { name: String, partition: u32 },
-    /// A Local store fail-stopped (a write failed); the request was refused before
-    /// anything of it was written, and the partition stopped until a restart.
-    #[error("store failed (fail-stopped): {0}")]
-    StoreFailed(String),
-    /// A store write of this request failed after it was sent: it may or may not have
-    /// been applied (a Local store has fail-stopped; a Meta write is re-read).
-    #[error("{store} write outcome unknown: {detail}")]
-    Indeterminate {
-        store: &'static str,
-        backend: Backend,
-        detail: String,
-    },
-    /// A store could not be reached (Meta, the log, another instance); nothing was
-    /// changed.
-    #[error("{store} unavailable: {detail}")]
-    Unavailable {
-        store: &'static str,
-        backend: Backend,
-        detail: String,
-    },
-    /// The dispatch core refused the request (for example a redrive backlog is full).
-    #[error("{0}")]
-    Core(String),
-    /// The request conflicts with the resource's state.
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Invalid(String),
-    /// The partition task is restarting (a settings change); retry.
-    #[error("subscription {0:?} is restarting; retry")]
-    Restarting(String),
-}
-
-struct PartitionHandle {
-    tx: mpsc::Sender<Msg>,
-    shared: Arc<Shared>,
-    join: tokio::task::JoinHandle<()>,
-    /// The owner epoch it runs under (0 in standalone mode).
-    epoch: i64,
-    /// Set by the task when a write under its epoch was fenced (cluster mode).
-    lost: Arc<AtomicBool>,
-}
-
-/// One partition's task when it runs here: always in standalone mode; in cluster mode
-/// only while this instance owns the partition.
-type Slot = RwLock<Option<Arc<PartitionHandle>>>;
-
-/// The running partitions of one subscription incarnation.
-pub struct SubRuntime {
-    pub sub: Subscription,
-    parts: Vec<Slot>,
-    notify: watch::Sender<u64>,
-    rr: AtomicUsize,
-    /// The push worker of a push subscription.
-    push: Option<tokio::task::JoinHandle<()>>,
-}
-
-pub struct Runtime {
-    deps: Arc<Deps>,
-    subs: RwLock<HashMap<String, Arc<SubRuntime>>>,
-    /// Serialises starting, stopping and rebuilding subscriptions.
-    ops: tokio::sync::Mutex<()>,
-    recovered: AtomicBool,
-    owner: Arc<RwLock<Option<Ownership>>>,
-    /// Itself, for the push workers it starts.
-    me: std::sync::Weak<Runtime>,
-    /// Cluster mode: pulls served for other instances, by their forward id.
-    forwarded: cluster::ForwardedPulls,
-    /// Set at a graceful stop: long polls answer at once with what they have.
-    stopping: watch::Sender<bool>,
-    /// Open streams and the deliveries leased to them.
-    pub streams: stream::Streams,
-    /// The attributes of events read by filtered subscriptions.
-    attributes: Arc<attributes::AttributeCache>,
-}
-
 impl Runtime {
     /// The share of subscription `name`'s partitions that run here (1 standalone;
     /// in cluster mode the owned share), `None` when it does not run here.
@@ -239,34 +86,6 @@ impl Runtime {
         let total = sub.parts.len().max(1);
         Some(sub.running_parts().len() as f64 / total as f64)
     }
-}
-
-impl SubRuntime {
-    /// The task of partition `p` when it runs here.
-    fn part(&self, p: usize) -> Option<Arc<PartitionHandle>> {
-        self.parts
-            .get(p)?
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn running_parts(&self) -> Vec<Arc<PartitionHandle>> {
-        (0..self.parts.len()).filter_map(|p| self.part(p)).collect()
-    }
-}
-
-/// Which partitions a request reaches: all of them (in cluster mode the ones owned
-/// elsewhere through their owners), or only this instance's (the internal routes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reach {
-    Cluster,
-    Local,
-}
-
-/// The offset a delivery id names.
-pub fn offset_of(delivery_id: &str) -> Option<u64> {
-    DeliveryId::parse(delivery_id).map(|d| d.offset)
 }
 
 impl Runtime {
@@ -278,9 +97,9 @@ impl Runtime {
             recovered: AtomicBool::new(false),
             owner: Arc::new(RwLock::new(None)),
             me: me.clone(),
-            forwarded: cluster::ForwardedPulls::default(),
+            forwarded: Default::default(),
             stopping: watch::channel(false).0,
-            streams: stream::Streams::default(),
+            streams: Default::default(),
             attributes: Arc::default(),
         })
     }
@@ -798,7 +617,7 @@ impl Runtime {
         parked: ParkedAtStart,
         counters: Arc<SubCounters>,
         notify: watch::Sender<u64>,
-        owned: Option<(Ownership, cluster::PartitionCluster)>,
+        owned: Option<(Ownership, partition::PartitionCluster)>,
     ) -> Result<PartitionHandle, RuntimeError> {
         let reset_epoch = committed.epoch;
         let committed = committed.offset;
@@ -1111,7 +930,7 @@ impl Runtime {
         name: &str,
         ids: Vec<String>,
         make: impl Fn(Vec<String>, oneshot::Sender<Result<Answers, RuntimeError>>) -> Msg,
-        forward: Option<cluster::Forward>,
+        forward: Option<forwarding::Forward>,
     ) -> Result<Answers, RuntimeError> {
         let mut unknown = Vec::new();
         let (sub, routed) = self.route(name, ids, &mut unknown).await?;
@@ -1165,7 +984,7 @@ impl Runtime {
         reach: Reach,
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
-        let forward = (reach == Reach::Cluster).then(cluster::Forward::ack);
+        let forward = (reach == Reach::Cluster).then(forwarding::Forward::ack);
         let answers = self
             .per_partition(name, ids, |ids, reply| Msg::Ack { ids, reply }, forward)
             .await?;
@@ -1192,7 +1011,8 @@ impl Runtime {
         reach: Reach,
     ) -> Result<Answers, RuntimeError> {
         self.subscription(name).await?;
-        let forward = (reach == Reach::Cluster).then(|| cluster::Forward::nack(&reason, delay_ms));
+        let forward =
+            (reach == Reach::Cluster).then(|| forwarding::Forward::nack(&reason, delay_ms));
         let answers = self.nack_on(name, ids, reason, delay_ms, forward).await?;
         self.streams.answered(&answers, None);
         self.tell_holders(name, &answers);
@@ -1216,7 +1036,7 @@ impl Runtime {
         ids: Vec<String>,
         reason: String,
         delay_ms: Option<u64>,
-        forward: Option<cluster::Forward>,
+        forward: Option<forwarding::Forward>,
     ) -> Result<Answers, RuntimeError> {
         self.per_partition(
             name,
@@ -1241,7 +1061,8 @@ impl Runtime {
     ) -> Result<Answers, RuntimeError> {
         let sub = self.subscription(name).await?;
         let ack_timeout_ms = ack_timeout_ms.unwrap_or(sub.sub.spec.ack_timeout_ms);
-        let forward = (reach == Reach::Cluster).then(|| cluster::Forward::extend(ack_timeout_ms));
+        let forward =
+            (reach == Reach::Cluster).then(|| forwarding::Forward::extend(ack_timeout_ms));
         let answers = self
             .per_partition(
                 name,
@@ -1611,17 +1432,5 @@ impl Runtime {
         let _ = writeln!(out, "# HELP meshd_filter_attribute_reads_total Events whose attributes a filtered subscription needed, by whether the shared attribute cache held them (hit) or the stored event was parsed (parsed; once per event for all subscriptions of a topic while cached).\n# TYPE meshd_filter_attribute_reads_total counter\nmeshd_filter_attribute_reads_total{{result=\"hit\"}} {}\nmeshd_filter_attribute_reads_total{{result=\"parsed\"}} {}", a.hits, a.parses);
         let _ = writeln!(out, "# HELP meshd_filter_attribute_cache_bytes Memory held by the shared attribute cache of filtered subscriptions (attribute strings plus a fixed cost per event).\n# TYPE meshd_filter_attribute_cache_bytes gauge\nmeshd_filter_attribute_cache_bytes {}", a.bytes);
         let _ = writeln!(out, "# HELP meshd_filter_attribute_cache_events Events held by the shared attribute cache of filtered subscriptions.\n# TYPE meshd_filter_attribute_cache_events gauge\nmeshd_filter_attribute_cache_events {}", a.entries);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn delivery_ids_name_their_offset() {
-        assert_eq!(offset_of("42-3-17-2-00000000000000ff"), Some(17));
-        assert_eq!(offset_of("42-3-17-r1-00000000000000ff"), Some(17));
-        assert_eq!(offset_of("garbage"), None);
     }
 }

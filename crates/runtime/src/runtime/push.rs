@@ -9,7 +9,9 @@
 //! rate by the share of partitions it owns). A subscription with `push.secrets` is
 //! delivered in structured mode with the Standard Webhooks headers ([`sign`]).
 
-use super::{Handed, Runtime, RuntimeError};
+use super::error::RuntimeError;
+use super::state::Runtime;
+use super::types::{Handed, PullBudget};
 use crate::metrics::SubCounters;
 use meshd_events::{to_binary_mode, Event};
 use std::sync::{Arc, Weak};
@@ -144,7 +146,7 @@ pub async fn worker(
             Some(r) => free.min(((r * RATE_BATCH.as_secs_f64()) as usize).max(1)),
             None => free,
         };
-        let budget = super::PullBudget::new(n, usize::MAX);
+        let budget = PullBudget::new(n, usize::MAX);
         let handed = rt.pull_running(&name, budget, PULL_WAIT, None).await;
         drop(rt);
         let handed = match handed {

@@ -5,8 +5,10 @@
 //! (internal route, one call per owner); a partition whose owner cannot be asked is
 //! listed as unavailable with the reason, never left out or shown as zeros.
 
-use super::cluster::{peer_refused, PEER_TIMEOUT};
-use super::{Reach, Runtime, RuntimeError, SubRuntime};
+use super::error::{peer_refused, RuntimeError};
+use super::forwarding::PEER_TIMEOUT;
+use super::state::{Runtime, SubRuntime};
+use super::types::Reach;
 use meshd_meta::Backend;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

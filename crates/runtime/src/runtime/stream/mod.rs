@@ -18,125 +18,21 @@
 //! `max_in_flight` deliveries are unsettled, and a reader that does not read holds
 //! the stream at its next write (the transport's buffer), never a queue.
 
-use super::{Handed, PullBudget, Reach, Runtime, RuntimeError};
+pub(super) mod leases;
+
+use super::error::RuntimeError;
+use super::state::Runtime;
+use super::types::{Handed, PullBudget, Reach};
+use leases::Leases;
+pub use leases::{Credit, Streams};
 use meshd_dispatch::SessionBinding;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// At most this many deliveries per pull of a stream (the pull's own ceiling).
 const PULL_MAX_EVENTS: usize = 1000;
-
-/// The deliveries leased to one stream and not settled, with their lease deadlines.
-#[derive(Default)]
-struct Leases {
-    held: Mutex<HashMap<String, Instant>>,
-    /// Woken when a held delivery is settled or credit is granted.
-    settled: Notify,
-    /// Hand-outs the client still takes (the WebSocket's `credit` frames); `None`
-    /// for a stream without credits (SSE): only `max_in_flight` bounds it.
-    granted: Mutex<Option<usize>>,
-}
-
-/// Grants a stream credit from another task (the WebSocket's reader).
-#[derive(Clone)]
-pub struct Credit(Arc<Leases>);
-
-impl Credit {
-    /// The client takes `n` more deliveries.
-    pub fn grant(&self, n: usize) {
-        let mut g = self
-            .0
-            .granted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let c = g.get_or_insert(0);
-        *c = c.saturating_add(n);
-        drop(g);
-        self.0.settled.notify_one();
-    }
-}
-
-impl Leases {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Every open stream's leases, by delivery id, so an ack answer finds its stream.
-#[derive(Default)]
-pub struct Streams {
-    by_id: Mutex<HashMap<String, Weak<Leases>>>,
-    open: AtomicU64,
-}
-
-impl Streams {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Leases>>> {
-        self.by_id.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// An ack, nack or extend was answered: settled ids give their stream its credit
-    /// back; extended ones get the new deadline `now + ack_timeout`.
-    pub(super) fn answered(&self, answers: &super::Answers, ack_timeout: Option<Duration>) {
-        if self.open.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let now = Instant::now();
-        let mut by_id = self.lock();
-        for (outcome, id) in &answers.lists {
-            match outcome {
-                // Not recorded: still leased to the stream.
-                super::Outcome::Failed => {}
-                super::Outcome::Extended => {
-                    let (Some(t), Some(leases)) = (ack_timeout, by_id.get(id)) else {
-                        continue;
-                    };
-                    if let Some(l) = leases.upgrade() {
-                        if let Some(at) = l.lock().get_mut(id) {
-                            *at = now + t;
-                        }
-                    }
-                }
-                _ => settle(&mut by_id, id),
-            }
-        }
-    }
-
-    /// Deliveries an owner says were settled on another instance: their streams
-    /// get the credit back. Ids no open stream holds are ignored.
-    pub fn settled_elsewhere(&self, ids: &[String]) {
-        if self.open.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let mut by_id = self.lock();
-        for id in ids {
-            settle(&mut by_id, id);
-        }
-    }
-
-    /// Streams open now.
-    pub fn open(&self) -> u64 {
-        self.open.load(Ordering::Relaxed)
-    }
-
-    /// Deliveries leased to open streams and not settled.
-    pub fn leased(&self) -> usize {
-        self.lock().len()
-    }
-}
-
-/// Delivery `id` no longer counts against the stream holding it (if one does).
-fn settle(by_id: &mut HashMap<String, Weak<Leases>>, id: &str) {
-    let Some(leases) = by_id.remove(id).and_then(|w| w.upgrade()) else {
-        return;
-    };
-    if leases.lock().remove(id).is_some() {
-        leases.settled.notify_one();
-    }
-}
 
 /// What a stream yields.
 #[derive(Debug)]

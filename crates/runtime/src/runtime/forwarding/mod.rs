@@ -1,152 +1,35 @@
-//! Cluster mode in the runtime (a shared JetStream log; see `crate::cluster` for
-//! membership and ownership): a partition runs here only while this instance owns it,
-//! under that ownership's epoch.
+//! Cluster mode: any instance serves every partition. A pull takes this instance's
+//! partitions, then asks the other owners over their internal routes
+//! (`crate::cluster::forward::Peers`, no wait); when that finds nothing and the pull
+//! may wait, it waits on every source at once (its own partitions and one forwarded
+//! long poll at each other owner), and the long polls still open are released by
+//! their forward ids. Acks, nacks and extends of partitions owned elsewhere, offset
+//! resets and redrives go to the owner's internal route as well.
 //!
-//! * **Acquiring** a partition: Meta is authoritative. The committed offset is the
-//!   checkpoint (or the start written when the subscription was created); the
-//!   deliveries in flight come from the attempt ledger; local records of an earlier
-//!   ownership are dropped and the offset adopted in one batch. Every delivery the
-//!   ledger lists stays in flight until its recorded lease deadline, and its id (a
-//!   MAC over the partition, offset, attempt, reset and session epochs, keyed by the
-//!   cluster secret) is rebuilt, so the consumer's ack, nack or extend of it is
-//!   honoured here; when the deadline passes it goes out again with its next attempt
-//!   (or to the dead-letter store when it had its last).
-//! * **While owning**: every pull batch (and every extend) is one small fenced
-//!   record in the ledger before the hand-out; the committed offset is checkpointed,
-//!   fenced, every `--checkpoint-ms`, and records that hold nothing current are
-//!   pruned; dead letters are fenced by the partition's owner key.
-//! * **Releasing** (the controller's drain): the task stops, then a last checkpoint.
-//!   **Losing** it (the lease's local deadline, or a `Fenced` write): the task stops at
-//!   once, without writing anything more under the old epoch.
+//! On the owner: the pulls served for other instances are remembered by their forward
+//! id ([`ForwardedPulls`]), so the instance that asked can have their hand-outs
+//! released when it did not get the answer, and so is the instance each forwarded
+//! delivery went to, which is told when the delivery is settled here
+//! ([`Runtime::tell_holders`]).
 
-use super::Handed;
-use super::{PartitionHandle, Runtime, RuntimeError, SubRuntime};
-use crate::cluster::forward;
-use crate::cluster::ownership::{Directory, Drain, Owned, PartitionId};
+pub(super) mod served;
+
+use super::clock::now_ms;
+use super::error::{peer_refused, RuntimeError};
+use super::state::{Runtime, SubRuntime};
+use super::types::{Answers, Handed, Outcome, PullBudget};
+use crate::cluster::ownership::Directory;
 use meshd_dispatch::SessionBinding;
-use meshd_meta::fence::Ownership;
 use meshd_meta::Backend;
-use meshd_stores::attempts::{AttemptLedger, LedgerState};
-use meshd_stores::delivery::{DeliveryRecord, DeliveryState};
-use meshd_stores::offsets::{Committed, OffsetKey};
-use meshd_stores::subscriptions::StartPosition;
+use meshd_stores::offsets::Committed;
+use served::Forwarded;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// What the runtime needs in cluster mode.
-pub struct ClusterDeps {
-    /// The partitions this instance owns now (from the ownership controller).
-    pub owned: watch::Receiver<Owned>,
-    /// Who owns the other partitions, and where they listen.
-    pub directory: watch::Receiver<Arc<Directory>>,
-    /// Calls the internal routes of the other instances (secret, TLS).
-    pub peers: forward::Peers,
-    pub ledger: Arc<dyn AttemptLedger>,
-    pub checkpoint_every: Duration,
-}
-
 /// How long a call to another instance may take (a forwarded pull asks with no wait).
 pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long a forwarded pull's hand-outs can be released by the instance that asked
-/// (well past its [`PEER_TIMEOUT`]); after that their leases run out as usual.
-const FORWARD_MEMORY: Duration = Duration::from_secs(60);
-/// Forwarded pulls remembered at most (the oldest are forgotten first).
-const FORWARD_MAX: usize = 10_000;
-
-/// Pulls this owner served for other instances, by the forward id they named, so an
-/// instance whose call failed (a timeout, a cut connection) can have their hand-outs
-/// released: due again at once, the attempt not counted (http-api.md "Bounded
-/// answers"). A release that arrives before the pull's answer is remembered, and the
-/// pull's hand-outs are released as soon as it has them.
-#[derive(Default)]
-pub struct ForwardedPulls {
-    inner: std::sync::Mutex<ForwardedInner>,
-}
-
-#[derive(Default)]
-struct ForwardedInner {
-    by_id: std::collections::HashMap<String, Forwarded>,
-    order: std::collections::VecDeque<(tokio::time::Instant, String)>,
-    /// Deliveries handed out through a forwarded pull, by delivery id: the instance
-    /// that asked (it may hold them in a stream, whose credit an ack elsewhere must
-    /// give back). Forgotten when settled, or after [`HOLDER_MEMORY`] /
-    /// [`HOLDER_MAX`] (then a stream gets its credit back at the lease deadline).
-    holders: std::collections::HashMap<String, String>,
-    holder_order: std::collections::VecDeque<(tokio::time::Instant, String)>,
-}
-
-/// How long the owner remembers which instance a forwarded delivery went to.
-const HOLDER_MEMORY: Duration = Duration::from_secs(600);
-/// Forwarded deliveries remembered at most (the oldest are forgotten first).
-const HOLDER_MAX: usize = 100_000;
-
-enum Forwarded {
-    Served { name: String, ids: Vec<String> },
-    Released,
-}
-
-/// Forgets the oldest entries of `map` (in `order`, oldest first) until every one
-/// left is younger than `memory` and at most `keep` are left.
-fn forget_oldest<V>(
-    order: &mut std::collections::VecDeque<(tokio::time::Instant, String)>,
-    map: &mut std::collections::HashMap<String, V>,
-    memory: Duration,
-    keep: usize,
-) {
-    let now = tokio::time::Instant::now();
-    while let Some((at, _)) = order.front() {
-        if now.duration_since(*at) < memory && order.len() <= keep {
-            break;
-        }
-        if let Some((_, id)) = order.pop_front() {
-            map.remove(&id);
-        }
-    }
-}
-
-impl ForwardedInner {
-    fn expire(&mut self) {
-        forget_oldest(
-            &mut self.order,
-            &mut self.by_id,
-            FORWARD_MEMORY,
-            FORWARD_MAX,
-        );
-    }
-
-    fn remember_holder(&mut self, ids: &[String], holder: &str) {
-        // Room for one more below the bound before these are added.
-        forget_oldest(
-            &mut self.holder_order,
-            &mut self.holders,
-            HOLDER_MEMORY,
-            HOLDER_MAX - 1,
-        );
-        let now = tokio::time::Instant::now();
-        for id in ids {
-            self.holders.insert(id.clone(), holder.to_string());
-            self.holder_order.push_back((now, id.clone()));
-        }
-    }
-
-    fn insert(&mut self, forward_id: &str, f: Forwarded) {
-        self.expire();
-        if self.by_id.insert(forward_id.to_string(), f).is_none() {
-            self.order
-                .push_back((tokio::time::Instant::now(), forward_id.to_string()));
-        }
-    }
-}
-
-impl ForwardedPulls {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ForwardedInner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 /// A fresh forward id (random, so no instance can guess another's).
 fn forward_id() -> String {
@@ -214,108 +97,6 @@ fn peer_error(peer: &str, status: u16, body: &[u8]) -> RuntimeError {
     }
 }
 
-/// What another instance's refusal says: its status and the start of its answer.
-pub(super) fn peer_refused(peer: &str, status: u16, body: &[u8]) -> String {
-    format!(
-        "instance {peer} answered {status}: {}",
-        String::from_utf8_lossy(body)
-            .chars()
-            .take(300)
-            .collect::<String>()
-    )
-}
-
-/// The cluster side of one partition task.
-pub struct PartitionCluster {
-    pub owner: Ownership,
-    pub ledger: Arc<dyn AttemptLedger>,
-    /// What the ledger in Meta holds, and which record holds it.
-    pub ledger_state: LedgerState,
-    pub checkpoint_every: Duration,
-    /// The committed offset of the last checkpoint.
-    pub checkpointed: u64,
-    /// The offsets resolved above it that the last checkpoint carried: a checkpoint
-    /// is written when either changed, so an ack above a gap is in Meta within the
-    /// checkpoint interval (a new owner skips it) even while the gap holds
-    /// `committed`.
-    pub checkpointed_resolved: Vec<u64>,
-    /// Set when a write under this epoch was fenced: the task ends.
-    pub lost: Arc<AtomicBool>,
-    /// The members as the controller last saw them: retries are parked only while
-    /// every member runs a release that knows the park journal
-    /// ([`crate::membership::PARKING_RELEASE`]).
-    pub directory: watch::Receiver<Arc<Directory>>,
-}
-
-impl PartitionCluster {
-    /// Whether every member reads the park journal (an older member taking the
-    /// partition over would not know what was parked: a parked retry would be lost).
-    pub fn parking_allowed(&self) -> bool {
-        self.directory.borrow().oldest_release >= crate::membership::PARKING_RELEASE
-    }
-
-    pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-    }
-
-    pub fn lose(&self, why: &str) {
-        if !self.lost.swap(true, Ordering::AcqRel) {
-            tracing::warn!(
-                store = "owners",
-                epoch = self.owner.epoch(),
-                reason = why,
-                "partition ownership lost; this partition stops here until it is acquired again"
-            );
-        }
-    }
-}
-
-/// The start of a partition for a subscription that has no checkpoint yet.
-async fn start_of(
-    rt: &Runtime,
-    start: StartPosition,
-    key: &OffsetKey,
-) -> Result<u64, RuntimeError> {
-    let b = rt
-        .deps
-        .log
-        .bounds(&key.topic, key.partition)
-        .await
-        .map_err(|e| RuntimeError::Unavailable {
-            store: "log",
-            backend: rt.deps.log_backend,
-            detail: e.to_string(),
-        })?;
-    Ok(match start {
-        StartPosition::Latest => b.end,
-        StartPosition::Earliest => b.start,
-    })
-}
-
-pub(super) fn unavailable(
-    store: &'static str,
-    backend: Backend,
-) -> impl Fn(String) -> RuntimeError {
-    move |detail| RuntimeError::Unavailable {
-        store,
-        backend,
-        detail,
-    }
-}
-
-/// A park index call that failed, as the request that made it answers: the Local
-/// store fail-stopped; or the journal (on the log's `backend`) did not take the write
-/// or fenced it (the partition moved): unavailable, to be retried.
-pub(super) fn park_error(e: meshd_stores::park::ParkError, backend: Backend) -> RuntimeError {
-    use meshd_stores::park::ParkError;
-    match e {
-        ParkError::Local(e) => RuntimeError::StoreFailed(format!("parks: {e}")),
-        ParkError::Unavailable(detail) | ParkError::Fenced(detail) => {
-            unavailable("parks", backend)(detail)
-        }
-    }
-}
-
 impl Runtime {
     /// The owner's side of a forwarded pull: remembers what it handed out under
     /// `forward_id` (or releases it at once when the asking instance already gave up).
@@ -359,7 +140,7 @@ impl Runtime {
     /// there gets its credit back now instead of at the lease deadline (the client
     /// may ack on any instance). Fire and forget: a notice that fails is counted and
     /// the credit comes back at the deadline as before.
-    pub(super) fn tell_holders(&self, name: &str, answers: &super::Answers) {
+    pub(super) fn tell_holders(&self, name: &str, answers: &Answers) {
         let Some(cluster) = &self.deps.cluster else {
             return;
         };
@@ -370,7 +151,7 @@ impl Runtime {
                 return;
             }
             for (outcome, id) in &answers.lists {
-                if matches!(outcome, super::Outcome::Failed | super::Outcome::Extended) {
+                if matches!(outcome, Outcome::Failed | Outcome::Extended) {
                     continue;
                 }
                 if let Some(h) = f.holders.remove(id) {
@@ -454,7 +235,7 @@ impl Runtime {
     pub(super) async fn pull_cluster(
         &self,
         name: &str,
-        budget: super::PullBudget,
+        budget: PullBudget,
         wait: Duration,
         session: Option<SessionBinding>,
     ) -> Result<Vec<Handed>, RuntimeError> {
@@ -528,7 +309,7 @@ impl Runtime {
         &self,
         name: &str,
         topic: &str,
-        budget: super::PullBudget,
+        budget: PullBudget,
         deadline: tokio::time::Instant,
         session: Option<&SessionBinding>,
         woken: &mut watch::Receiver<u64>,
@@ -618,7 +399,7 @@ impl Runtime {
         &self,
         addr: &str,
         name: &str,
-        budget: super::PullBudget,
+        budget: PullBudget,
         session: Option<&SessionBinding>,
         wait: Duration,
         id: String,
@@ -734,7 +515,7 @@ impl Runtime {
         topic: &str,
         by_partition: BTreeMap<u32, Vec<String>>,
         f: &Forward,
-    ) -> Result<super::Answers, RuntimeError> {
+    ) -> Result<Answers, RuntimeError> {
         let Some(cluster) = &self.deps.cluster else {
             return Err(RuntimeError::Invalid("not in cluster mode".into()));
         };
@@ -756,7 +537,7 @@ impl Runtime {
                 }
             }
         }
-        let mut answers = super::Answers::default();
+        let mut answers = Answers::default();
         let path = format!(
             "/internal/v1/subscriptions/{}/{}",
             meshd_client::segment(name),
@@ -789,12 +570,12 @@ impl Runtime {
                 409 => {
                     answers
                         .lists
-                        .extend(ids.into_iter().map(|id| (super::Outcome::Fenced, id)));
+                        .extend(ids.into_iter().map(|id| (Outcome::Fenced, id)));
                     continue;
                 }
                 _ => return Err(peer_error(&addr, status, &answer)),
             };
-            for list in super::Outcome::ALL {
+            for list in Outcome::ALL {
                 for id in v[list.as_str()].as_array().into_iter().flatten() {
                     if let Some(id) = id.as_str() {
                         answers.lists.push((list, id.to_string()));
@@ -805,68 +586,7 @@ impl Runtime {
         Ok(answers)
     }
 
-    /// Cluster mode: an offset reset runs on the partition's owner: its task stops, the
-    /// reset is made locally (new epoch; in-flight deliveries dropped), the attempt
-    /// ledger is emptied and the checkpoint written (both fenced), and the partition
-    /// starts again from Meta. Elsewhere the request goes to the owner.
-    pub(super) async fn reset_in_cluster(
-        &self,
-        sub: &SubRuntime,
-        partition: u32,
-        offset: u64,
-        local: bool,
-    ) -> Result<Committed, RuntimeError> {
-        let Some(cluster) = &self.deps.cluster else {
-            return Err(RuntimeError::Invalid("not in cluster mode".into()));
-        };
-        let id: PartitionId = (sub.sub.spec.topic.clone(), partition);
-        let owner = cluster.owned.borrow().get(&id).cloned();
-        let Some(owner) = owner else {
-            if local {
-                return Err(RuntimeError::Unavailable {
-                    store: "owners",
-                    backend: self.deps.meta_backend,
-                    detail: format!("partition {partition} moved to another instance; retry"),
-                });
-            }
-            return self.forward_reset(sub, partition, offset).await;
-        };
-        let _ops = self.ops.lock().await;
-        let key = Self::key(&sub.sub, partition);
-        let running = sub.parts[partition as usize]
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(h) = running {
-            Self::stop_handle(&h).await;
-        }
-        let result = async {
-            let committed = self.reset_locked(&sub.sub, &key, offset).await?;
-            let meta_err = |store: &'static str| {
-                move |e: String| RuntimeError::Indeterminate {
-                    store,
-                    backend: self.deps.meta_backend,
-                    detail: e,
-                }
-            };
-            cluster
-                .ledger
-                .clear(&key, &owner)
-                .await
-                .map_err(|e| meta_err("attempts")(e.to_string()))?;
-            self.deps
-                .offsets
-                .checkpoint(self.deps.meta.as_ref(), &owner, &key)
-                .await
-                .map_err(|e| meta_err("checkpoints")(e.to_string()))?;
-            Ok(committed)
-        }
-        .await;
-        self.apply_ownership(sub).await;
-        result
-    }
-
-    async fn forward_reset(
+    pub(super) async fn forward_reset(
         &self,
         sub: &SubRuntime,
         partition: u32,
@@ -906,7 +626,7 @@ impl Runtime {
                 (Some(offset), Some(epoch)) => Ok(Committed {
                     offset,
                     epoch,
-                    at_ms: super::partition::now_ms(),
+                    at_ms: now_ms(),
                 }),
                 _ => Err(peer_error(&holder, status, &answer)),
             },
@@ -958,279 +678,5 @@ impl Runtime {
                 backend: Backend::Http,
                 detail,
             })
-    }
-
-    /// Cluster mode: writes every partition's start to Meta where there is no
-    /// checkpoint yet (the instance that creates the subscription does it before its
-    /// PUT answers, so an owner acquiring a partition later skips nothing).
-    pub(super) async fn init_checkpoints(
-        &self,
-        sub: &meshd_stores::subscriptions::Subscription,
-        partitions: u32,
-    ) -> Result<(), RuntimeError> {
-        for p in 0..partitions {
-            let key = Self::key(sub, p);
-            let start = start_of(self, sub.spec.start, &key).await?;
-            self.deps
-                .offsets
-                .init_checkpoint(self.deps.meta.as_ref(), &key, start)
-                .await
-                .map_err(|e| unavailable("checkpoints", self.deps.meta_backend)(e.to_string()))?;
-        }
-        Ok(())
-    }
-
-    /// The state of a partition just acquired, from Meta, adopted locally; spawns its
-    /// task.
-    async fn start_owned(
-        &self,
-        sub: &SubRuntime,
-        partition: u32,
-        owner: Ownership,
-    ) -> Result<Arc<PartitionHandle>, RuntimeError> {
-        let Some(cluster) = &self.deps.cluster else {
-            return Err(RuntimeError::Invalid("not in cluster mode".into()));
-        };
-        let key = Self::key(&sub.sub, partition);
-        let meta = self.deps.meta.as_ref();
-        let (committed, resolved) = match self
-            .deps
-            .offsets
-            .load_checkpoint_with(meta, &key)
-            .await
-            .map_err(|e| {
-            unavailable("checkpoints", self.deps.meta_backend)(e.to_string())
-        })? {
-            Some(c) => c,
-            None => {
-                let start = start_of(self, sub.sub.spec.start, &key).await?;
-                let c = self
-                    .deps
-                    .offsets
-                    .init_checkpoint(meta, &key, start)
-                    .await
-                    .map_err(|e| {
-                        unavailable("checkpoints", self.deps.meta_backend)(e.to_string())
-                    })?;
-                (c, Vec::new())
-            }
-        };
-        let loaded = cluster
-            .ledger
-            .load(&key)
-            .await
-            .map_err(|e| unavailable("attempts", self.deps.meta_backend)(e.to_string()))?;
-        let now = super::partition::now_ms();
-        let (mut ledger_state, migrate) = LedgerState::acquired(loaded, committed.offset, now);
-        if let Some(mut w) = migrate {
-            // A version-1 map: rewritten in this release's form before anything
-            // is handed out (a release that reads only version 1 then refuses it).
-            w.with_owner_epoch = cluster.directory.borrow().ledger_epoch_allowed();
-            cluster
-                .ledger
-                .write(&key, &owner, &w)
-                .await
-                .map_err(|e| unavailable("attempts", self.deps.meta_backend)(e.to_string()))?;
-            tracing::info!(store = "attempts", backend = %self.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition, "attempt ledger of version 1 rewritten as version 2");
-            ledger_state.applied(w);
-        }
-        // Resolved above the checkpoint (a release handed them over): never delivered
-        // again, whatever the ledger still says of them.
-        ledger_state.forget(resolved.iter().copied());
-        self.deps
-            .deliveries
-            .adopt_partition(
-                &key,
-                Committed {
-                    at_ms: now,
-                    ..committed
-                },
-            )
-            .await
-            .map_err(|e| RuntimeError::StoreFailed(e.to_string()))?;
-        let records: Vec<DeliveryRecord> = ledger_state
-            .entries()
-            .map(|e| DeliveryRecord {
-                key: key.clone(),
-                offset: e.offset,
-                attempt: e.attempt,
-                // Rebuilt by the core from the fields its MAC covers, so the
-                // consumer's ack of this attempt is honoured here.
-                delivery_id: String::new(),
-                // The lease the previous owner gave: redelivered when it ends, as
-                // after a crash.
-                deadline_ms: e.deadline_ms,
-                last_reason: None,
-                first_delivered_at_ms: now,
-                state: DeliveryState::InFlight,
-                owner_epoch: owner.epoch(),
-                session: e.session.clone(),
-            })
-            .chain(resolved.iter().map(|offset| DeliveryRecord {
-                key: key.clone(),
-                offset: *offset,
-                attempt: 1,
-                delivery_id: String::new(),
-                deadline_ms: u64::MAX,
-                last_reason: None,
-                first_delivered_at_ms: now,
-                state: DeliveryState::AckedAwaitingCommit,
-                owner_epoch: owner.epoch(),
-                session: None,
-            }))
-            .collect();
-        // The park index of the partition as its journal on the shared log has it
-        // (whatever an earlier ownership of this instance left locally is replaced).
-        self.deps
-            .parks
-            .adopt(&key, owner.epoch())
-            .await
-            .map_err(|e| park_error(e, self.deps.log_backend))?;
-        let parked = self
-            .parked_at_start(&key, committed.offset, &records)
-            .await?;
-        // Resolved above the checkpoint because it was parked there: its park entry
-        // delivers it (an acked record at a parked offset would read as the ack of
-        // an event unparked in the window). An unparked event's ack reaches the
-        // checkpoint only once its entry is settled.
-        let records: Vec<DeliveryRecord> = records
-            .into_iter()
-            .filter(|r| {
-                !(r.state == DeliveryState::AckedAwaitingCommit
-                    && parked.offsets.contains_key(&r.offset))
-            })
-            .collect();
-        tracing::info!(store = "owners", subscription = %sub.sub.name(), topic = %key.topic, partition, epoch = owner.epoch(), committed = committed.offset, in_flight = records.len(), parked = parked.count, "partition acquired: state taken from Meta");
-        let lost = Arc::new(AtomicBool::new(false));
-        let part = PartitionCluster {
-            owner: owner.clone(),
-            ledger: cluster.ledger.clone(),
-            ledger_state,
-            checkpoint_every: cluster.checkpoint_every,
-            checkpointed: committed.offset,
-            checkpointed_resolved: resolved.clone(),
-            lost: lost.clone(),
-            directory: cluster.directory.clone(),
-        };
-        let counters = self.deps.metrics.subscription(sub.sub.name());
-        let handle = self.spawn_partition(
-            &sub.sub,
-            key,
-            committed,
-            records,
-            parked,
-            counters,
-            sub.notify.clone(),
-            Some((owner, part)),
-        )?;
-        Ok(Arc::new(handle))
-    }
-
-    /// Starts what this instance owns and does not run, stops what it runs and no
-    /// longer owns (or runs under an older epoch, or lost). Callers hold `ops`.
-    pub(super) async fn apply_ownership(&self, sub: &SubRuntime) {
-        let Some(cluster) = &self.deps.cluster else {
-            return;
-        };
-        let owned: Owned = cluster.owned.borrow().clone();
-        for p in 0..sub.parts.len() {
-            let id: PartitionId = (sub.sub.spec.topic.clone(), p as u32);
-            let want = owned.get(&id).cloned();
-            let have = sub.part(p);
-            let current = |h: &PartitionHandle, o: &Ownership| {
-                h.epoch == o.epoch() && !h.lost.load(Ordering::Acquire) && !h.join.is_finished()
-            };
-            match (want, have) {
-                (Some(o), Some(h)) if current(&h, &o) => {}
-                (Some(o), have) => {
-                    if let Some(h) = have {
-                        Self::stop_handle(&h).await;
-                        *sub.parts[p].write().unwrap_or_else(PoisonError::into_inner) = None;
-                    }
-                    match self.start_owned(sub, p as u32, o).await {
-                        Ok(h) => {
-                            *sub.parts[p].write().unwrap_or_else(PoisonError::into_inner) = Some(h)
-                        }
-                        Err(e) => {
-                            tracing::warn!(store = "owners", subscription = %sub.sub.name(), partition = p, error = %e, "starting an owned partition failed; retried")
-                        }
-                    }
-                }
-                (None, Some(h)) => {
-                    Self::stop_handle(&h).await;
-                    *sub.parts[p].write().unwrap_or_else(PoisonError::into_inner) = None;
-                }
-                (None, None) => {}
-            }
-        }
-    }
-
-    /// Follows the ownership controller (and looks again every second for tasks
-    /// that lost their epoch).
-    pub(super) async fn follow_ownership(self: Arc<Self>) {
-        let Some(cluster) = &self.deps.cluster else {
-            return;
-        };
-        let mut owned = cluster.owned.clone();
-        let mut every = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                r = owned.changed() => if r.is_err() { return },
-                _ = every.tick() => {}
-            }
-            let _ops = self.ops.lock().await;
-            for sub in self.all() {
-                self.apply_ownership(&sub).await;
-            }
-        }
-    }
-}
-
-/// The runtime's part of a release: stop the partition's tasks, then checkpoint them
-/// as the (still current) owner.
-pub struct RuntimeDrain(pub Weak<Runtime>);
-
-#[async_trait::async_trait]
-impl Drain for RuntimeDrain {
-    async fn drain(&self, partition: &PartitionId, owner: &Ownership) {
-        let Some(rt) = self.0.upgrade() else {
-            return;
-        };
-        let _ops = rt.ops.lock().await;
-        for sub in rt.all() {
-            if sub.sub.spec.topic != partition.0 || partition.1 as usize >= sub.parts.len() {
-                continue;
-            }
-            let p = partition.1 as usize;
-            let taken = sub.parts[p]
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            let key = Runtime::key(&sub.sub, partition.1);
-            let resolved = match taken {
-                Some(h) => Runtime::stop_handle(&h).await,
-                None => None,
-            };
-            let Some(resolved) = resolved else {
-                // No task to ask (it ended on its own, e.g. after an ambiguous Meta
-                // write): what it resolved above `committed` since the last checkpoint
-                // is unknown, and a checkpoint without it would drop the resolved
-                // offsets the last one carried (the next owner would deliver them
-                // again, from attempt 1). The last checkpoint stands; the ledger
-                // still holds every acked delivery it does not carry.
-                tracing::info!(store = "checkpoints", backend = %rt.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition = key.partition, "no running partition task at release: the last checkpoint stands");
-                continue;
-            };
-            // The acked offsets above the committed one go with the checkpoint: the
-            // next owner does not deliver them again (a release causes no duplicates).
-            if let Err(e) = rt
-                .deps
-                .offsets
-                .checkpoint_with(rt.deps.meta.as_ref(), owner, &key, &resolved)
-                .await
-            {
-                tracing::warn!(store = "checkpoints", backend = %rt.deps.meta_backend, subscription = %sub.sub.name(), topic = %key.topic, partition = key.partition, error = %e, "the checkpoint at release failed; the next owner resumes from the previous one");
-            }
-        }
     }
 }
