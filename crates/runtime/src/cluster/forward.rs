@@ -103,14 +103,16 @@ impl Peers {
     }
 
     /// POSTs `body` (JSON) to `path` on the peer at `addr` with the secret; returns
-    /// the status and the body. One connection per call.
+    /// the status and the body, or the client's error (which says whether the request
+    /// may have reached the peer: [`meshd_client::Error::outcome_unknown`]). One
+    /// connection per call.
     pub async fn post(
         &self,
         addr: &str,
         path: &str,
         body: &[u8],
         timeout: Duration,
-    ) -> Result<(u16, Vec<u8>), String> {
+    ) -> Result<(u16, Vec<u8>), meshd_client::Error> {
         self.post_limited(addr, path, body, timeout, MAX_ANSWER_BYTES)
             .await
     }
@@ -123,17 +125,13 @@ impl Peers {
         body: &[u8],
         timeout: Duration,
         max_answer: usize,
-    ) -> Result<(u16, Vec<u8>), String> {
-        let target = meshd_client::Target::peer(addr, self.https).map_err(|e| e.to_string())?;
+    ) -> Result<(u16, Vec<u8>), meshd_client::Error> {
+        let target = meshd_client::Target::peer(addr, self.https)?;
         let req = meshd_client::Request::post(path)
             .body("application/json", body.to_vec())
             .timeout(timeout)
             .max_answer(max_answer);
-        let answer = self
-            .transport
-            .send(&target, req)
-            .await
-            .map_err(|e| e.to_string())?;
+        let answer = self.transport.send(&target, req).await?;
         Ok((answer.status, answer.body.to_vec()))
     }
 }

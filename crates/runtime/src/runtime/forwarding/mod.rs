@@ -186,7 +186,7 @@ impl Runtime {
                 if !ok {
                     let detail = match result {
                         Ok((status, body)) => peer_refused(&addr, status, &body),
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                     };
                     tracing::warn!(store = "deliveries", subscription = %name, instance = %holder, %addr, error = %detail, "could not tell an instance that deliveries its streams hold were settled; their credit comes back at the lease deadline");
                 }
@@ -453,7 +453,7 @@ impl Runtime {
             Err(detail) => Err(RuntimeError::Unavailable {
                 store: "owners",
                 backend: Backend::Http,
-                detail,
+                detail: detail.to_string(),
             }),
         };
         let wire = match parsed {
@@ -558,7 +558,7 @@ impl Runtime {
                 .map_err(|detail| RuntimeError::Unavailable {
                     store: "owners",
                     backend: Backend::Http,
-                    detail,
+                    detail: detail.to_string(),
                 })?;
             let v: serde_json::Value = match status {
                 200 => serde_json::from_slice(&answer).map_err(|e| RuntimeError::Unavailable {
@@ -618,7 +618,7 @@ impl Runtime {
             .map_err(|detail| RuntimeError::Unavailable {
                 store: "owners",
                 backend: Backend::Http,
-                detail,
+                detail: detail.to_string(),
             })?;
         let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
         match status {
@@ -676,7 +676,7 @@ impl Runtime {
             .map_err(|detail| RuntimeError::Unavailable {
                 store: "owners",
                 backend: Backend::Http,
-                detail,
+                detail: detail.to_string(),
             })
     }
 }
