@@ -545,7 +545,7 @@ impl Started {
             ),
         ));
         let quotas = Arc::new(crate::quota::Quotas::new(
-            config.limits,
+            config.limits(),
             stores.topics.clone(),
             stores.subscriptions.clone(),
             stores.sessions.clone(),
@@ -557,10 +557,7 @@ impl Started {
             &background,
             stores.meta.clone(),
             config.meta_compaction_retention,
-            std::env::var("MESHD_META_COMPACTION_CHECK_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map(Duration::from_millis),
+            config.meta_compaction_check_ms.map(Duration::from_millis),
             compaction.clone(),
             metrics.clone(),
         );
@@ -578,7 +575,7 @@ impl Started {
             instance_id,
             tasks: stores.tasks.clone(),
             admission: admission.clone(),
-            limits: config.limits,
+            limits: config.limits(),
             quotas,
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             log_retention_ms: config.retention().max_age_ms,
