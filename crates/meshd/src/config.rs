@@ -9,19 +9,22 @@
 //! What involves more than one setting is checked in [`Config::validate`].
 
 use backends::{log_backend, meta_backend};
+use error::invalid;
 use meshd_local::WalRecovery;
 use meshd_runtime::egress::Cidr;
 use read::{
-    at_least_one, cidrs, host_port, hosts, instance_name, origins, read_file, socket_addr,
-    wal_recovery,
+    at_least_one, between, cidrs, flag, host_port, hosts, instance_name, origins, read_file,
+    socket_addr, wal_recovery, Accepts, HOURS,
 };
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 mod backends;
+mod error;
 mod read;
 
 pub use backends::{LogBackend, MetaBackend, Secured};
+pub use error::ConfigError;
 
 /// Declares the settings, one entry each:
 ///
@@ -301,61 +304,6 @@ impl Merge for bool {
     }
 }
 
-/// The numbers a setting accepts: `lo..=hi` (`unit` follows them in the error), and
-/// 0 as well when 0 turns the setting off.
-#[derive(Clone, Copy, Debug)]
-struct Accepts {
-    lo: u64,
-    hi: u64,
-    unit: &'static str,
-    zero_is_off: bool,
-}
-
-const fn between(lo: u64, hi: u64) -> Accepts {
-    Accepts {
-        lo,
-        hi,
-        unit: "",
-        zero_is_off: false,
-    }
-}
-
-/// Retention hours: at most 100 years.
-const HOURS: Accepts = Accepts {
-    unit: " hours",
-    ..between(1, 876_000)
-};
-
-impl Accepts {
-    const fn or_off(self) -> Self {
-        Accepts {
-            zero_is_off: true,
-            ..self
-        }
-    }
-
-    fn contains(&self, v: u64) -> bool {
-        (self.zero_is_off && v == 0) || (self.lo..=self.hi).contains(&v)
-    }
-
-    fn check(&self, flag: &str, v: u64) -> Result<(), ConfigError> {
-        if self.contains(v) {
-            return Ok(());
-        }
-        let (lo, hi, unit) = (self.lo, self.hi, self.unit);
-        Err(invalid(
-            flag,
-            v,
-            format!("must be between {lo} and {hi}{unit}"),
-        ))
-    }
-}
-
-/// `--lease-ttl-ms` for `lease_ttl_ms`.
-fn flag(name: &str) -> String {
-    format!("--{}", name.replace('_', "-"))
-}
-
 /// Answer bounds and quotas on client-created records (http-api.md "Bounded answers",
 /// "Quotas and browser safety").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -367,26 +315,6 @@ pub struct Limits {
     pub max_sessions: u64,
     pub max_topics: u64,
     pub max_subscriptions: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {reason}")]
-    File { path: PathBuf, reason: String },
-    #[error("invalid value {value:?} for {name}: {reason}")]
-    Invalid {
-        name: std::borrow::Cow<'static, str>,
-        value: String,
-        reason: String,
-    },
-}
-
-fn invalid(flag: &str, value: impl ToString, reason: impl ToString) -> ConfigError {
-    ConfigError::Invalid {
-        name: flag.to_string().into(),
-        value: value.to_string(),
-        reason: reason.to_string(),
-    }
 }
 
 impl Config {
@@ -481,6 +409,46 @@ impl Config {
             max_topics: self.max_topics,
             max_subscriptions: self.max_subscriptions,
         }
+    }
+
+    /// TLS and credentials of the etcd connection (`--meta etcd://...` only).
+    pub fn etcd(&self) -> Secured {
+        Secured {
+            ca_file: self.etcd_ca_file.clone(),
+            cert_file: self.etcd_cert_file.clone(),
+            key_file: self.etcd_key_file.clone(),
+            user: self.etcd_user.clone(),
+            password_file: self.etcd_password_file.clone(),
+        }
+    }
+
+    /// TLS and credentials of the NATS connection (`--log nats://...` only).
+    pub fn nats(&self) -> Secured {
+        Secured {
+            ca_file: self.nats_ca_file.clone(),
+            cert_file: self.nats_cert_file.clone(),
+            key_file: self.nats_key_file.clone(),
+            user: self.nats_user.clone(),
+            password_file: self.nats_password_file.clone(),
+        }
+    }
+
+    /// Log retention from `--log-retention-hours` and `--log-retention-bytes`.
+    pub fn retention(&self) -> meshd_stores::log::Retention {
+        meshd_stores::log::Retention {
+            max_age_ms: Some(self.log_retention_hours.saturating_mul(3_600_000)),
+            max_bytes: self.log_retention_bytes,
+        }
+    }
+
+    /// The etcd connection meshd opens (`None`: the embedded Meta).
+    pub fn etcd_connection(&self) -> anyhow::Result<Option<meshd_meta_etcd::EtcdConfig>> {
+        self.meta.etcd_connection(&self.etcd())
+    }
+
+    /// The JetStream connection meshd opens (`None`: the embedded log).
+    pub fn nats_connection(&self) -> anyhow::Result<Option<meshd_log_nats::NatsConfig>> {
+        self.log.nats_connection(&self.nats(), self.retention())
     }
 }
 

@@ -1,7 +1,7 @@
 //! The backends `--meta` and `--log` name, and the TLS and credentials their
 //! connections are opened with (`--etcd-*`, `--nats-*`).
 
-use super::{invalid, Config, ConfigError};
+use super::error::{invalid, ConfigError};
 use std::path::PathBuf;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,44 +91,16 @@ impl Secured {
     }
 }
 
-impl Config {
-    /// TLS and credentials of the etcd connection (`--meta etcd://...` only).
-    pub fn etcd(&self) -> Secured {
-        Secured {
-            ca_file: self.etcd_ca_file.clone(),
-            cert_file: self.etcd_cert_file.clone(),
-            key_file: self.etcd_key_file.clone(),
-            user: self.etcd_user.clone(),
-            password_file: self.etcd_password_file.clone(),
-        }
-    }
-
-    /// TLS and credentials of the NATS connection (`--log nats://...` only).
-    pub fn nats(&self) -> Secured {
-        Secured {
-            ca_file: self.nats_ca_file.clone(),
-            cert_file: self.nats_cert_file.clone(),
-            key_file: self.nats_key_file.clone(),
-            user: self.nats_user.clone(),
-            password_file: self.nats_password_file.clone(),
-        }
-    }
-
-    /// Log retention from `--log-retention-hours` and `--log-retention-bytes`.
-    pub fn retention(&self) -> meshd_stores::log::Retention {
-        meshd_stores::log::Retention {
-            max_age_ms: Some(self.log_retention_hours.saturating_mul(3_600_000)),
-            max_bytes: self.log_retention_bytes,
-        }
-    }
-
+impl MetaBackend {
     /// The etcd connection meshd opens: `--meta`'s endpoints with the `--etcd-*` TLS
     /// and credentials (the password file is read now). `None`: the embedded Meta.
-    pub fn etcd_connection(&self) -> anyhow::Result<Option<meshd_meta_etcd::EtcdConfig>> {
-        let MetaBackend::Etcd(etcd) = &self.meta else {
+    pub fn etcd_connection(
+        &self,
+        secured: &Secured,
+    ) -> anyhow::Result<Option<meshd_meta_etcd::EtcdConfig>> {
+        let MetaBackend::Etcd(etcd) = self else {
             return Ok(None);
         };
-        let secured = self.etcd();
         let mut cfg = etcd.as_ref().clone();
         cfg.tls = secured
             .ca_file
@@ -143,17 +115,22 @@ impl Config {
             .map(|(user, password)| meshd_meta_etcd::EtcdCredentials { user, password });
         Ok(Some(cfg))
     }
+}
 
+impl LogBackend {
     /// The JetStream connection meshd opens: `--log`'s servers with the retention
     /// flags and the `--nats-*` TLS and credentials (the password file is read now).
     /// `None`: the embedded log.
-    pub fn nats_connection(&self) -> anyhow::Result<Option<meshd_log_nats::NatsConfig>> {
-        let LogBackend::Nats(nats) = &self.log else {
+    pub fn nats_connection(
+        &self,
+        secured: &Secured,
+        retention: meshd_stores::log::Retention,
+    ) -> anyhow::Result<Option<meshd_log_nats::NatsConfig>> {
+        let LogBackend::Nats(nats) = self else {
             return Ok(None);
         };
-        let secured = self.nats();
         let mut cfg = nats.as_ref().clone();
-        cfg.retention = self.retention();
+        cfg.retention = retention;
         cfg.tls = secured
             .ca_file
             .clone()

@@ -1,7 +1,7 @@
-//! How settings are read (`by` in `settings!`): each gets the flag, which its
-//! errors name.
+//! How settings are read (`by` in `settings!`) and the ranges they accept (`in`);
+//! each error names the flag.
 
-use super::{invalid, ConfigError, ServeArgs};
+use super::error::{invalid, ConfigError};
 use meshd_local::WalRecovery;
 use meshd_runtime::egress::Cidr;
 use std::net::SocketAddr;
@@ -109,8 +109,8 @@ pub(super) fn cidrs(flag: &str, values: Option<Vec<String>>) -> Result<Vec<Cidr>
         .collect()
 }
 
-/// The `--config` file.
-pub(super) fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
+/// The `--config` file, with the same settings as the flags.
+pub(super) fn read_file<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -119,4 +119,59 @@ pub(super) fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })
+}
+
+/// The numbers a setting accepts: `lo..=hi` (`unit` follows them in the error), and
+/// 0 as well when 0 turns the setting off.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Accepts {
+    pub(super) lo: u64,
+    pub(super) hi: u64,
+    unit: &'static str,
+    pub(super) zero_is_off: bool,
+}
+
+pub(super) const fn between(lo: u64, hi: u64) -> Accepts {
+    Accepts {
+        lo,
+        hi,
+        unit: "",
+        zero_is_off: false,
+    }
+}
+
+/// Retention hours: at most 100 years.
+pub(super) const HOURS: Accepts = Accepts {
+    unit: " hours",
+    ..between(1, 876_000)
+};
+
+impl Accepts {
+    pub(super) const fn or_off(self) -> Self {
+        Accepts {
+            zero_is_off: true,
+            ..self
+        }
+    }
+
+    pub(super) fn contains(&self, v: u64) -> bool {
+        (self.zero_is_off && v == 0) || (self.lo..=self.hi).contains(&v)
+    }
+
+    pub(super) fn check(&self, flag: &str, v: u64) -> Result<(), ConfigError> {
+        if self.contains(v) {
+            return Ok(());
+        }
+        let (lo, hi, unit) = (self.lo, self.hi, self.unit);
+        Err(invalid(
+            flag,
+            v,
+            format!("must be between {lo} and {hi}{unit}"),
+        ))
+    }
+}
+
+/// `--lease-ttl-ms` for `lease_ttl_ms`.
+pub(super) fn flag(name: &str) -> String {
+    format!("--{}", name.replace('_', "-"))
 }
