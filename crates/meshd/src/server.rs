@@ -65,14 +65,34 @@ enum Listen {
     Bound(tokio::net::TcpListener),
 }
 
-/// The phases of an instance's life, in order: [`Preflight::load`],
-/// [`Stores::open`], [`start`] (recovery and the background work), [`Started::serve`]
-/// and [`Started::stop`].
+/// The phases of an instance's life, in order, after [`Config::resolve`] has read and
+/// validated the config: [`Preflight::load`], [`Stores::open`], [`start`] (recovery
+/// and the background work), [`Started::serve`] and [`Stop::run`].
 async fn boot(
     config: Config,
     listen: Listen,
     shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 ) -> anyhow::Result<()> {
+    warn_of_test_controls();
+    let preflight = Preflight::load(&config).await?;
+    let stores = Stores::open(&config).await?;
+    let started = start(&config, &preflight, stores).await?;
+    let listener = match listen {
+        Listen::Bound(l) => l,
+        Listen::Bind(at) => tokio::net::TcpListener::bind(at)
+            .await
+            .with_context(|| format!("cannot listen on {at}"))?,
+    };
+    let stop = started
+        .serve(&config, preflight, listener, shutdown)
+        .await?;
+    stop.run().await;
+    Ok(())
+}
+
+/// A debug build run as a test's positive control says so loudly: it breaks a
+/// guarantee on purpose.
+fn warn_of_test_controls() {
     if meshd_meta::fence::unfenced_for_tests() {
         tracing::error!(
             store = "owners",
@@ -88,20 +108,6 @@ async fn boot(
             "SYNCS ARE OFF: this debug build runs as the power-cut tests' positive control; a power cut loses what was answered as durable"
         );
     }
-    let preflight = Preflight::load(&config).await?;
-    let stores = Stores::open(&config).await?;
-    let started = start(&config, &preflight, stores).await?;
-    let listener = match listen {
-        Listen::Bound(l) => l,
-        Listen::Bind(at) => tokio::net::TcpListener::bind(at)
-            .await
-            .with_context(|| format!("cannot listen on {at}"))?,
-    };
-    let stop = started
-        .serve(&config, preflight, listener, shutdown)
-        .await?;
-    stop.run().await;
-    Ok(())
 }
 
 /// Phase 1, before anything is opened: the files whose mistakes must not cost a
@@ -487,173 +493,48 @@ impl Started {
             push_egress,
             ..
         } = preflight;
-        let meta_backend = stores.meta.backend();
-        let instance_id = stores.instance_id.clone();
         let addr = listener.local_addr()?;
         push_egress.add_own("meshd's listen address", [addr]);
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        // The one start-up line: address, instance, effective backend of every store.
-        {
-            let mut out = std::io::stdout().lock();
-            writeln!(
-                out,
-                "meshd listening on {scheme}://{addr} instance={instance_id} meta={meta_backend} log={} local=rocksdb:{}",
-                if stores.log_backend == Backend::Nats { "nats" } else { "embedded" },
-                config.data_dir.display()
-            )?;
-            out.flush()?;
-        }
-        tracing::info!(%addr, scheme, instance = %instance_id, meta = %meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
-
-        // What the other instances dial: --advertise, else the listen address (config
-        // refuses an unspecified listen address without --advertise in cluster mode).
-        let advertised = config.advertise.clone().unwrap_or_else(|| addr.to_string());
-        let membership = meshd_runtime::membership::Membership::new(
-            stores.meta.clone(),
-            instance_id.clone(),
-            advertised,
-            Duration::from_millis(config.lease_ttl_ms),
-        );
+        announce(config, &stores, addr, tls.is_some())?;
+        let membership = membership(config, &stores, addr);
         let lease = membership.lease();
-        let admission = Arc::new(crate::admission::Admission::new(
-            crate::admission::AdmissionConfig {
-                max_requests: config.max_requests as usize,
-                body_budget: config.max_body_memory as usize,
-                body_timeout: Duration::from_millis(config.body_timeout_ms),
-                max_long_polls: config.max_long_polls as usize,
-                max_wait: Duration::from_millis(config.idle_timeout_ms.saturating_sub(500)),
-                max_streams_per_token: (config.max_streams_per_token > 0)
-                    .then_some(config.max_streams_per_token as usize),
-            },
-        ));
-        let http = Arc::new(crate::listen::HttpCounters::default());
-        // The DNS-rebinding Host check guards the one mode a browser page can reach
-        // without credentials: loopback, no client or admin tokens, no
-        // --insecure-listen.
-        let host_check = addr.ip().is_loopback()
-            && config.client_token_file.is_none()
-            && config.admin_token_file.is_none()
-            && !config.insecure_listen;
-        let gate = Arc::new(crate::access::Gate::new(
-            access.clone(),
-            cluster_secret,
-            crate::browser::BrowserRules::new(
-                config.allowed_origins.clone(),
-                config.allowed_hosts.clone(),
-                host_check,
-                tls.is_some(),
-            ),
-        ));
-        let quotas = Arc::new(crate::quota::Quotas::new(
-            config.limits,
-            stores.topics.clone(),
-            stores.subscriptions.clone(),
-            stores.sessions.clone(),
-            meshd_stores::tasks::usage::TaskUsageWatch::start(stores.meta.clone())
-                .context("starting the task quota watch")?,
-        ));
-        let compaction = Arc::new(meshd_runtime::compaction::CompactionCounters::default());
-        meshd_runtime::compaction::spawn(
-            &background,
-            stores.meta.clone(),
-            config.meta_compaction_retention,
-            std::env::var("MESHD_META_COMPACTION_CHECK_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map(Duration::from_millis),
-            compaction.clone(),
-            metrics.clone(),
-        );
-        let api = Arc::new(crate::api::Api {
-            topics: stores.topics.clone(),
-            subscriptions: stores.subscriptions.clone(),
-            log: stores.log.clone(),
-            log_backend: stores.log_backend,
-            meta_backend,
-            runtime: runtime.clone(),
-            deadletters: stores.deadletters.clone(),
-            sessions: stores.sessions.clone(),
-            metrics: metrics.clone(),
-            meta: stores.meta.clone(),
-            instance_id,
-            tasks: stores.tasks.clone(),
-            admission: admission.clone(),
-            limits: config.limits,
-            quotas,
-            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
-            log_retention_ms: config.retention().max_age_ms,
-        });
-        let http_requests = Arc::new(crate::http_metrics::HttpMetrics::default());
-        let state = Arc::new(crate::status::Status {
-            http_requests: http_requests.clone(),
-            api: api.clone(),
-            sessions: stores.sessions.clone(),
-            cluster_lease: config.log.is_cluster().then(|| lease.clone()),
-            meta_probe: crate::status::MetaProbe::new(
-                stores.meta.clone(),
-                matches!(config.meta, MetaBackend::Etcd(_)),
-            ),
-            local: stores.local.clone(),
-            gate: gate.clone(),
-            http: http.clone(),
-            compaction,
-            compaction_retention: config.meta_compaction_retention,
-        });
+        let front = Front::open(config, addr, access.clone(), cluster_secret, tls.is_some());
+        let api = build_api(config, &stores, &runtime, &metrics, front.admission.clone())?;
+        let compaction = start_compaction(config, &stores, &background, &metrics);
+        let status = build_status(config, &stores, &api, &front, compaction, &lease);
         // A graceful stop (SIGTERM, ^C): `stopping` ends long polls and makes the
         // ownership controller release every partition; `leaving` then revokes the
         // membership lease (http-api.md, "Graceful stop").
         let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
         let (leaving_tx, leaving_rx) = tokio::sync::watch::channel(false);
         let membership_task = membership.spawn(&background, leaving_rx);
-        let mut controller_task = None;
-        if config.log.is_cluster() {
-            metrics
-                .ownership
-                .cluster
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            // Cluster mode: partitions are owned under the membership lease.
-            controller_task = Some(
-                meshd_runtime::cluster::ownership::Controller {
-                    meta: stores.meta.clone(),
-                    me: stores.instance_id.clone(),
-                    lease,
-                    topics: stores.topics.clone(),
-                    drain: Arc::new(meshd_runtime::runtime::handover::RuntimeDrain(
-                        Arc::downgrade(&runtime),
-                    )),
-                    owned: owned_tx,
-                    directory: directory_tx,
-                    metrics: metrics.clone(),
-                    waiting_since: Default::default(),
-                    rebalance_delay: Duration::from_millis(config.rebalance_delay_ms),
-                    member_since: Default::default(),
-                    tick: (Duration::from_millis(config.lease_ttl_ms) / 10)
-                        .max(Duration::from_millis(100)),
-                    stop: stopping_rx,
-                }
-                .spawn(&background),
+        let controller_task = if config.log.is_cluster() {
+            let channels = (owned_tx, directory_tx);
+            let controller = ownership_controller(
+                config,
+                &stores,
+                &runtime,
+                &metrics,
+                lease,
+                channels,
+                stopping_rx,
             );
-        }
+            Some(controller.spawn(&background))
+        } else {
+            None
+        };
         let app = crate::routes::app(
             api,
-            state,
+            status,
             crate::routes::Layers {
-                gate,
-                admission,
-                http_requests,
+                gate: front.gate,
+                admission: front.admission,
+                http_requests: front.http_requests,
             },
         );
-        spawn_reload_on_hangup(&background, access, tls.clone(), http.clone());
-        let stop_runtime = runtime.clone();
-        let stopping = async move {
-            shutdown.await;
-            tracing::info!(
-                "meshd stopping: new connections refused, long polls answered, partitions released"
-            );
-            stop_runtime.begin_stop();
-            stopping_tx.send_replace(true);
-        };
-        drop(runtime);
+        spawn_reload_on_hangup(&background, access, tls.clone(), front.http.clone());
+        // This handle on the runtime moves into `stopping`, which begins its stop.
+        let stopping = stop_on(shutdown, runtime, stopping_tx);
         crate::listen::serve(
             listener,
             tls,
@@ -663,7 +544,7 @@ impl Started {
                 header_timeout: Duration::from_millis(config.header_timeout_ms),
                 idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             },
-            http,
+            front.http,
             stopping,
         )
         .await;
@@ -675,6 +556,251 @@ impl Started {
             membership_task,
         })
     }
+}
+
+/// Serve step: the one start-up line (address, instance, effective backend of every
+/// store) on stdout, and its log record.
+fn announce(
+    config: &Config,
+    stores: &Stores,
+    addr: std::net::SocketAddr,
+    https: bool,
+) -> anyhow::Result<()> {
+    let meta_backend = stores.meta.backend();
+    let instance_id = &stores.instance_id;
+    let scheme = if https { "https" } else { "http" };
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "meshd listening on {scheme}://{addr} instance={instance_id} meta={meta_backend} log={} local=rocksdb:{}",
+            if stores.log_backend == Backend::Nats { "nats" } else { "embedded" },
+            config.data_dir.display()
+        )?;
+        out.flush()?;
+    }
+    tracing::info!(%addr, scheme, instance = %instance_id, meta = %meta_backend, data_dir = %config.data_dir.display(), "meshd serving");
+    Ok(())
+}
+
+/// Serve step: this instance's membership (spawned once the API is wired), with the
+/// address the other instances dial: --advertise, else the listen address (config
+/// refuses an unspecified listen address without --advertise in cluster mode).
+fn membership(
+    config: &Config,
+    stores: &Stores,
+    addr: std::net::SocketAddr,
+) -> meshd_runtime::membership::Membership {
+    let advertised = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    meshd_runtime::membership::Membership::new(
+        stores.meta.clone(),
+        stores.instance_id.clone(),
+        advertised,
+        Duration::from_millis(config.lease_ttl_ms),
+    )
+}
+
+/// The membership lease, as the ownership controller and `/readyz` watch it.
+type Lease = tokio::sync::watch::Receiver<Option<meshd_runtime::membership::LeaseState>>;
+
+/// What stands between a request and the API: admission (request slots, body memory,
+/// long polls), the gate (tokens, the cluster secret, browser rules) and the HTTP
+/// counters.
+struct Front {
+    admission: Arc<crate::admission::Admission>,
+    gate: Arc<crate::access::Gate>,
+    /// Connections and reloads (the listener's).
+    http: Arc<crate::listen::HttpCounters>,
+    /// Requests by route (the router's).
+    http_requests: Arc<crate::http_metrics::HttpMetrics>,
+}
+
+impl Front {
+    /// Serve step: admission and the gate, from the config.
+    fn open(
+        config: &Config,
+        addr: std::net::SocketAddr,
+        access: Option<Arc<crate::access::Access>>,
+        cluster_secret: Option<String>,
+        https: bool,
+    ) -> Self {
+        let admission = Arc::new(crate::admission::Admission::new(
+            crate::admission::AdmissionConfig {
+                max_requests: config.max_requests as usize,
+                body_budget: config.max_body_memory as usize,
+                body_timeout: Duration::from_millis(config.body_timeout_ms),
+                max_long_polls: config.max_long_polls as usize,
+                max_wait: Duration::from_millis(config.idle_timeout_ms.saturating_sub(500)),
+                max_streams_per_token: (config.max_streams_per_token > 0)
+                    .then_some(config.max_streams_per_token as usize),
+            },
+        ));
+        // The DNS-rebinding Host check guards the one mode a browser page can reach
+        // without credentials: loopback, no client or admin tokens, no
+        // --insecure-listen.
+        let host_check = addr.ip().is_loopback()
+            && config.client_token_file.is_none()
+            && config.admin_token_file.is_none()
+            && !config.insecure_listen;
+        let gate = Arc::new(crate::access::Gate::new(
+            access,
+            cluster_secret,
+            crate::browser::BrowserRules::new(
+                config.allowed_origins.clone(),
+                config.allowed_hosts.clone(),
+                host_check,
+                https,
+            ),
+        ));
+        Front {
+            admission,
+            gate,
+            http: Arc::new(crate::listen::HttpCounters::default()),
+            http_requests: Arc::new(crate::http_metrics::HttpMetrics::default()),
+        }
+    }
+}
+
+/// Serve step: the API's handlers' state, with the quotas (whose task watch starts
+/// here).
+fn build_api(
+    config: &Config,
+    stores: &Stores,
+    runtime: &Arc<Runtime>,
+    metrics: &Arc<Metrics>,
+    admission: Arc<crate::admission::Admission>,
+) -> anyhow::Result<Arc<crate::api::Api>> {
+    let quotas = Arc::new(crate::quota::Quotas::new(
+        config.limits(),
+        stores.topics.clone(),
+        stores.subscriptions.clone(),
+        stores.sessions.clone(),
+        meshd_stores::tasks::usage::TaskUsageWatch::start(stores.meta.clone())
+            .context("starting the task quota watch")?,
+    ));
+    Ok(Arc::new(crate::api::Api {
+        topics: stores.topics.clone(),
+        subscriptions: stores.subscriptions.clone(),
+        log: stores.log.clone(),
+        log_backend: stores.log_backend,
+        meta_backend: stores.meta.backend(),
+        runtime: runtime.clone(),
+        deadletters: stores.deadletters.clone(),
+        sessions: stores.sessions.clone(),
+        metrics: metrics.clone(),
+        meta: stores.meta.clone(),
+        instance_id: stores.instance_id.clone(),
+        tasks: stores.tasks.clone(),
+        admission,
+        limits: config.limits(),
+        quotas,
+        idle_timeout: Duration::from_millis(config.idle_timeout_ms),
+        log_retention_ms: config.retention().max_age_ms,
+    }))
+}
+
+/// Serve step: the compaction of Meta's history, in the background (nothing with
+/// `--meta-compaction-retention 0`); its counters go to `/metrics`.
+fn start_compaction(
+    config: &Config,
+    stores: &Stores,
+    background: &meshd_runtime::background::Background,
+    metrics: &Arc<Metrics>,
+) -> Arc<meshd_runtime::compaction::CompactionCounters> {
+    let compaction = Arc::new(meshd_runtime::compaction::CompactionCounters::default());
+    meshd_runtime::compaction::spawn(
+        background,
+        stores.meta.clone(),
+        config.meta_compaction_retention,
+        config.meta_compaction_check_ms.map(Duration::from_millis),
+        compaction.clone(),
+        metrics.clone(),
+    );
+    compaction
+}
+
+/// Serve step: what the probes, `/metrics` and `/v1/cluster` read.
+fn build_status(
+    config: &Config,
+    stores: &Stores,
+    api: &Arc<crate::api::Api>,
+    front: &Front,
+    compaction: Arc<meshd_runtime::compaction::CompactionCounters>,
+    lease: &Lease,
+) -> Arc<crate::status::Status> {
+    Arc::new(crate::status::Status {
+        http_requests: front.http_requests.clone(),
+        api: api.clone(),
+        sessions: stores.sessions.clone(),
+        cluster_lease: config.log.is_cluster().then(|| lease.clone()),
+        meta_probe: crate::status::MetaProbe::new(
+            stores.meta.clone(),
+            matches!(config.meta, MetaBackend::Etcd(_)),
+        ),
+        local: stores.local.clone(),
+        gate: front.gate.clone(),
+        http: front.http.clone(),
+        compaction,
+        compaction_retention: config.meta_compaction_retention,
+    })
+}
+
+/// Serve step, cluster mode: partitions are owned under the membership lease. The
+/// controller publishes what it owns on `channels` (the runtime routes by them) and
+/// releases every partition when `stop` turns true.
+fn ownership_controller(
+    config: &Config,
+    stores: &Stores,
+    runtime: &Arc<Runtime>,
+    metrics: &Arc<Metrics>,
+    lease: Lease,
+    channels: OwnershipChannels,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> meshd_runtime::cluster::ownership::Controller {
+    metrics
+        .ownership
+        .cluster
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let (owned, directory) = channels;
+    meshd_runtime::cluster::ownership::Controller {
+        meta: stores.meta.clone(),
+        me: stores.instance_id.clone(),
+        lease,
+        topics: stores.topics.clone(),
+        drain: Arc::new(meshd_runtime::runtime::handover::RuntimeDrain(
+            Arc::downgrade(runtime),
+        )),
+        owned,
+        directory,
+        metrics: metrics.clone(),
+        waiting_since: Default::default(),
+        rebalance_delay: Duration::from_millis(config.rebalance_delay_ms),
+        member_since: Default::default(),
+        tick: (Duration::from_millis(config.lease_ttl_ms) / 10).max(Duration::from_millis(100)),
+        stop,
+    }
+}
+
+/// Where the ownership controller publishes what it owns, and the directory of owners.
+type OwnershipChannels = (
+    tokio::sync::watch::Sender<meshd_runtime::cluster::ownership::Owned>,
+    tokio::sync::watch::Sender<Arc<meshd_runtime::cluster::ownership::Directory>>,
+);
+
+/// Serve step: the future that ends serving. When `shutdown` completes, the runtime
+/// ends its long polls and streams and `stopping` turns true (the controller then
+/// releases the partitions).
+async fn stop_on(
+    shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    runtime: Arc<Runtime>,
+    stopping: tokio::sync::watch::Sender<bool>,
+) {
+    shutdown.await;
+    tracing::info!(
+        "meshd stopping: new connections refused, long polls answered, partitions released"
+    );
+    runtime.begin_stop();
+    stopping.send_replace(true);
 }
 
 /// How long a graceful stop waits for the partitions to be released.
