@@ -7,7 +7,10 @@
 //! creates at once: a create passes the check by taking a [`Reserved`] place, held
 //! while it is written and, for a task, until the usage watch has seen it (the topic,
 //! subscription and session stores put their own writes in their caches before they
-//! return). So creates on one instance never pass a quota, sequential or concurrent;
+//! return). Each create in flight is known by its name and counts once: the cache's
+//! count (read together with which of those names it holds) plus the names it does
+//! not hold yet. So creates on one instance never pass a quota, nor are refused below
+//! it, sequential or concurrent;
 //! a burst across instances passes it by at most the other instances' creates in
 //! flight. A create that already exists (an idempotent re-submit, a PUT of an
 //! existing topic) and a session takeover are never refused.
@@ -42,22 +45,25 @@ pub struct Quotas {
     pending: Mutex<Pending>,
 }
 
-/// Creates of this instance that the caches may not show yet.
+/// Creates of this instance that the caches may not show yet. Each is known by name
+/// (topic, subscription, client id, task id), so that a count adds only those the
+/// cache does not hold yet: a store puts its own write in its cache before it returns,
+/// and until the place is given back the create would otherwise count twice (a burst
+/// was refused below the quota so).
 #[derive(Default)]
 struct Pending {
-    /// Being written, by quota.
-    writing: HashMap<&'static str, u64>,
+    /// Being written, by quota (tasks aside): the names.
+    writing: HashMap<&'static str, Vec<String>>,
+    /// Tasks being written: (id, agent, bytes).
+    writing_tasks: Vec<(String, String, u64)>,
     /// Tasks written at a revision the usage watch had not reached when last asked:
     /// (revision, agent, bytes).
     unseen_tasks: Vec<(i64, String, u64)>,
-    /// Tasks being written, per agent, and their bytes.
-    writing_tasks: HashMap<String, u64>,
-    task_bytes_writing: u64,
 }
 
 impl Pending {
-    fn writing(&self, quota: &'static str) -> u64 {
-        self.writing.get(quota).copied().unwrap_or(0)
+    fn writing(&self, quota: &'static str) -> &[String] {
+        self.writing.get(quota).map_or(&[], Vec::as_slice)
     }
 
     /// Forgets the written tasks the usage watch has seen (its revision reached theirs).
@@ -65,20 +71,23 @@ impl Pending {
         self.unseen_tasks.retain(|(r, _, _)| *r > revision);
     }
 
-    fn release(&mut self, quota: &'static str, task: Option<&(String, u64)>) {
-        if let Some(n) = self.writing.get_mut(quota) {
-            *n = n.saturating_sub(1);
-        }
-        if let Some((agent, bytes)) = task {
-            if let Some(n) = self.writing_tasks.get_mut(agent) {
-                *n -= 1;
-                if *n == 0 {
-                    self.writing_tasks.remove(agent);
-                }
+    /// Gives back `name`'s place under `quota`.
+    fn release(&mut self, quota: &'static str, name: &str) {
+        if quota == TASKS {
+            if let Some(i) = self.writing_tasks.iter().position(|t| t.0 == name) {
+                self.writing_tasks.swap_remove(i);
             }
-            self.task_bytes_writing = self.task_bytes_writing.saturating_sub(*bytes);
+        } else if let Some(names) = self.writing.get_mut(quota) {
+            if let Some(i) = names.iter().position(|n| n == name) {
+                names.swap_remove(i);
+            }
         }
     }
+}
+
+/// How many of `names` the cache does not hold (`held` tells, name by name).
+fn not_held(held: &[bool]) -> u64 {
+    held.iter().filter(|h| !**h).count() as u64
 }
 
 /// A create's place under its quota, taken by the check and held while it is
@@ -89,19 +98,21 @@ pub struct Reserved<'a> {
     quotas: &'a Quotas,
     /// `None` once handed on (nothing left for the drop to give back).
     quota: Option<&'static str>,
-    /// A task's agent and bytes.
-    task: Option<(String, u64)>,
+    /// What is created (topic, subscription, client id, task id).
+    name: String,
 }
 
 impl Reserved<'_> {
     /// The task was created at Meta `revision`: it stays counted until the usage
     /// watch has reached that revision (and so counts it itself).
     pub fn task_created(mut self, revision: i64) {
-        if let (Some(quota), Some(task)) = (self.quota, self.task.take()) {
-            self.quota = None;
-            let mut p = self.quotas.pending();
-            p.release(quota, Some(&task));
-            p.unseen_tasks.push((revision, task.0, task.1));
+        if self.quota.take().is_none() {
+            return;
+        }
+        let mut p = self.quotas.pending();
+        if let Some(i) = p.writing_tasks.iter().position(|t| t.0 == self.name) {
+            let (_, agent, bytes) = p.writing_tasks.swap_remove(i);
+            p.unseen_tasks.push((revision, agent, bytes));
         }
     }
 }
@@ -109,7 +120,7 @@ impl Reserved<'_> {
 impl Drop for Reserved<'_> {
     fn drop(&mut self) {
         if let Some(quota) = self.quota {
-            self.quotas.pending().release(quota, self.task.as_ref());
+            self.quotas.pending().release(quota, &self.name);
         }
     }
 }
@@ -181,24 +192,25 @@ impl Quotas {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes a place under `quota` when `count` (the cache's, `None`: not known yet,
-    /// which refuses nothing) plus this instance's creates being written is below
-    /// `limit`.
+    /// Takes a place under `quota` for `name` when `count` (the cache's, with which of
+    /// the names being written it holds; `None`: not known yet, which refuses nothing)
+    /// plus the names being written it does not hold is below `limit`.
     fn reserve(
         &self,
         quota: &'static str,
+        name: &str,
         limit: u64,
-        count: impl FnOnce() -> Option<u64>,
+        count: impl FnOnce(&[String]) -> Option<(usize, Vec<bool>)>,
         detail: impl FnOnce(u64) -> String,
     ) -> Result<Reserved<'_>, Over> {
         let mut p = self.pending();
-        let count = count().map(|n| n + p.writing(quota));
+        let count = count(p.writing(quota)).map(|(n, held)| n as u64 + not_held(&held));
         within(quota, limit, count, detail)?;
-        *p.writing.entry(quota).or_default() += 1;
+        p.writing.entry(quota).or_default().push(name.to_string());
         Ok(Reserved {
             quotas: self,
             quota: Some(quota),
-            task: None,
+            name: name.to_string(),
         })
     }
 
@@ -234,23 +246,25 @@ impl Quotas {
 
     /// Before a topic that does not exist yet is created. (A count the cache does not
     /// know yet refuses nothing: the store answers for Meta then.)
-    pub fn topic(&self) -> Result<Reserved<'_>, Over> {
+    pub fn topic(&self, name: &str) -> Result<Reserved<'_>, Over> {
         let limit = self.limits.max_topics;
         self.reserve(
             TOPICS,
+            name,
             limit,
-            || self.topics.count().map(|n| n as u64),
+            |writing| self.topics.count_holding(writing),
             |n| format!("{n} topics exist; --max-topics is {limit}: delete one first"),
         )
     }
 
     /// Before a subscription that does not exist yet is created.
-    pub fn subscription(&self) -> Result<Reserved<'_>, Over> {
+    pub fn subscription(&self, name: &str) -> Result<Reserved<'_>, Over> {
         let limit = self.limits.max_subscriptions;
         self.reserve(
             SUBSCRIPTIONS,
+            name,
             limit,
-            || self.subscriptions.count().map(|n| n as u64),
+            |writing| self.subscriptions.count_holding(writing),
             |n| {
                 format!("{n} subscriptions exist; --max-subscriptions is {limit}: delete one first")
             },
@@ -266,43 +280,48 @@ impl Quotas {
         let limit = self.limits.max_sessions;
         self.reserve(
             SESSIONS,
+            client_id,
             limit,
-            || self.sessions.live_count().map(|n| n as u64),
+            |writing| self.sessions.live_count_holding(writing),
             |n| format!("{n} sessions are live; --max-sessions is {limit}: close one or let one expire first"),
         )
         .map(Some)
     }
 
-    /// Before a task of `agent` whose record takes about `bytes` is created (the
-    /// caller lets an idempotent re-submit of an existing task through first).
-    pub fn task(&self, agent: &str, bytes: u64) -> Result<Reserved<'_>, Over> {
+    /// Before the task `id` of `agent` whose record takes about `bytes` is created
+    /// (the caller lets an idempotent re-submit of an existing task through first).
+    pub fn task(&self, id: &str, agent: &str, bytes: u64) -> Result<Reserved<'_>, Over> {
         let mut p = self.pending();
-        if let Some((u, of_agent, revision)) = self.tasks.usage_of(agent) {
+        let ids: Vec<String> = p.writing_tasks.iter().map(|t| t.0.clone()).collect();
+        if let Some((u, of_agent, revision, held)) = self.tasks.usage_of_holding(agent, &ids) {
             p.seen_up_to(revision);
+            // The tasks being written that the watch does not count yet.
+            let unheld = || p.writing_tasks.iter().zip(&held).filter(|(_, h)| !**h);
+            let writing = unheld().count() as u64;
+            let writing_of_agent = unheld().filter(|(t, _)| t.1 == agent).count() as u64;
+            let writing_bytes: u64 = unheld().map(|(t, _)| t.2).sum();
             let unseen_of_agent = p.unseen_tasks.iter().filter(|t| t.1 == agent).count() as u64;
             let unseen_bytes: u64 = p.unseen_tasks.iter().map(|t| t.2).sum();
-            let non_terminal = u.non_terminal + p.writing(TASKS) + p.unseen_tasks.len() as u64;
+            let non_terminal = u.non_terminal + writing + p.unseen_tasks.len() as u64;
             let limit = self.limits.max_tasks;
             within(TASKS, limit, Some(non_terminal), |n| {
                 format!("{n} tasks are not finished; --max-tasks is {limit}: finish, cancel or delete some first")
             })?;
-            self.task_bytes(u.bytes + p.task_bytes_writing + unseen_bytes, bytes)?;
+            self.task_bytes(u.bytes + writing_bytes + unseen_bytes, bytes)?;
             let limit = self.limits.max_tasks_per_agent;
-            let of_agent =
-                of_agent + p.writing_tasks.get(agent).copied().unwrap_or(0) + unseen_of_agent;
+            let of_agent = of_agent + writing_of_agent + unseen_of_agent;
             within(TASKS_PER_AGENT, limit, Some(of_agent), |n| {
                 format!(
                     "agent {agent:?} has {n} unfinished tasks; --max-tasks-per-agent is {limit}"
                 )
             })?;
         }
-        *p.writing.entry(TASKS).or_default() += 1;
-        *p.writing_tasks.entry(agent.to_string()).or_default() += 1;
-        p.task_bytes_writing += bytes;
+        p.writing_tasks
+            .push((id.to_string(), agent.to_string(), bytes));
         Ok(Reserved {
             quotas: self,
             quota: Some(TASKS),
-            task: Some((agent.to_string(), bytes)),
+            name: id.to_string(),
         })
     }
 
@@ -384,5 +403,95 @@ impl Quotas {
     /// Live sessions from the cache, without copying them.
     pub fn sessions_live(&self) -> Option<usize> {
         self.sessions.live_count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshd_stores::sessions::{MetaSessionStore, SessionStoreConfig};
+    use meshd_stores::subscriptions::SubscriptionStoreConfig;
+    use meshd_stores::tasks::{MetaTaskStore, TaskStore, TaskStoreConfig};
+    use meshd_stores::topics::TopicStore;
+    use std::time::Duration;
+
+    struct Setup {
+        quotas: Quotas,
+        topics: Arc<MetaTopicStore>,
+        tasks: MetaTaskStore,
+        _dir: tempfile::TempDir,
+    }
+
+    /// Quotas over the real stores on an embedded Meta, with `limits`.
+    async fn setup(limits: Limits) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let meta: Arc<dyn meshd_meta::Meta> = Arc::new(
+            meshd_meta_embedded::EmbeddedMeta::open_dir(dir.path(), Default::default()).unwrap(),
+        );
+        let topics = Arc::new(MetaTopicStore::start(meta.clone()).await.unwrap());
+        assert!(topics.wait_ready(Duration::from_secs(5)).await);
+        let subscriptions = Arc::new(
+            MetaSubscriptionStore::start(meta.clone(), SubscriptionStoreConfig::default()).unwrap(),
+        );
+        let sessions = Arc::new(
+            MetaSessionStore::start(meta.clone(), SessionStoreConfig::new("i".to_string()))
+                .unwrap(),
+        );
+        let watch = TaskUsageWatch::start(meta.clone()).unwrap();
+        let tasks = MetaTaskStore::new(meta, TaskStoreConfig::default()).unwrap();
+        Setup {
+            quotas: Quotas::new(limits, topics.clone(), subscriptions, sessions, watch),
+            topics,
+            tasks,
+            _dir: dir,
+        }
+    }
+
+    /// A create whose store has put it in its cache while its place is still held
+    /// counts once: a burst was refused below the quota while both counted it.
+    #[tokio::test]
+    async fn a_create_in_flight_counts_once_before_and_after_the_cache_holds_it() {
+        let s = setup(Limits {
+            max_response_bytes: 1 << 20,
+            max_tasks: 100,
+            max_tasks_per_agent: 2,
+            max_task_bytes: 1 << 30,
+            max_sessions: 100,
+            max_topics: 2,
+            max_subscriptions: 100,
+        })
+        .await;
+        let a = s.quotas.topic("a").unwrap();
+        s.topics.ensure("a", 1).await.unwrap();
+        // "a" is in the cache and still being written: one topic, so "b" fits.
+        let b = s.quotas.topic("b").unwrap();
+        // "a" and "b" (in flight, not in the cache): the quota of 2 is reached.
+        assert!(s.quotas.topic("c").is_err());
+        drop((a, b));
+        assert!(s.quotas.topic("c").is_ok());
+
+        let t1 = s.quotas.task("t1", "x", 10).unwrap();
+        s.tasks
+            .submit(Some("t1"), "x", serde_json::json!({}))
+            .await
+            .unwrap();
+        // Until the usage watch holds t1 it counts as written; then as watched, once.
+        let ids = ["t1".to_string()];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !s
+            .quotas
+            .tasks
+            .usage_of_holding("x", &ids)
+            .is_some_and(|(_, _, _, held)| held[0])
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the watch never saw t1"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let t2 = s.quotas.task("t2", "x", 10).unwrap();
+        assert!(s.quotas.task("t3", "x", 10).is_err());
+        drop((t1, t2));
     }
 }

@@ -244,6 +244,11 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Whether the cache holds a live session of `client_id` (an open is then a
     /// takeover, which no quota refuses); `None` before the cache loaded.
     fn has_live(&self, client_id: &str) -> Option<bool>;
+
+    /// [`live_count`](Self::live_count), and which of `client_ids` have a live
+    /// session in the cache, read together (for the quota, which adds this
+    /// instance's opens in flight: each counts once).
+    fn live_count_holding(&self, client_ids: &[String]) -> Option<(usize, Vec<bool>)>;
 }
 
 /// Settings of [`MetaSessionStore`].
@@ -864,6 +869,10 @@ impl SessionStore for MetaSessionStore {
 
     fn live_count(&self) -> Option<usize> {
         self.cache.count()
+    }
+
+    fn live_count_holding(&self, client_ids: &[String]) -> Option<(usize, Vec<bool>)> {
+        self.cache.count_holding(client_ids)
     }
 
     fn has_live(&self, client_id: &str) -> Option<bool> {

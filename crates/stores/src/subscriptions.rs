@@ -248,6 +248,12 @@ impl MetaSubscriptionStore {
         self.cache.count()
     }
 
+    /// [`count`](Self::count), and which of `names` the cache holds, read together
+    /// (for a quota that adds this instance's creates in flight: each counts once).
+    pub fn count_holding(&self, names: &[String]) -> Option<(usize, Vec<bool>)> {
+        self.cache.count_holding(names)
+    }
+
     /// A receiver that changes whenever the cached subscriptions do (for the
     /// dispatcher to pick up new, changed and deleted subscriptions).
     pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {

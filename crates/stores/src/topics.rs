@@ -232,6 +232,12 @@ impl MetaTopicStore {
         self.cache.count()
     }
 
+    /// [`count`](Self::count), and which of `names` the cache holds, read together
+    /// (for a quota that adds this instance's creates in flight: each counts once).
+    pub fn count_holding(&self, names: &[String]) -> Option<(usize, Vec<bool>)> {
+        self.cache.count_holding(names)
+    }
+
     /// A receiver that changes whenever the cached topics do.
     pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.cache.subscribe()

@@ -302,7 +302,7 @@ pub async fn put_subscription(
     // an existing subscription may be PUT again.
     let _reserved = api
         .quotas
-        .admit(api.quotas.subscription(), async {
+        .admit(api.quotas.subscription(&name), async {
             let found = api.subscriptions.get(&name).await;
             Ok(found
                 .map_err(|e| subscription_problem(e, api.meta_backend))?

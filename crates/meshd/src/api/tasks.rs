@@ -287,7 +287,7 @@ pub async fn submit(
     // (and the same id with another body gets its 409 from the store).
     let reserved = api
         .quotas
-        .admit(api.quotas.task(&agent, bytes), async {
+        .admit(api.quotas.task(&id, &agent, bytes), async {
             if !given {
                 return Ok(false);
             }

@@ -180,7 +180,7 @@ pub async fn put_topic(
     // that exists already may be PUT again.
     let _reserved = api
         .quotas
-        .admit(api.quotas.topic(), async {
+        .admit(api.quotas.topic(&name), async {
             let found = api.topics.get(&name).await;
             Ok(found
                 .map_err(|e| topic_problem(e, api.meta_backend))?

@@ -133,6 +133,14 @@ struct Entry<V> {
     value: Option<Result<V, CorruptRecord>>,
 }
 
+/// Which of `names` are live records of `entries`.
+fn holding<V>(entries: &BTreeMap<String, Entry<V>>, names: &[String]) -> Vec<bool> {
+    names
+        .iter()
+        .map(|n| entries.get(n).is_some_and(|e| e.value.is_some()))
+        .collect()
+}
+
 struct State<V> {
     /// Name -> entry; a BTreeMap so lists come out in name order.
     entries: BTreeMap<String, Entry<V>>,
@@ -361,6 +369,39 @@ impl<V: Clone + Send + Sync + 'static> WatchedCache<V> {
         let s = self.shared.read();
         s.loaded
             .then(|| s.entries.values().filter(|e| e.value.is_some()).count())
+    }
+
+    /// [`count`](Self::count), and which of `names` are live records, read under one
+    /// lock: a caller that adds its own writes in flight to the count counts each of
+    /// them once, before the cache holds it and after.
+    pub(crate) fn count_holding(&self, names: &[String]) -> Option<(usize, Vec<bool>)> {
+        let s = self.shared.read();
+        if !s.loaded {
+            return None;
+        }
+        let count = s.entries.values().filter(|e| e.value.is_some()).count();
+        Some((count, holding(&s.entries, names)))
+    }
+
+    /// [`fold_at`](Self::fold_at), and which of `names` are live records, read under
+    /// the same lock (see [`count_holding`](Self::count_holding)).
+    pub(crate) fn fold_at_holding<A>(
+        &self,
+        init: A,
+        mut f: impl FnMut(A, &V) -> A,
+        names: &[String],
+    ) -> Option<(A, i64, Vec<bool>)> {
+        let s = self.shared.read();
+        if !s.loaded {
+            return None;
+        }
+        let mut acc = init;
+        for e in s.entries.values() {
+            if let Some(Ok(v)) = &e.value {
+                acc = f(acc, v);
+            }
+        }
+        Some((acc, s.revision, holding(&s.entries, names)))
     }
 
     /// Folds `f` over every live, decodable record (under the read lock, copying

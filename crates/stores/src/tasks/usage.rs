@@ -89,17 +89,25 @@ impl TaskUsageWatch {
         })
     }
 
-    /// Totals, the non-terminal tasks of `agent`, and the Meta revision every change
-    /// up to which they reflect, read together; `None` before the first load.
-    pub fn usage_of(&self, agent: &str) -> Option<(TaskUsage, u64, i64)> {
-        let ((u, of_agent), revision) =
-            self.cache
-                .fold_at((TaskUsage::default(), 0u64), |(mut u, n), s| {
-                    u.bytes += s.bytes;
-                    u.non_terminal += u64::from(!s.terminal);
-                    (u, n + u64::from(!s.terminal && s.agent == agent))
-                })?;
-        Some((u, of_agent, revision))
+    /// Totals, the non-terminal tasks of `agent`, the Meta revision every change up to
+    /// which they reflect, and which of the tasks `ids` the watch holds, read together
+    /// (for the quotas, which add this instance's creates in flight: each counts once,
+    /// before the watch has it and after); `None` before the first load.
+    pub fn usage_of_holding(
+        &self,
+        agent: &str,
+        ids: &[String],
+    ) -> Option<(TaskUsage, u64, i64, Vec<bool>)> {
+        let ((u, of_agent), revision, held) = self.cache.fold_at_holding(
+            (TaskUsage::default(), 0u64),
+            |(mut u, n), s| {
+                u.bytes += s.bytes;
+                u.non_terminal += u64::from(!s.terminal);
+                (u, n + u64::from(!s.terminal && s.agent == agent))
+            },
+            ids,
+        )?;
+        Some((u, of_agent, revision, held))
     }
 
     /// Non-terminal tasks of `agent` now; `None` before the first load.
