@@ -2,7 +2,7 @@
 //! classifies an answer, the seed and round numbers from the environment, and the
 //! final dead-letter listing their oracles read.
 
-use meshd_test_support::http::{self, Response};
+use meshd_test_support::http::Response;
 use serde_json::Value;
 use std::fmt;
 
@@ -58,23 +58,21 @@ pub fn seed_from(name: &str) -> u64 {
     })
 }
 
-/// Every dead-letter entry of `sub`, over all pages.
+/// Every dead-letter entry of `sub`, over all pages of 1000
+/// ([`meshd_client::Client::dead_letters_answer`]; asserts 200).
 pub async fn dead_letter_entries(a: &str, sub: &str) -> anyhow::Result<Vec<Value>> {
+    let meshd = super::client(a);
     let mut entries = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let mut path = format!("/v1/deadletters?subscription={sub}&limit=1000");
-        if let Some(c) = &cursor {
-            // A cursor is `{subscription}/{id}`.
-            path.push_str("&cursor=");
-            path.push_str(&c.replace('%', "%25").replace('/', "%2F"));
-        }
-        let r = http::get(a, &path).await?;
-        anyhow::ensure!(r.status == 200, "{path} answered {}: {}", r.status, r.body);
-        let page = r.json()?;
+        let what = format!("dead letters of {sub} from {cursor:?}");
+        let r = meshd
+            .dead_letters_answer(Some(sub), Some(1000), cursor.as_deref())
+            .await;
+        let page: Value = super::answered(r, 200, &what)?.json()?;
         let list = page["entries"]
             .as_array()
-            .ok_or_else(|| anyhow::anyhow!("{path} answered without entries: {page}"))?;
+            .ok_or_else(|| anyhow::anyhow!("{what} answered without entries: {page}"))?;
         entries.extend(list.iter().cloned());
         match page["next_cursor"].as_str() {
             Some(c) => cursor = Some(c.to_string()),
