@@ -366,8 +366,20 @@ impl Client {
         topic: &str,
         partitions: u32,
     ) -> Result<Response, Error> {
-        self.ok(Request::new(Method::PUT, paths::topic(topic))
-            .json(&json!({ "partitions": partitions })))
+        self.put_topic_answer(topic, &json!({ "partitions": partitions }))
+            .await
+    }
+
+    /// `PUT /v1/topics/{topic}` with the contract's settings object (`partitions`, and
+    /// `dedup_window_ms` when not the default); the answer is the topic as stored.
+    pub async fn put_topic(&self, topic: &str, settings: &Value) -> Result<Value, Error> {
+        self.put_topic_answer(topic, settings).await?.json()
+    }
+
+    /// [`Client::put_topic`], the answer kept whole: 201 when created, 200 when it
+    /// existed (with the same partitions; a `dedup_window_ms` sent is then updated).
+    pub async fn put_topic_answer(&self, topic: &str, settings: &Value) -> Result<Response, Error> {
+        self.ok(Request::new(Method::PUT, paths::topic(topic)).json(settings))
             .await
     }
 
@@ -1314,6 +1326,17 @@ mod tests {
         );
         meshd.cluster_answer().await.unwrap();
         assert_eq!(next(), ("GET /v1/cluster HTTP/1.1".into(), String::new()));
+        let settings = json!({"partitions": 2, "dedup_window_ms": 0});
+        meshd.put_topic_answer("t", &settings).await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "PUT /v1/topics/t HTTP/1.1".into(),
+                r#"{"dedup_window_ms":0,"partitions":2}"#.into()
+            )
+        );
+        assert_eq!(meshd.put_topic("t", &settings).await.unwrap(), json!({}));
+        next();
 
         let outcome = r#"{"acked":["d1"],"unknown":[],"fenced":[],"failed":[]}"#;
         let (meshd, _sent) = stand_in("200 OK", outcome).await;
