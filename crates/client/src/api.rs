@@ -317,14 +317,6 @@ impl Client {
         self.send(req).await?.success()
     }
 
-    async fn post_json<T: serde::de::DeserializeOwned>(
-        &self,
-        path: String,
-        body: &Value,
-    ) -> Result<T, Error> {
-        self.ok(Request::post(path).json(body)).await?.json()
-    }
-
     // Health and operations.
 
     /// `GET /readyz`: `Ok(true)` when ready, `Ok(false)` with 503.
@@ -831,17 +823,27 @@ impl Client {
     // Sessions.
 
     pub async fn open_session(&self, client_id: &str, ttl_ms: u64) -> Result<Session, Error> {
-        self.post_json(
-            paths::SESSIONS.into(),
-            &json!({ "client_id": client_id, "ttl_ms": ttl_ms }),
-        )
-        .await
+        self.open_session_answer(client_id, ttl_ms).await?.json()
+    }
+
+    /// [`Client::open_session`], the answer kept whole (201 with the session).
+    pub async fn open_session_answer(
+        &self,
+        client_id: &str,
+        ttl_ms: u64,
+    ) -> Result<Response, Error> {
+        self.ok(Request::post(paths::SESSIONS)
+            .json(&json!({ "client_id": client_id, "ttl_ms": ttl_ms })))
+            .await
     }
 
     pub async fn heartbeat(&self, session: &str) -> Result<Value, Error> {
-        self.ok(Request::post(paths::heartbeat(session)))
-            .await?
-            .json()
+        self.heartbeat_answer(session).await?.json()
+    }
+
+    /// [`Client::heartbeat`], the answer kept whole.
+    pub async fn heartbeat_answer(&self, session: &str) -> Result<Response, Error> {
+        self.ok(Request::post(paths::heartbeat(session))).await
     }
 
     pub async fn sessions(&self) -> Result<Value, Error> {
@@ -925,11 +927,13 @@ impl Client {
     }
 
     pub async fn claim_task(&self, id: &str, session: &str) -> Result<Value, Error> {
-        self.post_json(
-            paths::task_action(id, "claim"),
-            &json!({ "session": session }),
-        )
-        .await
+        self.claim_task_answer(id, session).await?.json()
+    }
+
+    /// [`Client::claim_task`], the answer kept whole.
+    pub async fn claim_task_answer(&self, id: &str, session: &str) -> Result<Response, Error> {
+        self.ok(Request::post(paths::task_action(id, "claim")).json(&json!({ "session": session })))
+            .await
     }
 
     /// Moves a task to `to`, conditional on `version` (`If-Match`).
@@ -1337,6 +1341,30 @@ mod tests {
         );
         assert_eq!(meshd.put_topic("t", &settings).await.unwrap(), json!({}));
         next();
+        meshd.open_session_answer("worker 1", 5000).await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/sessions HTTP/1.1".into(),
+                r#"{"client_id":"worker 1","ttl_ms":5000}"#.into()
+            )
+        );
+        meshd.heartbeat_answer("s/1").await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/sessions/s%2F1/heartbeat HTTP/1.1".into(),
+                String::new()
+            )
+        );
+        meshd.claim_task_answer("t", "s1").await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/tasks/t/claim HTTP/1.1".into(),
+                r#"{"session":"s1"}"#.into()
+            )
+        );
 
         let outcome = r#"{"acked":["d1"],"unknown":[],"fenced":[],"failed":[]}"#;
         let (meshd, _sent) = stand_in("200 OK", outcome).await;
