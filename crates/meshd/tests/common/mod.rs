@@ -113,6 +113,15 @@ pub async fn create_topic(a: &str, topic: &str, partitions: u32) {
     answered(r, 201, &format!("PUT topic {topic}")).unwrap_or_else(|e| panic!("{e:#}"));
 }
 
+/// `PUT /v1/topics/{topic}` with `settings` ([`Client::put_topic_answer`]); asserts
+/// 201; the topic as stored.
+pub async fn create_topic_with(a: &str, topic: &str, settings: Value) -> Value {
+    let r = client(a).put_topic_answer(topic, &settings).await;
+    let r = answered(r, 201, &format!("PUT topic {topic}"))
+        .unwrap_or_else(|e| panic!("{settings}: {e:#}"));
+    body_of(&r).unwrap()
+}
+
 /// `PUT /v1/subscriptions/{name}` with `body` ([`Client::put_subscription_answer`]);
 /// asserts 201.
 pub async fn create_subscription(a: &str, name: &str, body: Value) -> Value {
@@ -492,6 +501,30 @@ pub async fn dead_letters(a: &str, sub: &str) -> Vec<Value> {
         .as_array()
         .unwrap_or_else(|| panic!("no entries list: {list}"))
         .clone()
+}
+
+/// The status and JSON body of a client call's answer, whatever its status (a
+/// refusal's body is its problem as the client read it: type, title, detail, field);
+/// an error when no answer came.
+pub fn status_and_body(
+    r: Result<meshd_client::Response, meshd_client::Error>,
+) -> anyhow::Result<(u16, Value)> {
+    match r {
+        Ok(a) => Ok((a.status, a.json().unwrap_or(Value::Null))),
+        Err(meshd_client::Error::Api(p)) => Ok((
+            p.status,
+            json!({"type": p.kind, "title": p.title, "detail": p.detail, "field": p.field}),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `GET /v1/deadletters/{id}` ([`Client::dead_letter_answer`]; asserts 200) → the
+/// entry as meshd wrote it.
+pub async fn dead_letter(a: &str, id: &str) -> Value {
+    let r = client(a).dead_letter_answer(id).await;
+    let r = answered(r, 200, &format!("dead letter {id}")).unwrap_or_else(|e| panic!("{e:#}"));
+    body_of(&r).unwrap()
 }
 
 /// Sends an empty-bodied request (no content type).
