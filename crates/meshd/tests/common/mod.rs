@@ -519,6 +519,29 @@ pub fn status_and_body(
     }
 }
 
+/// `POST /v1/sessions` ([`Client::open_session_answer`]); asserts 201; the session.
+pub async fn open_session(a: &str, client_id: &str, ttl_ms: u64) -> Value {
+    let r = client(a).open_session_answer(client_id, ttl_ms).await;
+    let r = answered(r, 201, &format!("open a session of {client_id}"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    body_of(&r).unwrap()
+}
+
+/// `GET /v1/tasks/{id}` ([`Client::task_answer`]); asserts 200; the task.
+pub async fn task(a: &str, id: &str) -> Value {
+    let r = answered(client(a).task_answer(id).await, 200, &format!("task {id}"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    body_of(&r).unwrap()
+}
+
+/// `POST /v1/tasks/{id}/claim` for `session` ([`Client::claim_task_answer`]); asserts
+/// 200; the task.
+pub async fn claim_task(a: &str, id: &str, session: &str) -> Value {
+    let r = client(a).claim_task_answer(id, session).await;
+    let r = answered(r, 200, &format!("claim {id}")).unwrap_or_else(|e| panic!("{e:#}"));
+    body_of(&r).unwrap()
+}
+
 /// `GET /v1/deadletters/{id}` ([`Client::dead_letter_answer`]; asserts 200) → the
 /// entry as meshd wrote it.
 pub async fn dead_letter(a: &str, id: &str) -> Value {
