@@ -811,7 +811,13 @@ impl Client {
     }
 
     pub async fn redrive(&self, id: &str) -> Result<(), Error> {
-        self.ok(Request::post(paths::redrive(id))).await.map(drop)
+        self.redrive_answer(id).await.map(drop)
+    }
+
+    /// [`Client::redrive`], the answer kept whole (202: accepted, delivered afresh
+    /// later).
+    pub async fn redrive_answer(&self, id: &str) -> Result<Response, Error> {
+        self.ok(Request::post(paths::redrive(id))).await
     }
 
     pub async fn delete_dead_letter(&self, id: &str) -> Result<(), Error> {
@@ -1354,6 +1360,14 @@ mod tests {
             next(),
             (
                 "POST /v1/sessions/s%2F1/heartbeat HTTP/1.1".into(),
+                String::new()
+            )
+        );
+        meshd.redrive_answer("s/d1").await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/deadletters/s%2Fd1/redrive HTTP/1.1".into(),
                 String::new()
             )
         );
