@@ -600,9 +600,13 @@ impl Client {
     }
 
     pub async fn delete_subscription(&self, name: &str) -> Result<(), Error> {
+        self.delete_subscription_answer(name).await.map(drop)
+    }
+
+    /// [`Client::delete_subscription`], the answer kept whole (204).
+    pub async fn delete_subscription_answer(&self, name: &str) -> Result<Response, Error> {
         self.ok(Request::new(Method::DELETE, paths::subscription(name)))
             .await
-            .map(drop)
     }
 
     pub async fn offsets(&self, name: &str) -> Result<Vec<Offset>, Error> {
@@ -626,10 +630,22 @@ impl Client {
         partition: u32,
         offset: u64,
     ) -> Result<Value, Error> {
-        self.ok(Request::new(Method::PUT, paths::offset(name, partition))
-            .json(&json!({ "offset": offset })))
+        self.reset_offset_answer(name, partition, offset)
             .await?
             .json()
+    }
+
+    /// [`Client::reset_offset`], the answer kept whole (200 with the partition's
+    /// committed offset and its new epoch).
+    pub async fn reset_offset_answer(
+        &self,
+        name: &str,
+        partition: u32,
+        offset: u64,
+    ) -> Result<Response, Error> {
+        self.ok(Request::new(Method::PUT, paths::offset(name, partition))
+            .json(&json!({ "offset": offset })))
+            .await
     }
 
     // Consuming.
@@ -1362,6 +1378,19 @@ mod tests {
                 "POST /v1/sessions/s%2F1/heartbeat HTTP/1.1".into(),
                 String::new()
             )
+        );
+        meshd.reset_offset_answer("s", 3, 0).await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "PUT /v1/subscriptions/s/offsets/3 HTTP/1.1".into(),
+                r#"{"offset":0}"#.into()
+            )
+        );
+        meshd.delete_subscription_answer("s").await.unwrap();
+        assert_eq!(
+            next(),
+            ("DELETE /v1/subscriptions/s HTTP/1.1".into(), String::new())
         );
         meshd.redrive_answer("s/d1").await.unwrap();
         assert_eq!(
