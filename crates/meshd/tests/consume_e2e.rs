@@ -415,13 +415,11 @@ async fn given_a_dead_letter_when_redriven_twice_then_it_is_delivered_once_afres
     };
     let (redriven, deleted) = (id_at(0), id_at(1));
 
-    let redrive = format!("/v1/deadletters/{redriven}/redrive");
-    let r = bare(a, "POST", &redrive).await;
-    assert_eq!(r.status, 202, "{}", r.body);
+    redrive(a, &redriven).await;
     let entry = dead_letter(a, &redriven).await;
     assert_eq!(entry["state"], "redriving", "{entry}");
-    let r = bare(a, "POST", &redrive).await;
-    assert_eq!(r.status, 202, "a repeated redrive is accepted: {}", r.body);
+    let r = client(a).redrive_answer(&redriven).await;
+    answered(r, 202, "redrive").unwrap_or_else(|e| panic!("a repeated redrive is accepted: {e:#}"));
 
     let got = pull_until(a, "s", 1, DRAIN).await;
     assert_eq!(summary(&got), vec![(0, 0, 1)], "a fresh attempt count");

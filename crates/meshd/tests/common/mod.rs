@@ -542,6 +542,12 @@ pub async fn claim_task(a: &str, id: &str, session: &str) -> Value {
     body_of(&r).unwrap()
 }
 
+/// `POST /v1/deadletters/{id}/redrive` ([`Client::redrive_answer`]); asserts 202.
+pub async fn redrive(a: &str, id: &str) {
+    let r = client(a).redrive_answer(id).await;
+    answered(r, 202, &format!("redrive {id}")).unwrap_or_else(|e| panic!("{e:#}"));
+}
+
 /// `GET /v1/deadletters/{id}` ([`Client::dead_letter_answer`]; asserts 200) → the
 /// entry as meshd wrote it.
 pub async fn dead_letter(a: &str, id: &str) -> Value {
