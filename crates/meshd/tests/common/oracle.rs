@@ -2,7 +2,6 @@
 //! classifies an answer, the seed and round numbers from the environment, and the
 //! final dead-letter listing their oracles read.
 
-use meshd_test_support::http::Response;
 use serde_json::Value;
 use std::fmt;
 
@@ -27,13 +26,22 @@ impl fmt::Display for Failure {
     }
 }
 
-/// The JSON body of an answer with `status`, or why not.
-pub fn expect(r: anyhow::Result<Response>, status: u16) -> Result<Value, Failure> {
-    let r = r.map_err(|e| Failure::Transport(format!("{e:#}")))?;
-    if r.status != status {
-        return Err(Failure::Status(r.status, r.body));
+/// The JSON body of an answer of [`meshd_client::Client`] (a `*_answer` method) with
+/// `status`, or why not: no answer is `Transport`, a refusal (the client's
+/// [`meshd_client::Error::Api`]) or another 2xx is `Status`, a body that is not JSON
+/// is `Malformed`.
+pub fn expect(
+    r: Result<meshd_client::Response, meshd_client::Error>,
+    status: u16,
+) -> Result<Value, Failure> {
+    match r {
+        Ok(a) if a.status == status => a
+            .json::<Value>()
+            .map_err(|e| Failure::Malformed(e.to_string())),
+        Ok(a) => Err(Failure::Status(a.status, a.text())),
+        Err(meshd_client::Error::Api(p)) => Err(Failure::Status(p.status, p.to_string())),
+        Err(e) => Err(Failure::Transport(e.to_string())),
     }
-    r.json().map_err(|e| Failure::Malformed(format!("{e:#}")))
 }
 
 /// A number from the environment (decimal or `0x` hex); panics naming the variable
