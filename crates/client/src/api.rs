@@ -29,6 +29,8 @@ pub struct Client {
     target: Target,
     /// How often a publish whose outcome is unknown is sent again.
     publish_retries: u32,
+    /// Bounds every request instead of its own bound (see [`Client::with_timeout`]).
+    timeout: Option<Duration>,
 }
 
 /// How often [`Client::publish`] resends a request whose outcome is unknown, by default.
@@ -72,6 +74,15 @@ struct Deliveries {
 /// error ([`Error::Malformed`]).
 pub fn deliveries_of(answer: &Response) -> Result<Vec<Delivery>, Error> {
     Ok(answer.json::<Deliveries>()?.deliveries)
+}
+
+/// Where a publish answer (`{"events": [...]}`) says each event was stored.
+fn placed(answer: &Response) -> Result<Vec<Stored>, Error> {
+    #[derive(Deserialize)]
+    struct Placed {
+        events: Vec<Stored>,
+    }
+    Ok(answer.json::<Placed>()?.events)
 }
 
 /// The answer to an ack.
@@ -146,6 +157,7 @@ impl Client {
             // meshd deduplicates publishes within the topic's window (on by default),
             // so a request whose outcome is unknown is safe to send again.
             publish_retries: DEFAULT_PUBLISH_RETRIES,
+            timeout: None,
         }
     }
 
@@ -197,32 +209,36 @@ impl Client {
         self
     }
 
+    /// Bounds every request, connect to answer, by `timeout`, long polls included:
+    /// by default a request may take 60 s, a pull its `wait_ms` plus 30 s, and a
+    /// stream's answer head 30 s. A request not answered in time is [`Error::Lost`]
+    /// (or [`Error::Unreachable`] when it never left). For a caller that must not wait
+    /// longer than it would for any answer, whatever the request asks meshd to wait
+    /// (the tests: a long poll that only meshd's stop can end must not end by its
+    /// own wait).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
     pub fn target(&self) -> &Target {
         &self.target
     }
 
     /// Sends `req` (its path under the target's prefix) and returns the answer, whatever
-    /// its status.
+    /// its status. Bounded by [`Client::with_timeout`] when set, else by its own
+    /// timeout.
     pub async fn send(&self, mut req: Request) -> Result<Response, Error> {
         req.path = format!("{}{}", self.target.prefix(), req.path);
+        if let Some(t) = self.timeout {
+            req.timeout = t;
+        }
         self.transport.send(&self.target, req).await
     }
 
     /// Sends `req`; a non-2xx answer is [`Error::Api`].
     pub async fn ok(&self, req: Request) -> Result<Response, Error> {
         self.send(req).await?.success()
-    }
-
-    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: String) -> Result<T, Error> {
-        self.ok(Request::get(path)).await?.json()
-    }
-
-    async fn post_json<T: serde::de::DeserializeOwned>(
-        &self,
-        path: String,
-        body: &Value,
-    ) -> Result<T, Error> {
-        self.ok(Request::post(path).json(body)).await?.json()
     }
 
     // Health and operations.
@@ -244,7 +260,12 @@ impl Client {
 
     /// `GET /v1/cluster`.
     pub async fn cluster(&self) -> Result<Value, Error> {
-        self.get_json(paths::CLUSTER.into()).await
+        self.cluster_answer().await?.json()
+    }
+
+    /// [`Client::cluster`], the answer kept whole.
+    pub async fn cluster_answer(&self) -> Result<Response, Error> {
+        self.ok(Request::get(paths::CLUSTER)).await
     }
 
     // Topics and events.
@@ -261,8 +282,20 @@ impl Client {
         topic: &str,
         partitions: u32,
     ) -> Result<Response, Error> {
-        self.ok(Request::new(Method::PUT, paths::topic(topic))
-            .json(&json!({ "partitions": partitions })))
+        self.put_topic_answer(topic, &json!({ "partitions": partitions }))
+            .await
+    }
+
+    /// `PUT /v1/topics/{topic}` with the contract's settings object (`partitions`, and
+    /// `dedup_window_ms` when not the default); the answer is the topic as stored.
+    pub async fn put_topic(&self, topic: &str, settings: &Value) -> Result<Value, Error> {
+        self.put_topic_answer(topic, settings).await?.json()
+    }
+
+    /// [`Client::put_topic`], the answer kept whole: 201 when created, 200 when it
+    /// existed (with the same partitions; a `dedup_window_ms` sent is then updated).
+    pub async fn put_topic_answer(&self, topic: &str, settings: &Value) -> Result<Response, Error> {
+        self.ok(Request::new(Method::PUT, paths::topic(topic)).json(settings))
             .await
     }
 
@@ -299,8 +332,14 @@ impl Client {
     /// up to [`Client::with_publish_retries`] times (within the topic's dedup window
     /// each event is then stored once).
     pub async fn publish(&self, topic: &str, events: &[Value]) -> Result<Vec<Stored>, Error> {
+        placed(&self.publish_answer(topic, events).await?)
+    }
+
+    /// [`Client::publish`], the answer kept whole (201 with where each event was
+    /// stored); retried as [`Client::publish`] is.
+    pub async fn publish_answer(&self, topic: &str, events: &[Value]) -> Result<Response, Error> {
         let texts: Vec<String> = events.iter().map(Value::to_string).collect();
-        self.publish_texts(topic, &texts).await
+        self.publish_texts_answer(topic, &texts).await
     }
 
     /// [`Client::publish`] for events given as JSON text, each sent exactly as written:
@@ -312,10 +351,15 @@ impl Client {
         topic: &str,
         events: &[S],
     ) -> Result<Vec<Stored>, Error> {
-        #[derive(Deserialize)]
-        struct Answer {
-            events: Vec<Stored>,
-        }
+        placed(&self.publish_texts_answer(topic, events).await?)
+    }
+
+    /// [`Client::publish_texts`], the answer kept whole.
+    async fn publish_texts_answer<S: AsRef<str>>(
+        &self,
+        topic: &str,
+        events: &[S],
+    ) -> Result<Response, Error> {
         let mut body =
             String::with_capacity(2 + events.iter().map(|e| e.as_ref().len() + 1).sum::<usize>());
         body.push('[');
@@ -326,14 +370,53 @@ impl Client {
             body.push_str(e.as_ref());
         }
         body.push(']');
-        let body = bytes::Bytes::from(body);
+        self.publish_body(topic, "application/cloudevents-batch+json", body.into())
+            .await
+    }
+
+    /// Publishes one CloudEvent in structured mode (`application/cloudevents+json`, the
+    /// event itself as the body, not a batch of one); answered once it is durable, with
+    /// where it was stored. Retried as [`Client::publish`] is.
+    pub async fn publish_event(&self, topic: &str, event: &Value) -> Result<Stored, Error> {
+        let answer = self.publish_event_answer(topic, event).await?;
+        let mut stored = placed(&answer)?;
+        match stored.len() {
+            1 => Ok(stored.remove(0)),
+            n => Err(Error::Malformed(format!(
+                "a publish of one event answered {n} placements: {}",
+                crate::error::shorten(&answer.text(), 200)
+            ))),
+        }
+    }
+
+    /// [`Client::publish_event`], the answer kept whole (201 with the one placement).
+    pub async fn publish_event_answer(
+        &self,
+        topic: &str,
+        event: &Value,
+    ) -> Result<Response, Error> {
+        self.publish_body(
+            topic,
+            "application/cloudevents+json",
+            event.to_string().into(),
+        )
+        .await
+    }
+
+    /// POSTs `body` to the topic's events, sent again while its outcome is unknown (up
+    /// to [`Client::with_publish_retries`] times): the 2xx answer.
+    async fn publish_body(
+        &self,
+        topic: &str,
+        content_type: &str,
+        body: bytes::Bytes,
+    ) -> Result<Response, Error> {
         let path = paths::events(topic);
         let mut tries = 0;
         loop {
-            let req = Request::post(path.clone())
-                .body("application/cloudevents-batch+json", body.clone());
+            let req = Request::post(path.clone()).body(content_type, body.clone());
             match self.ok(req).await {
-                Ok(a) => return Ok(a.json::<Answer>()?.events),
+                Ok(a) => return Ok(a),
                 Err(e) if e.outcome_unknown() && tries < self.publish_retries => {
                     tries += 1;
                     // A 504 or a lost connection: give the server a moment (a
@@ -353,12 +436,29 @@ impl Client {
         from: u64,
         limit: u32,
     ) -> Result<Value, Error> {
+        self.browse_answer(topic, partition, from, limit)
+            .await?
+            .json()
+    }
+
+    /// [`Client::browse`], the answer kept whole (each event byte for byte as
+    /// published).
+    pub async fn browse_answer(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        limit: u32,
+    ) -> Result<Response, Error> {
         let q = query(&[
             ("from", Some(from.to_string())),
             ("limit", Some(limit.to_string())),
         ]);
-        self.get_json(format!("{}{q}", paths::partition_events(topic, partition)))
-            .await
+        self.ok(Request::get(format!(
+            "{}{q}",
+            paths::partition_events(topic, partition)
+        )))
+        .await
     }
 
     // Subscriptions.
@@ -424,9 +524,13 @@ impl Client {
     }
 
     pub async fn delete_subscription(&self, name: &str) -> Result<(), Error> {
+        self.delete_subscription_answer(name).await.map(drop)
+    }
+
+    /// [`Client::delete_subscription`], the answer kept whole (204).
+    pub async fn delete_subscription_answer(&self, name: &str) -> Result<Response, Error> {
         self.ok(Request::new(Method::DELETE, paths::subscription(name)))
             .await
-            .map(drop)
     }
 
     pub async fn offsets(&self, name: &str) -> Result<Vec<Offset>, Error> {
@@ -434,10 +538,13 @@ impl Client {
         struct List {
             offsets: Vec<Offset>,
         }
-        Ok(self
-            .get_json::<List>(paths::subscription_action(name, "offsets"))
-            .await?
-            .offsets)
+        Ok(self.offsets_answer(name).await?.json::<List>()?.offsets)
+    }
+
+    /// [`Client::offsets`], the answer kept whole (`{"offsets": [...]}`).
+    pub async fn offsets_answer(&self, name: &str) -> Result<Response, Error> {
+        self.ok(Request::get(paths::subscription_action(name, "offsets")))
+            .await
     }
 
     /// Resets the committed offset of one partition (may move backwards).
@@ -447,10 +554,22 @@ impl Client {
         partition: u32,
         offset: u64,
     ) -> Result<Value, Error> {
-        self.ok(Request::new(Method::PUT, paths::offset(name, partition))
-            .json(&json!({ "offset": offset })))
+        self.reset_offset_answer(name, partition, offset)
             .await?
             .json()
+    }
+
+    /// [`Client::reset_offset`], the answer kept whole (200 with the partition's
+    /// committed offset and its new epoch).
+    pub async fn reset_offset_answer(
+        &self,
+        name: &str,
+        partition: u32,
+        offset: u64,
+    ) -> Result<Response, Error> {
+        self.ok(Request::new(Method::PUT, paths::offset(name, partition))
+            .json(&json!({ "offset": offset })))
+            .await
     }
 
     // Consuming.
@@ -492,7 +611,7 @@ impl Client {
         );
         let req = Request::get(path)
             .header("accept", "text/event-stream")
-            .timeout(ANSWER_SLACK);
+            .timeout(self.timeout.unwrap_or(ANSWER_SLACK));
         let answer = self.transport.send_streaming(&self.target, req).await?;
         if !(200..300).contains(&answer.status) {
             let answer = answer.rest(64 * 1024, ANSWER_SLACK).await?;
@@ -517,19 +636,30 @@ impl Client {
     }
 
     pub async fn ack(&self, name: &str, ids: &[String]) -> Result<Acked, Error> {
-        self.post_json(
-            paths::subscription_action(name, "ack"),
-            &json!({ "delivery_ids": ids }),
-        )
-        .await
+        self.ack_answer(name, ids).await?.json()
+    }
+
+    /// [`Client::ack`], the answer kept whole.
+    pub async fn ack_answer(&self, name: &str, ids: &[String]) -> Result<Response, Error> {
+        self.ok(Request::post(paths::subscription_action(name, "ack"))
+            .json(&json!({ "delivery_ids": ids })))
+            .await
     }
 
     pub async fn nack(&self, name: &str, ids: &[String], reason: &str) -> Result<Nacked, Error> {
-        self.post_json(
-            paths::subscription_action(name, "nack"),
-            &json!({ "delivery_ids": ids, "reason": reason }),
-        )
-        .await
+        self.nack_answer(name, ids, reason).await?.json()
+    }
+
+    /// [`Client::nack`], the answer kept whole.
+    pub async fn nack_answer(
+        &self,
+        name: &str,
+        ids: &[String],
+        reason: &str,
+    ) -> Result<Response, Error> {
+        self.ok(Request::post(paths::subscription_action(name, "nack"))
+            .json(&json!({ "delivery_ids": ids, "reason": reason })))
+            .await
     }
 
     /// A nack whose retries wait `delay_ms` (0 to 86 400 000) instead of the
@@ -541,11 +671,22 @@ impl Client {
         reason: &str,
         delay_ms: u64,
     ) -> Result<Nacked, Error> {
-        self.post_json(
-            paths::subscription_action(name, "nack"),
-            &json!({ "delivery_ids": ids, "reason": reason, "delay_ms": delay_ms }),
-        )
-        .await
+        self.nack_delayed_answer(name, ids, reason, delay_ms)
+            .await?
+            .json()
+    }
+
+    /// [`Client::nack_delayed`], the answer kept whole.
+    pub async fn nack_delayed_answer(
+        &self,
+        name: &str,
+        ids: &[String],
+        reason: &str,
+        delay_ms: u64,
+    ) -> Result<Response, Error> {
+        self.ok(Request::post(paths::subscription_action(name, "nack"))
+            .json(&json!({ "delivery_ids": ids, "reason": reason, "delay_ms": delay_ms })))
+            .await
     }
 
     pub async fn extend(
@@ -554,11 +695,19 @@ impl Client {
         ids: &[String],
         ack_timeout_ms: u64,
     ) -> Result<Extended, Error> {
-        self.post_json(
-            paths::subscription_action(name, "extend"),
-            &json!({ "delivery_ids": ids, "ack_timeout_ms": ack_timeout_ms }),
-        )
-        .await
+        self.extend_answer(name, ids, ack_timeout_ms).await?.json()
+    }
+
+    /// [`Client::extend`], the answer kept whole.
+    pub async fn extend_answer(
+        &self,
+        name: &str,
+        ids: &[String],
+        ack_timeout_ms: u64,
+    ) -> Result<Response, Error> {
+        self.ok(Request::post(paths::subscription_action(name, "extend"))
+            .json(&json!({ "delivery_ids": ids, "ack_timeout_ms": ack_timeout_ms })))
+            .await
     }
 
     // Dead letters.
@@ -602,7 +751,13 @@ impl Client {
     }
 
     pub async fn redrive(&self, id: &str) -> Result<(), Error> {
-        self.ok(Request::post(paths::redrive(id))).await.map(drop)
+        self.redrive_answer(id).await.map(drop)
+    }
+
+    /// [`Client::redrive`], the answer kept whole (202: accepted, delivered afresh
+    /// later).
+    pub async fn redrive_answer(&self, id: &str) -> Result<Response, Error> {
+        self.ok(Request::post(paths::redrive(id))).await
     }
 
     pub async fn delete_dead_letter(&self, id: &str) -> Result<(), Error> {
@@ -614,17 +769,27 @@ impl Client {
     // Sessions.
 
     pub async fn open_session(&self, client_id: &str, ttl_ms: u64) -> Result<Session, Error> {
-        self.post_json(
-            paths::SESSIONS.into(),
-            &json!({ "client_id": client_id, "ttl_ms": ttl_ms }),
-        )
-        .await
+        self.open_session_answer(client_id, ttl_ms).await?.json()
+    }
+
+    /// [`Client::open_session`], the answer kept whole (201 with the session).
+    pub async fn open_session_answer(
+        &self,
+        client_id: &str,
+        ttl_ms: u64,
+    ) -> Result<Response, Error> {
+        self.ok(Request::post(paths::SESSIONS)
+            .json(&json!({ "client_id": client_id, "ttl_ms": ttl_ms })))
+            .await
     }
 
     pub async fn heartbeat(&self, session: &str) -> Result<Value, Error> {
-        self.ok(Request::post(paths::heartbeat(session)))
-            .await?
-            .json()
+        self.heartbeat_answer(session).await?.json()
+    }
+
+    /// [`Client::heartbeat`], the answer kept whole.
+    pub async fn heartbeat_answer(&self, session: &str) -> Result<Response, Error> {
+        self.ok(Request::post(paths::heartbeat(session))).await
     }
 
     pub async fn sessions(&self) -> Result<Value, Error> {
@@ -708,11 +873,13 @@ impl Client {
     }
 
     pub async fn claim_task(&self, id: &str, session: &str) -> Result<Value, Error> {
-        self.post_json(
-            paths::task_action(id, "claim"),
-            &json!({ "session": session }),
-        )
-        .await
+        self.claim_task_answer(id, session).await?.json()
+    }
+
+    /// [`Client::claim_task`], the answer kept whole.
+    pub async fn claim_task_answer(&self, id: &str, session: &str) -> Result<Response, Error> {
+        self.ok(Request::post(paths::task_action(id, "claim")).json(&json!({ "session": session })))
+            .await
     }
 
     /// Moves a task to `to`, conditional on `version` (`If-Match`).
@@ -1043,6 +1210,218 @@ mod tests {
         let request = sent.recv().await.unwrap();
         let (_, _, body) = parts(&request);
         assert_eq!(body, Value::Array(values).to_string());
+    }
+
+    /// The answer twins of the data plane send what their typed methods send, and
+    /// the typed methods read those answers.
+    #[tokio::test]
+    async fn each_data_plane_answer_method_sends_its_operation() {
+        let (meshd, mut sent) = stand_in("200 OK", "{}").await;
+        let mut next = || {
+            let request = sent.try_recv().unwrap();
+            let (line, _, body) = parts(&request);
+            (line.to_string(), body.to_string())
+        };
+        let ids = ["d1".to_string(), "d 2".to_string()];
+        meshd.ack_answer("s", &ids).await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/subscriptions/s/ack HTTP/1.1".into(),
+                r#"{"delivery_ids":["d1","d 2"]}"#.into()
+            )
+        );
+        meshd.nack_answer("s", &ids[..1], "bad").await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/subscriptions/s/nack HTTP/1.1".into(),
+                r#"{"delivery_ids":["d1"],"reason":"bad"}"#.into()
+            )
+        );
+        meshd
+            .nack_delayed_answer("s", &ids[..1], "later", 500)
+            .await
+            .unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/subscriptions/s/nack HTTP/1.1".into(),
+                r#"{"delay_ms":500,"delivery_ids":["d1"],"reason":"later"}"#.into()
+            )
+        );
+        meshd.extend_answer("s", &ids[..1], 9000).await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/subscriptions/s/extend HTTP/1.1".into(),
+                r#"{"ack_timeout_ms":9000,"delivery_ids":["d1"]}"#.into()
+            )
+        );
+        meshd.offsets_answer("s/1").await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "GET /v1/subscriptions/s%2F1/offsets HTTP/1.1".into(),
+                String::new()
+            )
+        );
+        meshd.browse_answer("t", 2, 10, 1000).await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "GET /v1/topics/t/partitions/2/events?from=10&limit=1000 HTTP/1.1".into(),
+                String::new()
+            )
+        );
+        meshd.cluster_answer().await.unwrap();
+        assert_eq!(next(), ("GET /v1/cluster HTTP/1.1".into(), String::new()));
+        let settings = json!({"partitions": 2, "dedup_window_ms": 0});
+        meshd.put_topic_answer("t", &settings).await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "PUT /v1/topics/t HTTP/1.1".into(),
+                r#"{"dedup_window_ms":0,"partitions":2}"#.into()
+            )
+        );
+        assert_eq!(meshd.put_topic("t", &settings).await.unwrap(), json!({}));
+        next();
+        meshd.open_session_answer("worker 1", 5000).await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/sessions HTTP/1.1".into(),
+                r#"{"client_id":"worker 1","ttl_ms":5000}"#.into()
+            )
+        );
+        meshd.heartbeat_answer("s/1").await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/sessions/s%2F1/heartbeat HTTP/1.1".into(),
+                String::new()
+            )
+        );
+        meshd.reset_offset_answer("s", 3, 0).await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "PUT /v1/subscriptions/s/offsets/3 HTTP/1.1".into(),
+                r#"{"offset":0}"#.into()
+            )
+        );
+        meshd.delete_subscription_answer("s").await.unwrap();
+        assert_eq!(
+            next(),
+            ("DELETE /v1/subscriptions/s HTTP/1.1".into(), String::new())
+        );
+        meshd.redrive_answer("s/d1").await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/deadletters/s%2Fd1/redrive HTTP/1.1".into(),
+                String::new()
+            )
+        );
+        meshd.claim_task_answer("t", "s1").await.unwrap();
+        assert_eq!(
+            next(),
+            (
+                "POST /v1/tasks/t/claim HTTP/1.1".into(),
+                r#"{"session":"s1"}"#.into()
+            )
+        );
+
+        let outcome = r#"{"acked":["d1"],"unknown":[],"fenced":[],"failed":[]}"#;
+        let (meshd, _sent) = stand_in("200 OK", outcome).await;
+        let acked = meshd.ack("s", &ids[..1]).await.unwrap();
+        assert_eq!(acked.acked, ["d1"]);
+        let offsets = r#"{"offsets":[{"partition":1,"committed":7,"epoch":2}]}"#;
+        let (meshd, _sent) = stand_in("200 OK", offsets).await;
+        let o = meshd.offsets("s").await.unwrap();
+        assert_eq!((o[0].partition, o[0].committed, o[0].epoch), (1, 7, 2));
+    }
+
+    /// Structured mode is its own content mode of a publish: the body is the event
+    /// itself, not a batch of one, and the answer places that one event.
+    #[tokio::test]
+    async fn one_event_is_published_in_structured_mode() {
+        let placed = r#"{"events":[{"id":"a","partition":1,"offset":4}]}"#;
+        let (meshd, mut sent) = stand_in("201 Created", placed).await;
+        let event = json!({"specversion": "1.0", "id": "a", "source": "/s", "type": "t"});
+        let stored = meshd.publish_event("orders", &event).await.unwrap();
+        assert_eq!(
+            stored,
+            Stored {
+                id: "a".into(),
+                partition: 1,
+                offset: 4,
+                duplicate: false
+            }
+        );
+        let request = sent.recv().await.unwrap();
+        let (line, headers, body) = parts(&request);
+        assert_eq!(line, "POST /v1/topics/orders/events HTTP/1.1");
+        assert!(
+            headers.contains("content-type: application/cloudevents+json"),
+            "{headers}"
+        );
+        assert_eq!(body, event.to_string());
+        let a = meshd.publish_event_answer("orders", &event).await.unwrap();
+        assert_eq!((a.status, a.text().as_str()), (201, placed));
+        let a = meshd
+            .publish_answer("orders", std::slice::from_ref(&event))
+            .await
+            .unwrap();
+        assert_eq!(a.status, 201);
+        sent.recv().await.unwrap();
+        let request = sent.recv().await.unwrap();
+        let (_, headers, body) = parts(&request);
+        assert!(
+            headers.contains("content-type: application/cloudevents-batch+json"),
+            "{headers}"
+        );
+        assert_eq!(body, format!("[{event}]"));
+
+        let two = r#"{"events":[{"id":"a","partition":0,"offset":1},{"id":"b","partition":0,"offset":2}]}"#;
+        let (meshd, _sent) = stand_in("201 Created", two).await;
+        match meshd.publish_event("orders", &event).await {
+            Err(Error::Malformed(m)) => assert!(m.contains("2 placements"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// `with_timeout` bounds a long poll too: a pull asking meshd to wait 60 s on a
+    /// server that never answers ends by the client's bound, not by 60 s + 30 s.
+    #[tokio::test]
+    async fn with_timeout_bounds_every_request_long_polls_included() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((s, _)) = l.accept().await {
+                open.push(s);
+            }
+        });
+        let meshd = Client::connect(&url)
+            .unwrap()
+            .with_timeout(Duration::from_millis(300));
+        let pull = Pull {
+            wait_ms: Some(60_000),
+            ..Pull::default()
+        };
+        let t0 = std::time::Instant::now();
+        match meshd.pull("s", &pull).await {
+            Err(Error::Lost(_)) => {}
+            other => panic!("{other:?}"),
+        }
+        match meshd.topics().await {
+            Err(Error::Lost(_)) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        held.abort();
     }
 
     #[test]

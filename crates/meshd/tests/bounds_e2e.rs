@@ -212,15 +212,12 @@ async fn given_large_task_inputs_then_the_list_stops_at_max_bytes_and_its_cursor
     let a = m.addr();
     // Tasks: inputs of 100 KiB, listed 2 at a time under 250 000 bytes.
     for i in 0..5 {
-        let r = send_json(
-            a,
-            "POST",
-            "/v1/tasks",
-            &json!({"id": format!("task-{i}"), "agent": "ag", "input": {"pad": "y".repeat(100 * 1024)}}),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
+        let id = format!("task-{i}");
+        let input = json!({"pad": "y".repeat(100 * 1024)});
+        let r = common::client(a)
+            .submit_task_answer(Some(&id), "ag", &input)
+            .await;
+        common::answered(r, 201, "submit").unwrap();
     }
     let mut listed = Vec::new();
     let mut cursor: Option<String> = None;
@@ -306,7 +303,7 @@ impl TwoInstances {
             let topic = format!("t{i}");
             create_topic(self.a.addr(), &topic, 1).await;
             let owner = wait_until(Duration::from_secs(30), "an owner", || async {
-                let v = get(self.b.addr(), "/v1/cluster").await?.json()?;
+                let v = common::client(self.b.addr()).cluster().await?;
                 let row = v["partitions"]
                     .as_array()
                     .into_iter()

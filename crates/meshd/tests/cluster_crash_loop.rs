@@ -302,6 +302,12 @@ impl Ctx {
     }
 }
 
+/// The client of the instance at `a` as the clients of the loop use it: each request
+/// sent once and bounded by [`REQUEST_TIMEOUT`].
+fn loop_client(a: &str) -> meshd_client::Client {
+    client(a).with_timeout(REQUEST_TIMEOUT)
+}
+
 async fn send(a: &str, method: &str, path: &str, body: &Value) -> anyhow::Result<Response> {
     http::request_with_timeout(
         a,
@@ -360,16 +366,7 @@ async fn publish_and_record(ctx: &Ctx, a: &str, events: &[Value]) -> Result<(), 
             });
         }
     }
-    let body = Value::Array(events.to_vec()).to_string();
-    let r = http::request_with_timeout(
-        a,
-        "POST",
-        &format!("/v1/topics/{TOPIC}/events"),
-        &[("Content-Type", "application/cloudevents-batch+json")],
-        body.as_bytes(),
-        REQUEST_TIMEOUT,
-    )
-    .await;
+    let r = loop_client(a).publish_answer(TOPIC, events).await;
     let placed = expect(r, 201).and_then(|answer| {
         let placed: Option<Vec<(String, u64, u64)>> = answer["events"].as_array().map(|l| {
             l.iter()
@@ -432,13 +429,12 @@ async fn pull_and_record(
     wait_ms: u64,
 ) -> Result<Vec<(Value, String)>, Failure> {
     let sent = ctx.now();
-    let r = send(
-        a,
-        "POST",
-        &format!("/v1/subscriptions/{SUB}/pull"),
-        &json!({"max_events": max_events, "wait_ms": wait_ms}),
-    )
-    .await;
+    let pull = meshd_client::Pull {
+        max_events: Some(max_events),
+        wait_ms: Some(wait_ms),
+        ..Default::default()
+    };
+    let r = loop_client(a).pull_answer(SUB, &pull).await;
     let answer = expect(r, 200);
     let recv = ctx.now();
     let answer = answer.inspect_err(|f| ctx.note("pull", f))?;
@@ -482,11 +478,11 @@ async fn pull_and_record(
 
 /// Acks (`verb` "ack") or nacks `ids` and records the answer for each.
 async fn settle_and_record(ctx: &Ctx, a: &str, verb: &str, ids: Vec<Value>) -> Result<(), Failure> {
-    let body = if verb == "ack" {
-        json!({ "delivery_ids": ids })
-    } else {
-        json!({ "delivery_ids": ids, "reason": "cluster crash loop nack" })
-    };
+    // Sent as received: every id recorded is text (pull_and_record).
+    let texts: Vec<String> = ids
+        .iter()
+        .map(|id| id.as_str().unwrap_or_default().to_string())
+        .collect();
     let sent = ctx.now();
     if verb == "ack" {
         let mut log = ctx.log();
@@ -501,7 +497,13 @@ async fn settle_and_record(ctx: &Ctx, a: &str, verb: &str, ids: Vec<Value>) -> R
             }
         }
     }
-    let r = send(a, "POST", &format!("/v1/subscriptions/{SUB}/{verb}"), &body).await;
+    let r = if verb == "ack" {
+        loop_client(a).ack_answer(SUB, &texts).await
+    } else {
+        loop_client(a)
+            .nack_answer(SUB, &texts, "cluster crash loop nack")
+            .await
+    };
     let answer = expect(r, 200);
     let recv = ctx.now();
     let answer = answer.inspect_err(|f| ctx.note(verb, f))?;
@@ -1137,8 +1139,7 @@ async fn wait_all_ready(ctx: &Ctx, nodes: &[Node]) {
             Duration::from_secs(60),
             &format!("{} ready", n.id),
             || async {
-                let r = http::get(&a, "/readyz").await?;
-                anyhow::ensure!(r.status == 200, "readyz {}: {}", r.status, r.body);
+                anyhow::ensure!(client(&a).ready().await?, "readyz 503");
                 Ok(())
             },
         )
@@ -1411,8 +1412,13 @@ async fn drain_views(addrs: &[String]) -> String {
     let mut out = String::new();
     for a in addrs {
         for what in ["offsets", "stats"] {
-            let got = match http::get(a, &format!("/v1/subscriptions/{SUB}/{what}")).await {
-                Ok(r) => format!("{} {}", r.status, r.body),
+            let r = match what {
+                "offsets" => client(a).offsets_answer(SUB).await,
+                _ => client(a).stats_answer(SUB).await,
+            };
+            let got = match r {
+                Ok(r) => format!("{} {}", r.status, r.text()),
+                Err(meshd_client::Error::Api(p)) => format!("{} {}", p.status, p.detail),
                 Err(e) => format!("no answer: {e:#}"),
             };
             out.push_str(&format!("{a} {what}: {got}\n"));

@@ -135,7 +135,7 @@ impl Cluster {
 
 /// (topic, partition) → (owner, epoch) as instance `a` reports it.
 async fn owners(a: &str) -> anyhow::Result<BTreeMap<(String, u64), (String, i64)>> {
-    let v = get(a, "/v1/cluster").await?.json()?;
+    let v = client(a).cluster().await?;
     let mut out = BTreeMap::new();
     for p in v["partitions"].as_array().into_iter().flatten() {
         let (Some(t), Some(n)) = (p["topic"].as_str(), p["partition"].as_u64()) else {
@@ -429,7 +429,7 @@ async fn given_a_poison_event_handed_out_across_repeated_takeovers_then_it_is_de
         DEADLINE,
         "the poison event in the dead-letter store",
         || async {
-            let r = get(&any, "/v1/deadletters?subscription=s").await?.json()?;
+            let r = client(&any).dead_letters(Some("s"), None, None).await?;
             let e = r["entries"].as_array().cloned().unwrap_or_default();
             anyhow::ensure!(e.len() == 1, "{r}");
             anyhow::ensure!(e[0]["attempts"] == 4, "{r}");
@@ -448,15 +448,7 @@ async fn given_a_poison_event_handed_out_across_repeated_takeovers_then_it_is_de
     let owner = c.index_of(&o[&("p".to_string(), 0)].0);
     let other = c.addr(c.live().into_iter().find(|i| *i != owner).unwrap());
     let entry = dead_letters(&other, "s").await.remove(0);
-    let r = meshd_test_support::http::send_json(
-        &other,
-        "POST",
-        &format!("/v1/deadletters/{}/redrive", entry["id"].as_str().unwrap()),
-        &json!({}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 202, "{}", r.body);
+    redrive(&other, entry["id"].as_str().unwrap()).await;
     let again = pull_until(&other, "s", 1, DEADLINE).await;
     assert_eq!(summary(&again), vec![(0, 0, 1)]);
     let r = ack(&other, "s", &ids(&again)).await.unwrap();
@@ -465,9 +457,7 @@ async fn given_a_poison_event_handed_out_across_repeated_takeovers_then_it_is_de
         DEADLINE,
         "the entry is gone after the redrive's ack",
         || async {
-            let r = get(&other, "/v1/deadletters?subscription=s")
-                .await?
-                .json()?;
+            let r = client(&other).dead_letters(Some("s"), None, None).await?;
             anyhow::ensure!(r["entries"].as_array().is_some_and(Vec::is_empty), "{r}");
             Ok(())
         },
@@ -634,16 +624,8 @@ async fn given_a_consumer_on_one_instance_then_it_gets_the_events_of_every_parti
     // An offset reset through instance 0 of a partition another instance owns runs on
     // the owner (new epoch) and the events come again.
     let (&(_, p), _) = o.iter().find(|(_, (owner, _))| owner != &c.ids[0]).unwrap();
-    let r = meshd_test_support::http::send_json(
-        &a0,
-        "PUT",
-        &format!("/v1/subscriptions/s/offsets/{p}"),
-        &json!({"offset": 0}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v = r.json().unwrap();
+    let r = client(&a0).reset_offset_answer("s", p as u32, 0).await;
+    let v: serde_json::Value = answered(r, 200, "offset reset").unwrap().json().unwrap();
     assert_eq!(
         (v["committed"].as_u64(), v["epoch"].as_u64()),
         (Some(0), Some(1)),
@@ -656,16 +638,8 @@ async fn given_a_consumer_on_one_instance_then_it_gets_the_events_of_every_parti
         summary(&again)
     );
     // Deleting the subscription removes its checkpoints and attempt ledgers from Meta.
-    let r = meshd_test_support::http::request(
-        &a0,
-        "DELETE",
-        "/v1/subscriptions/s",
-        None,
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 204, "{}", r.body);
+    let r = client(&a0).delete_subscription_answer("s").await;
+    answered(r, 204, "DELETE subscription s").unwrap();
     let meta =
         meshd_meta_etcd::EtcdMeta::connect(meshd_meta_etcd::EtcdConfig::new([c._etcd.endpoint()]))
             .await
@@ -787,8 +761,7 @@ async fn given_one_instance_cut_off_from_etcd_then_it_stops_owning_and_is_not_re
     // Reconnected, it rejoins and gets its share back, without a restart.
     proxy.restore();
     wait_until(DEADLINE, "inst-2 ready and owning again", || async {
-        let r = get(&cut, "/readyz").await?;
-        anyhow::ensure!(r.status == 200, "{}", r.body);
+        anyhow::ensure!(client(&cut).ready().await?, "readyz 503");
         anyhow::ensure!(metric(&cut, "meshd_owned_partitions").await? > 0.0);
         Ok(())
     })
@@ -1221,11 +1194,7 @@ async fn given_a_stream_on_one_instance_then_it_gets_every_partition_and_keeps_g
     // delivers again (acked after the last checkpoint) is acked too.
     let start = Instant::now();
     loop {
-        let v = get(&a0, "/v1/subscriptions/s/stats")
-            .await
-            .unwrap()
-            .json()
-            .unwrap();
+        let v = common::client(&a0).stats("s").await.unwrap();
         let parts = v["partitions"].as_array().cloned().unwrap_or_default();
         let done = parts.len() == 6
             && parts.iter().all(|p| {

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use meshd_test_support::etcd::EtcdProcess;
-use meshd_test_support::http::{get, send_json};
+use meshd_test_support::http::send_json;
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
@@ -21,19 +21,7 @@ async fn given_deliveries_bound_to_a_session_when_it_is_taken_over_then_its_acks
     create_topic(a, "t", 1).await;
     create_subscription(a, "s", json!({"topic": "t", "ack_timeout_ms": 60000})).await;
     publish(a, "t", &event("bound")).await.unwrap();
-    let open = |client: &'static str| async move {
-        let r = send_json(
-            a,
-            "POST",
-            "/v1/sessions",
-            &json!({"client_id": client, "ttl_ms": 60000}),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
-        r.json().unwrap()
-    };
-    let old: Value = open("consumer-1").await;
+    let old = open_session(a, "consumer-1", 60000).await;
     let got = pull(
         a,
         "s",
@@ -42,7 +30,7 @@ async fn given_deliveries_bound_to_a_session_when_it_is_taken_over_then_its_acks
     .await
     .unwrap();
     assert_eq!(got.len(), 1, "{got:?}");
-    let new: Value = open("consumer-1").await;
+    let new = open_session(a, "consumer-1", 60000).await;
     assert!(new["epoch"].as_i64() > old["epoch"].as_i64(), "{old} {new}");
 
     let r = send_json(
@@ -78,9 +66,8 @@ async fn given_deliveries_bound_to_a_session_when_it_is_taken_over_then_its_acks
 }
 
 async fn members(a: &str) -> anyhow::Result<Vec<String>> {
-    let r = get(a, "/v1/cluster").await?;
-    anyhow::ensure!(r.status == 200, "cluster answered {}: {}", r.status, r.body);
-    let v = r.json()?;
+    let r = answered(client(a).cluster_answer().await, 200, "cluster")?;
+    let v: Value = r.json()?;
     let mut m: Vec<String> = v["members"]
         .as_array()
         .ok_or_else(|| anyhow::anyhow!("no members list: {v}"))?
@@ -118,7 +105,7 @@ async fn given_two_instances_on_one_etcd_when_one_is_killed_then_cluster_lists_b
     })
     .await
     .unwrap();
-    let v = get(a.addr(), "/v1/cluster").await.unwrap().json().unwrap();
+    let v = client(a.addr()).cluster().await.unwrap();
     assert_eq!(v["instance"], "inst-a", "{v}");
     assert_eq!(v["meta"]["backend"], "etcd", "{v}");
     assert_eq!(v["meta"]["healthy"], true, "{v}");

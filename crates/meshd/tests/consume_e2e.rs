@@ -13,7 +13,8 @@
 mod common;
 
 use common::*;
-use meshd_test_support::http::{self, request_with};
+use meshd_client::Pull;
+use meshd_test_support::http;
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -378,12 +379,8 @@ async fn given_max_attempts_3_when_a_delivery_is_nacked_three_times_then_it_is_d
         );
     }
     let id = entry["id"].as_str().unwrap();
-    let one = http::get(a, &format!("/v1/deadletters/{id}"))
-        .await
-        .unwrap();
-    assert_eq!(one.status, 200, "{}", one.body);
     assert_eq!(
-        &one.json().unwrap(),
+        &dead_letter(a, id).await,
         entry,
         "by id: the same entry as in the list"
     );
@@ -418,27 +415,17 @@ async fn given_a_dead_letter_when_redriven_twice_then_it_is_delivered_once_afres
     };
     let (redriven, deleted) = (id_at(0), id_at(1));
 
-    let redrive = format!("/v1/deadletters/{redriven}/redrive");
-    let r = bare(a, "POST", &redrive).await;
-    assert_eq!(r.status, 202, "{}", r.body);
-    let entry = http::get(a, &format!("/v1/deadletters/{redriven}"))
-        .await
-        .unwrap()
-        .json()
-        .unwrap();
+    redrive(a, &redriven).await;
+    let entry = dead_letter(a, &redriven).await;
     assert_eq!(entry["state"], "redriving", "{entry}");
-    let r = bare(a, "POST", &redrive).await;
-    assert_eq!(r.status, 202, "a repeated redrive is accepted: {}", r.body);
+    let r = client(a).redrive_answer(&redriven).await;
+    answered(r, 202, "redrive").unwrap_or_else(|e| panic!("a repeated redrive is accepted: {e:#}"));
 
     let got = pull_until(a, "s", 1, DRAIN).await;
     assert_eq!(summary(&got), vec![(0, 0, 1)], "a fresh attempt count");
     assert_eq!(got[0].event, published[0], "exactly as published");
     assert_no_delivery(a, "s", 500, "the second redrive delivered it again").await;
-    let entry = http::get(a, &format!("/v1/deadletters/{redriven}"))
-        .await
-        .unwrap()
-        .json()
-        .unwrap();
+    let entry = dead_letter(a, &redriven).await;
     assert_eq!(entry["state"], "redriving", "{entry}");
 
     let r = ack(a, "s", std::slice::from_ref(&got[0].id)).await.unwrap();
@@ -706,9 +693,8 @@ async fn given_a_stream_of_publishes_and_acks_when_meshd_is_killed_then_nothing_
             .map(|d| (d.partition, d.offset, d.attempt))
             .collect();
         let offsets = offsets(&a, "s").await;
-        let metrics = http::get(&a, "/metrics").await.map(|r| {
-            r.body
-                .lines()
+        let metrics = client(&a).metrics().await.map(|r| {
+            r.lines()
                 .filter(|l| {
                     !l.starts_with('#')
                         && [
@@ -777,17 +763,13 @@ async fn given_an_empty_subscription_when_a_long_poll_waits_then_a_publish_wakes
     create_topic(&a, "t", 1).await;
     create_subscription(&a, "s", json!({"topic": "t"})).await;
 
-    let r = request_with(
-        &a,
-        "POST",
-        "/v1/subscriptions/s/pull",
-        &[("Content-Type", "application/json")],
-        br#"{"max_events":10,"wait_ms":200}"#,
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.json().unwrap(), json!({"deliveries": []}));
+    let short = Pull {
+        max_events: Some(10),
+        wait_ms: Some(200),
+        ..Pull::default()
+    };
+    let r = answered(client(&a).pull_answer("s", &short).await, 200, "pull").unwrap();
+    assert_eq!(r.json::<Value>().unwrap(), json!({"deliveries": []}));
 
     // The pull is sent before the publish; whichever the server sees first, the pull
     // must answer with the event (well before its 5 s wait, but that is not asserted).
@@ -845,16 +827,7 @@ async fn given_six_long_polls_waiting_when_one_batch_makes_six_events_ready_then
     .await
     .unwrap();
     let batch: Vec<Value> = (0..WAITERS).map(|i| event(&format!("b{i}"))).collect();
-    let r = request_with(
-        &a,
-        "POST",
-        "/v1/topics/t/events",
-        &[("Content-Type", "application/cloudevents-batch+json")],
-        serde_json::to_string(&batch).unwrap().as_bytes(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
+    publish_batch(&a, "t", &batch).await.unwrap();
     let mut got = BTreeSet::new();
     for w in waiters {
         let ds = w.await.unwrap().unwrap();
@@ -988,11 +961,8 @@ async fn given_leases_that_run_out_when_max_attempts_is_1_then_each_is_dead_lett
     }
     wait_committed(a, "s", 0, 3).await;
     // Two pages: limit 2, then the cursor.
-    let first = http::get(a, "/v1/deadletters?subscription=s&limit=2")
-        .await
-        .unwrap()
-        .json()
-        .unwrap();
+    let meshd = client(a);
+    let first = meshd.dead_letters(Some("s"), Some(2), None).await.unwrap();
     assert_eq!(
         first["entries"].as_array().map(Vec::len),
         Some(2),
@@ -1002,14 +972,10 @@ async fn given_leases_that_run_out_when_max_attempts_is_1_then_each_is_dead_lett
         .as_str()
         .expect("a next_cursor")
         .to_string();
-    let second = http::get(
-        a,
-        &format!("/v1/deadletters?subscription=s&limit=2&cursor={cursor}"),
-    )
-    .await
-    .unwrap()
-    .json()
-    .unwrap();
+    let second = meshd
+        .dead_letters(Some("s"), Some(2), Some(&cursor))
+        .await
+        .unwrap();
     assert_eq!(
         second["entries"].as_array().map(Vec::len),
         Some(1),
@@ -1031,11 +997,7 @@ async fn given_leases_that_run_out_when_max_attempts_is_1_then_each_is_dead_lett
         Some(3.0)
     );
     // The other subscription filter lists nothing.
-    let none = http::get(a, "/v1/deadletters?subscription=other")
-        .await
-        .unwrap()
-        .json()
-        .unwrap();
+    let none = meshd.dead_letters(Some("other"), None, None).await.unwrap();
     assert_eq!(none["entries"], json!([]), "{none}");
 }
 

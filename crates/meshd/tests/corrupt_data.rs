@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{bin, create_topic, event, problem, publish};
+use common::{answered, bin, client, create_topic, event, problem, publish};
 use meshd_local::RocksEngine;
 use meshd_test_support::http::{self, request_with};
 use meshd_test_support::meshd::MeshdProcess;
@@ -143,7 +143,7 @@ async fn given_a_copy_of_a_data_dir_with_a_damaged_sst_when_its_events_are_read_
     .await
     .unwrap();
     problem(&r, 503);
-    let metrics = http::get(&a, "/metrics").await.unwrap().body;
+    let metrics = client(&a).metrics().await.unwrap();
     assert!(
         metrics.contains(r#"meshd_local_healthy{backend="rocksdb"} 0"#),
         "{metrics}"
@@ -185,10 +185,8 @@ async fn given_an_event_record_that_fails_its_own_checksum_when_read_then_500_na
     let meshd = MeshdProcess::start(bin(), &data, &[]).await.unwrap();
     let a = meshd.addr().to_string();
     // Events before the damaged one are served; the damaged one never is.
-    let r = http::get(&a, "/v1/topics/t/partitions/0/events?from=0&limit=7")
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    let r = client(&a).browse_answer("t", 0, 0, 7).await;
+    answered(r, 200, "browse").unwrap();
     let r = http::get(&a, "/v1/topics/t/partitions/0/events?from=0&limit=1000")
         .await
         .unwrap();

@@ -75,8 +75,8 @@ mod common;
 
 use common::oracle::{dead_letter_entries, expect, placed_ids, seed_from, Failure};
 use common::*;
+use meshd_client::Pull;
 use meshd_stores::topics::DEFAULT_DEDUP_WINDOW_MS;
-use meshd_test_support::http::{self, request_with, send_json};
 use meshd_test_support::lazyfs::{LazyFs, Torn};
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::rng::Rng;
@@ -385,21 +385,11 @@ async fn publish_and_record(ctx: &Ctx, a: &str, gen: u32, events: &[Value]) -> R
             );
         }
     }
-    let (content_type, body) = match events {
-        [one] => ("application/cloudevents+json", one.to_string()),
-        _ => (
-            "application/cloudevents-batch+json",
-            Value::Array(events.to_vec()).to_string(),
-        ),
+    // One event in structured mode, more as a batch.
+    let r = match events {
+        [one] => client(a).publish_event_answer(TOPIC, one).await,
+        _ => client(a).publish_answer(TOPIC, events).await,
     };
-    let r = request_with(
-        a,
-        "POST",
-        &format!("/v1/topics/{TOPIC}/events"),
-        &[("Content-Type", content_type)],
-        body.as_bytes(),
-    )
-    .await;
     let placed = expect(r, 201).and_then(|answer| {
         let placed: Option<Vec<(String, u64, u64)>> = answer["events"].as_array().map(|list| {
             list.iter()
@@ -459,13 +449,12 @@ async fn pull_and_record(
     wait_ms: u64,
 ) -> Result<Vec<Value>, Failure> {
     let sent = ctx.now();
-    let r = send_json(
-        a,
-        "POST",
-        &format!("/v1/subscriptions/{SUB}/pull"),
-        &json!({"max_events": max_events, "wait_ms": wait_ms}),
-    )
-    .await;
+    let pull = Pull {
+        max_events: Some(max_events),
+        wait_ms: Some(wait_ms),
+        ..Pull::default()
+    };
+    let r = client(a).pull_answer(SUB, &pull).await;
     let answer = expect(r, 200);
     let recv = ctx.now();
     let answer = answer.inspect_err(|f| ctx.note("pull", f))?;
@@ -516,11 +505,11 @@ async fn settle_and_record(
     verb: &str,
     ids: Vec<Value>,
 ) -> Result<(), Failure> {
-    let body = if verb == "ack" {
-        json!({ "delivery_ids": ids })
-    } else {
-        json!({ "delivery_ids": ids, "reason": "crash loop nack" })
-    };
+    // Sent as received: every id recorded is text (pull_and_record).
+    let texts: Vec<String> = ids
+        .iter()
+        .map(|id| id.as_str().unwrap_or_default().to_string())
+        .collect();
     if verb == "ack" {
         let mut log = ctx.log();
         for id in &ids {
@@ -535,7 +524,11 @@ async fn settle_and_record(
         }
     }
     let sent = ctx.now();
-    let r = send_json(a, "POST", &format!("/v1/subscriptions/{SUB}/{verb}"), &body).await;
+    let r = if verb == "ack" {
+        client(a).ack_answer(SUB, &texts).await
+    } else {
+        client(a).nack_answer(SUB, &texts, "crash loop nack").await
+    };
     let answer = expect(r, 200);
     let recv = ctx.now();
     let answer = answer.inspect_err(|f| ctx.note(verb, f))?;
@@ -577,7 +570,7 @@ async fn settle_and_record(
 /// Reads the committed offsets into the log.
 async fn read_committed(ctx: &Ctx, a: &str, gen: u32) -> Result<(), Failure> {
     let sent = ctx.now();
-    let r = http::get(a, &format!("/v1/subscriptions/{SUB}/offsets")).await;
+    let r = client(a).offsets_answer(SUB).await;
     let answer = expect(r, 200);
     let recv = ctx.now();
     let parsed = answer.and_then(|answer| {
@@ -706,17 +699,15 @@ async fn offset_watcher(mut rng: Rng, mut gate: watch::Receiver<Gate>, ctx: Arc<
 
 async fn wait_ready(a: &str) -> anyhow::Result<()> {
     wait_until(READY, &format!("/readyz 200 on {a}"), || async move {
-        let r = http::get(a, "/readyz").await?;
-        anyhow::ensure!(r.status == 200, "readyz answered {}: {}", r.status, r.body);
+        anyhow::ensure!(client(a).ready().await?, "readyz answered 503");
         Ok(())
     })
     .await
 }
 
 async fn end_offsets_now(a: &str) -> anyhow::Result<Vec<u64>> {
-    let r = http::get(a, &format!("/v1/topics/{TOPIC}")).await?;
-    anyhow::ensure!(r.status == 200, "topic answered {}: {}", r.status, r.body);
-    let t = r.json()?;
+    let r = answered(client(a).topic_answer(TOPIC).await, 200, "topic")?;
+    let t: Value = r.json()?;
     t["end_offsets"]
         .as_array()
         .and_then(|l| l.iter().map(Value::as_u64).collect())
@@ -1178,7 +1169,8 @@ async fn crash_loop_given_random_publishes_pulls_acks_nacks_and_sigkills_then_th
     let mut a = m.addr().to_string();
     create_topic(&a, TOPIC, PARTITIONS as u32).await;
     // Rule 2 holds retries to the window it assumes: the topic must have no other.
-    let topic = http::get(&a, &format!("/v1/topics/{TOPIC}"))
+    let topic: Value = client(&a)
+        .topic_answer(TOPIC)
         .await
         .and_then(|r| r.json())
         .unwrap_or_else(|e| ctx.fail(format!("topic: {e:#}")));

@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use meshd_stores::time::Timestamp;
-use meshd_test_support::http::{get, metric};
+use meshd_test_support::http::metric;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -251,9 +251,8 @@ async fn given_a_cluster_when_the_owner_of_a_parked_event_is_sigkilled_then_the_
     meshd_test_support::wait::wait_until(DRAIN, "the survivor owns the partition", || {
         let survivor = survivor.clone();
         async move {
-            let r = get(&survivor, "/v1/subscriptions/s/stats").await?;
-            anyhow::ensure!(r.status == 200, "stats answered {}", r.status);
-            let v = r.json()?;
+            let r = answered(client(&survivor).stats_answer("s").await, 200, "stats")?;
+            let v: Value = r.json()?;
             let p = &v["partitions"][0];
             anyhow::ensure!(p["parked"] == 1, "{v}");
             Ok(())

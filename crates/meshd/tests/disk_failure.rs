@@ -22,7 +22,7 @@ mod common;
 use common::disk::*;
 use common::*;
 use meshd_test_support::fault::FsyncFault;
-use meshd_test_support::http::{self, send_json};
+use meshd_test_support::http::send_json;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -147,13 +147,11 @@ async fn given_published_events_when_the_disk_fails_fsync_then_publishes_are_ref
     for id in &refused {
         assert!(!after.contains_key(id), "refused publish {id} was applied");
     }
-    let r = http::get(&a, "/v1/subscriptions/refused-sub")
-        .await
-        .unwrap();
+    let (status, body) =
+        status_and_body(client(&a).subscription_answer("refused-sub").await).unwrap();
     assert_eq!(
-        r.status, 404,
-        "a refused subscription write was applied: {}",
-        r.body
+        status, 404,
+        "a refused subscription write was applied: {body}"
     );
 
     // The instance serves again.
@@ -258,33 +256,34 @@ async fn given_embedded_meta_when_a_subscription_write_fails_fsync_then_it_is_no
     let a = m.addr().to_string();
     wait_ready(&a).await;
     // The acknowledged subscription is there, unchanged (its DELETE was refused).
-    let r = http::get(&a, "/v1/subscriptions/kept").await.unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let got = r.json().unwrap();
+    let r = answered(
+        client(&a).subscription_answer("kept").await,
+        200,
+        "GET subscription kept",
+    )
+    .unwrap();
+    let got: Value = r.json().unwrap();
     assert_eq!(got["revision"], kept["revision"], "{got}");
     assert_eq!(got["topic"], "orders");
     assert_eq!(got["max_attempts"], 3);
     // The unknown outcome may or may not have been applied; if it was, it is whole.
-    let r = http::get(&a, "/v1/subscriptions/unknown").await.unwrap();
-    match r.status {
+    let (status, body) = status_and_body(client(&a).subscription_answer("unknown").await).unwrap();
+    match status {
         404 => {}
-        200 => assert_eq!(r.json().unwrap()["topic"], "orders", "{}", r.body),
-        s => panic!(
-            "GET of the unknown-outcome subscription answered {s}: {}",
-            r.body
-        ),
+        200 => assert_eq!(body["topic"], "orders", "{body}"),
+        s => panic!("GET of the unknown-outcome subscription answered {s}: {body}"),
     }
     // A refused write was never applied.
-    let r = http::get(&a, "/v1/subscriptions/refused").await.unwrap();
+    let (status, body) = status_and_body(client(&a).subscription_answer("refused").await).unwrap();
     assert_eq!(
-        r.status, 404,
-        "a refused subscription write was applied: {}",
-        r.body
+        status, 404,
+        "a refused subscription write was applied: {body}"
     );
-    let names: Vec<Value> = http::get(&a, "/v1/subscriptions")
+    let names: Vec<Value> = client(&a)
+        .subscriptions_answer()
         .await
         .unwrap()
-        .json()
+        .json::<Value>()
         .unwrap()["subscriptions"]
         .as_array()
         .unwrap()

@@ -13,20 +13,6 @@ use std::time::Duration;
 
 const DRAIN: Duration = Duration::from_secs(30);
 
-async fn publish_batch(a: &str, topic: &str, events: &[Value]) {
-    let body = Value::Array(events.to_vec()).to_string();
-    let r = request_with(
-        a,
-        "POST",
-        &format!("/v1/topics/{topic}/events"),
-        &[("Content-Type", "application/cloudevents-batch+json")],
-        body.as_bytes(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offset_store_restart_given_offset_100_committed_when_killed_then_it_is_100_and_the_next_pull_starts_there(
 ) {
@@ -36,7 +22,7 @@ async fn offset_store_restart_given_offset_100_committed_when_killed_then_it_is_
     create_topic(&a, "t", 1).await;
     create_subscription(&a, "s", json!({"topic": "t"})).await;
     let events: Vec<Value> = (0..100).map(|i| event(&format!("e{i}"))).collect();
-    publish_batch(&a, "t", &events).await;
+    publish_batch(&a, "t", &events).await.unwrap();
     let got = pull_until(&a, "s", 100, DRAIN).await;
     assert_eq!(got.len(), 100);
     let r = ack(&a, "s", &ids(&got)).await.unwrap();
@@ -493,7 +479,7 @@ async fn delivery_state_store_flush_given_deliveries_acked_just_before_a_sigkill
     )
     .await;
     let events: Vec<Value> = (0..40).map(|i| event(&format!("e{i}"))).collect();
-    publish_batch(&a, "t", &events).await;
+    publish_batch(&a, "t", &events).await.unwrap();
     let first = pull_until(&a, "s", 40, DRAIN).await;
     assert_eq!(first.len(), 40);
     // A third is nacked once and handed out again (attempt 2), so the counts that must

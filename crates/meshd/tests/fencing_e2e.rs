@@ -34,7 +34,7 @@ const SECRET: &str = "fencing-e2e-secret-0123456789abcdef0123456789";
 
 /// `/v1/cluster`'s owners: partition -> (owner, epoch).
 async fn owners(a: &str) -> anyhow::Result<BTreeMap<u64, (String, i64)>> {
-    let v = get(a, "/v1/cluster").await?.json()?;
+    let v = client(a).cluster().await?;
     let mut out = BTreeMap::new();
     for p in v["partitions"].as_array().into_iter().flatten() {
         if let (Some("t"), Some(n), Some(o), Some(e)) = (
@@ -182,8 +182,7 @@ async fn given_an_owners_ledger_write_held_on_the_wire_past_its_lease_when_it_ar
         publish(&ba, "t", &event(&format!("e{i}"))).await.unwrap();
     }
     wait_until(DEADLINE, "A sees the new events", || async {
-        let r = get(&aa, "/v1/subscriptions/s/stats").await?;
-        let v = r.json()?;
+        let v = client(&aa).stats("s").await?;
         let backlog: u64 = v["partitions"]
             .as_array()
             .into_iter()

@@ -311,7 +311,7 @@ async fn given_filters_when_meshd_is_sigkilled_mid_delivery_then_only_matches_ar
     )
     .await;
     assert_eq!(created["filters"], filters(), "{created}");
-    let got = bare(&a, "GET", "/v1/subscriptions/s").await.json().unwrap();
+    let got = client(&a).subscription("s").await.unwrap();
     assert_eq!(got["filters"], filters(), "GET shows the filters: {got}");
 
     let evs = events("a");
@@ -335,7 +335,7 @@ async fn given_filters_when_meshd_is_sigkilled_mid_delivery_then_only_matches_ar
     m.kill();
     m.restart().await.unwrap();
     let a = m.addr().to_string();
-    let got = bare(&a, "GET", "/v1/subscriptions/s").await.json().unwrap();
+    let got = client(&a).subscription("s").await.unwrap();
     assert_eq!(got["filters"], filters(), "the filters survived: {got}");
     // Events published after the restart are filtered by the recovered subscription.
     let later = events("b");

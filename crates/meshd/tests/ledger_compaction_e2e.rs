@@ -11,7 +11,6 @@
 mod common;
 
 use common::*;
-use meshd_test_support::http::{self, send_json};
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -62,7 +61,7 @@ async fn pull_full(a: &str, n: usize, within: Duration) -> Vec<Delivery> {
 }
 
 async fn owner_of(a: &str) -> Option<String> {
-    let v = http::get(a, "/v1/cluster").await.ok()?.json().ok()?;
+    let v = client(a).cluster().await.ok()?;
     v["partitions"]
         .as_array()?
         .iter()
@@ -88,17 +87,7 @@ async fn given_a_redelivery_storm_behind_stragglers_then_the_ledger_stays_small_
     let (a, other) = (cluster.addr(owner), cluster.addr(1 - owner));
     let batch: Vec<Value> = (0..EVENTS).map(|i| event(&format!("e{i}"))).collect();
     for chunk in batch.chunks(100) {
-        let r = http::request_with_timeout(
-            &a,
-            "POST",
-            "/v1/topics/t/events",
-            &[("content-type", "application/cloudevents-batch+json")],
-            serde_json::to_vec(chunk).unwrap().as_slice(),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
+        publish_batch(&a, "t", chunk).await.unwrap();
     }
 
     let mut kept: Vec<Delivery> = Vec::new();
@@ -137,9 +126,7 @@ async fn given_a_redelivery_storm_behind_stragglers_then_the_ledger_stays_small_
     // (Without compaction the survivor held the owner key but could not load the
     // ledger: "partition 0 of topic \"t\" has no owner right now", for good.)
     wait_until(TTL * 10, "the survivor serving the partition", || async {
-        let stats = http::get(&other, "/v1/subscriptions/s/stats")
-            .await?
-            .json()?;
+        let stats = client(&other).stats("s").await?;
         anyhow::ensure!(
             stats["partitions"][0]["in_flight"] == EVENTS as u64,
             "{stats}"
@@ -149,16 +136,7 @@ async fn given_a_redelivery_storm_behind_stragglers_then_the_ledger_stays_small_
     .await
     .unwrap();
     let all: Vec<Delivery> = kept.iter().chain(&last_nacked).cloned().collect();
-    let r = send_json(
-        &other,
-        "POST",
-        "/v1/subscriptions/s/ack",
-        &json!({"delivery_ids": ids(&all)}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let answer = r.json().unwrap();
+    let answer = ack(&other, "s", &ids(&all)).await.unwrap();
     assert_eq!(
         answer["acked"].as_array().map(Vec::len),
         Some(EVENTS),

@@ -7,9 +7,12 @@
 mod common;
 
 use common::disk::metric;
-use common::{ack, bin, create_subscription, create_topic, event, ids, pull, set};
+use common::{
+    ack, bin, client, create_subscription, create_topic, event, ids, publish_batch, pull, set,
+    status_and_body,
+};
 use meshd_test_support::etcd::{EtcdOptions, EtcdProcess};
-use meshd_test_support::http::{get, request_with, send_json};
+use meshd_test_support::http::{get, send_json};
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::nats::NatsProcess;
 use meshd_test_support::proxy::TcpProxy;
@@ -43,15 +46,11 @@ async fn given_an_etcd_without_auto_compaction_then_meshd_compacts_the_history_i
     create_topic(a.addr(), "t", 1).await;
     // 400 writes to Meta: a subscription updated over and over.
     for i in 0..400u32 {
-        let r = send_json(
-            a.addr(),
-            "PUT",
-            "/v1/subscriptions/s",
-            &json!({"topic": "t", "max_attempts": 3 + (i % 2)}),
-        )
-        .await
-        .unwrap();
-        assert!(r.status == 200 || r.status == 201, "{}", r.body);
+        let r = client(a.addr())
+            .put_subscription_answer("s", &json!({"topic": "t", "max_attempts": 3 + (i % 2)}))
+            .await;
+        let (status, body) = status_and_body(r).unwrap();
+        assert!(status == 200 || status == 201, "{body}");
     }
     let revision = metric(a.addr(), "meshd_meta_revision{backend=\"etcd\"}")
         .await
@@ -93,7 +92,7 @@ async fn given_an_etcd_without_auto_compaction_then_meshd_compacts_the_history_i
             .unwrap();
     assert!((1.0..=9.0).contains(&total), "{total} compactions");
     // `/v1/cluster` shows Meta's size and (no) alarms.
-    let c = get(a.addr(), "/v1/cluster").await.unwrap().json().unwrap();
+    let c = common::client(a.addr()).cluster().await.unwrap();
     assert!(c["meta"]["db_size_bytes"].as_u64().unwrap() > 0, "{c}");
     // etcd's default quota, read from its /metrics.
     assert_eq!(c["meta"]["quota_bytes"], json!(2u64 << 30), "{c}");
@@ -116,7 +115,7 @@ async fn given_etcd_raises_its_nospace_alarm_then_readyz_metrics_and_the_cluster
         .unwrap();
     let a = m.addr();
     wait_until(Duration::from_secs(20), "ready", || async {
-        anyhow::ensure!(get(a, "/readyz").await?.status == 200);
+        anyhow::ensure!(client(a).ready().await?);
         Ok(())
     })
     .await
@@ -153,7 +152,7 @@ async fn given_etcd_raises_its_nospace_alarm_then_readyz_metrics_and_the_cluster
             .unwrap(),
         1.0
     );
-    let c = get(a, "/v1/cluster").await.unwrap().json().unwrap();
+    let c = common::client(a).cluster().await.unwrap();
     assert_eq!(c["meta"]["alarms"], json!(["NOSPACE"]), "{c}");
     // The quota the database ran into, as etcd was started with it.
     assert_eq!(c["meta"]["quota_bytes"], json!(32u64 << 20), "{c}");
@@ -185,16 +184,7 @@ async fn etcd_txns(etcd: &EtcdProcess) -> f64 {
 async fn publish_many(a: &str, topic: &str, from: usize, n: usize) {
     for chunk in (from..from + n).collect::<Vec<_>>().chunks(100) {
         let batch: Vec<serde_json::Value> = chunk.iter().map(|i| event(&format!("e{i}"))).collect();
-        let r = request_with(
-            a,
-            "POST",
-            &format!("/v1/topics/{topic}/events"),
-            &[("content-type", "application/cloudevents-batch+json")],
-            &serde_json::to_vec(&batch).unwrap(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
+        publish_batch(a, topic, &batch).await.unwrap();
     }
 }
 
@@ -260,7 +250,7 @@ async fn given_a_default_etcd_then_meta_writes_per_pull_batch_are_constant_whate
     create_topic(a, "t", 1).await;
     create_subscription(a, "s", json!({"topic": "t", "ack_timeout_ms": 120000})).await;
     wait_until(Duration::from_secs(20), "the partition runs", || async {
-        anyhow::ensure!(get(a, "/readyz").await?.status == 200);
+        anyhow::ensure!(client(a).ready().await?);
         Ok(())
     })
     .await

@@ -46,7 +46,7 @@ async fn given_requests_of_every_kind_then_the_http_metrics_count_them_by_route_
     .unwrap();
     assert_eq!(r.status, 400, "{}", r.body);
 
-    let page = http::get(&a, "/metrics").await.unwrap().body;
+    let page = client(&a).metrics().await.unwrap();
     let lines = http_lines(&page);
     let count = |sample: &str| {
         meshd_test_support::http::sample_of(&page, sample)

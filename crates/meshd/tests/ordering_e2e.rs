@@ -170,8 +170,7 @@ async fn given_an_ordered_key_when_a_dead_letter_is_redriven_then_it_goes_to_the
     assert_eq!(event_ids(&a2), ["a2"]);
     let entry = dead_letters(&a, "s").await.remove(0);
     let id = entry["id"].as_str().unwrap().to_string();
-    let r = bare(&a, "POST", &format!("/v1/deadletters/{id}/redrive")).await;
-    assert_eq!(r.status, 202, "{}", r.body);
+    redrive(&a, &id).await;
     // Published after the redrive: behind a1.
     publish(&a, "t", &keyed("a3", Some("a"))).await.unwrap();
     assert_no_delivery(&a, "s", 1000, "the redrive jumped the key's line").await;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{bin, create_subscription, create_topic, current_rss, problem};
+use common::{ack, bin, create_subscription, create_topic, current_rss, ids, problem, pull};
 use futures::StreamExt;
 use meshd_test_support::http::{self, request_with, send_json};
 use meshd_test_support::meshd::MeshdProcess;
@@ -374,33 +374,14 @@ async fn given_a_flood_of_publishers_and_a_slow_consumer_then_excess_is_shed_wit
     let mut delivered = BTreeSet::new();
     let until = Instant::now() + FLOOD;
     while Instant::now() < until {
-        let r = send_json(
-            &a,
-            "POST",
-            "/v1/subscriptions/slow/pull",
-            &json!({"max_events": 10}),
-        )
-        .await;
-        if let Ok(r) = r {
-            if r.status == 200 {
-                let ds = r.json().unwrap()["deliveries"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let ids: Vec<Value> = ds.iter().map(|d| d["delivery_id"].clone()).collect();
-                for d in &ds {
-                    delivered.insert(d["event"]["id"].as_str().unwrap().to_string());
-                }
-                if !ids.is_empty() {
-                    let _ = send_json(
-                        &a,
-                        "POST",
-                        "/v1/subscriptions/slow/ack",
-                        &json!({"delivery_ids": ids}),
-                    )
-                    .await;
-                }
+        // Refused (429 under the flood) or unanswered: the consumer tries again.
+        if let Ok(ds) = pull(&a, "slow", &json!({"max_events": 10})).await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for d in &ds {
+                delivered.insert(d.event["id"].as_str().unwrap().to_string());
+            }
+            if !ds.is_empty() {
+                let _ = ack(&a, "slow", &ids(&ds)).await;
             }
         }
     }
@@ -444,33 +425,14 @@ async fn given_a_flood_of_publishers_and_a_slow_consumer_then_excess_is_shed_wit
             accepted.difference(&delivered).count(),
             accepted.len()
         );
-        let r = send_json(
-            &a,
-            "POST",
-            "/v1/subscriptions/slow/pull",
-            &json!({"max_events": 1000, "wait_ms": 1000}),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
-        let ds = r.json().unwrap()["deliveries"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let ids: Vec<Value> = ds.iter().map(|d| d["delivery_id"].clone()).collect();
-        for d in &ds {
-            delivered.insert(d["event"]["id"].as_str().unwrap().to_string());
-        }
-        if !ids.is_empty() {
-            let r = send_json(
-                &a,
-                "POST",
-                "/v1/subscriptions/slow/ack",
-                &json!({"delivery_ids": ids}),
-            )
+        let ds = pull(&a, "slow", &json!({"max_events": 1000, "wait_ms": 1000}))
             .await
             .unwrap();
-            assert_eq!(r.status, 200, "{}", r.body);
+        for d in &ds {
+            delivered.insert(d.event["id"].as_str().unwrap().to_string());
+        }
+        if !ds.is_empty() {
+            ack(&a, "slow", &ids(&ds)).await.unwrap();
         }
     }
 }

@@ -94,8 +94,11 @@ async fn one_instance_cut_off(how: Cut) {
     create_topic(b.addr(), "t", 1).await;
     let before = create_subscription(b.addr(), "s", json!({"topic": "t"})).await;
     wait_until(DEADLINE, "instance A sees the subscription", || async {
-        let r = get(a.addr(), "/v1/subscriptions/s").await?;
-        anyhow::ensure!(r.status == 200, "{} {}", r.status, r.body);
+        answered(
+            client(a.addr()).subscription_answer("s").await,
+            200,
+            "GET s",
+        )?;
         Ok(())
     })
     .await
@@ -159,20 +162,24 @@ async fn one_instance_cut_off(how: Cut) {
     proxy.restore();
     wait_ready(a.addr(), 200).await;
     wait_until(DEADLINE, "instance A sees B's subscription", || async {
-        let r = get(a.addr(), "/v1/subscriptions/s-b").await?;
-        anyhow::ensure!(r.status == 200, "{} {}", r.status, r.body);
+        answered(
+            client(a.addr()).subscription_answer("s-b").await,
+            200,
+            "GET s-b",
+        )?;
         Ok(())
     })
     .await
     .unwrap();
     // What was answered 503 was not applied, even after the partition healed and
     // whatever the blackhole held reached etcd (asked of B, which never lost etcd).
+    let b_meshd = client(b.addr());
     let after = [
-        get(b.addr(), "/v1/topics/u").await.unwrap(),
-        get(b.addr(), "/v1/subscriptions/s-a").await.unwrap(),
-        get(b.addr(), "/v1/subscriptions/s").await.unwrap(),
+        status_and_body(b_meshd.topic_answer("u").await).unwrap(),
+        status_and_body(b_meshd.subscription_answer("s-a").await).unwrap(),
+        status_and_body(b_meshd.subscription_answer("s").await).unwrap(),
     ];
-    for (status, (what, r)) in refused.iter().zip(
+    for (status, (what, (got, body))) in refused.iter().zip(
         ["topic u", "subscription s-a", "subscription s"]
             .iter()
             .zip(&after),
@@ -181,29 +188,17 @@ async fn one_instance_cut_off(how: Cut) {
             continue;
         }
         let applied = match *what {
-            "subscription s" => r.json().unwrap()["max_attempts"] == 9,
-            _ => r.status == 200,
+            "subscription s" => body["max_attempts"] == 9,
+            _ => *got == 200,
         };
-        assert!(
-            !applied,
-            "{what} was answered 503 and yet applied: {}",
-            r.body
-        );
+        assert!(!applied, "{what} was answered 503 and yet applied: {body}");
     }
     // And it writes again, without a restart.
     create_topic(a.addr(), "u2", 1).await;
-    let r = meshd_test_support::http::request_with(
-        a.addr(),
-        "PUT",
-        "/v1/subscriptions/s",
-        &[("Content-Type", "application/json")],
-        json!({"topic": "t", "max_attempts": 7})
-            .to_string()
-            .as_bytes(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    let r = client(a.addr())
+        .put_subscription_answer("s", &json!({"topic": "t", "max_attempts": 7}))
+        .await;
+    answered(r, 200, "PUT subscription s").unwrap();
 }
 
 /// The ambiguous outcome: instance A's writes reach etcd (which applies them) but etcd's
@@ -260,11 +255,15 @@ async fn given_etcd_applies_writes_but_its_answers_are_lost_then_the_writes_answ
     let p = problem(&r, 503);
     assert_eq!(p["store"], "subscriptions", "{p}");
     // Meanwhile etcd applied the task: the other instance reads it.
-    let r = get(b.addr(), "/v1/tasks/job-1").await.unwrap();
-    assert_eq!(r.status, 200, "the write reached etcd: {}", r.body);
-    let version = r.json().unwrap()["version"].clone();
+    let r = answered(
+        client(b.addr()).task_answer("job-1").await,
+        200,
+        "task job-1",
+    )
+    .unwrap_or_else(|e| panic!("the write reached etcd: {e:#}"));
+    let version = r.json::<serde_json::Value>().unwrap()["version"].clone();
     wait_not_ready_naming_meta(a.addr()).await;
-    let metrics = get(a.addr(), "/metrics").await.unwrap().body;
+    let metrics = client(a.addr()).metrics().await.unwrap();
     assert!(
         metrics
             .lines()
@@ -276,22 +275,22 @@ async fn given_etcd_applies_writes_but_its_answers_are_lost_then_the_writes_answ
     proxy.restore();
     wait_ready(a.addr(), 200).await;
     // The client retries with the same id: the task that was written, not a second one.
-    let r = send_json(a.addr(), "POST", "/v1/tasks", &task)
+    let r = client(a.addr())
+        .submit_task_answer(Some("job-1"), "agent-1", &task["input"])
+        .await;
+    let r = answered(r, 200, "submit").unwrap_or_else(|e| panic!("the same task: {e:#}"));
+    assert_eq!(r.json::<serde_json::Value>().unwrap()["version"], version);
+    let listed = client(b.addr())
+        .tasks(Some("agent-1"), None, None, None)
         .await
-        .unwrap();
-    assert_eq!(r.status, 200, "the same task: {}", r.body);
-    assert_eq!(r.json().unwrap()["version"], version);
-    let listed = get(b.addr(), "/v1/tasks?agent=agent-1")
-        .await
-        .unwrap()
-        .json()
         .unwrap();
     let n = listed["tasks"]
         .as_array()
         .map(|t| t.iter().filter(|t| t["id"] == "job-1").count());
     assert_eq!(n, Some(1), "exactly one task job-1: {listed}");
     for m in [&a, &b] {
-        let r = get(m.addr(), "/v1/subscriptions/s").await.unwrap();
-        assert_eq!(r.status, 404, "the refused PUT wrote nothing: {}", r.body);
+        let (status, body) =
+            status_and_body(client(m.addr()).subscription_answer("s").await).unwrap();
+        assert_eq!(status, 404, "the refused PUT wrote nothing: {body}");
     }
 }

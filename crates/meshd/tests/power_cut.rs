@@ -16,7 +16,6 @@
 mod common;
 
 use common::*;
-use meshd_test_support::http::{get, send_json};
 use meshd_test_support::lazyfs::{Entries, LazyFs, Torn};
 use meshd_test_support::meshd::MeshdProcess;
 use serde_json::{json, Value};
@@ -55,17 +54,9 @@ async fn publish_batches(
             .iter()
             .map(|i| event(&format!("{prefix}{i}")))
             .collect();
-        let r = meshd_test_support::http::request_with(
-            a,
-            "POST",
-            &format!("/v1/topics/{topic}/events"),
-            &[("content-type", "application/cloudevents-batch+json")],
-            Value::Array(batch).to_string().as_bytes(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
-        for e in r.json().unwrap()["events"].as_array().unwrap() {
+        let r = client(a).publish_answer(topic, &batch).await;
+        let r = answered(r, 201, "publish").unwrap();
+        for e in r.json::<Value>().unwrap()["events"].as_array().unwrap() {
             placed.insert(
                 e["id"].as_str().unwrap().to_string(),
                 (
@@ -84,14 +75,7 @@ async fn browse_all(a: &str, topic: &str, partitions: u64) -> BTreeMap<String, (
     for p in 0..partitions {
         let mut from = 0u64;
         loop {
-            let page = get(
-                a,
-                &format!("/v1/topics/{topic}/partitions/{p}/events?from={from}&limit=1000"),
-            )
-            .await
-            .unwrap()
-            .json()
-            .unwrap();
+            let page = client(a).browse(topic, p as u32, from, 1000).await.unwrap();
             let events = page["events"]
                 .as_array()
                 .unwrap_or_else(|| panic!("browse of {topic}/{p} from {from} answered {page}"));
@@ -128,35 +112,22 @@ async fn pull_exactly(a: &str, sub: &str, n: usize) -> Vec<Delivery> {
 }
 
 async fn committed(a: &str, sub: &str) -> BTreeMap<u64, u64> {
-    let v = get(a, &format!("/v1/subscriptions/{sub}/offsets"))
+    client(a)
+        .offsets(sub)
         .await
         .unwrap()
-        .json()
-        .unwrap();
-    v["offsets"]
-        .as_array()
-        .unwrap()
         .iter()
-        .map(|o| {
-            (
-                o["partition"].as_u64().unwrap(),
-                o["committed"].as_u64().unwrap(),
-            )
-        })
+        .map(|o| (u64::from(o.partition), o.committed))
         .collect()
 }
 
 async fn revision_of_put(a: &str, name: &str, topic: &str) -> i64 {
-    let r = send_json(
-        a,
-        "PUT",
-        &format!("/v1/subscriptions/{name}"),
-        &json!({"topic": topic}),
-    )
-    .await
-    .unwrap();
-    assert!(r.status == 201 || r.status == 200, "{}", r.body);
-    r.json().unwrap()["revision"].as_i64().unwrap()
+    let r = client(a)
+        .put_subscription_answer(name, &json!({"topic": topic}))
+        .await;
+    let (status, body) = status_and_body(r).unwrap();
+    assert!(status == 201 || status == 200, "{body}");
+    body["revision"].as_i64().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,17 +200,9 @@ async fn given_a_power_cut_then_every_201_and_every_ack_older_than_the_flush_int
     // duplicate of itself, at the offset its first answer named (nothing stored twice).
     for chunk in placed.keys().cloned().collect::<Vec<_>>().chunks(10) {
         let batch: Vec<Value> = chunk.iter().map(|id| event(id)).collect();
-        let r = meshd_test_support::http::request_with(
-            &a,
-            "POST",
-            "/v1/topics/t/events",
-            &[("content-type", "application/cloudevents-batch+json")],
-            Value::Array(batch).to_string().as_bytes(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
-        for e in r.json().unwrap()["events"].as_array().unwrap() {
+        let r = client(&a).publish_answer("t", &batch).await;
+        let r = answered(r, 201, "publish").unwrap();
+        for e in r.json::<Value>().unwrap()["events"].as_array().unwrap() {
             let id = e["id"].as_str().unwrap();
             let at = (
                 e["partition"].as_u64().unwrap(),
@@ -315,11 +278,11 @@ async fn positive_control_a_build_without_syncs_loses_201d_events_at_a_power_cut
     m.start_again().await.unwrap();
     let a = m.addr().to_string();
     // The topic itself (embedded Meta, same engine) may be gone too.
-    let topic = get(&a, "/v1/topics/t").await.unwrap();
-    let found = if topic.status == 200 {
+    let (status, topic) = status_and_body(client(&a).topic_answer("t").await).unwrap();
+    let found = if status == 200 {
         browse_all(&a, "t", 3).await
     } else {
-        assert_eq!(topic.status, 404, "{}", topic.body);
+        assert_eq!(status, 404, "{topic}");
         BTreeMap::new()
     };
     let lost: Vec<&String> = placed
@@ -332,7 +295,7 @@ async fn positive_control_a_build_without_syncs_loses_201d_events_at_a_power_cut
         lost.len(),
         placed.len(),
         report.unsynced_bytes,
-        topic.status
+        status
     );
     assert!(
         !lost.is_empty(),

@@ -22,18 +22,11 @@ fn ev(id: &str) -> Value {
     json!({"specversion": "1.0", "id": id, "source": "/dedup-e2e", "type": "t", "data": {"id": id}})
 }
 
-/// POSTs `events` as one batch; the answer's status and body.
+/// Publishes `events` as one batch ([`meshd_client::Client::publish_answer`], sent
+/// once); the answer's status and body (a refusal's: the problem as the client read
+/// it); an error when no answer came.
 async fn publish_batch(a: &str, topic: &str, events: &[Value]) -> anyhow::Result<(u16, Value)> {
-    let r = request_with(
-        a,
-        "POST",
-        &format!("/v1/topics/{topic}/events"),
-        &[("Content-Type", "application/cloudevents-batch+json")],
-        Value::Array(events.to_vec()).to_string().as_bytes(),
-    )
-    .await?;
-    let body = r.json().unwrap_or(Value::Null);
-    Ok((r.status, body))
+    status_and_body(client(a).publish_answer(topic, events).await)
 }
 
 /// Every event id in the topic's partitions, with how often it is there.
@@ -411,15 +404,12 @@ async fn given_the_dedup_index_at_its_cap_then_new_keys_wait_for_expiry_and_dupl
         .unwrap();
     let a = m.addr();
     for (topic, window) in [("t", 3000), ("plain", 0)] {
-        let r = send_json(
+        create_topic_with(
             a,
-            "PUT",
-            &format!("/v1/topics/{topic}"),
-            &json!({"partitions": 1, "dedup_window_ms": window}),
+            topic,
+            json!({"partitions": 1, "dedup_window_ms": window}),
         )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
+        .await;
     }
     let (status, body) = publish_batch(a, "t", &[ev("e1"), ev("e2")]).await.unwrap();
     assert_eq!(status, 201, "{body}");

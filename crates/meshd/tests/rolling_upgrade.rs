@@ -10,7 +10,6 @@ mod common;
 
 use common::*;
 use meshd_test_support::etcd::EtcdProcess;
-use meshd_test_support::http::get;
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::nats::NatsProcess;
 use meshd_test_support::wait::wait_until;
@@ -74,7 +73,7 @@ fn placed_of(ds: &[Delivery]) -> BTreeSet<(u64, u64)> {
 
 /// The instance that owns each partition, as `a` reports it.
 async fn owners(a: &str) -> anyhow::Result<Vec<Option<String>>> {
-    let v = get(a, "/v1/cluster").await?.json()?;
+    let v = client(a).cluster().await?;
     let mut out = vec![None; PARTITIONS as usize];
     for p in v["partitions"].as_array().into_iter().flatten() {
         if p["topic"] == "t" {
@@ -196,7 +195,7 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     })
     .await
     .unwrap();
-    let members = get(&n, "/v1/cluster").await.unwrap().json().unwrap();
+    let members = client(&n).cluster().await.unwrap();
     let listed: BTreeSet<&str> = members["members"]
         .as_array()
         .into_iter()
@@ -291,7 +290,7 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
         DEADLINE,
         "every partition of u owned, some by next",
         || async {
-            let v = get(&n, "/v1/cluster").await?.json()?;
+            let v = client(&n).cluster().await?;
             let of_u: Vec<&serde_json::Value> = v["partitions"]
                 .as_array()
                 .into_iter()
@@ -308,7 +307,7 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     )
     .await
     .unwrap();
-    let cluster = get(&n, "/v1/cluster").await.unwrap().json().unwrap();
+    let cluster = client(&n).cluster().await.unwrap();
     let on_next: BTreeSet<u64> = cluster["partitions"]
         .as_array()
         .into_iter()
@@ -329,9 +328,10 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
     );
     let r = nack(&n, "r", &ids(&got), "later").await.unwrap();
     assert_eq!(set(&r["retrying"]).len(), got.len(), "{r}");
-    let stats = get(&n, "/v1/subscriptions/r/stats").await.unwrap();
-    assert_eq!(stats.status, 200, "{}", stats.body);
-    let stats = stats.json().unwrap();
+    let stats = answered(client(&n).stats_answer("r").await, 200, "stats")
+        .unwrap()
+        .json::<serde_json::Value>()
+        .unwrap();
     let parked: u64 = stats["partitions"]
         .as_array()
         .unwrap()
@@ -339,22 +339,16 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
         .map(|p| p["parked"].as_u64().unwrap_or(0))
         .sum();
     assert_eq!(parked, 0, "a retry was parked in a mixed cluster: {stats}");
-    let r = meshd_test_support::http::send_json(
-        &n,
-        "PUT",
-        "/v1/topics/t",
-        &json!({"partitions": PARTITIONS, "dedup_window_ms": 120000}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    let r = client(&n)
+        .put_topic_answer(
+            "t",
+            &json!({"partitions": PARTITIONS, "dedup_window_ms": 120000}),
+        )
+        .await;
+    answered(r, 200, "PUT topic t").unwrap();
     create_subscription(&o, "by-previous", json!({"topic": "t"})).await;
-    let listed = get(&o, "/v1/topics").await.unwrap();
-    assert_eq!(
-        listed.status, 200,
-        "the previous release reads the topic: {}",
-        listed.body
-    );
+    answered(client(&o).topics_answer().await, 200, "GET /v1/topics")
+        .unwrap_or_else(|e| panic!("the previous release reads the topic: {e:#}"));
 
     // Publishes through both; a consumer on each gets the other's partitions through
     // forwarding, and acks go back across releases.
@@ -424,34 +418,27 @@ async fn given_the_previous_release_and_this_one_on_one_etcd_then_each_serves_fo
         DEADLINE,
         "filters accepted once every member runs this release",
         || async {
-            let r =
-                meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/f", &filtered)
-                    .await?;
-            anyhow::ensure!(r.status == 201, "{} {}", r.status, r.body);
+            let r = client(&n).put_subscription_answer("f", &filtered).await;
+            answered(r, 201, "PUT subscription f")?;
             Ok(())
         },
     )
     .await
     .unwrap();
-    let r = meshd_test_support::http::send_json(
-        &n,
-        "PUT",
-        "/v1/topics/t",
-        &json!({"partitions": PARTITIONS, "dedup_window_ms": 60000}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    let r = client(&n)
+        .put_topic_answer(
+            "t",
+            &json!({"partitions": PARTITIONS, "dedup_window_ms": 60000}),
+        )
+        .await;
+    answered(r, 200, "PUT topic t").unwrap();
     let r = nack_delayed(&n).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let r = publish_delayed(&n).await;
     assert_eq!(r.status, 201, "{}", r.body);
     // A signed push (on a topic of its own, with nothing to push).
     create_topic(&n, "quiet", 1).await;
-    let r = meshd_test_support::http::send_json(&n, "PUT", "/v1/subscriptions/w", &signed("quiet"))
-        .await
-        .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
+    create_subscription(&n, "w", signed("quiet")).await;
 }
 
 /// How many keys under the one-byte `prefix` a column family of the data dir holds
@@ -592,17 +579,8 @@ async fn publish_ids(a: &str, ids: &[String]) -> Vec<(u64, u64, bool)> {
         .iter()
         .map(|id| json!({"specversion": "1.0", "id": id, "source": "/upgrade", "type": "t"}))
         .collect();
-    let r = meshd_test_support::http::request_with(
-        a,
-        "POST",
-        "/v1/topics/t/events",
-        &[("Content-Type", "application/cloudevents-batch+json")],
-        serde_json::Value::Array(events).to_string().as_bytes(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
-    let body = r.json().unwrap();
+    let r = answered(client(a).publish_answer("t", &events).await, 201, "publish").unwrap();
+    let body: serde_json::Value = r.json().unwrap();
     body["events"]
         .as_array()
         .unwrap()

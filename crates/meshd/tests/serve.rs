@@ -12,6 +12,13 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_meshd"))
 }
 
+/// The client of the meshd at `a` (`host:port`), each request bounded by 10 s.
+fn client(a: &str) -> meshd_client::Client {
+    meshd_client::Client::connect(&format!("http://{a}"))
+        .unwrap()
+        .with_timeout(Duration::from_secs(10))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_embedded_defaults_when_started_then_it_prints_its_backends_and_is_ready() {
     let dir = tempfile::tempdir().unwrap();
@@ -66,7 +73,7 @@ async fn given_a_killed_instance_when_restarted_then_it_keeps_its_instance_id() 
     let before = id(m.first_line()).unwrap();
     m.restart().await.unwrap();
     assert_eq!(id(m.first_line()).unwrap(), before);
-    assert_eq!(http::get(m.addr(), "/readyz").await.unwrap().status, 200);
+    assert!(client(m.addr()).ready().await.unwrap(), "readyz 200");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,10 +91,7 @@ async fn given_a_running_instance_when_a_second_process_opens_its_data_dir_then_
         second.stderr
     );
     // The first is unharmed.
-    assert_eq!(
-        http::get(first.addr(), "/readyz").await.unwrap().status,
-        200
-    );
+    assert!(client(first.addr()).ready().await.unwrap(), "readyz 200");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,8 +115,7 @@ async fn given_etcd_meta_when_etcd_stops_then_readiness_and_metrics_show_it_and_
         .unwrap();
     assert!(m.first_line().contains("meta=etcd"), "{}", m.first_line());
     wait_until(Duration::from_secs(10), "ready with etcd up", || async {
-        let r = http::get(m.addr(), "/readyz").await?;
-        anyhow::ensure!(r.status == 200, "readyz {} {}", r.status, r.body);
+        anyhow::ensure!(client(m.addr()).ready().await?, "readyz 503");
         Ok(())
     })
     .await
@@ -140,7 +143,7 @@ async fn given_etcd_meta_when_etcd_stops_then_readiness_and_metrics_show_it_and_
     let body = r.json().unwrap();
     assert_eq!(body["status"], "unavailable");
     assert_ne!(body["checks"]["meta:etcd"], "ok", "{body}");
-    let metrics = http::get(m.addr(), "/metrics").await.unwrap().body;
+    let metrics = client(m.addr()).metrics().await.unwrap();
     assert!(
         metrics.contains("meshd_meta_healthy{backend=\"etcd\"} 0"),
         "{metrics}"
@@ -155,8 +158,7 @@ async fn given_etcd_meta_when_etcd_stops_then_readiness_and_metrics_show_it_and_
         Duration::from_secs(15),
         "ready again once etcd is back",
         || async {
-            let r = http::get(m.addr(), "/readyz").await?;
-            anyhow::ensure!(r.status == 200, "readyz {} {}", r.status, r.body);
+            anyhow::ensure!(client(m.addr()).ready().await?, "readyz 503");
             Ok(())
         },
     )
@@ -189,8 +191,7 @@ async fn given_an_orphan_dead_letter_body_when_meshd_boots_then_it_is_collected(
     };
     m.restart().await.unwrap();
     wait_until(Duration::from_secs(10), "ready after boot", || async {
-        let r = http::get(m.addr(), "/readyz").await?;
-        anyhow::ensure!(r.status == 200, "readyz {}", r.status);
+        anyhow::ensure!(client(m.addr()).ready().await?, "readyz 503");
         Ok(())
     })
     .await

@@ -140,15 +140,12 @@ async fn given_bad_push_settings_then_the_put_is_a_400_naming_the_field() {
     }
     assert_eq!(bare(a, "GET", "/v1/subscriptions/s").await.status, 404);
     // The contract sets no key length: a short one (5 bytes) is taken.
-    let r = send_json(
+    create_subscription(
         a,
-        "PUT",
-        "/v1/subscriptions/s",
-        &json!({"topic": "t", "push": {"url": url, "secrets": ["whsec_c2hvcnQ="]}}),
+        "s",
+        json!({"topic": "t", "push": {"url": url, "secrets": ["whsec_c2hvcnQ="]}}),
     )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,14 +173,13 @@ async fn given_a_signed_push_when_meshd_is_sigkilled_mid_request_then_every_push
         json!({"authorization": "***", "x-tenant": "***"}),
         "{created}"
     );
-    let shown = bare(&a, "GET", "/v1/subscriptions/s").await;
+    let shown = client(&a).subscription_answer("s").await.unwrap().text();
     assert!(
-        !shown.body.contains("C2FVsBQ") && !shown.body.contains("s3cr3t"),
-        "{}",
-        shown.body
+        !shown.contains("C2FVsBQ") && !shown.contains("s3cr3t"),
+        "{shown}"
     );
-    let listed = bare(&a, "GET", "/v1/subscriptions").await;
-    assert!(!listed.body.contains("C2FVsBQ"), "{}", listed.body);
+    let listed = client(&a).subscriptions_answer().await.unwrap().text();
+    assert!(!listed.contains("C2FVsBQ"), "{listed}");
 
     let published: Vec<Value> = (0..3).map(|i| event(&format!("e{i}"))).collect();
     for e in &published {
@@ -221,19 +217,20 @@ async fn given_a_signed_push_when_meshd_is_sigkilled_mid_request_then_every_push
     assert_eq!(distinct.len(), 3, "{ids:?}");
 
     // Rotation: the stored secret kept with "***", a new one first.
-    let r = send_json(
-        &a,
-        "PUT",
-        "/v1/subscriptions/s",
-        &json!({"topic": "t", "ack_timeout_ms": 2000,
-                "backoff": {"initial_ms": 10, "max_ms": 20},
-                "push": {"url": hook.url, "secrets": [NEW, "***"],
-                         "headers": {"authorization": "***", "x-tenant": "***"}}}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.json().unwrap()["push"]["secrets"], json!(["***", "***"]));
+    let r = client(&a)
+        .put_subscription_answer(
+            "s",
+            &json!({"topic": "t", "ack_timeout_ms": 2000,
+                    "backoff": {"initial_ms": 10, "max_ms": 20},
+                    "push": {"url": hook.url, "secrets": [NEW, "***"],
+                             "headers": {"authorization": "***", "x-tenant": "***"}}}),
+        )
+        .await;
+    let r = answered(r, 200, "PUT subscription s").unwrap();
+    assert_eq!(
+        r.json::<Value>().unwrap()["push"]["secrets"],
+        json!(["***", "***"])
+    );
     let before = hook.received().len();
     publish(&a, "t", &event("rotated")).await.unwrap();
     let got = wait_received(&hook, before + 1).await;
@@ -307,10 +304,7 @@ async fn given_max_concurrency_and_a_rate_then_the_receiver_never_sees_more_at_o
         json!({"topic": "t", "push": {"url": paced.url, "rate_per_s": 5}}),
     )
     .await;
-    let got = bare(a, "GET", "/v1/subscriptions/paced")
-        .await
-        .json()
-        .unwrap();
+    let got = client(a).subscription("paced").await.unwrap();
     assert_eq!(got["push"]["rate_per_s"], json!(5.0), "{got}");
     assert_eq!(got["push"]["max_concurrency"], json!(16), "{got}");
     for i in 0..12 {
@@ -562,7 +556,7 @@ async fn given_stored_push_credentials_when_a_put_moves_the_url_to_another_recei
         assert!(r.body.contains(field), "{field}: {}", r.body);
         assert!(r.body.contains("send the value again"), "{}", r.body);
     }
-    let shown = bare(&a, "GET", "/v1/subscriptions/s").await.json().unwrap();
+    let shown = client(&a).subscription("s").await.unwrap();
     assert_eq!(
         shown["push"]["url"],
         json!(hook.url),

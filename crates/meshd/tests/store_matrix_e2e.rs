@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use meshd_test_support::etcd::EtcdProcess;
-use meshd_test_support::http::{self, get, send_json};
+use meshd_test_support::http;
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::proxy::TcpProxy;
 use meshd_test_support::wait::wait_until;
@@ -18,34 +18,13 @@ use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-async fn open_session(a: &str, client: &str, ttl_ms: u64) -> Value {
-    let r = send_json(
-        a,
-        "POST",
-        "/v1/sessions",
-        &json!({"client_id": client, "ttl_ms": ttl_ms}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
-    r.json().unwrap()
-}
-
-async fn submit(a: &str, id: &str) -> meshd_test_support::http::Response {
-    send_json(
-        a,
-        "POST",
-        "/v1/tasks",
-        &json!({"id": id, "agent": "agent-1", "input": {"id": id}}),
-    )
-    .await
-    .unwrap()
-}
-
-async fn task(a: &str, id: &str) -> Value {
-    let r = get(a, &format!("/v1/tasks/{id}")).await.unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json().unwrap()
+/// Submits task `id` for agent-1 ([`meshd_client::Client::submit_task_answer`]): the
+/// answer's status and body.
+async fn submit(a: &str, id: &str) -> (u16, Value) {
+    let r = client(a)
+        .submit_task_answer(Some(id), "agent-1", &json!({"id": id}))
+        .await;
+    status_and_body(r).unwrap()
 }
 
 /// Sessions and tasks live in Meta: a SIGKILL of meshd loses neither. The session's
@@ -56,41 +35,23 @@ async fn sessions_and_tasks_survive_a_kill(mut m: MeshdProcess) {
     let a = m.addr().to_string();
     let s = open_session(&a, "agent-1", 60_000).await;
     let sid = s["session_id"].as_str().unwrap().to_string();
-    assert_eq!(submit(&a, "job-1").await.status, 201);
-    let r = send_json(
-        &a,
-        "POST",
-        "/v1/tasks/job-1/claim",
-        &json!({"session": sid}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(submit(&a, "job-2").await.status, 201);
+    assert_eq!(submit(&a, "job-1").await.0, 201);
+    claim_task(&a, "job-1", &sid).await;
+    assert_eq!(submit(&a, "job-2").await.0, 201);
 
     m.kill();
     m.restart().await.unwrap();
     let a = m.addr().to_string();
-    let r = send_json(
-        &a,
-        "POST",
-        &format!("/v1/sessions/{sid}/heartbeat"),
-        &json!({}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        r.status, 200,
-        "the session outlived the process: {}",
-        r.body
-    );
-    assert_eq!(r.json().unwrap()["epoch"], s["epoch"]);
+    let r = client(&a).heartbeat_answer(&sid).await;
+    let r = answered(r, 200, "heartbeat")
+        .unwrap_or_else(|e| panic!("the session outlived the process: {e:#}"));
+    assert_eq!(r.json::<Value>().unwrap()["epoch"], s["epoch"]);
     let t = task(&a, "job-1").await;
     assert_eq!(t["state"], "working", "{t}");
     assert_eq!(t["assignee"]["session"], sid.as_str(), "{t}");
     assert_eq!(task(&a, "job-2").await["state"], "submitted");
     // The same id again is the same task, not a new one.
-    assert_eq!(submit(&a, "job-2").await.status, 200);
+    assert_eq!(submit(&a, "job-2").await.0, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,8 +105,7 @@ async fn given_two_instances_on_one_etcd_when_they_submit_and_cancel_the_same_ta
     let mut answers: std::collections::BTreeMap<String, Vec<(u16, Value)>> = Default::default();
     for s in submits {
         let (id, _, r) = s.await.unwrap();
-        let v = r.json().unwrap_or(Value::Null);
-        answers.entry(id).or_default().push((r.status, v));
+        answers.entry(id).or_default().push(r);
     }
     for (id, got) in &answers {
         let created = got.iter().filter(|(s, _)| *s == 201).count();
@@ -161,10 +121,9 @@ async fn given_two_instances_on_one_etcd_when_they_submit_and_cancel_the_same_ta
         for addr in &addrs {
             let (addr, id) = (addr.clone(), id.clone());
             cancels.push(tokio::spawn(async move {
-                let r = send_json(&addr, "POST", &format!("/v1/tasks/{id}/cancel"), &json!({}))
-                    .await
-                    .unwrap();
-                (id, r.status)
+                let (status, _) =
+                    status_and_body(client(&addr).cancel_task_answer(&id).await).unwrap();
+                (id, status)
             }));
         }
     }

@@ -25,16 +25,18 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 const DRAIN: Duration = Duration::from_secs(30);
+/// The admin token [`start_with_tokens`] writes.
+const ADMIN_TOKEN: &str = "admin-token-0123456789";
 
 fn client(a: &str) -> Client {
     Client::connect(&format!("http://{a}")).unwrap()
 }
 
-/// The subscription's statistics (`GET .../stats`), checked for the contract's fields.
+/// The subscription's statistics (`GET .../stats`, [`Client::stats_answer`]; asserts
+/// 200), checked for the contract's fields.
 async fn stats(a: &str, sub: &str) -> anyhow::Result<Vec<Value>> {
-    let r = http::get(a, &format!("/v1/subscriptions/{sub}/stats")).await?;
-    anyhow::ensure!(r.status == 200, "stats answered {}: {}", r.status, r.body);
-    let v = r.json()?;
+    let r = answered(common::client(a).stats_answer(sub).await, 200, "stats")?;
+    let v: Value = r.json()?;
     let parts = v["partitions"].as_array().cloned().unwrap_or_default();
     for p in &parts {
         for k in [
@@ -386,17 +388,9 @@ async fn with_tokens_a_websocket_authenticates_with_its_first_frame() {
     let dir = tempfile::tempdir().unwrap();
     let m = start_with_tokens(dir.path(), &[]).await;
     let a = m.addr();
-    let admin_h = [("Authorization", "Bearer admin-token-0123456789")];
-    let r = request_with(
-        a,
-        "POST",
-        "/v1/topics/t/events",
-        &[admin_h[0], ("Content-Type", "application/cloudevents+json")],
-        event("x").to_string().as_bytes(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
+    let admin = common::client(a).with_token(ADMIN_TOKEN).unwrap();
+    let r = admin.publish_event_answer("t", &event("x")).await;
+    answered(r, 201, "publish").unwrap();
 
     // A wrong token in the first frame: a problem, then the socket closes; nothing is
     // handed out.
@@ -508,16 +502,7 @@ async fn a_reader_that_stops_reading_holds_its_flow_control_and_no_more_memory()
                 e
             })
             .collect();
-        let r = request_with(
-            &a,
-            "POST",
-            "/v1/topics/t/events",
-            &[("Content-Type", "application/cloudevents-batch+json")],
-            Value::Array(events).to_string().as_bytes(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
+        publish_batch(&a, "t", &events).await.unwrap();
     }
     let pid = m.pid().unwrap();
     let before = current_rss(pid);
@@ -620,14 +605,11 @@ async fn an_idle_stream_outlives_the_idle_timeout_by_its_keep_alives_and_streams
     // The slot comes back when the stream ends.
     drop(stream);
     wait_until(DRAIN, "the stream's slot is free", || async move {
-        let r = http::send_json(
-            a,
-            "POST",
-            "/v1/subscriptions/s/pull",
-            &json!({"wait_ms": 1}),
-        )
-        .await?;
-        anyhow::ensure!(r.status == 200, "{} {}", r.status, r.body);
+        let pull = meshd_client::Pull {
+            wait_ms: Some(1),
+            ..Default::default()
+        };
+        answered(common::client(a).pull_answer("s", &pull).await, 200, "pull")?;
         Ok(())
     })
     .await
@@ -643,16 +625,7 @@ async fn a_stream_bound_to_a_session_is_fenced_when_the_session_is_taken_over() 
     create_subscription(a, "s", json!({"topic": "t", "start": "earliest"})).await;
     publish_n(a, "t", 2, "f").await;
     let open = |a: String| async move {
-        let r = http::send_json(
-            &a,
-            "POST",
-            "/v1/sessions",
-            &json!({"client_id": "worker-1", "ttl_ms": 10000}),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
-        r.json().unwrap()["session_id"]
+        open_session(&a, "worker-1", 10000).await["session_id"]
             .as_str()
             .unwrap()
             .to_string()
@@ -783,29 +756,14 @@ async fn start_with_tokens(dir: &std::path::Path, extra: &[&str]) -> MeshdProces
     m
 }
 
-/// Topic `t` and subscription `s` through the admin token.
+/// Topic `t` and subscription `s` through the admin token (asserts 201 for each).
 async fn admin_topic_and_subscription(a: &str) {
-    for (path, body) in [
-        ("/v1/topics/t", json!({"partitions": 1})),
-        (
-            "/v1/subscriptions/s",
-            json!({"topic": "t", "start": "earliest"}),
-        ),
-    ] {
-        let r = request_with(
-            a,
-            "PUT",
-            path,
-            &[
-                ("Authorization", "Bearer admin-token-0123456789"),
-                ("Content-Type", "application/json"),
-            ],
-            body.to_string().as_bytes(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
-    }
+    let admin = common::client(a).with_token(ADMIN_TOKEN).unwrap();
+    answered(admin.create_topic_answer("t", 1).await, 201, "PUT topic t").unwrap();
+    let r = admin
+        .put_subscription_answer("s", &json!({"topic": "t", "start": "earliest"}))
+        .await;
+    answered(r, 201, "PUT subscription s").unwrap();
 }
 
 /// http-api.md "Security rules (third round)": a WebSocket waiting for its token frame
@@ -987,16 +945,7 @@ async fn a_websocket_client_that_sends_but_never_reads_is_closed_after_the_idle_
                 e
             })
             .collect();
-        let r = request_with(
-            a,
-            "POST",
-            "/v1/topics/t/events",
-            &[("Content-Type", "application/cloudevents-batch+json")],
-            Value::Array(events).to_string().as_bytes(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 201, "{}", r.body);
+        publish_batch(a, "t", &events).await.unwrap();
     }
     // A small receive buffer, so what meshd writes backs up soon.
     let sock = tokio::net::TcpSocket::new_v4().unwrap();

@@ -5,52 +5,27 @@
 mod common;
 
 use common::*;
-use meshd_test_support::http::{get, send_json};
+use meshd_test_support::http::send_json;
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-async fn open_session(a: &str, client: &str, ttl_ms: u64) -> Value {
-    let r = send_json(
-        a,
-        "POST",
-        "/v1/sessions",
-        &json!({"client_id": client, "ttl_ms": ttl_ms}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
-    r.json().unwrap()
-}
-
 async fn claimed_task(a: &str, agent: &str, session: &str) -> String {
-    let r = send_json(
-        a,
-        "POST",
-        "/v1/tasks",
-        &json!({"agent": agent, "input": {"n": 1}}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
-    let id = r.json().unwrap()["id"].as_str().unwrap().to_string();
-    let r = send_json(
-        a,
-        "POST",
-        &format!("/v1/tasks/{id}/claim"),
-        &json!({"session": session}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.json().unwrap()["state"], "working");
+    let r = client(a)
+        .submit_task_answer(None, agent, &json!({"n": 1}))
+        .await;
+    let r = answered(r, 201, "submit").unwrap_or_else(|e| panic!("{e:#}"));
+    let id = r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(claim_task(a, &id, session).await["state"], "working");
     id
 }
 
 async fn wait_state(a: &str, id: &str, state: &str, deadline: Duration) -> Value {
     wait_until(deadline, &format!("task {id} {state}"), || async {
-        let r = get(a, &format!("/v1/tasks/{id}")).await?;
-        let t = r.json()?;
+        let t = client(a).task(id).await?;
         anyhow::ensure!(t["state"] == state, "{t}");
         Ok(t)
     })
@@ -89,17 +64,8 @@ async fn given_a_working_task_when_its_assignee_session_is_taken_over_then_it_re
     let new = open_session(a, "agent-b", 600_000).await;
     assert!(new["epoch"].as_i64() > old["epoch"].as_i64(), "{old} {new}");
     wait_state(a, &id, "submitted", Duration::from_secs(20)).await;
-    let r = send_json(
-        a,
-        "POST",
-        &format!("/v1/tasks/{id}/claim"),
-        &json!({"session": new["session_id"]}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
+    let t = claim_task(a, &id, new["session_id"].as_str().unwrap()).await;
     // The old holder's writes for the task are refused.
-    let t = r.json().unwrap();
     let r = send_json(
         a,
         "POST",
@@ -114,11 +80,7 @@ async fn given_a_working_task_when_its_assignee_session_is_taken_over_then_it_re
         r.status,
         r.body
     );
-    let now = get(a, &format!("/v1/tasks/{id}"))
-        .await
-        .unwrap()
-        .json()
-        .unwrap();
+    let now = client(a).task(&id).await.unwrap();
     assert_eq!(now["state"], "working", "{now}");
     assert_eq!(now["version"], t["version"], "nothing was written: {now}");
 }

@@ -2,7 +2,7 @@
 //! under a fault shim, publish, and check readiness, metrics and the answers of a
 //! fail-stopped store.
 
-use super::{bin, browse_all, problem};
+use super::{bin, browse_all, client, problem};
 use anyhow::{anyhow, ensure};
 use meshd_test_support::http::{self, request_with, Response};
 use meshd_test_support::meshd::MeshdProcess;
@@ -21,7 +21,8 @@ pub async fn start_faulted(dir: &std::path::Path, env: &[(String, String)]) -> M
         .expect("start meshd under the fault shim")
 }
 
-/// Publishes one event in structured mode and returns the raw answer.
+/// Publishes one event in structured mode and returns the raw answer (built by hand: the
+/// fault tests assert a refusal's every header and field, [`fail_stopped`]).
 pub async fn try_publish(a: &str, topic: &str, event: &Value) -> Response {
     request_with(
         a,
@@ -41,10 +42,11 @@ pub async fn readyz(a: &str) -> (u16, Value) {
     (r.status, body)
 }
 
+/// Waits until `/readyz` answers 200 ([`meshd_client::Client::ready`]).
 pub async fn wait_ready(a: &str) {
     wait_until(READY, &format!("/readyz 200 on {a}"), || async move {
-        let r = http::get(a, "/readyz").await?;
-        ensure!(r.status == 200, "readyz {}: {}", r.status, r.body);
+        let ready = client(a).ready().await?;
+        ensure!(ready, "readyz 503");
         Ok(())
     })
     .await
@@ -55,8 +57,7 @@ pub async fn wait_ready(a: &str) {
 /// Meta write meshd makes by itself after boot, so the next one is the test's.
 pub async fn wait_registered(a: &str) {
     wait_until(READY, "membership registered", || async move {
-        let r = http::get(a, "/v1/cluster").await?;
-        let c = r.json()?;
+        let c = client(a).cluster().await?;
         let me = &c["instance"];
         let members = c["members"]
             .as_array()

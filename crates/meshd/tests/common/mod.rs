@@ -3,6 +3,13 @@
 //! API, checking on the way that every answer has the shape of the contract
 //! (`../shared/design/http-api.md`). Helpers return `anyhow::Result` so they can run
 //! inside [`wait_until`], which reports the last shortfall on timeout.
+//!
+//! Every request of these helpers goes through the typed [`meshd_client::Client`]
+//! ([`client`]), the one client of the public API; what a helper checks beyond what
+//! the client's typed answer enforces (the exact status, lists and fields as meshd
+//! wrote them) it checks on the `*_answer` twin's whole answer. Requests built by
+//! hand ([`bare`], [`problem`]'s answers, [`pull_own`]'s internal route) are for the
+//! raw protocol only.
 
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
@@ -11,8 +18,9 @@ pub mod disk;
 pub mod oracle;
 pub mod webhook;
 
-use anyhow::{anyhow, ensure, Context};
-use meshd_test_support::http::{self, request_with, send_json, Response};
+use anyhow::{anyhow, bail, ensure, Context};
+use meshd_client::{Client, Pull};
+use meshd_test_support::http::{self, request_with, Response};
 use meshd_test_support::meshd::MeshdProcess;
 use meshd_test_support::wait::wait_until;
 use serde_json::{json, Value};
@@ -29,6 +37,47 @@ pub async fn start(dir: &Path) -> MeshdProcess {
     MeshdProcess::start(bin(), dir, &[])
         .await
         .expect("start meshd")
+}
+
+/// How long any request of a test may take, long polls included (as the tests'
+/// requests always were): a long poll asking for more is answered by something else
+/// (meshd's stop) or fails.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The client of the meshd at `a` (`host:port`) as the tests use it: each request sent
+/// once (a publish whose answer is lost is not sent again: a test sees what it sent
+/// and what came back) and bounded by [`REQUEST_TIMEOUT`].
+pub fn client(a: &str) -> Client {
+    let target = meshd_client::Target::peer(a, false)
+        .unwrap_or_else(|e| panic!("{a} is not a host:port: {e}"));
+    Client::new(target, meshd_client::Transport::new())
+        .with_publish_retries(0)
+        .with_timeout(REQUEST_TIMEOUT)
+}
+
+/// The answer of a client call when its status is `status`; otherwise what came back
+/// instead (another status, the problem meshd answered, or no answer).
+pub fn answered(
+    r: Result<meshd_client::Response, meshd_client::Error>,
+    status: u16,
+    what: &str,
+) -> anyhow::Result<meshd_client::Response> {
+    match r {
+        Ok(a) if a.status == status => Ok(a),
+        Ok(a) => Err(anyhow!("{what} answered {}: {}", a.status, a.text())),
+        Err(meshd_client::Error::Api(p)) => Err(anyhow!(
+            "{what} answered {}: {} {}",
+            p.status,
+            p.kind.as_deref().unwrap_or("(no type)"),
+            p.detail
+        )),
+        Err(e) => Err(anyhow!("{what}: {e}")),
+    }
+}
+
+/// The JSON body of an answer.
+fn body_of(a: &meshd_client::Response) -> anyhow::Result<Value> {
+    a.json::<Value>().map_err(|e| anyhow!("{e}"))
 }
 
 /// Asserts `r` is an RFC 9457 problem with `status` and returns its body.
@@ -58,25 +107,28 @@ pub fn problem_naming(r: &Response, field: &str) -> Value {
     p
 }
 
+/// `PUT /v1/topics/{topic}` ([`Client::create_topic_answer`]); asserts 201.
 pub async fn create_topic(a: &str, topic: &str, partitions: u32) {
-    let r = send_json(
-        a,
-        "PUT",
-        &format!("/v1/topics/{topic}"),
-        &json!({ "partitions": partitions }),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 201, "{}", r.body);
+    let r = client(a).create_topic_answer(topic, partitions).await;
+    answered(r, 201, &format!("PUT topic {topic}")).unwrap_or_else(|e| panic!("{e:#}"));
 }
 
-/// `PUT /v1/subscriptions/{name}` with `body`; asserts 201.
+/// `PUT /v1/topics/{topic}` with `settings` ([`Client::put_topic_answer`]); asserts
+/// 201; the topic as stored.
+pub async fn create_topic_with(a: &str, topic: &str, settings: Value) -> Value {
+    let r = client(a).put_topic_answer(topic, &settings).await;
+    let r = answered(r, 201, &format!("PUT topic {topic}"))
+        .unwrap_or_else(|e| panic!("{settings}: {e:#}"));
+    body_of(&r).unwrap()
+}
+
+/// `PUT /v1/subscriptions/{name}` with `body` ([`Client::put_subscription_answer`]);
+/// asserts 201.
 pub async fn create_subscription(a: &str, name: &str, body: Value) -> Value {
-    let r = send_json(a, "PUT", &format!("/v1/subscriptions/{name}"), &body)
-        .await
-        .unwrap();
-    assert_eq!(r.status, 201, "{body}: {}", r.body);
-    r.json().unwrap()
+    let r = client(a).put_subscription_answer(name, &body).await;
+    let r = answered(r, 201, &format!("PUT subscription {name}"))
+        .unwrap_or_else(|e| panic!("{body}: {e:#}"));
+    body_of(&r).unwrap()
 }
 
 /// A CloudEvent with an extension attribute and structured data, so that "exactly as
@@ -94,26 +146,57 @@ pub fn event(id: &str) -> Value {
     })
 }
 
-/// Publishes one event in structured mode; returns its (partition, offset).
+/// Publishes one event in structured mode ([`Client::publish_event_answer`]); asserts
+/// 201 placing that event; returns its (partition, offset).
 pub async fn publish(a: &str, topic: &str, event: &Value) -> anyhow::Result<(u64, u64)> {
-    let r = request_with(
-        a,
-        "POST",
-        &format!("/v1/topics/{topic}/events"),
-        &[("Content-Type", "application/cloudevents+json")],
-        event.to_string().as_bytes(),
-    )
-    .await?;
-    ensure!(r.status == 201, "publish answered {}: {}", r.status, r.body);
-    let placed = &r.json()?["events"][0];
-    ensure!(placed["id"] == event["id"], "publish answered {}", r.body);
+    let r = answered(
+        client(a).publish_event_answer(topic, event).await,
+        201,
+        "publish",
+    )?;
+    let placed = &body_of(&r)?["events"][0];
+    ensure!(placed["id"] == event["id"], "publish answered {}", r.text());
     match (placed["partition"].as_u64(), placed["offset"].as_u64()) {
         (Some(p), Some(o)) => Ok((p, o)),
         _ => Err(anyhow!(
             "publish answer without partition/offset: {}",
-            r.body
+            r.text()
         )),
     }
+}
+
+/// Publishes `events` as one batch ([`Client::publish_answer`]); asserts 201 placing
+/// each of them, in order; returns their (partition, offset).
+pub async fn publish_batch(
+    a: &str,
+    topic: &str,
+    events: &[Value],
+) -> anyhow::Result<Vec<(u64, u64)>> {
+    let r = answered(
+        client(a).publish_answer(topic, events).await,
+        201,
+        "publish",
+    )?;
+    let answer = body_of(&r)?;
+    let placed = answer["events"]
+        .as_array()
+        .ok_or_else(|| anyhow!("publish answer without an events list: {answer}"))?;
+    ensure!(
+        placed.len() == events.len(),
+        "publish of {} events answered {answer}",
+        events.len()
+    );
+    placed
+        .iter()
+        .zip(events)
+        .map(|(p, e)| {
+            ensure!(p["id"] == e["id"], "publish answered {answer}");
+            match (p["partition"].as_u64(), p["offset"].as_u64()) {
+                (Some(p), Some(o)) => Ok((p, o)),
+                _ => bail!("publish answer without partition/offset: {answer}"),
+            }
+        })
+        .collect()
 }
 
 /// One delivery of a pull answer.
@@ -127,30 +210,60 @@ pub struct Delivery {
     pub event: Value,
 }
 
-/// `POST /v1/subscriptions/{sub}/pull` with `body`; checks the answer's shape.
+/// The pull request `body` names (its `max_events`, `wait_ms`, `max_bytes`,
+/// `session`); anything else in it is an error, never dropped.
+fn pull_of(body: &Value) -> anyhow::Result<Pull> {
+    let fields = body
+        .as_object()
+        .ok_or_else(|| anyhow!("a pull body is an object: {body}"))?;
+    let mut pull = Pull::default();
+    for (k, v) in fields {
+        let count = || {
+            v.as_u64()
+                .ok_or_else(|| anyhow!("pull's {k} is not a count: {body}"))
+        };
+        match k.as_str() {
+            "max_events" => pull.max_events = Some(count()?),
+            "wait_ms" => pull.wait_ms = Some(count()?),
+            "max_bytes" => pull.max_bytes = Some(count()?),
+            "session" => {
+                let s = v
+                    .as_str()
+                    .ok_or_else(|| anyhow!("pull's session is not text: {body}"))?;
+                pull.session = Some(s.to_string());
+            }
+            _ => bail!("{k} is not a field of a pull (meshd_client::Pull): {body}"),
+        }
+    }
+    Ok(pull)
+}
+
+/// `POST /v1/subscriptions/{sub}/pull` with `body` ([`Client::pull_answer`]); asserts
+/// 200 and the answer's shape: a list of deliveries, each with a delivery id, numeric
+/// partition, offset and attempt (the client's typed decoding), and an event object.
 pub async fn pull(a: &str, sub: &str, body: &Value) -> anyhow::Result<Vec<Delivery>> {
-    let r = send_json(a, "POST", &format!("/v1/subscriptions/{sub}/pull"), body).await?;
-    ensure!(r.status == 200, "pull answered {}: {}", r.status, r.body);
-    let answer = r.json()?;
-    let list = answer["deliveries"]
-        .as_array()
-        .ok_or_else(|| anyhow!("pull answer without a deliveries list: {answer}"))?;
-    list.iter()
+    let r = answered(
+        client(a).pull_answer(sub, &pull_of(body)?).await,
+        200,
+        "pull",
+    )?;
+    let list = meshd_client::deliveries_of(&r)
+        .map_err(|e| anyhow!("pull answer without a list of deliveries ({e})"))?;
+    list.into_iter()
         .map(|d| {
-            let number = |k: &str| {
-                d[k].as_u64()
-                    .ok_or_else(|| anyhow!("delivery without a numeric {k}: {d}"))
+            let event = match d.event {
+                Ok(e) if e.is_object() => e,
+                other => bail!(
+                    "delivery {} without an event object: {other:?}",
+                    d.delivery_id
+                ),
             };
-            ensure!(
-                !d["delivery_id"].is_null() && d["event"].is_object(),
-                "delivery without delivery_id or event: {d}"
-            );
             Ok(Delivery {
-                id: d["delivery_id"].clone(),
-                partition: number("partition")?,
-                offset: number("offset")?,
-                attempt: number("attempt")?,
-                event: d["event"].clone(),
+                id: Value::String(d.delivery_id),
+                partition: d.partition.into(),
+                offset: d.offset,
+                attempt: d.attempt.into(),
+                event,
             })
         })
         .collect()
@@ -238,18 +351,25 @@ pub fn set_of(ids: &[Value]) -> BTreeSet<String> {
     ids.iter().map(Value::to_string).collect()
 }
 
-/// POSTs `body` to `/v1/subscriptions/{sub}/{verb}`; asserts 200 and that the answer
-/// has exactly the lists `keys`.
-async fn outcome(
-    a: &str,
-    sub: &str,
+/// Delivery ids as the client sends them (text, as meshd hands them out).
+fn id_texts(ids: &[Value]) -> anyhow::Result<Vec<String>> {
+    ids.iter()
+        .map(|id| {
+            id.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| anyhow!("delivery id {id} is not text"))
+        })
+        .collect()
+}
+
+/// The answer of an ack, nack or extend (`verb`); asserts 200 and that the answer has
+/// each of the lists `keys`.
+fn outcome(
+    r: Result<meshd_client::Response, meshd_client::Error>,
     verb: &str,
-    body: &Value,
     keys: &[&str],
 ) -> anyhow::Result<Value> {
-    let r = send_json(a, "POST", &format!("/v1/subscriptions/{sub}/{verb}"), body).await?;
-    ensure!(r.status == 200, "{verb} answered {}: {}", r.status, r.body);
-    let answer = r.json()?;
+    let answer = body_of(&answered(r, 200, verb)?)?;
     for k in keys {
         ensure!(
             answer[*k].is_array(),
@@ -259,23 +379,18 @@ async fn outcome(
     Ok(answer)
 }
 
+/// [`Client::ack_answer`]: the answer, with each of its lists.
 pub async fn ack(a: &str, sub: &str, ids: &[Value]) -> anyhow::Result<Value> {
-    outcome(
-        a,
-        sub,
-        "ack",
-        &json!({ "delivery_ids": ids }),
-        &["acked", "unknown", "fenced", "failed"],
-    )
-    .await
+    let r = client(a).ack_answer(sub, &id_texts(ids)?).await;
+    outcome(r, "ack", &["acked", "unknown", "fenced", "failed"])
 }
 
+/// [`Client::nack_answer`]: the answer, with each of its lists.
 pub async fn nack(a: &str, sub: &str, ids: &[Value], reason: &str) -> anyhow::Result<Value> {
+    let r = client(a).nack_answer(sub, &id_texts(ids)?, reason).await;
     outcome(
-        a,
-        sub,
+        r,
         "nack",
-        &json!({ "delivery_ids": ids, "reason": reason }),
         &[
             "retrying",
             "dead_lettered",
@@ -284,30 +399,26 @@ pub async fn nack(a: &str, sub: &str, ids: &[Value], reason: &str) -> anyhow::Re
             "fenced",
         ],
     )
-    .await
 }
 
+/// [`Client::extend_answer`]: the answer, with each of its lists.
 pub async fn extend(
     a: &str,
     sub: &str,
     ids: &[Value],
     ack_timeout_ms: u64,
 ) -> anyhow::Result<Value> {
-    outcome(
-        a,
-        sub,
-        "extend",
-        &json!({ "delivery_ids": ids, "ack_timeout_ms": ack_timeout_ms }),
-        &["extended", "unknown"],
-    )
-    .await
+    let r = client(a)
+        .extend_answer(sub, &id_texts(ids)?, ack_timeout_ms)
+        .await;
+    outcome(r, "extend", &["extended", "unknown"])
 }
 
-/// `GET /v1/subscriptions/{sub}/offsets` → the `offsets` list.
+/// `GET /v1/subscriptions/{sub}/offsets` ([`Client::offsets_answer`]; asserts 200) →
+/// the `offsets` list as meshd wrote it.
 pub async fn offsets(a: &str, sub: &str) -> anyhow::Result<Vec<Value>> {
-    let r = http::get(a, &format!("/v1/subscriptions/{sub}/offsets")).await?;
-    ensure!(r.status == 200, "offsets answered {}: {}", r.status, r.body);
-    let answer = r.json()?;
+    let r = answered(client(a).offsets_answer(sub).await, 200, "offsets")?;
+    let answer = body_of(&r)?;
     answer["offsets"]
         .as_array()
         .cloned()
@@ -338,13 +449,14 @@ pub async fn wait_committed(a: &str, sub: &str, partition: u64, want: u64) {
     .unwrap();
 }
 
-/// `GET /v1/topics/{topic}` → `end_offsets`.
+/// `GET /v1/topics/{topic}` ([`Client::topic_answer`]) → `end_offsets`.
 pub async fn end_offsets(a: &str, topic: &str) -> Vec<u64> {
-    let t = http::get(a, &format!("/v1/topics/{topic}"))
+    let t = client(a)
+        .topic_answer(topic)
         .await
-        .unwrap()
-        .json()
-        .unwrap();
+        .map_err(anyhow::Error::from)
+        .and_then(|r| body_of(&r))
+        .unwrap_or_else(|e| panic!("GET topic {topic}: {e:#}"));
     t["end_offsets"]
         .as_array()
         .unwrap_or_else(|| panic!("no end_offsets: {t}"))
@@ -353,19 +465,18 @@ pub async fn end_offsets(a: &str, topic: &str) -> Vec<u64> {
         .collect()
 }
 
-/// Every event of one partition via browse: (offset, event).
+/// Every event of one partition via browse ([`Client::browse_answer`], pages of 1000;
+/// asserts 200): (offset, event).
 pub async fn browse_all(a: &str, topic: &str, partition: u64) -> Vec<(u64, Value)> {
+    let meshd = client(a);
     let mut events = Vec::new();
     loop {
-        let from = events.len();
-        let r = http::get(
-            a,
-            &format!("/v1/topics/{topic}/partitions/{partition}/events?from={from}&limit=1000"),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
-        let page = r.json().unwrap()["events"].as_array().unwrap().clone();
+        let from = events.len() as u64;
+        let r = meshd
+            .browse_answer(topic, partition as u32, from, 1000)
+            .await;
+        let r = answered(r, 200, "browse").unwrap_or_else(|e| panic!("{e:#}"));
+        let page = body_of(&r).unwrap()["events"].as_array().unwrap().clone();
         if page.is_empty() {
             return events;
         }
@@ -376,13 +487,12 @@ pub async fn browse_all(a: &str, topic: &str, partition: u64) -> Vec<(u64, Value
     }
 }
 
-/// `GET /v1/deadletters?subscription={sub}` → the entries (asserts 200, one page).
+/// `GET /v1/deadletters?subscription={sub}` ([`Client::dead_letters_answer`]) → the
+/// entries (asserts 200, one page).
 pub async fn dead_letters(a: &str, sub: &str) -> Vec<Value> {
-    let r = http::get(a, &format!("/v1/deadletters?subscription={sub}"))
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let list = r.json().unwrap();
+    let r = client(a).dead_letters_answer(Some(sub), None, None).await;
+    let r = answered(r, 200, "dead letters").unwrap_or_else(|e| panic!("{e:#}"));
+    let list = body_of(&r).unwrap();
     assert!(
         list.get("next_cursor").is_none() || list["next_cursor"].is_null(),
         "one small page has no next_cursor: {list}"
@@ -391,6 +501,59 @@ pub async fn dead_letters(a: &str, sub: &str) -> Vec<Value> {
         .as_array()
         .unwrap_or_else(|| panic!("no entries list: {list}"))
         .clone()
+}
+
+/// The status and JSON body of a client call's answer, whatever its status (a
+/// refusal's body is its problem as the client read it: type, title, detail, field);
+/// an error when no answer came.
+pub fn status_and_body(
+    r: Result<meshd_client::Response, meshd_client::Error>,
+) -> anyhow::Result<(u16, Value)> {
+    match r {
+        Ok(a) => Ok((a.status, a.json().unwrap_or(Value::Null))),
+        Err(meshd_client::Error::Api(p)) => Ok((
+            p.status,
+            json!({"type": p.kind, "title": p.title, "detail": p.detail, "field": p.field}),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `POST /v1/sessions` ([`Client::open_session_answer`]); asserts 201; the session.
+pub async fn open_session(a: &str, client_id: &str, ttl_ms: u64) -> Value {
+    let r = client(a).open_session_answer(client_id, ttl_ms).await;
+    let r = answered(r, 201, &format!("open a session of {client_id}"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    body_of(&r).unwrap()
+}
+
+/// `GET /v1/tasks/{id}` ([`Client::task_answer`]); asserts 200; the task.
+pub async fn task(a: &str, id: &str) -> Value {
+    let r = answered(client(a).task_answer(id).await, 200, &format!("task {id}"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    body_of(&r).unwrap()
+}
+
+/// `POST /v1/tasks/{id}/claim` for `session` ([`Client::claim_task_answer`]); asserts
+/// 200; the task.
+pub async fn claim_task(a: &str, id: &str, session: &str) -> Value {
+    let r = client(a).claim_task_answer(id, session).await;
+    let r = answered(r, 200, &format!("claim {id}")).unwrap_or_else(|e| panic!("{e:#}"));
+    body_of(&r).unwrap()
+}
+
+/// `POST /v1/deadletters/{id}/redrive` ([`Client::redrive_answer`]); asserts 202.
+pub async fn redrive(a: &str, id: &str) {
+    let r = client(a).redrive_answer(id).await;
+    answered(r, 202, &format!("redrive {id}")).unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// `GET /v1/deadletters/{id}` ([`Client::dead_letter_answer`]; asserts 200) → the
+/// entry as meshd wrote it.
+pub async fn dead_letter(a: &str, id: &str) -> Value {
+    let r = client(a).dead_letter_answer(id).await;
+    let r = answered(r, 200, &format!("dead letter {id}")).unwrap_or_else(|e| panic!("{e:#}"));
+    body_of(&r).unwrap()
 }
 
 /// Sends an empty-bodied request (no content type).
@@ -524,9 +687,8 @@ impl SmallCluster {
             Duration::from_secs(30),
             &format!("every partition of {topic} with its designated owner"),
             || async {
-                let r = http::get(&a, "/v1/cluster").await?;
-                ensure!(r.status == 200, "GET /v1/cluster answered {}", r.status);
-                let v = r.json()?;
+                let r = answered(client(&a).cluster_answer().await, 200, "GET /v1/cluster")?;
+                let v = body_of(&r)?;
                 let mut settled = 0;
                 for p in v["partitions"].as_array().into_iter().flatten() {
                     let Some(n) = p["partition"].as_u64().filter(|_| p["topic"] == topic) else {
@@ -551,27 +713,23 @@ impl SmallCluster {
     }
 }
 
-/// A nack of `ids` on `sub` with `delay_ms` (asserts 200); the answer.
+/// A nack of `ids` on `sub` with `delay_ms` ([`Client::nack_delayed_answer`], reason
+/// "later"; asserts 200); the answer.
 pub async fn nack_delayed(a: &str, sub: &str, ids: &[Value], delay_ms: u64) -> Value {
-    let r = send_json(
-        a,
-        "POST",
-        &format!("/v1/subscriptions/{sub}/nack"),
-        &json!({"delivery_ids": ids, "reason": "later", "delay_ms": delay_ms}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json().unwrap()
+    let ids = id_texts(ids).unwrap();
+    let r = client(a)
+        .nack_delayed_answer(sub, &ids, "later", delay_ms)
+        .await;
+    let r = answered(r, 200, "nack").unwrap_or_else(|e| panic!("{e:#}"));
+    body_of(&r).unwrap()
 }
 
-/// The `parked` figure of every partition of `sub`'s stats, summed.
+/// The `parked` figure of every partition of `sub`'s stats ([`Client::stats_answer`];
+/// asserts 200), summed.
 pub async fn parked(a: &str, sub: &str) -> u64 {
-    let r = meshd_test_support::http::get(a, &format!("/v1/subscriptions/{sub}/stats"))
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v = r.json().unwrap();
+    let r = client(a).stats_answer(sub).await;
+    let r = answered(r, 200, "stats").unwrap_or_else(|e| panic!("{e:#}"));
+    let v = body_of(&r).unwrap();
     v["partitions"]
         .as_array()
         .unwrap()
@@ -588,7 +746,9 @@ pub fn event_ids(ds: &[Delivery]) -> Vec<String> {
 }
 
 /// A pull of instance `a`'s own partitions only, through its internal route as a peer
-/// calls it (with the cluster `secret`): what that instance itself hands out.
+/// calls it (with the cluster `secret`): what that instance itself hands out. Built by
+/// hand: the internal routes are the instances' protocol among themselves (spoken by
+/// meshd_runtime's cluster code), not the public API the client speaks.
 pub async fn pull_own(
     a: &str,
     secret: &str,

@@ -2,7 +2,6 @@
 //! classifies an answer, the seed and round numbers from the environment, and the
 //! final dead-letter listing their oracles read.
 
-use meshd_test_support::http::{self, Response};
 use serde_json::Value;
 use std::fmt;
 
@@ -27,13 +26,22 @@ impl fmt::Display for Failure {
     }
 }
 
-/// The JSON body of an answer with `status`, or why not.
-pub fn expect(r: anyhow::Result<Response>, status: u16) -> Result<Value, Failure> {
-    let r = r.map_err(|e| Failure::Transport(format!("{e:#}")))?;
-    if r.status != status {
-        return Err(Failure::Status(r.status, r.body));
+/// The JSON body of an answer of [`meshd_client::Client`] (a `*_answer` method) with
+/// `status`, or why not: no answer is `Transport`, a refusal (the client's
+/// [`meshd_client::Error::Api`]) or another 2xx is `Status`, a body that is not JSON
+/// is `Malformed`.
+pub fn expect(
+    r: Result<meshd_client::Response, meshd_client::Error>,
+    status: u16,
+) -> Result<Value, Failure> {
+    match r {
+        Ok(a) if a.status == status => a
+            .json::<Value>()
+            .map_err(|e| Failure::Malformed(e.to_string())),
+        Ok(a) => Err(Failure::Status(a.status, a.text())),
+        Err(meshd_client::Error::Api(p)) => Err(Failure::Status(p.status, p.to_string())),
+        Err(e) => Err(Failure::Transport(e.to_string())),
     }
-    r.json().map_err(|e| Failure::Malformed(format!("{e:#}")))
 }
 
 /// A number from the environment (decimal or `0x` hex); panics naming the variable
@@ -58,23 +66,21 @@ pub fn seed_from(name: &str) -> u64 {
     })
 }
 
-/// Every dead-letter entry of `sub`, over all pages.
+/// Every dead-letter entry of `sub`, over all pages of 1000
+/// ([`meshd_client::Client::dead_letters_answer`]; asserts 200).
 pub async fn dead_letter_entries(a: &str, sub: &str) -> anyhow::Result<Vec<Value>> {
+    let meshd = super::client(a);
     let mut entries = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let mut path = format!("/v1/deadletters?subscription={sub}&limit=1000");
-        if let Some(c) = &cursor {
-            // A cursor is `{subscription}/{id}`.
-            path.push_str("&cursor=");
-            path.push_str(&c.replace('%', "%25").replace('/', "%2F"));
-        }
-        let r = http::get(a, &path).await?;
-        anyhow::ensure!(r.status == 200, "{path} answered {}: {}", r.status, r.body);
-        let page = r.json()?;
+        let what = format!("dead letters of {sub} from {cursor:?}");
+        let r = meshd
+            .dead_letters_answer(Some(sub), Some(1000), cursor.as_deref())
+            .await;
+        let page: Value = super::answered(r, 200, &what)?.json()?;
         let list = page["entries"]
             .as_array()
-            .ok_or_else(|| anyhow::anyhow!("{path} answered without entries: {page}"))?;
+            .ok_or_else(|| anyhow::anyhow!("{what} answered without entries: {page}"))?;
         entries.extend(list.iter().cloned());
         match page["next_cursor"].as_str() {
             Some(c) => cursor = Some(c.to_string()),
