@@ -203,6 +203,34 @@ async fn all_designated(
     .unwrap()
 }
 
+/// Waits until every live instance's own directory names the owner of every
+/// partition of `sub`'s topic: its stats of `sub` answer every partition. Meta (what
+/// [`all_designated`] reads) settles first; an instance whose ownership controller has
+/// not looked at it since answers "no owner right now" for a partition, and 503 to an
+/// ack it would forward there.
+async fn directories_settled(c: &Cluster, sub: &str) {
+    for i in c.live() {
+        let client = meshd_client::Client::connect(&format!("http://{}", c.addr(i))).unwrap();
+        wait_until(
+            DEADLINE,
+            "every instance knows the owner of every partition",
+            || async {
+                let stats = client.stats(sub).await?;
+                let unknown: Vec<&serde_json::Value> = stats["partitions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|p| p["available"] == false)
+                    .collect();
+                anyhow::ensure!(unknown.is_empty(), "instance {i}: {unknown:?}");
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+    }
+}
+
 /// Pulls from every live instance once; returns what came back.
 async fn pull_everywhere(c: &Cluster, sub: &str) -> Vec<Delivery> {
     let mut out = Vec::new();
@@ -1241,8 +1269,11 @@ async fn given_a_stream_whose_deliveries_are_acked_on_other_instances_then_its_c
         json!({"topic": "t", "start": "earliest", "ack_timeout_ms": LEASE_MS}),
     )
     .await;
-    // Settled first: a move under the loop would answer its acks 503 (CI failed once).
+    // Settled first, in Meta and in every instance's directory: a move under the
+    // loop, or an instance that has not seen the last one, would answer its acks 503
+    // (CI failed once; a full run once more, on instance 1 or 2).
     let o = all_designated(&a0, "t", 6, &c.ids, DEADLINE).await;
+    directories_settled(&c, "s").await;
     let elsewhere: BTreeSet<u64> = o
         .iter()
         .filter(|(_, (owner, _))| owner != &c.ids[0])
