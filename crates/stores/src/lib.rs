@@ -20,6 +20,7 @@
 //! etcd and on the embedded Meta alike, and their conformance suites run on both.
 
 pub mod attempts;
+pub(crate) mod cache;
 pub mod deadletters;
 pub mod delivery;
 pub mod failure;

@@ -33,9 +33,9 @@ pub use types::Session;
 
 pub use crate::subscriptions::{CacheConfig, CacheHealth};
 
+use crate::cache::{Codec, CorruptRecord, Lookup, WatchedCache};
 use crate::failure::StoreFailure;
 use crate::meta_util::FromMeta;
-use crate::subscriptions::cache::{Codec, CorruptRecord, Lookup, WatchedCache};
 use crate::subscriptions::validate_name;
 use async_trait::async_trait;
 use meshd_meta::fence::{LeaseDeadline, Ownership};

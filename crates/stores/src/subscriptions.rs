@@ -23,7 +23,6 @@
 //! instance that did not see its own write; a write reported failed that had landed
 //! (or the other way round) while etcd was down.
 
-pub(crate) mod cache;
 mod error;
 pub mod filters;
 pub mod push;
@@ -41,12 +40,12 @@ pub use types::{
     DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_RANGE, MAX_PUSH_URL_LEN,
 };
 
-pub use cache::{CacheConfig, CacheHealth};
+pub use crate::cache::{CacheConfig, CacheHealth};
 
+use crate::cache::{Codec, CorruptRecord, WatchedCache};
 use crate::failure::StoreFailure;
 use crate::meta_util::{won, FromMeta};
 use async_trait::async_trait;
-use cache::{Codec, CorruptRecord, WatchedCache};
 use meshd_meta::{Compare, KeyValue, Meta, Txn};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -50,9 +50,9 @@ pub use types::{
     MAX_DEDUP_WINDOW_MS, PARTITIONS_RANGE,
 };
 
+use crate::cache::{Codec, CorruptRecord, Lookup, WatchedCache};
 use crate::failure::StoreFailure;
 use crate::meta_util::{won, FromMeta, PrefixPages};
-use crate::subscriptions::cache::{Codec, CorruptRecord, Lookup, WatchedCache};
 use crate::subscriptions::{record as subscription_record, validate_name};
 pub use crate::subscriptions::{CacheConfig, CacheHealth};
 use async_trait::async_trait;

@@ -13,8 +13,8 @@
 //!
 //! Value: `{"v":1,"client_id":"c-1"}`.
 
+use crate::cache::CorruptRecord;
 use crate::codec::decode_probed;
-use crate::subscriptions::cache::CorruptRecord;
 use crate::subscriptions::validate_name;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::KeyValue;

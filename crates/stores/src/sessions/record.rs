@@ -17,8 +17,8 @@
 //! with its key, its lease or its documented ranges is reported as corrupt.
 
 use super::types::Session;
+use crate::cache::CorruptRecord;
 use crate::codec::decode_probed;
-use crate::subscriptions::cache::CorruptRecord;
 use crate::subscriptions::validate_name;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::{KeyValue, LeaseId};

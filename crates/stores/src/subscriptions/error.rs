@@ -1,7 +1,7 @@
 //! The SubscriptionStore's errors, in a module of their own: the store, the settings'
 //! checks (`types`) and the push settings' checks (`push`) all answer with them.
 
-use super::cache::CorruptRecord;
+use crate::cache::CorruptRecord;
 use crate::failure::StoreFailure;
 use crate::meta_util::FromMeta;
 

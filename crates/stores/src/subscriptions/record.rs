@@ -22,10 +22,10 @@
 //! feature that needs older instances to honour it waits until every member runs a
 //! release that does. A `PUT` replaces the whole record.
 
-use super::cache::CorruptRecord;
 use super::filters::{Filter, FilterExpr};
 use super::push::{Push, Rate};
 use super::types::{Backoff, Ordering, StartPosition, Subscription, SubscriptionSpec};
+use crate::cache::CorruptRecord;
 use crate::codec::decode_probed;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::KeyValue;

@@ -6,9 +6,9 @@
 //! delay at most.
 
 use super::{record, TaskError};
+use crate::cache::{CacheConfig, CacheHealth, Codec, CorruptRecord, WatchedCache};
 use crate::codec::key_text;
 use crate::failure::StoreFailure;
-use crate::subscriptions::cache::{CacheConfig, CacheHealth, Codec, CorruptRecord, WatchedCache};
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::{KeyValue, Meta};
 use std::sync::Arc;

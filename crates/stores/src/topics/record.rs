@@ -23,9 +23,9 @@
 use super::types::{
     validate_dedup_window, validate_partitions, StoredTopic, Topic, DEFAULT_DEDUP_WINDOW_MS,
 };
+use crate::cache::CorruptRecord;
 use crate::codec::decode_probed;
 use crate::names::validate_name;
-use crate::subscriptions::cache::CorruptRecord;
 use meshd_meta::keys::{self, KeyKind};
 use meshd_meta::KeyValue;
 use serde::{Deserialize, Serialize};

@@ -1,7 +1,9 @@
 //! # A Meta prefix mirrored in memory: range, then watch, re-list when compacted
 //!
-//! Used by the [`SubscriptionStore`](super::SubscriptionStore) and the
-//! [`SessionStore`](crate::sessions::SessionStore). A background task lists the prefix
+//! Shared by the stores on Meta that answer from memory: the
+//! [`SubscriptionStore`](crate::subscriptions::SubscriptionStore), the
+//! [`TopicStore`](crate::topics::TopicStore), the
+//! [`SessionStore`](crate::sessions::SessionStore) and the task usage watch. A background task lists the prefix
 //! (one `range`, so the snapshot is consistent at one revision), then watches it from
 //! that revision + 1 and applies every change in revision order. When the watch start
 //! was compacted away it re-lists (keys deleted in the gap disappear, because the new
