@@ -368,9 +368,7 @@ impl<V: Clone + Send + Sync + 'static> WatchedCache<V> {
     /// How many live records there are (corrupt ones included: they take space in
     /// Meta too); `None` when the cache never loaded. Copies nothing.
     pub(crate) fn count(&self) -> Option<usize> {
-        let s = self.shared.read();
-        s.loaded
-            .then(|| s.entries.values().filter(|e| e.value.is_some()).count())
+        self.count_holding(&[]).map(|(count, _)| count)
     }
 
     /// [`count`](Self::count), and which of `names` are live records, read under one
@@ -414,18 +412,9 @@ impl<V: Clone + Send + Sync + 'static> WatchedCache<V> {
 
     /// [`fold`](Self::fold) with the revision it reflects (every change up to it),
     /// read under the same lock.
-    pub(crate) fn fold_at<A>(&self, init: A, mut f: impl FnMut(A, &V) -> A) -> Option<(A, i64)> {
-        let s = self.shared.read();
-        if !s.loaded {
-            return None;
-        }
-        let mut acc = init;
-        for e in s.entries.values() {
-            if let Some(Ok(v)) = &e.value {
-                acc = f(acc, v);
-            }
-        }
-        Some((acc, s.revision))
+    pub(crate) fn fold_at<A>(&self, init: A, f: impl FnMut(A, &V) -> A) -> Option<(A, i64)> {
+        self.fold_at_holding(init, f, &[])
+            .map(|(acc, revision, _)| (acc, revision))
     }
 
     /// Every live record in name order; `None` when the cache never loaded.
