@@ -36,18 +36,16 @@ async fn call(
         .expect("request")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn given_token_files_then_routes_need_the_right_token_and_health_stays_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let client_file = dir.path().join("client-tokens");
-    let admin_file = dir.path().join("admin-tokens");
-    // Two client tokens (rotation), padded with whitespace and a blank line.
-    std::fs::write(&client_file, format!("  {CLIENT_OLD}  \n\n{CLIENT_NEW}\n")).unwrap();
+/// meshd with a client token file holding `client` and an admin token file holding
+/// [`ADMIN`], its data and the files in `dir`.
+async fn start_with_token_files(dir: &std::path::Path, client: &str) -> MeshdProcess {
+    let client_file = dir.join("client-tokens");
+    let admin_file = dir.join("admin-tokens");
+    std::fs::write(&client_file, client).unwrap();
     std::fs::write(&admin_file, format!("{ADMIN}\n")).unwrap();
-    let data = dir.path().join("data");
-    let m = MeshdProcess::start(
+    MeshdProcess::start(
         bin(),
-        &data,
+        &dir.join("data"),
         &[
             "--client-token-file",
             client_file.to_str().unwrap(),
@@ -56,7 +54,15 @@ async fn given_token_files_then_routes_need_the_right_token_and_health_stays_ope
         ],
     )
     .await
-    .expect("start meshd with token files");
+    .expect("start meshd with token files")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_token_files_then_routes_need_the_right_token_and_health_stays_open() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two client tokens (rotation), padded with whitespace and a blank line.
+    let m =
+        start_with_token_files(dir.path(), &format!("  {CLIENT_OLD}  \n\n{CLIENT_NEW}\n")).await;
     let a = m.addr();
 
     for open in ["/healthz", "/readyz", "/metrics"] {
@@ -149,22 +155,7 @@ async fn given_token_files_then_routes_need_the_right_token_and_health_stays_ope
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_token_files_then_unknown_paths_and_methods_answer_only_behind_the_gate() {
     let dir = tempfile::tempdir().unwrap();
-    let client_file = dir.path().join("client-tokens");
-    let admin_file = dir.path().join("admin-tokens");
-    std::fs::write(&client_file, format!("{CLIENT_NEW}\n")).unwrap();
-    std::fs::write(&admin_file, format!("{ADMIN}\n")).unwrap();
-    let m = MeshdProcess::start(
-        bin(),
-        &dir.path().join("data"),
-        &[
-            "--client-token-file",
-            client_file.to_str().unwrap(),
-            "--admin-token-file",
-            admin_file.to_str().unwrap(),
-        ],
-    )
-    .await
-    .expect("start meshd with token files");
+    let m = start_with_token_files(dir.path(), &format!("{CLIENT_NEW}\n")).await;
     let a = m.addr();
     for path in [
         "/v1/",

@@ -922,19 +922,25 @@ async fn given_max_streams_per_token_then_one_token_cannot_take_every_stream_slo
     drop((other, again));
 }
 
+/// meshd with `flags`, topic `t` of one partition and subscription `s` from its
+/// start.
+async fn start_with_one_partition(dir: &std::path::Path, flags: &[&str]) -> MeshdProcess {
+    let m = MeshdProcess::start(bin(), dir, flags).await.unwrap();
+    let a = m.addr().to_string();
+    create_topic(&a, "t", 1).await;
+    create_subscription(&a, "s", json!({"topic": "t", "start": "earliest"})).await;
+    m
+}
+
 /// A client that keeps sending frames but never reads what meshd sends holds its
 /// stream no longer than the idle timeout: the frame meshd cannot hand over closes the
 /// stream, its slot comes back, and its leases run out as any dropped stream's do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_client_that_sends_but_never_reads_is_closed_after_the_idle_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let m = MeshdProcess::start(bin(), dir.path(), &["--idle-timeout-ms", "1500"])
-        .await
-        .unwrap();
+    let m = start_with_one_partition(dir.path(), &["--idle-timeout-ms", "1500"]).await;
     let a = m.addr().to_string();
     let a = a.as_str();
-    create_topic(a, "t", 1).await;
-    create_subscription(a, "s", json!({"topic": "t", "start": "earliest"})).await;
     // 100 events of 128 KiB: more than the socket buffers of a reader that never reads.
     let big = "x".repeat(128 * 1024);
     for batch in 0..4 {
@@ -1001,13 +1007,9 @@ async fn a_websocket_client_that_sends_but_never_reads_is_closed_after_the_idle_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgraded_websockets_keep_counting_against_max_connections() {
     let dir = tempfile::tempdir().unwrap();
-    let m = MeshdProcess::start(bin(), dir.path(), &["--max-connections", "4"])
-        .await
-        .unwrap();
+    let m = start_with_one_partition(dir.path(), &["--max-connections", "4"]).await;
     let a = m.addr().to_string();
     let a = a.as_str();
-    create_topic(a, "t", 1).await;
-    create_subscription(a, "s", json!({"topic": "t", "start": "earliest"})).await;
     let mut held = Vec::new();
     for _ in 0..3 {
         held.push(ws_open(a, "s", None).await.unwrap());
